@@ -1,0 +1,37 @@
+"""zeropp-hier: three-level hierarchical ZeRO-3 for clusters whose links come in three speeds."""
+from ._compat import require_supported_deepspeed
+
+require_supported_deepspeed()
+
+from .config import HierConfig, parse_section  # noqa: E402
+from .engine import HierEngine, initialize  # noqa: E402
+from .errors import DeepSpeedVersionError, HierConfigError, HierTopologyError  # noqa: E402
+from .partition import Init  # noqa: E402
+from .topology import Topology  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def comm_stats(engine) -> dict:
+    """Bytes this rank sent and collectives it issued, per phase and tier, since the engine was
+    built (or since ``reset_comm_stats``)::
+
+        {"bytes": {"forward_gather": {"gcd": .., "gpu": .., "node": ..}, "backward_gather": ..,
+                   "grad_reduce": .., "other_gather": ..},
+         "calls": {same shape}}
+
+    See [Note: byte accounting] in ``zeropp_hier/stats.py`` for how bytes are attributed.
+    """
+    rt = getattr(engine, "hier_runtime", None)
+    if rt is None:
+        raise ValueError("comm_stats needs an engine from zeropp_hier.initialize with an enabled "
+                         "zeropp_hier section; this engine is stock DeepSpeed")
+    return rt.stats.snapshot()
+
+
+def reset_comm_stats(engine) -> None:
+    engine.hier_runtime.stats.reset()
+
+
+__all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "HierConfig", "parse_section",
+           "HierConfigError", "HierTopologyError", "DeepSpeedVersionError", "HierEngine", "Topology"]

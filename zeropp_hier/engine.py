@@ -1,0 +1,120 @@
+"""``zeropp_hier.initialize``: ``deepspeed.initialize`` with the hierarchical stage 3.
+
+[Note: engine hook]
+``deepspeed.initialize`` constructs ``DeepSpeedEngine`` by its module-level name, and the engine
+constructs ``DeepSpeedZeroOptimizer_Stage3`` by a name imported at call time; DeepSpeed has no
+registry for either. We rebind each name for the duration of the one call that uses it
+(``_rebound``), and restore it in ``finally`` even when construction fails, so stock DeepSpeed
+engines built before or after are untouched.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any
+
+import deepspeed
+import deepspeed.runtime.zero.stage3 as _ds_stage3
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+# DeepSpeed's engine imports this module while choosing a stage-3 class; import it first so
+# that its own import cannot capture our temporarily rebound name (DESIGN.md §4).
+import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
+
+from .config import HierConfig, hier_config_from_ds
+from .partition import _load_ds_config, runtime_of
+from .runtime import HierRuntime, topology_for
+from .stage3 import HierZeroOptimizer_Stage3
+
+
+@contextlib.contextmanager
+def _rebound(module, name: str, value):
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+class HierEngine(DeepSpeedEngine):
+    """DeepSpeed's engine; builds the hierarchical stage-3 optimizer and labels the phase
+    (forward / backward) that each gather belongs to."""
+
+    def __init__(self, *args, hier_config: HierConfig, **kwargs):
+        self.hier_config = hier_config
+        self.hier_runtime: HierRuntime | None = None
+        super().__init__(*args, **kwargs)
+
+    def _configure_zero_optimizer(self, optimizer):
+        runtime = None
+        for p in self.module.parameters():  # model built under zeropp_hier.Init: reuse its runtime
+            runtime = runtime_of(p)
+            if runtime is not None:
+                break
+        if runtime is None:
+            runtime = HierRuntime.create(self.hier_config)
+        elif runtime.cfg != self.hier_config:
+            raise RuntimeError("zeropp_hier: the model was built under zeropp_hier.Init with a "
+                               "different zeropp_hier section than the one passed to initialize; "
+                               "use the same config for both")
+        self.hier_runtime = runtime
+        factory = functools.partial(HierZeroOptimizer_Stage3, hier_runtime=runtime)
+        with _rebound(_ds_stage3, "DeepSpeedZeroOptimizer_Stage3", factory):
+            opt = super()._configure_zero_optimizer(optimizer)
+        if not isinstance(opt, HierZeroOptimizer_Stage3):
+            raise RuntimeError(f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
+                               "hierarchical stage 3 (super_offload is not supported)")
+        return opt
+
+    def _phase(self, phase: str):
+        rt = self.hier_runtime
+        if rt is None:
+            return contextlib.nullcontext()
+        return _rebound(rt, "phase", phase)
+
+    def forward(self, *inputs, **kwargs):
+        with self._phase("forward_gather"):
+            return super().forward(*inputs, **kwargs)
+
+    def backward(self, loss, *args, **kwargs):
+        with self._phase("backward_gather"):
+            return super().backward(loss, *args, **kwargs)
+
+    def load_checkpoint(self, *args, **kwargs):
+        out = super().load_checkpoint(*args, **kwargs)
+        # Loaded weights replace the primary shards: copies kept from before are stale
+        # (ZeRO++ served them after a load, DeepSpeed issue 7606).
+        if self.hier_runtime is not None:
+            self.hier_runtime.invalidate_shards()
+        return out
+
+
+def _world_size_hint() -> int | None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    ws = os.environ.get("WORLD_SIZE")
+    return int(ws) if ws else None
+
+
+def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
+    """Drop-in for ``deepspeed.initialize``: same arguments, same return value.
+
+    With an enabled ``zeropp_hier`` section in the config, the engine runs the hierarchical
+    stage 3; otherwise this is exactly ``deepspeed.initialize``. The section is validated here,
+    before any process group or collective is created.
+    """
+    ds_config = config if config is not None else config_params
+    if ds_config is None and args and getattr(args[0], "deepspeed_config", None):
+        ds_config = args[0].deepspeed_config
+    cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
+    if not cfg.enabled:
+        return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
+    world = _world_size_hint()
+    if world is not None:
+        topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
+    engine_cls = functools.partial(HierEngine, hier_config=cfg)
+    with _rebound(deepspeed, "DeepSpeedEngine", engine_cls):
+        return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)

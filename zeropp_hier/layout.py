@@ -1,0 +1,121 @@
+"""Layout maths of the hierarchical collectives: pure tensor reshapes, no communication.
+
+[Note: canonical buffer layout]
+Every buffer a hop works on is 4-D: ``[n, p, g, S]`` where (n, p, g) run along the axes
+(node, gpu, gcd) and S is the per-rank payload. An axis that has not been gathered yet (or has
+already been reduced) has size 1. Blocks of a collective are ordered row-major by the peers'
+coordinates along the hop's axes (``Topology.peers``), so after an all-gather the k received
+blocks are reshaped to the hop axes and interleaved into the axes they fill. Global ranks
+appear only at the two ends, through ``Topology.rank_of_index``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from .topology import AXES, Coord, Topology, normalize_axes
+
+
+def hop_dims(topo: Topology, axes: Sequence[str]) -> tuple[int, int, int]:
+    """(n, p, g) sizes of a hop's block grid: the topology's size along ``axes``, 1 elsewhere."""
+    axes = normalize_axes(axes)
+    return tuple(topo.axis_size(a) if a in axes else 1 for a in AXES)  # type: ignore[return-value]
+
+
+def merge_gathered(out: torch.Tensor, have: tuple[int, int, int], hop: tuple[int, int, int],
+                   payload: int) -> torch.Tensor:
+    """Interleave an all-gather result into the canonical layout.
+
+    out: [k * prod(have) * payload], k = prod(hop), blocks in peer order.
+    Returns [hop[0]*have[0], hop[1]*have[1], hop[2]*have[2], payload]; for each axis one of
+    hop/have is 1 (an axis is gathered once).
+    """
+    x = out.view(*hop, *have, payload)
+    return x.permute(0, 3, 1, 4, 2, 5, 6).reshape(hop[0] * have[0], hop[1] * have[1],
+                                                  hop[2] * have[2], payload)
+
+
+def split_for_stage(buf: torch.Tensor, stage_axes: Sequence[str]) -> torch.Tensor:
+    """Arrange a [n, p, g, C] buffer as [k, m]: block j holds every row whose destination
+    coordinates along ``stage_axes`` are those of the j-th peer (peer order)."""
+    idx = [AXES.index(a) for a in normalize_axes(stage_axes)]
+    rest = [i for i in range(3) if i not in idx]
+    x = buf.permute(*idx, *rest, 3).contiguous()
+    k = 1
+    for i in idx:
+        k *= buf.shape[i]
+    return x.view(k, -1)
+
+
+def dims_after_stage(dims: tuple[int, int, int], stage_axes: Sequence[str]) -> tuple[int, int, int]:
+    axes = normalize_axes(stage_axes)
+    return tuple(1 if a in axes else d for a, d in zip(AXES, dims))  # type: ignore[return-value]
+
+
+def index_order(topo: Topology) -> torch.Tensor | None:
+    """For each coordinate index i, the global rank placed there (None for the identity map)."""
+    if topo.is_identity_map:
+        return None
+    return torch.tensor([topo.rank_of_index(i) for i in range(topo.world_size)], dtype=torch.long)
+
+
+def rank_order(topo: Topology) -> torch.Tensor | None:
+    """For each global rank r, its coordinate index (None for the identity map)."""
+    if topo.is_identity_map:
+        return None
+    return torch.tensor([topo.index_of_rank(r) for r in range(topo.world_size)], dtype=torch.long)
+
+
+def kept_shard(full: torch.Tensor, me: Coord, kept_axes: Sequence[str]) -> torch.Tensor:
+    """From a fully gathered [N, P, G, S] buffer, the part this rank keeps: every block along
+    ``kept_axes``, its own coordinate along the others. Returns a contiguous [n, p, g, S]."""
+    kept = normalize_axes(kept_axes)
+    x = full
+    for dim, axis in enumerate(AXES):
+        if axis not in kept:
+            x = x.narrow(dim, me[dim], 1)
+    return x.contiguous()
+
+
+class GradRows(NamedTuple):
+    rows: torch.Tensor  # [world, C] fp32, row r = the chunks rank r will own
+    chunk: tuple[int, ...]  # per-tensor chunk length (ceil(numel / world))
+    width: int  # C before padding
+
+
+def pack_grad_rows(grads: Sequence[torch.Tensor], world: int, pad_to: int = 1,
+                   scale: float = 1.0) -> GradRows:
+    """Lay out gradients as DeepSpeed's reduce-scatter does (tensor t is cut into ``world``
+    chunks of ceil(numel/world); rank r owns chunk r of every tensor), one row per rank, with
+    the row padded to a multiple of ``pad_to`` (so quantization blocks never straddle rows).
+    Values are converted to fp32 and multiplied by ``scale`` (the averaging factor)."""
+    chunks = tuple(-(-g.numel() // world) for g in grads)
+    width = sum(chunks)
+    padded = -(-width // pad_to) * pad_to if width else 0
+    rows = torch.zeros(world, padded, dtype=torch.float32, device=grads[0].device if grads else None)
+    off = 0
+    for g, c in zip(grads, chunks):
+        flat = g.reshape(-1)
+        full_rows = flat.numel() // c if c else 0
+        if full_rows:
+            rows[:full_rows, off:off + c].copy_(flat[: full_rows * c].view(full_rows, c))
+        tail = flat.numel() - full_rows * c
+        if tail:
+            rows[full_rows, off:off + tail].copy_(flat[full_rows * c:])
+        off += c
+    if scale != 1.0:
+        rows.mul_(scale)
+    return GradRows(rows, chunks, width)
+
+
+def unpack_my_chunks(row: torch.Tensor, grads_numel: Sequence[int], chunk: Sequence[int],
+                     rank: int) -> list[torch.Tensor]:
+    """This rank's reduced chunk of every tensor, cut from its reduced row. Sizes match
+    DeepSpeed's ``reduce_scatter_coalesced`` (a rank past the end of a tensor gets 0 elements)."""
+    out, off = [], 0
+    for n, c in zip(grads_numel, chunk):
+        size = max(0, min(c, n - rank * c))
+        out.append(row.narrow(0, off, size))
+        off += c
+    return out

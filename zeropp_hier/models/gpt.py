@@ -1,0 +1,88 @@
+"""A small GPT for CPU runs and tests: tied input/output embedding, pre-norm blocks with
+multi-head causal attention and a GELU MLP, biases everywhere. Default sizes are chosen so that
+most parameter sizes are *not* divisible by 8 (the workhorse world size), which exercises the
+padding of every shard layout."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 101
+    seq_len: int = 16
+    d_model: int = 36
+    n_heads: int = 3
+    n_layers: int = 2
+
+
+class Block(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.n_heads = c.n_heads
+        self.ln1 = nn.LayerNorm(c.d_model)
+        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
+        self.proj = nn.Linear(c.d_model, c.d_model)
+        self.ln2 = nn.LayerNorm(c.d_model)
+        self.fc = nn.Linear(c.d_model, 4 * c.d_model)
+        self.out = nn.Linear(4 * c.d_model, c.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [batch, seq, d_model]
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        shape = (b, t, self.n_heads, d // self.n_heads)
+        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, c: GPTConfig = GPTConfig()):
+        super().__init__()
+        self.config = c
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.wpe = nn.Embedding(c.seq_len, c.d_model)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.ln_f = nn.LayerNorm(c.d_model)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):  # idx: [batch, seq]
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        # output head tied to the input embedding (GPT-2 style)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+    @staticmethod
+    def flops_per_token(c: GPTConfig) -> float:
+        n = c.n_layers * 12 * c.d_model ** 2 + c.vocab_size * c.d_model
+        return 6.0 * n + 12 * c.n_layers * c.d_model * c.seq_len
+
+
+def synthetic_batch(c: GPTConfig, batch: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic token batch for (step, rank): a noisy periodic sequence the model can learn."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    start = torch.randint(0, c.vocab_size, (batch, 1), generator=g)
+    stride = torch.randint(1, 7, (batch, 1), generator=g)
+    pos = torch.arange(c.seq_len + 1).view(1, -1)
+    seq = (start + stride * pos) % c.vocab_size
+    noise = torch.rand(seq.shape, generator=g) < 0.05
+    seq = torch.where(noise, torch.randint(0, c.vocab_size, seq.shape, generator=g), seq)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()

@@ -1,0 +1,67 @@
+"""Which collectives each preset issues: pure data built from a config and a topology.
+
+A *hop* is one collective over the ranks that differ only along some axes (see
+``Topology.peers``). The traffic of a hop crosses the slowest tier among its axes, so that
+tier's compression scheme applies to it ([Note: hop compression]).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .config import CompressionConfig, TierSchemes
+from .topology import AXES, Topology, normalize_axes
+
+# [Note: hop compression]
+# A flat hop (ZeRO++'s world gather, or its intra-node gradient stage) spans several tiers and
+# its messages go over every link among them; its speed is set by the slowest one, so that
+# tier's scheme is the one that pays off. The canonical axis order lists the slowest first.
+
+
+class Hop(NamedTuple):
+    axes: tuple[str, ...]  # canonical order
+    scheme: str  # none | fp16 | bf16 | int8 | int4
+
+    @property
+    def tier(self) -> str:
+        return self.axes[0]
+
+
+class CommPlan(NamedTuple):
+    preset: str
+    forward: tuple[Hop, ...]  # gather of the primary shard, first hop first
+    kept_axes: tuple[str, ...] | None  # axes the kept (secondary/tertiary) shard spans
+    backward: tuple[Hop, ...]  # gather from the kept shard
+    reduce: tuple[Hop, ...]  # gradient reduce-scatter stages, first stage first
+    block_size: int
+
+
+def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes) -> tuple[Hop, ...]:
+    out = []
+    for axes in groups:
+        axes = normalize_axes(axes)
+        if topo.axes_size(axes) > 1:  # a hop over one rank moves nothing
+            out.append(Hop(axes, schemes.of(axes[0])))
+    return tuple(out)
+
+
+def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> CommPlan:
+    w, g = compression.weights, compression.gradients
+    if preset == "zero3":
+        fwd, kept, bwd, red = [AXES], None, [], [AXES]
+    elif preset == "zeropp":
+        # ZeRO++: flat gather over the world; keep a shard spanning the nodes (hpZ secondary,
+        # so each node holds one full copy); backward gathers inside the node only. Gradients:
+        # intra-node stage, then inter-node stage (qgZ).
+        fwd, kept, bwd, red = [AXES], ("node",), [("gpu", "gcd")], [("gpu", "gcd"), ("node",)]
+    elif preset == "frontier":
+        # Forward gathers hop by hop, slowest link first, so the inter-node hop carries only
+        # this rank's 1/W share; keep the shard spanning node and gpu (each package holds one
+        # full copy), so backward re-gathers over the in-package link alone. Gradients are
+        # reduced fastest link first, so each slower hop carries a smaller, already-summed buffer.
+        fwd = [("node",), ("gpu",), ("gcd",)]
+        kept, bwd = ("node", "gpu"), [("gcd",)]
+        red = [("gcd",), ("gpu",), ("node",)]
+    else:
+        raise ValueError(f"unknown preset {preset!r}")
+    return CommPlan(preset, _hops(topo, fwd, w), kept, _hops(topo, bwd, w), _hops(topo, red, g),
+                    compression.block_size)

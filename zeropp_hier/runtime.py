@@ -1,0 +1,149 @@
+"""Per-engine state of the hierarchy: groups, kept shards, counters, and the two operations
+DeepSpeed delegates to us (gather a list of parameters, reduce-scatter a list of gradients).
+
+One ``HierRuntime`` per engine; nothing lives in module globals. DeepSpeed's partitioned
+parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpeed's closure by
+``zeropp_hier.partition.Init``), and the stage-3 subclass calls ``reduce_scatter``.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+from . import layout
+from .collectives import HierCollectives
+from .config import HierConfig
+from .errors import HierTopologyError
+from .groups import build_hop_groups
+from .plan import CommPlan, make_plan
+from .stats import CommStats
+from .topology import Topology
+
+
+def topology_for(cfg: HierConfig, world_size: int) -> Topology:
+    t = cfg.topology
+    return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
+
+
+class _GatheredHandle:
+    """DeepSpeed's gather-handle protocol. The collectives already ran when the handle was
+    made; ``wait`` hands the full tensors to the parameters."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], full: Sequence[torch.Tensor]):
+        self.params = params
+        self.full = full
+        self.complete = False
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        if self.complete:
+            return
+        for p, t in zip(self.params, self.full):
+            p.data = t
+            p.ds_status = ZeroParamStatus.AVAILABLE
+        self.complete = True
+
+
+class HierRuntime:
+    def __init__(self, cfg: HierConfig, topo: Topology, rank: int):
+        self.cfg = cfg
+        self.topo = topo
+        self.rank = rank
+        self.me = topo.coord(rank)
+        self.plan: CommPlan = make_plan(cfg.preset, cfg.compression, topo)
+        axes_sets = [h.axes for h in (*self.plan.forward, *self.plan.backward, *self.plan.reduce)]
+        self.groups = build_hop_groups(topo, axes_sets, rank)
+        self.stats = CommStats(topo, rank)
+        self.coll = HierCollectives(topo, self.groups, self.stats)
+        self.phase = "other_gather"
+        # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
+        self.shards: dict[int, torch.Tensor] = {}
+        self._index_order = layout.index_order(topo)
+        self._rank_order = layout.rank_order(topo)
+
+    @classmethod
+    def create(cls, cfg: HierConfig) -> "HierRuntime":
+        world = dist.get_world_size()
+        topo = topology_for(cfg, world)
+        return cls(cfg, topo, dist.get_rank())
+
+    def check_partition_world(self, world: int) -> None:
+        if world != self.topo.world_size:
+            raise HierTopologyError(
+                "topology", self.topo.dims,
+                f"parameters are partitioned over {world} ranks but the topology spans "
+                f"{self.topo.world_size}; zeropp_hier needs ZeRO partitioning over the whole world "
+                "(no model-parallel mpu)")
+
+    # -- gathers -------------------------------------------------------------------------------
+    def all_gather_coalesced(self, params: Iterable[torch.nn.Parameter], safe_mode: bool = False,
+                             quantize: bool = False) -> _GatheredHandle:
+        """Replacement for DeepSpeed's per-parameter ``all_gather_coalesced`` closure."""
+        params = sorted(params, key=lambda p: p.ds_id)  # same order on every rank
+        for p in params:
+            if p.ds_status != ZeroParamStatus.NOT_AVAILABLE:
+                raise RuntimeError(f"zeropp_hier: gather of a parameter that is not partitioned: "
+                                   f"{p.ds_summary()}")
+            p.ds_status = ZeroParamStatus.INFLIGHT
+        full: dict[int, torch.Tensor] = {}
+        # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
+        # take different hops, and a buffer holds one dtype.
+        buckets: dict[tuple[bool, torch.dtype], list] = {}
+        for p in params:
+            buckets.setdefault((p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
+        for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            full.update(self._gather_bucket(ps, from_shard))
+        return _GatheredHandle(params, [full[p.ds_id] for p in params])
+
+    def _gather_bucket(self, ps: list, from_shard: bool) -> dict[int, torch.Tensor]:
+        sizes = [p.ds_tensor.ds_numel for p in ps]
+        block = self.plan.block_size
+        if from_shard:
+            buf = torch.cat([self.shards[p.ds_id] for p in ps], dim=3)
+            hops = self.plan.backward
+        else:
+            buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps]).view(1, 1, 1, -1)
+            hops = self.plan.forward
+        for hop in hops:
+            buf = self.coll.gather_hop(buf, hop, block, self.phase)
+        if not from_shard and self.plan.kept_axes is not None:
+            kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
+            off = 0
+            for p, n in zip(ps, sizes):
+                self.shards[p.ds_id] = kept[..., off:off + n].contiguous()
+                off += n
+        rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
+        if self._rank_order is not None:
+            rows = rows.index_select(0, self._rank_order.to(rows.device))  # global rank order
+        out, off = {}, 0
+        for p, n in zip(ps, sizes):
+            flat = rows[:, off:off + n].reshape(-1)[: p.ds_numel]
+            out[p.ds_id] = flat.view(p.ds_shape).to(p.ds_tensor.dtype)
+            off += n
+        return out
+
+    def invalidate_shards(self) -> None:
+        """The primary shards changed (optimizer step, checkpoint load): kept copies are stale."""
+        self.shards.clear()
+
+    def shard_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.shards.values())
+
+    # -- gradient reduction --------------------------------------------------------------------
+    def reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype) -> list[torch.Tensor]:
+        """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
+        sizes DeepSpeed's ``reduce_scatter_coalesced`` returns."""
+        world = self.topo.world_size
+        quantized = any(h.scheme in ("int8", "int4") for h in self.plan.reduce)
+        packed = layout.pack_grad_rows(grads, world, self.plan.block_size if quantized else 1,
+                                       scale=1.0 / world)
+        buf = packed.rows
+        if self._index_order is not None:
+            buf = buf.index_select(0, self._index_order.to(buf.device))  # rows by coordinate
+        buf = buf.view(*self.topo.dims, -1)
+        for hop in self.plan.reduce:
+            buf = self.coll.reduce_stage(buf, hop, self.plan.block_size, wire_dtype)
+        row = buf.reshape(-1)
+        return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank)
