@@ -1,2 +1,160 @@
-"""Block quantization used by the compressed collectives (reference backend for now)."""
-from .reference import Quantized, dequantize, dequantize_sum, num_blocks, quantize  # noqa: F401
+"""Block quantization for the compressed collectives.
+
+The format is defined by ``reference.py`` ([Note: quantization format]). These functions have
+the reference's signatures and results, and run the compiled kernels (hip_kernels/, loaded as
+``zeropp_hier._C``) when they exist for the tensor's device; otherwise the reference, after one
+logged warning saying why and how to build. Both paths give the same bytes.
+
+Non-finite input is never hidden: a block holding NaN/Inf gets a NaN scale and dequantizes to
+NaN; ``nonfinite_blocks`` reports which blocks they are.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+
+from . import _checks, _ext, reference
+from ._checks import QuantArgumentError, QuantDtypeError
+from .reference import QMAX, Quantized, num_blocks, unpack_int4
+
+# A list of k payloads of the same shape, or one "stacked" payload whose data is [k, bytes]
+# and scales [k, nblocks] (e.g. an all-to-all receive buffer, passed without copies).
+Parts = Union[Sequence[Quantized], Quantized]
+
+__all__ = ["Quantized", "quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
+           "nonfinite_blocks", "backend", "num_blocks", "unpack_int4", "QMAX",
+           "QuantArgumentError", "QuantDtypeError"]
+
+
+def backend(device: Union[torch.device, str, None] = None) -> str:
+    """Which implementation serves tensors on ``device``: "cpu-ext", "hip", "cuda" or
+    "reference". Without a device: the accelerator if torch has one, else the CPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if not _ext.has_kernels_for(device):
+        return "reference"
+    if device.type == "cpu":
+        return "cpu-ext"
+    return "hip" if _ext.status().build_info == "cpu+hip" else "cuda"
+
+
+def _use_ext(device: torch.device) -> bool:
+    if _ext.has_kernels_for(device):
+        return True
+    _ext.warn_fallback(device.type)
+    return False
+
+
+def quantize(x: torch.Tensor, bits: int, block_size: int) -> Quantized:
+    """x: any shape, fp32/fp16/bf16, read as a flat vector. Returns data int8 [nblocks*B]
+    (bits=8) or uint8 [nblocks*B/2] (bits=4) and fp32 scales [nblocks]."""
+    _checks.check_tensor("x", x)
+    _checks.check_float_dtype("x", x.dtype)
+    _checks.check_bits("bits", bits)
+    _checks.check_block_size("block_size", block_size)
+    x = x.detach()
+    if not _use_ext(x.device):
+        return reference.quantize(x, bits, block_size)
+    data, scales = torch.ops.zeropp_hier.quantize(x.contiguous().view(-1), bits, block_size)
+    return Quantized(data, scales, x.numel(), bits, block_size)
+
+
+def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Returns [q.numel] of ``dtype``; NaN for the elements of non-finite blocks."""
+    _check_quantized("q", q)
+    _checks.check_payload("q", q.data, q.scales, q.numel, q.bits, q.block_size, stacked=False)
+    _checks.check_float_dtype("dtype", dtype)
+    if not _use_ext(q.data.device):
+        return reference.dequantize(q, dtype)
+    return torch.ops.zeropp_hier.dequantize(q.data.contiguous(), q.scales.contiguous(), q.numel,
+                                            q.bits, q.block_size, dtype)
+
+
+def dequantize_sum(parts: Parts, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Sum of k dequantized payloads, in fp32 in part order, cast to ``dtype``: [numel]. The k
+    full-precision payloads are never materialised."""
+    _checks.check_float_dtype("dtype", dtype)
+    data, scales, like = _stacked(parts)
+    if not _use_ext(data.device):
+        return reference.dequantize_sum(_unstacked(data, scales, like), dtype)
+    return torch.ops.zeropp_hier.dequantize_sum(data, scales, like.numel, like.bits,
+                                                like.block_size, dtype)
+
+
+def dequantize_sum_requantize(parts: Parts, bits: int, block_size: int) -> Quantized:
+    """quantize(dequantize_sum(parts, fp32), bits, block_size) in one pass, for the step between
+    reduce-scatter hops. A non-finite part, or an fp32 overflow of the sum, marks the block."""
+    _checks.check_bits("bits", bits)
+    _checks.check_block_size("block_size", block_size)
+    data, scales, like = _stacked(parts)
+    if not _use_ext(data.device):
+        return reference.dequantize_sum_requantize(_unstacked(data, scales, like), bits,
+                                                   block_size)
+    out_data, out_scales = torch.ops.zeropp_hier.dequantize_sum_requantize(
+        data, scales, like.numel, like.bits, like.block_size, bits, block_size)
+    return Quantized(out_data, out_scales, like.numel, bits, block_size)
+
+
+def nonfinite_blocks(q: Quantized) -> torch.Tensor:
+    """bool [nblocks] ([k, nblocks] for a stacked payload): True where the block held NaN/Inf
+    (its scale is NaN). ``nonfinite_blocks(q).any()`` is the check before using a result."""
+    _check_quantized("q", q)
+    return torch.isnan(q.scales)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def _check_quantized(arg: str, q) -> None:
+    if not isinstance(q, Quantized):
+        raise QuantDtypeError(f"argument '{arg}' must be a Quantized, got {type(q).__name__}")
+
+
+def _stacked(parts: Parts) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
+    """parts -> (data [k, bytes], scales [k, nblocks], first part as the shape template),
+    checked. Rows already evenly spaced in one buffer are viewed, not copied."""
+    if isinstance(parts, Quantized):
+        _checks.check_payload("parts", parts.data, parts.scales, parts.numel, parts.bits,
+                              parts.block_size, stacked=True)
+        return parts.data, parts.scales, parts
+    if not isinstance(parts, (list, tuple)) or not parts:
+        raise QuantArgumentError("argument 'parts' must be a non-empty list of Quantized or one "
+                                 f"stacked Quantized, got {parts!r:.80}")
+    first = parts[0]
+    for i, p in enumerate(parts):
+        _check_quantized(f"parts[{i}]", p)
+        _checks.check_payload(f"parts[{i}]", p.data, p.scales, p.numel, p.bits, p.block_size,
+                              stacked=False)
+        if (p.numel, p.bits, p.block_size) != (first.numel, first.bits, first.block_size):
+            raise QuantArgumentError(
+                f"argument 'parts[{i}]' has (numel, bits, block_size) = "
+                f"{(p.numel, p.bits, p.block_size)} but parts[0] has "
+                f"{(first.numel, first.bits, first.block_size)}")
+        if p.data.device != first.data.device:
+            raise QuantArgumentError(f"argument 'parts[{i}]' is on {p.data.device} but parts[0] "
+                                     f"on {first.data.device}")
+    data = _rows([p.data for p in parts])
+    scales = _rows([p.scales for p in parts])
+    return data, scales, first
+
+
+def _rows(ts: list[torch.Tensor]) -> torch.Tensor:
+    """k 1-D tensors of one size -> [k, size]: a strided view when they are contiguous rows at
+    a constant non-negative spacing in one storage (a receive buffer's rows), else a copy."""
+    first = ts[0]
+    if len(ts) == 1:
+        return first.contiguous().unsqueeze(0)
+    if all(t.is_contiguous() for t in ts):
+        base = first.untyped_storage().data_ptr()
+        step = ts[1].storage_offset() - first.storage_offset()
+        if step >= 0 and all(t.untyped_storage().data_ptr() == base
+                             and t.storage_offset() == first.storage_offset() + i * step
+                             for i, t in enumerate(ts)):
+            return first.as_strided((len(ts), first.numel()), (step, 1))
+    return torch.stack([t.contiguous() for t in ts])
+
+
+def _unstacked(data: torch.Tensor, scales: torch.Tensor, like: Quantized) -> list[Quantized]:
+    return [Quantized(data[j], scales[j], like.numel, like.bits, like.block_size)
+            for j in range(data.shape[0])]

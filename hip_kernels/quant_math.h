@@ -1,0 +1,261 @@
+// The block-quantization math, written once for every backend.
+//
+// Every function here is `__host__ __device__` when compiled by hipcc or nvcc and a plain
+// inline function when compiled by a C++ compiler, so the HIP/CUDA kernels
+// (quant_kernels.hip) and the OpenMP CPU loops (quant_cpu.cpp) evaluate the same expressions.
+// The format and its rounding are defined by zeropp_hier/quant/reference.py, see
+// [Note: quantization format] there; this header must give the same bits.
+//
+// [Note: bit-exact arithmetic]
+// Agreement to the bit with the PyTorch reference needs IEEE-754 binary32 with
+// round-to-nearest-even on every operation, no fused multiply-add, and denormals kept:
+// - CUDA device code uses the explicitly rounded intrinsics (__fdiv_rn, __fmul_rn, __fadd_rn),
+//   which nvcc never contracts or approximates; HIP device code (clang) uses plain operators
+//   under `#pragma clang fp contract(off)` and needs IEEE division, which build.py and
+//   check_compile.sh request (-fhip-fp32-correctly-rounded-divide-sqrt, also clang's default),
+//   with denormals kept (-fno-gpu-flush-denormals-to-zero);
+// - host code relies on the build flags (hip_kernels/build.py): -ffp-contract=off, never
+//   -ffast-math (which would also link crtfastmath.o and flush denormals to zero);
+// - conversions between fp32 and fp16/bf16 are done on the bits, not with hardware or library
+//   conversions, so that subnormals, overflow and NaN are handled identically everywhere.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define QH_HD __host__ __device__ __forceinline__
+#else
+#include <string.h>
+#define QH_HD inline
+#endif
+
+// True in the device pass of a GPU compile (both compilers also run a host pass).
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define QH_DEVICE_PASS 1
+#else
+#define QH_DEVICE_PASS 0
+#endif
+// nvcc's device pass: its __f*_rn intrinsics are never contracted into FMAs. (HIP defines the
+// same names as plain operators, so on AMD the pragma below does that job instead.)
+#if defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define QH_NV_DEVICE 1
+#else
+#define QH_NV_DEVICE 0
+#endif
+
+#if defined(__clang__)
+// hipcc defaults to -ffp-contract=fast; operations written below this line carry no
+// "contract" flag, so a*b+c stays two roundings even if the build flags are forgotten.
+#pragma clang fp contract(off)
+#endif
+
+namespace zqh {
+
+// Storage types of the 16-bit floats: distinct structs so overloads can tell them apart. They
+// have the size and alignment of uint16_t, so tensor memory is read through them directly.
+struct half_bits {
+  uint16_t x;
+};
+struct bf16_bits {
+  uint16_t x;
+};
+
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr uint32_t kExpMask = 0x7f800000u;  // also the bits of +Inf
+constexpr uint32_t kFltMaxBits = 0x7f7fffffu;
+constexpr uint32_t kFltMinBits = 0x00800000u;  // smallest normal fp32
+constexpr uint32_t kQuietNanBits = 0x7fc00000u;
+
+// ---- bit casts -------------------------------------------------------------------------
+
+QH_HD uint32_t f32_bits(float v) {
+#if QH_DEVICE_PASS
+  return __float_as_uint(v);
+#else
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  return u;
+#endif
+}
+
+QH_HD float bits_f32(uint32_t u) {
+#if QH_DEVICE_PASS
+  return __uint_as_float(u);
+#else
+  float v;
+  memcpy(&v, &u, sizeof(v));
+  return v;
+#endif
+}
+
+// ---- correctly rounded fp32 operations (see [Note: bit-exact arithmetic]) ------------------
+
+QH_HD float div_rn(float a, float b) {
+#if QH_NV_DEVICE
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+QH_HD float mul_rn(float a, float b) {
+#if QH_NV_DEVICE
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+QH_HD float add_rn(float a, float b) {
+#if QH_NV_DEVICE
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// Round half to even for |v| <= 2^22, as torch.round does. Adding and subtracting 1.5 * 2^23
+// moves the fraction bits out of the mantissa under the default rounding mode; unlike
+// nearbyintf it is two plain additions, which vectorise on any x86-64 (no SSE4.1 needed).
+QH_HD float round_half_even_small(float v) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  return add_rn(add_rn(v, magic), -magic);
+}
+
+// ---- 16-bit float conversions (exact to fp32; round-to-nearest-even from fp32) -------------
+
+QH_HD float to_f32(float v) { return v; }
+
+QH_HD float to_f32(bf16_bits v) { return bits_f32(uint32_t(v.x) << 16); }
+
+QH_HD float to_f32(half_bits v) {
+  const uint32_t h = v.x;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  // Normal: rebias the exponent (15 -> 127). Inf/NaN: all-ones exponent, payload kept.
+  // Zero/subnormal: the value is mant * 2^-24, exact in fp32.
+  const uint32_t normal = sign | ((exp + 112u) << 23) | (mant << 13);
+  const uint32_t special = sign | kExpMask | (mant << 13);
+  const uint32_t subnormal = sign | f32_bits(mul_rn(float(mant), 5.9604644775390625e-8f));
+  return bits_f32(exp == 0x1fu ? special : (exp == 0u ? subnormal : normal));
+}
+
+template <typename T>
+QH_HD T from_f32(float v);
+
+template <>
+QH_HD float from_f32<float>(float v) {
+  return v;
+}
+
+template <>
+QH_HD bf16_bits from_f32<bf16_bits>(float v) {
+  const uint32_t u = f32_bits(v);
+  // Round to nearest even on the 16 dropped bits; a carry correctly bumps the exponent and
+  // turns values past the largest bf16 into Inf. NaN becomes the canonical quiet NaN.
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  bf16_bits out;
+  out.x = uint16_t((u & kAbsMask) > kExpMask ? 0x7fc0u : rounded);
+  return out;
+}
+
+template <>
+QH_HD half_bits from_f32<half_bits>(float v) {
+  const uint32_t u = f32_bits(v);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & kAbsMask;
+  // Normal range [2^-14, 65520): rebias (127 -> 15) and round the 13 dropped bits to even.
+  const uint32_t rebiased = a - (112u << 23);
+  const uint32_t normal = (rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13;
+  // Below 2^-14: adding 0.5f puts the value where one fp32 ulp is 2^-24, the fp16 subnormal
+  // step, so the fp32 addition itself rounds to the fp16 grid (to even); the mantissa then
+  // counts 2^-24 units (0x400 when it rounds up to the smallest normal, also correct).
+  const uint32_t subnormal = f32_bits(add_rn(bits_f32(a), 0.5f)) - 0x3f000000u;
+  uint32_t h;
+  if (a > kExpMask) {
+    h = 0x7e00u;  // NaN
+  } else if (a >= 0x477ff000u) {
+    h = 0x7c00u;  // >= 65520 rounds to Inf (65520 is the tie between 65504 and 2^16)
+  } else if (a >= 0x38800000u) {
+    h = normal;
+  } else {
+    h = subnormal;
+  }
+  half_bits out;
+  out.x = uint16_t(sign | h);
+  return out;
+}
+
+// ---- the block format --------------------------------------------------------------------
+
+QH_HD int qmax_for_bits(int bits) { return bits == 4 ? 7 : 127; }
+
+// |v| as bits: for non-negative floats the integer order of the bits is the numeric order, so
+// the block's absmax is an integer max, and any NaN/Inf makes it >= kExpMask. One reduction
+// finds both the scale and non-finite input.
+QH_HD uint32_t abs_bits(float v) { return f32_bits(v) & kAbsMask; }
+
+QH_HD bool absmax_is_finite(uint32_t absmax_bits) { return absmax_bits < kExpMask; }
+
+// scale = absmax / qmax (fp32 division); NaN for a block holding NaN/Inf.
+//
+// A subnormal quotient has few significant bits, and rounding it down would leave
+// absmax / scale above qmax + 1/2, so the largest values would clamp with an error beyond
+// scale/2 (and a quotient below 2^-150 would round to 0 and lose the block). Such a scale is
+// stepped up one ulp when it undershoots: then every |x| / scale <= qmax and the error bound
+// |x - q*scale| <= scale/2 holds there too. Normal scales are the plain quotient.
+QH_HD float block_scale(uint32_t absmax_bits, int qmax) {
+  if (!absmax_is_finite(absmax_bits)) return bits_f32(kQuietNanBits);
+  const float absmax = bits_f32(absmax_bits);
+  const float q = float(qmax);
+  float scale = div_rn(absmax, q);
+  if (f32_bits(scale) < kFltMinBits && mul_rn(scale, q) < absmax) {
+    scale = bits_f32(f32_bits(scale) + 1u);  // next float up; scale >= 0 here
+  }
+  return scale;
+}
+
+// q = clamp(round_half_even(x / scale), -qmax, qmax); 0 when the scale is 0 or NaN.
+// Clamping before rounding gives the same integer (qmax is an integer) and keeps the
+// argument of round_half_even_small in its valid range.
+QH_HD int quantize_value(float x, float scale, int qmax) {
+  if (!(scale > 0.0f)) return 0;
+  const float q = float(qmax);
+  float v = div_rn(x, scale);
+  v = v > q ? q : v;
+  v = v < -q ? -q : v;
+  return int(round_half_even_small(v));
+}
+
+// x = float(q) * scale. The product can exceed FLT_MAX only by rounding (scale was rounded up
+// from absmax/qmax near FLT_MAX); it saturates there instead of becoming Inf, so finite input
+// never dequantizes to Inf. A NaN scale (non-finite block) gives NaN.
+QH_HD float dequantize_value(int q, float scale) {
+  const uint32_t u = f32_bits(mul_rn(float(q), scale));
+  return bits_f32((u & kAbsMask) == kExpMask ? ((u & 0x80000000u) | kFltMaxBits) : u);
+}
+
+// int4: two's-complement nibbles, element 2i in the low nibble of byte i, 2i+1 in the high.
+QH_HD uint8_t pack_int4(int lo, int hi) {
+  return uint8_t((uint32_t(lo) & 0xfu) | ((uint32_t(hi) & 0xfu) << 4));
+}
+
+QH_HD int int4_low(uint8_t byte) { return int(int8_t(uint8_t(byte << 4))) >> 4; }
+
+QH_HD int int4_high(uint8_t byte) { return int(int8_t(byte)) >> 4; }
+
+// Block sizes are powers of two in [32, 4096]; 32 keeps int4 blocks whole bytes and the GPU
+// reduction at least one wavefront half.
+QH_HD bool valid_block_size(int64_t b) { return b >= 32 && b <= 4096 && (b & (b - 1)) == 0; }
+
+QH_HD int64_t num_blocks(int64_t numel, int64_t block_size) {
+  return (numel + block_size - 1) / block_size;
+}
+
+// Bytes of quantized data for `nblocks` blocks (padding included).
+QH_HD int64_t data_bytes(int64_t nblocks, int64_t block_size, int bits) {
+  return bits == 4 ? nblocks * block_size / 2 : nblocks * block_size;
+}
+
+}  // namespace zqh

@@ -1,0 +1,101 @@
+"""The compiled kernels: loading ``zeropp_hier._C`` and the ops' fake implementations.
+
+``zeropp_hier._C`` is built from hip_kernels/ by setup.py (hip_kernels/build.py). It is a plain
+shared library whose static initialisers register the ``torch.ops.zeropp_hier`` ops (see
+hip_kernels/bindings.cpp); it has no Python module init, so it is loaded with
+``torch.ops.load_library`` from wherever the import system would find ``zeropp_hier._C``.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from typing import NamedTuple
+
+import torch
+
+from . import _checks
+from .reference import num_blocks
+
+log = logging.getLogger("zeropp_hier.quant")
+
+EXT_MODULE = "zeropp_hier._C"
+BUILD_HINT = ("build them with `pip install --no-build-isolation -e .` in the repository root "
+              "(a CPU torch builds the CPU kernels; a ROCm or CUDA torch adds the GPU ones)")
+
+
+class ExtStatus(NamedTuple):
+    loaded: bool
+    build_info: str  # "cpu", "cpu+hip" or "cpu+cuda" when loaded
+    reason: str  # why it is not loaded, else ""
+
+
+@functools.lru_cache(maxsize=None)
+def status() -> ExtStatus:
+    """Loads the extension once per process."""
+    spec = importlib.util.find_spec(EXT_MODULE)
+    if spec is None or not spec.origin:
+        return ExtStatus(False, "", f"{EXT_MODULE} is not built")
+    try:
+        torch.ops.load_library(spec.origin)
+    except OSError as exc:  # e.g. built against another torch: undefined symbols
+        return ExtStatus(False, "", f"{spec.origin} could not be loaded ({exc})")
+    _register_fakes()
+    return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "")
+
+
+def has_kernels_for(device: torch.device) -> bool:
+    st = status()
+    if not st.loaded:
+        return False
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and st.build_info in ("cpu+hip", "cpu+cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def warn_fallback(device_type: str) -> None:
+    """One warning per process and device type: the fallback is slow and must not be silent."""
+    st = status()
+    if st.loaded:
+        why = f"{EXT_MODULE} was built without kernels for {device_type} tensors ({st.build_info})"
+    else:
+        why = st.reason
+    log.warning("zeropp_hier.quant: using the pure-PyTorch reference quantization for %s tensors "
+                "(much slower): %s; %s.", device_type, why, BUILD_HINT)
+
+
+def _register_fakes() -> None:
+    """Output shapes without running kernels (meta tensors, FakeTensorMode, torch.compile)."""
+
+    def empty_payload(like: torch.Tensor, numel: int, bits: int, block_size: int):
+        data = like.new_empty(_checks.payload_bytes(numel, bits, block_size),
+                              dtype=torch.int8 if bits == 8 else torch.uint8)
+        return data, like.new_empty(num_blocks(numel, block_size), dtype=torch.float32)
+
+    @torch.library.register_fake("zeropp_hier::quantize")
+    def _quantize_fake(x, bits, block_size):
+        _checks.check_float_dtype("x", x.dtype)
+        _checks.check_bits("bits", bits)
+        _checks.check_block_size("block_size", block_size)
+        return empty_payload(x, x.numel(), bits, block_size)
+
+    @torch.library.register_fake("zeropp_hier::dequantize")
+    def _dequantize_fake(data, scales, numel, bits, block_size, dtype):
+        _checks.check_payload("q", data, scales, numel, bits, block_size, stacked=False)
+        _checks.check_float_dtype("dtype", dtype)
+        return data.new_empty(numel, dtype=dtype)
+
+    @torch.library.register_fake("zeropp_hier::dequantize_sum")
+    def _dequantize_sum_fake(data, scales, numel, bits, block_size, dtype):
+        _checks.check_payload("parts", data, scales, numel, bits, block_size, stacked=True)
+        _checks.check_float_dtype("dtype", dtype)
+        return data.new_empty(numel, dtype=dtype)
+
+    @torch.library.register_fake("zeropp_hier::dequantize_sum_requantize")
+    def _dequantize_sum_requantize_fake(data, scales, numel, bits, block_size, out_bits,
+                                        out_block_size):
+        _checks.check_payload("parts", data, scales, numel, bits, block_size, stacked=True)
+        _checks.check_bits("out_bits", out_bits)
+        _checks.check_block_size("out_block_size", out_block_size)
+        return empty_payload(data, numel, out_bits, out_block_size)
