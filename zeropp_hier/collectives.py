@@ -16,6 +16,9 @@ from .plan import Hop
 from .stats import CommStats
 from .topology import Topology
 
+# torch 2.13 renamed the tensor-in/tensor-out gather; older ROCm/CUDA builds have only the old name.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 _BITS = {"int8": 8, "int4": 4}
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -43,7 +46,7 @@ class HierCollectives:
         """All-gather a 1-D tensor; returns [k, numel] in peer order."""
         k = len(hg.peers)
         out = torch.empty(k * local.numel(), dtype=local.dtype, device=local.device)
-        dist.all_gather_into_tensor(out, local, group=hg.group)
+        _all_gather_tensor(out, local, group=hg.group)
         self.stats.record(phase, hg.peers, _nbytes(local))
         return _peer_order(out.view(k, -1), hg)
 

@@ -39,6 +39,11 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict) -> None
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
+    import warnings
+    # DeepSpeed calls torch.distributed functions that torch 2.13 marks deprecated, once per
+    # collective: thousands of identical lines that would bury the training output.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
     try:
         import torch
         torch.set_num_threads(1)

@@ -105,6 +105,7 @@ class HierRuntime:
             hops = self.plan.backward
         else:
             buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps]).view(1, 1, 1, -1)
+            self._zero_padding(buf.view(-1), ps, sizes)
             hops = self.plan.forward
         for hop in hops:
             buf = self.coll.gather_hop(buf, hop, block, self.phase)
@@ -123,6 +124,17 @@ class HierRuntime:
             out[p.ds_id] = flat.view(p.ds_shape).to(p.ds_tensor.dtype)
             off += n
         return out
+
+    def _zero_padding(self, local: torch.Tensor, ps: list, sizes: list[int]) -> None:
+        """DeepSpeed leaves the tail of the last partitions uninitialised. Uncompressed, those
+        elements are never read; but a quantization block that holds them would take its scale
+        from whatever garbage is there (NaN included) and spoil the real values beside them."""
+        off = 0
+        for p, n in zip(ps, sizes):
+            valid = max(0, min(n, p.ds_numel - self.rank * n))
+            if valid < n:
+                local[off + valid:off + n].zero_()
+            off += n
 
     def invalidate_shards(self) -> None:
         """The primary shards changed (optimizer step, checkpoint load): kept copies are stale."""

@@ -18,7 +18,8 @@ DTYPE_SECTIONS = {"fp32": {}, "fp16": {"fp16": {"enabled": True, "initial_scale_
 
 def ds_config(preset: str | None, *, dtype: str = "fp32", micro_batch: int = 2, grad_accum: int = 1,
               compression: Any = None, gpus_per_node: int = 2, gcds_per_gpu: int = 2,
-              lr: float = 3e-3, regather: bool = True, extra: dict | None = None) -> dict:
+              lr: float = 3e-3, eps: float = 1e-6, regather: bool = True,
+              extra: dict | None = None) -> dict:
     """A DeepSpeed config; ``preset=None`` gives stock ZeRO-3 (no zeropp_hier section).
 
     ``regather`` sets DeepSpeed's prefetch and reuse distance to 0 so that a small model is
@@ -29,7 +30,7 @@ def ds_config(preset: str | None, *, dtype: str = "fp32", micro_batch: int = 2, 
         zero.update(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0)
     cfg = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
            "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9,
-           "optimizer": {"type": "Adam", "params": {"lr": lr, "torch_adam": True}},
+           "optimizer": {"type": "Adam", "params": {"lr": lr, "eps": eps, "torch_adam": True}},
            "zero_optimization": zero, **DTYPE_SECTIONS[dtype]}
     if preset is not None:
         section: dict[str, Any] = {"enabled": True, "preset": preset,

@@ -1,0 +1,26 @@
+"""Assertion helpers shared by the distributed tests."""
+import math
+
+import torch
+
+
+def rel_diff(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def assert_losses_close(got, ref, rtol, what):
+    assert len(got) == len(ref), what
+    for step, (g, r) in enumerate(zip(got, ref)):
+        assert math.isfinite(g), f"{what}: step {step} loss {g}"
+        assert rel_diff(g, r) <= rtol, f"{what}: step {step} loss {g} vs stock {r} (rtol {rtol})"
+
+
+def assert_states_close(got: dict, ref: dict, atol, what):
+    assert got.keys() == ref.keys(), what
+    for name in ref:
+        err = float((got[name] - ref[name]).abs().max())
+        assert err <= atol, f"{what}: parameter {name} differs from stock by {err} (atol {atol})"
+
+
+def max_state_diff(got: dict, ref: dict) -> float:
+    return max(float((got[n] - ref[n]).abs().max()) for n in ref)
