@@ -84,6 +84,9 @@ class LocalWorld:
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = free_port()
+        # Set before the children start: unpickling a task may import DeepSpeed before _worker
+        # runs, and DeepSpeed picks its accelerator at import.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
         env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
         self.procs = [ctx.Process(target=_worker, args=(r, world_size, port, self.tasks[r],
                                                         self.results, env), daemon=True)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install zeropp-hier and what it needs into the current Python environment.
+# - torch: an existing build (ROCm, CUDA or CPU) is kept; with none, torch 2.13.0 is installed
+#   (on a machine without GPUs, point pip at PyTorch's CPU wheels to avoid a multi-GB CUDA build).
+# - the package itself without build isolation, so its kernels are compiled against that torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "[install] no torch found: installing torch==2.13.0"
+  "$PY" -m pip install "torch==2.13.0"
+else
+  echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
+fi
+"$PY" -m pip install setuptools wheel ninja pytest hypothesis >/dev/null
+"$PY" -m pip install --no-build-isolation -e . 2>&1 | tail -n 2
+"$PY" -c "import zeropp_hier, zeropp_hier.quant as q; print('[install] zeropp_hier', zeropp_hier.__version__, '| quant backend:', q.backend())"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# First command of the README: install, then train the small GPT on a simulated
+# 2 nodes x 2 GPUs x 2 GCDs Frontier (8 CPU ranks, gloo). Extra arguments go to the demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+exec "${PYTHON:-python}" -m zeropp_hier.demo "$@"
