@@ -24,6 +24,7 @@ TORCH_LIBRARY(zeropp_hier, m) {
       "dequantize_sum_requantize(Tensor data, Tensor scales, int numel, int bits, "
       "int block_size, int out_bits, int out_block_size) -> (Tensor data, Tensor scales)");
   m.def("build_info() -> str", &zqh::ops::build_info);
+  m.def("cpu_isa() -> str", &zqh::ops::cpu_isa);
 }
 
 TORCH_LIBRARY_IMPL(zeropp_hier, CPU, m) {

@@ -71,7 +71,8 @@ flags="$(echo "$header" | awk '/Flags:/ {print $2}')"
 [ $((flags & 0xff)) -eq $((0x3f)) ] || fail "code object e_flags $flags is not gfx90a (0x3f)"
 "$READELF" --notes "$work/gfx90a.co" | grep -q 'amdgcn-amd-amdhsa--gfx90a' \
   || fail "code object metadata does not name gfx90a"
-nkernels="$("$READELF" -s "$work/gfx90a.co" | grep -c '\.kd$' || true)"
+# each kernel has a <name>.kd descriptor symbol (listed in .symtab and .dynsym: count names)
+nkernels="$("$READELF" -s -W "$work/gfx90a.co" | awk '$NF ~ /\.kd$/ {print $NF}' | sort -u | wc -l)"
 [ "$nkernels" -gt 0 ] || fail "the gfx90a code object defines no kernels"
 step "OK gfx90a: $nkernels kernels in $target"
 

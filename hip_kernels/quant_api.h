@@ -27,6 +27,9 @@ struct Parts {
 
 namespace cpu {
 
+// The instruction-set variant the next call uses: "avx512", "avx2" or "default".
+const char* isa_name();
+
 // x [numel] -> data [nblocks*B (bits 8) or nblocks*B/2 (bits 4)], scales [nblocks]
 void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size,
               void* data, float* scales);

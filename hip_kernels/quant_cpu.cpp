@@ -1,9 +1,11 @@
-// CPU backend: OpenMP loops over blocks calling the shared math in quant_math.h.
+// CPU backend: OpenMP over ranges of blocks; the loops (quant_cpu_loops.h) call the shared math
+// in quant_math.h and are compiled for several x86 instruction sets, the widest available
+// picked at run time (ZEROPP_HIER_CPU_ISA=default|avx2|avx512 forces one, e.g. to test each).
 //
 // Built with -fopenmp -O3 -ffp-contract=off and without -ffast-math (hip_kernels/build.py);
-// see [Note: bit-exact arithmetic] in quant_math.h. Each thread works on whole blocks (or
-// whole 4096-element chunks for the sums), staging one block in an fp32 stack buffer, so the
-// two passes over a block (absmax, then quantize) hit L1 and the loops vectorise.
+// see [Note: bit-exact arithmetic] in quant_math.h. A thread stages one block in an fp32
+// stack buffer, so the two passes over a block (absmax, then quantize) hit L1.
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -13,220 +15,155 @@
 
 namespace zqh {
 namespace cpu {
-namespace {
 
 constexpr int64_t kMaxBlock = 4096;
 // The sums walk the data in chunks of this many elements: a multiple of every block size, so a
 // chunk holds whole input blocks and whole output blocks, and its fp32 accumulator fits in L1.
 constexpr int64_t kChunk = 4096;
-// Below this many blocks the OpenMP fork/join costs more than it saves.
-constexpr int64_t kMinParallelBlocks = 16;
 
-// Loads block elements [0, len) as fp32 into buf, zero-pads [len, B); returns absmax bits.
-template <typename T>
-uint32_t stage_block(const T* x, int64_t len, int64_t block_size, float* buf) {
-  uint32_t amax = 0;
-  for (int64_t i = 0; i < len; ++i) {
-    const float v = to_f32(x[i]);
-    buf[i] = v;
-    amax = std::max(amax, abs_bits(v));
+// Entry points of one instruction-set variant; typed ones indexed by DType.
+struct Loops {
+  void (*quantize[3])(const void* x, int64_t numel, int bits, int64_t block_size, int64_t b0,
+                      int64_t b1, uint8_t* data, float* scales);
+  void (*dequantize[3])(const uint8_t* data, const float* scales, int64_t numel, int bits,
+                        int64_t block_size, int64_t b0, int64_t b1, void* out);
+  void (*sum[3])(const Parts& parts, int64_t c0, int64_t c1, void* out);
+  void (*sum_requantize)(const Parts& parts, int out_bits, int64_t out_block_size, int64_t c0,
+                         int64_t c1, uint8_t* out_data, float* out_scales);
+};
+
+}  // namespace cpu
+}  // namespace zqh
+
+#define ZQH_ISA isa_default
+#include "quant_cpu_loops.h"
+#undef ZQH_ISA
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ZQH_X86_VARIANTS 1
+// No "fma" in either list: the loops must not contract (-ffp-contract=off keeps it so anyway).
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define ZQH_ISA isa_avx2
+#include "quant_cpu_loops.h"
+#undef ZQH_ISA
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,avx512f,avx512bw,avx512vl,avx512dq")
+#define ZQH_ISA isa_avx512
+#include "quant_cpu_loops.h"
+#undef ZQH_ISA
+#pragma GCC pop_options
+#else
+#define ZQH_X86_VARIANTS 0
+#endif
+
+namespace zqh {
+namespace cpu {
+namespace {
+
+// Ranges per OpenMP thread are at least this many elements: below it the fork/join and the
+// indirect call cost more than they save.
+constexpr int64_t kMinRange = 16384;
+
+enum class Isa { kDefault, kAvx2, kAvx512 };
+
+Isa best_isa() {
+#if ZQH_X86_VARIANTS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return Isa::kAvx512;
   }
-  for (int64_t i = len; i < block_size; ++i) buf[i] = 0.0f;
-  return amax;
+  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+#endif
+  return Isa::kDefault;
 }
 
-uint32_t absmax_of(const float* buf, int64_t len) {
-  uint32_t amax = 0;
-  for (int64_t i = 0; i < len; ++i) amax = std::max(amax, abs_bits(buf[i]));
-  return amax;
+// The variant for this call: ZEROPP_HIER_CPU_ISA if set (and supported), else the widest.
+Isa chosen_isa() {
+  static const Isa best = best_isa();
+  const char* forced = getenv("ZEROPP_HIER_CPU_ISA");
+  if (forced == nullptr || forced[0] == '\0') return best;
+  Isa want = Isa::kDefault;
+  if (strcmp(forced, "avx512") == 0) want = Isa::kAvx512;
+  if (strcmp(forced, "avx2") == 0) want = Isa::kAvx2;
+  return int(want) <= int(best) ? want : best;
 }
 
-// Quantizes one staged block buf [B] into out (B int8, or B/2 int4 bytes); returns the scale.
-float quantize_staged(const float* buf, uint32_t amax, int bits, int64_t block_size, void* out) {
-  const int qmax = qmax_for_bits(bits);
-  const float scale = block_scale(amax, qmax);
-  if (!(scale > 0.0f)) {  // all-zero or non-finite block: q = 0 (quantize_value agrees)
-    memset(out, 0, size_t(data_bytes(1, block_size, bits)));
-    return scale;
-  }
-  if (bits == 8) {
-    int8_t* q = static_cast<int8_t*>(out);
-    for (int64_t i = 0; i < block_size; ++i) q[i] = int8_t(quantize_value(buf[i], scale, qmax));
-  } else {
-    uint8_t* q = static_cast<uint8_t*>(out);
-    for (int64_t j = 0; j < block_size / 2; ++j) {
-      q[j] = pack_int4(quantize_value(buf[2 * j], scale, qmax),
-                       quantize_value(buf[2 * j + 1], scale, qmax));
-    }
-  }
-  return scale;
+const Loops& loops() {
+  static const Loops variants[3] = {
+    isa_default::loops(),
+#if ZQH_X86_VARIANTS
+    isa_avx2::loops(),
+    isa_avx512::loops(),
+#else
+    isa_default::loops(), isa_default::loops(),
+#endif
+  };
+  return variants[int(chosen_isa())];
 }
 
-template <typename T>
-void quantize_typed(const T* x, int64_t numel, int bits, int64_t block_size, void* data,
-                    float* scales) {
-  const int64_t nblocks = num_blocks(numel, block_size);
-  uint8_t* bytes = static_cast<uint8_t*>(data);
-  const int64_t block_bytes = data_bytes(1, block_size, bits);
-#pragma omp parallel if (nblocks >= kMinParallelBlocks)
-  {
-    float buf[kMaxBlock];
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < nblocks; ++b) {
-      const int64_t start = b * block_size;
-      const int64_t len = std::min(block_size, numel - start);
-      const uint32_t amax = stage_block(x + start, len, block_size, buf);
-      scales[b] = quantize_staged(buf, amax, bits, block_size, bytes + b * block_bytes);
-    }
+// Splits [0, count) into ranges of at least min_items and runs fn(begin, end) over OpenMP.
+template <typename Fn>
+void parallel_ranges(int64_t count, int64_t min_items, Fn fn) {
+  const int64_t ranges = std::max<int64_t>(1, count / std::max<int64_t>(1, min_items));
+  if (ranges == 1) {
+    fn(int64_t(0), count);
+    return;
   }
-}
-
-// Dequantizes elements [0, len) of one block into out.
-template <typename T>
-void dequantize_block(const uint8_t* q, int bits, float scale, int64_t len, T* out) {
-  if (bits == 8) {
-    const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
-    for (int64_t i = 0; i < len; ++i) out[i] = from_f32<T>(dequantize_value(q8[i], scale));
-  } else {
-    const int64_t pairs = len / 2;
-    for (int64_t j = 0; j < pairs; ++j) {
-      out[2 * j] = from_f32<T>(dequantize_value(int4_low(q[j]), scale));
-      out[2 * j + 1] = from_f32<T>(dequantize_value(int4_high(q[j]), scale));
-    }
-    if (len & 1) out[len - 1] = from_f32<T>(dequantize_value(int4_low(q[pairs]), scale));
-  }
-}
-
-template <typename T>
-void dequantize_typed(const void* data, const float* scales, int64_t numel, int bits,
-                      int64_t block_size, T* out) {
-  const int64_t nblocks = num_blocks(numel, block_size);
-  const uint8_t* bytes = static_cast<const uint8_t*>(data);
-  const int64_t block_bytes = data_bytes(1, block_size, bits);
-#pragma omp parallel for schedule(static) if (nblocks >= kMinParallelBlocks)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t start = b * block_size;
-    dequantize_block(bytes + b * block_bytes, bits, scales[b],
-                     std::min(block_size, numel - start), out + start);
-  }
-}
-
-// acc[i] += dequantized element (begin + i) of part p, for i in [0, len); begin is a multiple
-// of kChunk, hence of the block size. Elements past numel are never read, so a non-finite
-// block's NaN padding cannot reach the sum.
-void accumulate_part(const Parts& parts, int64_t p, int64_t begin, int64_t len, float* acc) {
-  const uint8_t* q = static_cast<const uint8_t*>(parts.data) + p * parts.data_stride;
-  const float* scales = parts.scales + p * parts.scale_stride;
-  const int64_t bsz = parts.block_size;
-  for (int64_t off = 0; off < len; off += bsz) {
-    const int64_t e0 = begin + off;  // first element of this block
-    const float scale = scales[e0 / bsz];
-    const int64_t n = std::min(bsz, len - off);
-    float* a = acc + off;
-    if (parts.bits == 8) {
-      const int8_t* q8 = reinterpret_cast<const int8_t*>(q) + e0;
-      for (int64_t i = 0; i < n; ++i) a[i] = add_rn(a[i], dequantize_value(q8[i], scale));
-    } else {
-      const uint8_t* q4 = q + e0 / 2;
-      const int64_t pairs = n / 2;
-      for (int64_t j = 0; j < pairs; ++j) {
-        a[2 * j] = add_rn(a[2 * j], dequantize_value(int4_low(q4[j]), scale));
-        a[2 * j + 1] = add_rn(a[2 * j + 1], dequantize_value(int4_high(q4[j]), scale));
-      }
-      if (n & 1) a[n - 1] = add_rn(a[n - 1], dequantize_value(int4_low(q4[pairs]), scale));
-    }
-  }
-}
-
-// acc [kChunk] = sum over parts of elements [begin, begin + len), in part order, from +0.0.
-void sum_chunk(const Parts& parts, int64_t begin, int64_t len, float* acc) {
-  for (int64_t i = 0; i < len; ++i) acc[i] = 0.0f;
-  for (int64_t p = 0; p < parts.k; ++p) accumulate_part(parts, p, begin, len, acc);
-}
-
-template <typename T>
-void dequantize_sum_typed(const Parts& parts, T* out) {
-  const int64_t nchunks = num_blocks(parts.numel, kChunk);
-#pragma omp parallel if (nchunks > 1)
-  {
-    float acc[kChunk];
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < nchunks; ++c) {
-      const int64_t begin = c * kChunk;
-      const int64_t len = std::min(kChunk, parts.numel - begin);
-      sum_chunk(parts, begin, len, acc);
-      for (int64_t i = 0; i < len; ++i) out[begin + i] = from_f32<T>(acc[i]);
-    }
-  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < ranges; ++r) fn(count * r / ranges, count * (r + 1) / ranges);
 }
 
 }  // namespace
 
+const char* isa_name() {
+  switch (chosen_isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "default";
+  }
+}
+
 void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size,
               void* data, float* scales) {
-  switch (x_dtype) {
-    case DType::kF32:
-      return quantize_typed(static_cast<const float*>(x), numel, bits, block_size, data, scales);
-    case DType::kF16:
-      return quantize_typed(static_cast<const half_bits*>(x), numel, bits, block_size, data,
-                            scales);
-    case DType::kBF16:
-      return quantize_typed(static_cast<const bf16_bits*>(x), numel, bits, block_size, data,
-                            scales);
-  }
+  const auto fn = loops().quantize[int(x_dtype)];
+  uint8_t* bytes = static_cast<uint8_t*>(data);
+  parallel_ranges(num_blocks(numel, block_size), kMinRange / block_size,
+                  [&](int64_t b0, int64_t b1) {
+                    fn(x, numel, bits, block_size, b0, b1, bytes, scales);
+                  });
 }
 
 void dequantize(const void* data, const float* scales, int64_t numel, int bits,
                 int64_t block_size, void* out, DType out_dtype) {
-  switch (out_dtype) {
-    case DType::kF32:
-      return dequantize_typed(data, scales, numel, bits, block_size, static_cast<float*>(out));
-    case DType::kF16:
-      return dequantize_typed(data, scales, numel, bits, block_size,
-                              static_cast<half_bits*>(out));
-    case DType::kBF16:
-      return dequantize_typed(data, scales, numel, bits, block_size,
-                              static_cast<bf16_bits*>(out));
-  }
+  const auto fn = loops().dequantize[int(out_dtype)];
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  parallel_ranges(num_blocks(numel, block_size), kMinRange / block_size,
+                  [&](int64_t b0, int64_t b1) {
+                    fn(bytes, scales, numel, bits, block_size, b0, b1, out);
+                  });
 }
 
 void dequantize_sum(const Parts& parts, void* out, DType out_dtype) {
-  switch (out_dtype) {
-    case DType::kF32:
-      return dequantize_sum_typed(parts, static_cast<float*>(out));
-    case DType::kF16:
-      return dequantize_sum_typed(parts, static_cast<half_bits*>(out));
-    case DType::kBF16:
-      return dequantize_sum_typed(parts, static_cast<bf16_bits*>(out));
-  }
+  const auto fn = loops().sum[int(out_dtype)];
+  parallel_ranges(num_blocks(parts.numel, kChunk), kMinRange / kChunk,
+                  [&](int64_t c0, int64_t c1) { fn(parts, c0, c1, out); });
 }
 
 void dequantize_sum_requantize(const Parts& parts, int out_bits, int64_t out_block_size,
                                void* out_data, float* out_scales) {
-  // Chunks cover the padded output, nblocks_out * B_out elements; the accumulator beyond
-  // numel stays 0, which is exactly the zero padding quantize() would add.
-  const int64_t nblocks_out = num_blocks(parts.numel, out_block_size);
-  const int64_t padded = nblocks_out * out_block_size;
-  const int64_t nchunks = num_blocks(padded, kChunk);
-  const int64_t block_bytes = data_bytes(1, out_block_size, out_bits);
+  const auto fn = loops().sum_requantize;
+  const int64_t padded = num_blocks(parts.numel, out_block_size) * out_block_size;
   uint8_t* bytes = static_cast<uint8_t*>(out_data);
-#pragma omp parallel if (nchunks > 1)
-  {
-    float acc[kChunk];
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < nchunks; ++c) {
-      const int64_t begin = c * kChunk;
-      const int64_t span = std::min(kChunk, padded - begin);
-      sum_chunk(parts, begin, std::max<int64_t>(0, std::min(span, parts.numel - begin)), acc);
-      for (int64_t i = std::max<int64_t>(0, parts.numel - begin); i < span; ++i) acc[i] = 0.0f;
-      for (int64_t off = 0; off < span; off += out_block_size) {
-        const int64_t b = (begin + off) / out_block_size;
-        const uint32_t amax = absmax_of(acc + off, out_block_size);
-        out_scales[b] =
-            quantize_staged(acc + off, amax, out_bits, out_block_size, bytes + b * block_bytes);
-      }
-    }
-  }
+  parallel_ranges(num_blocks(padded, kChunk), kMinRange / kChunk, [&](int64_t c0, int64_t c1) {
+    fn(parts, out_bits, out_block_size, c0, c1, bytes, out_scales);
+  });
 }
 
 }  // namespace cpu

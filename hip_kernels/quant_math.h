@@ -88,6 +88,14 @@ QH_HD float bits_f32(uint32_t u) {
 #endif
 }
 
+// c ? a : b without a branch: the operands are computed anyway, and a branch-free select lets
+// the host compiler vectorise conversion loops (it may not speculate float operations that
+// sit in branches, since they could trap).
+QH_HD uint32_t select_u32(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - uint32_t(c);
+  return (a & m) | (b & ~m);
+}
+
 // ---- correctly rounded fp32 operations (see [Note: bit-exact arithmetic]) ------------------
 
 QH_HD float div_rn(float a, float b) {
@@ -138,7 +146,7 @@ QH_HD float to_f32(half_bits v) {
   const uint32_t normal = sign | ((exp + 112u) << 23) | (mant << 13);
   const uint32_t special = sign | kExpMask | (mant << 13);
   const uint32_t subnormal = sign | f32_bits(mul_rn(float(mant), 5.9604644775390625e-8f));
-  return bits_f32(exp == 0x1fu ? special : (exp == 0u ? subnormal : normal));
+  return bits_f32(select_u32(exp == 0x1fu, special, select_u32(exp == 0u, subnormal, normal)));
 }
 
 template <typename T>
@@ -156,7 +164,7 @@ QH_HD bf16_bits from_f32<bf16_bits>(float v) {
   // turns values past the largest bf16 into Inf. NaN becomes the canonical quiet NaN.
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   bf16_bits out;
-  out.x = uint16_t((u & kAbsMask) > kExpMask ? 0x7fc0u : rounded);
+  out.x = uint16_t(select_u32((u & kAbsMask) > kExpMask, 0x7fc0u, rounded));
   return out;
 }
 
@@ -172,16 +180,10 @@ QH_HD half_bits from_f32<half_bits>(float v) {
   // step, so the fp32 addition itself rounds to the fp16 grid (to even); the mantissa then
   // counts 2^-24 units (0x400 when it rounds up to the smallest normal, also correct).
   const uint32_t subnormal = f32_bits(add_rn(bits_f32(a), 0.5f)) - 0x3f000000u;
-  uint32_t h;
-  if (a > kExpMask) {
-    h = 0x7e00u;  // NaN
-  } else if (a >= 0x477ff000u) {
-    h = 0x7c00u;  // >= 65520 rounds to Inf (65520 is the tie between 65504 and 2^16)
-  } else if (a >= 0x38800000u) {
-    h = normal;
-  } else {
-    h = subnormal;
-  }
+  // NaN -> quiet NaN; >= 65520 (the tie between 65504 and 2^16) -> Inf; >= 2^-14 normal.
+  uint32_t h = select_u32(a >= 0x38800000u, normal, subnormal);
+  h = select_u32(a >= 0x477ff000u, 0x7c00u, h);
+  h = select_u32(a > kExpMask, 0x7e00u, h);
   half_bits out;
   out.x = uint16_t(sign | h);
   return out;
@@ -233,7 +235,7 @@ QH_HD int quantize_value(float x, float scale, int qmax) {
 // never dequantizes to Inf. A NaN scale (non-finite block) gives NaN.
 QH_HD float dequantize_value(int q, float scale) {
   const uint32_t u = f32_bits(mul_rn(float(q), scale));
-  return bits_f32((u & kAbsMask) == kExpMask ? ((u & 0x80000000u) | kFltMaxBits) : u);
+  return bits_f32(select_u32((u & kAbsMask) == kExpMask, (u & 0x80000000u) | kFltMaxBits, u));
 }
 
 // int4: two's-complement nibbles, element 2i in the low nibble of byte i, 2i+1 in the high.

@@ -285,5 +285,7 @@ std::string build_info() {
 #endif
 }
 
+std::string cpu_isa() { return cpu::isa_name(); }
+
 }  // namespace ops
 }  // namespace zqh

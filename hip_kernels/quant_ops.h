@@ -42,5 +42,8 @@ std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_gpu(
 // Which device backends this build holds: "cpu", "cpu+hip" or "cpu+cuda".
 std::string build_info();
 
+// The CPU loops' instruction-set variant: "avx512", "avx2" or "default".
+std::string cpu_isa();
+
 }  // namespace ops
 }  // namespace zqh

@@ -33,14 +33,24 @@ class ExtStatus(NamedTuple):
 @functools.lru_cache(maxsize=None)
 def status() -> ExtStatus:
     """Loads the extension once per process."""
-    spec = importlib.util.find_spec(EXT_MODULE)
+    st = load(EXT_MODULE)
+    if st.loaded:
+        _register_fakes()
+    return st
+
+
+def load(module: str) -> ExtStatus:
+    """Loads the shared library the import system finds for ``module`` (a dotted name)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ImportError as exc:  # a parent package is missing
+        return ExtStatus(False, "", f"{module} cannot be found ({exc})")
     if spec is None or not spec.origin:
-        return ExtStatus(False, "", f"{EXT_MODULE} is not built")
+        return ExtStatus(False, "", f"{module} is not built")
     try:
         torch.ops.load_library(spec.origin)
     except OSError as exc:  # e.g. built against another torch: undefined symbols
         return ExtStatus(False, "", f"{spec.origin} could not be loaded ({exc})")
-    _register_fakes()
     return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "")
 
 

@@ -1,0 +1,184 @@
+// The CPU loops over a range of blocks, compiled once per instruction set.
+//
+// quant_cpu.cpp includes this file several times, each time inside a different
+// `#pragma GCC target(...)` region and with ZQH_ISA naming a different namespace, so the same
+// loops are vectorised for baseline x86-64 (SSE2), AVX2 and AVX-512 and the widest one the CPU
+// has is picked at run time. All arithmetic is quant_math.h's (its inline functions are inlined
+// into each variant); vector width changes no result ([Note: bit-exact arithmetic]).
+// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined.
+#ifndef ZQH_ISA
+#error "define ZQH_ISA (the namespace of this instruction-set variant) before including"
+#endif
+
+namespace zqh {
+namespace cpu {
+namespace ZQH_ISA {
+
+// Loads block elements [0, len) as fp32 into buf, zero-pads [len, B); returns absmax bits.
+template <typename T>
+int32_t stage_block(const T* x, int64_t len, int64_t block_size, float* buf) {
+  int32_t amax = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const float v = to_f32(x[i]);
+    buf[i] = v;
+    const int32_t a = int32_t(abs_bits(v));  // < 2^31: signed max vectorises everywhere
+    amax = a > amax ? a : amax;
+  }
+  for (int64_t i = len; i < block_size; ++i) buf[i] = 0.0f;
+  return amax;
+}
+
+inline int32_t absmax_of(const float* buf, int64_t len) {
+  int32_t amax = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const int32_t a = int32_t(abs_bits(buf[i]));
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
+
+// Quantizes one staged block buf [B] into out (B int8, or B/2 int4 bytes); returns the scale.
+inline float quantize_staged(const float* buf, int32_t amax, int bits, int64_t block_size,
+                             uint8_t* out) {
+  const int qmax = qmax_for_bits(bits);
+  const float scale = block_scale(uint32_t(amax), qmax);
+  if (!(scale > 0.0f)) {  // all-zero or non-finite block: q = 0, as quantize_value gives
+    memset(out, 0, size_t(data_bytes(1, block_size, bits)));
+    return scale;
+  }
+  if (bits == 8) {
+    int8_t* q = reinterpret_cast<int8_t*>(out);
+    for (int64_t i = 0; i < block_size; ++i) q[i] = int8_t(quantize_value(buf[i], scale, qmax));
+  } else {
+    for (int64_t j = 0; j < block_size / 2; ++j) {
+      out[j] = pack_int4(quantize_value(buf[2 * j], scale, qmax),
+                         quantize_value(buf[2 * j + 1], scale, qmax));
+    }
+  }
+  return scale;
+}
+
+// Blocks [b0, b1) of x [numel] -> data, scales.
+template <typename T>
+void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size, int64_t b0,
+                     int64_t b1, uint8_t* data, float* scales) {
+  const T* xt = static_cast<const T*>(x);
+  const int64_t block_bytes = data_bytes(1, block_size, bits);
+  float buf[kMaxBlock];
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t start = b * block_size;
+    const int64_t len = std::min(block_size, numel - start);
+    const int32_t amax = stage_block(xt + start, len, block_size, buf);
+    scales[b] = quantize_staged(buf, amax, bits, block_size, data + b * block_bytes);
+  }
+}
+
+// Blocks [b0, b1) of a payload -> out [numel].
+template <typename T>
+void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, int bits,
+                       int64_t block_size, int64_t b0, int64_t b1, void* out) {
+  T* o = static_cast<T*>(out);
+  const int64_t block_bytes = data_bytes(1, block_size, bits);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t start = b * block_size;
+    const int64_t len = std::min(block_size, numel - start);
+    const uint8_t* q = data + b * block_bytes;
+    const float scale = scales[b];
+    T* ob = o + start;
+    if (bits == 8) {
+      const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
+      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(dequantize_value(q8[i], scale));
+    } else {
+      const int64_t pairs = len / 2;
+      for (int64_t j = 0; j < pairs; ++j) {
+        ob[2 * j] = from_f32<T>(dequantize_value(int4_low(q[j]), scale));
+        ob[2 * j + 1] = from_f32<T>(dequantize_value(int4_high(q[j]), scale));
+      }
+      if (len & 1) ob[len - 1] = from_f32<T>(dequantize_value(int4_low(q[pairs]), scale));
+    }
+  }
+}
+
+// acc [len] = sum over parts of elements [begin, begin + len), in part order from +0.0.
+// begin is a multiple of kChunk, hence of the block size; begin + len <= numel, so a
+// non-finite block's NaN padding never reaches the sum.
+inline void sum_chunk(const Parts& parts, int64_t begin, int64_t len, float* acc) {
+  for (int64_t i = 0; i < len; ++i) acc[i] = 0.0f;
+  const int64_t bsz = parts.block_size;
+  for (int64_t p = 0; p < parts.k; ++p) {
+    const uint8_t* q = static_cast<const uint8_t*>(parts.data) + p * parts.data_stride;
+    const float* scales = parts.scales + p * parts.scale_stride;
+    for (int64_t off = 0; off < len; off += bsz) {
+      const int64_t e0 = begin + off;  // first element of this block
+      const float scale = scales[e0 / bsz];
+      const int64_t n = std::min(bsz, len - off);
+      float* a = acc + off;
+      if (parts.bits == 8) {
+        const int8_t* q8 = reinterpret_cast<const int8_t*>(q) + e0;
+        for (int64_t i = 0; i < n; ++i) a[i] = add_rn(a[i], dequantize_value(q8[i], scale));
+      } else {
+        const uint8_t* q4 = q + e0 / 2;
+        const int64_t pairs = n / 2;
+        for (int64_t j = 0; j < pairs; ++j) {
+          a[2 * j] = add_rn(a[2 * j], dequantize_value(int4_low(q4[j]), scale));
+          a[2 * j + 1] = add_rn(a[2 * j + 1], dequantize_value(int4_high(q4[j]), scale));
+        }
+        if (n & 1) a[n - 1] = add_rn(a[n - 1], dequantize_value(int4_low(q4[pairs]), scale));
+      }
+    }
+  }
+}
+
+// Chunks [c0, c1) of the sum -> out [numel] of T.
+template <typename T>
+void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
+  T* o = static_cast<T*>(out);
+  float acc[kChunk];
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t begin = c * kChunk;
+    const int64_t len = std::min(kChunk, parts.numel - begin);
+    sum_chunk(parts, begin, len, acc);
+    for (int64_t i = 0; i < len; ++i) o[begin + i] = from_f32<T>(acc[i]);
+  }
+}
+
+// Chunks [c0, c1) of the padded output (nblocks_out * B_out elements) -> quantized sum.
+// The accumulator past numel is 0: exactly the zero padding quantize() would add.
+inline void sum_requantize_chunks(const Parts& parts, int out_bits, int64_t out_block_size,
+                                  int64_t c0, int64_t c1, uint8_t* out_data, float* out_scales) {
+  const int64_t padded = num_blocks(parts.numel, out_block_size) * out_block_size;
+  const int64_t block_bytes = data_bytes(1, out_block_size, out_bits);
+  float acc[kChunk];
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t begin = c * kChunk;
+    const int64_t span = std::min(kChunk, padded - begin);
+    const int64_t real = std::min(span, parts.numel - begin);
+    sum_chunk(parts, begin, real, acc);
+    for (int64_t i = real; i < span; ++i) acc[i] = 0.0f;
+    for (int64_t off = 0; off < span; off += out_block_size) {
+      const int64_t b = (begin + off) / out_block_size;
+      out_scales[b] = quantize_staged(acc + off, absmax_of(acc + off, out_block_size), out_bits,
+                                      out_block_size, out_data + b * block_bytes);
+    }
+  }
+}
+
+// This variant's entry points, indexed by DType where typed.
+inline Loops loops() {
+  Loops l;
+  l.quantize[0] = &quantize_blocks<float>;
+  l.quantize[1] = &quantize_blocks<half_bits>;
+  l.quantize[2] = &quantize_blocks<bf16_bits>;
+  l.dequantize[0] = &dequantize_blocks<float>;
+  l.dequantize[1] = &dequantize_blocks<half_bits>;
+  l.dequantize[2] = &dequantize_blocks<bf16_bits>;
+  l.sum[0] = &sum_chunks<float>;
+  l.sum[1] = &sum_chunks<half_bits>;
+  l.sum[2] = &sum_chunks<bf16_bits>;
+  l.sum_requantize = &sum_requantize_chunks;
+  return l;
+}
+
+}  // namespace ZQH_ISA
+}  // namespace cpu
+}  // namespace zqh
