@@ -85,3 +85,31 @@ def compare_shards_with_gather(engine) -> dict:
 
 def world_info() -> dict:
     return {"rank": dist.get_rank(), "world": dist.get_world_size(), "pid": os.getpid()}
+
+
+def init_parity(steps: int) -> dict:
+    """Models built already partitioned: stock deepspeed.zero.Init vs zeropp_hier.Init; and a
+    disabled section giving a stock engine."""
+    import deepspeed
+
+    import zeropp_hier
+    from zeropp_hier.models.gpt import GPT
+    out = {}
+    for name, cfg, init, initialize in (
+            ("stock", training.ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
+            ("hier", training.ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
+        torch.manual_seed(0)
+        with init(config_dict_or_path=cfg):
+            model = GPT(GPTConfig())
+        engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        out[name] = {"losses": training.train_steps(engine, steps), "engine": type(engine).__name__,
+                     "optimizer": type(engine.optimizer).__name__}
+        if name == "hier":
+            out[name]["stats"] = zeropp_hier.comm_stats(engine)
+        training.release(engine)
+    off = training.ds_config("frontier")
+    off["zeropp_hier"]["enabled"] = False
+    engine = training.build_engine(off)
+    out["disabled"] = {"engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__}
+    training.release(engine)
+    return out

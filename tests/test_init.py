@@ -1,0 +1,25 @@
+"""zeropp_hier.Init (models built partitioned) and the disabled section, beside stock."""
+import pytest
+
+from . import scenarios
+from .helpers import assert_losses_close
+
+
+@pytest.fixture(scope="module")
+def results(world8):
+    return world8.run(scenarios.init_parity, 4)
+
+
+def test_partitioned_construction_matches_stock(results):
+    for rank, r in enumerate(results):
+        assert r["hier"]["engine"] == "HierEngine"
+        assert r["hier"]["optimizer"] == "HierZeroOptimizer_Stage3"
+        assert_losses_close(r["hier"]["losses"], r["stock"]["losses"], 1e-5, f"rank {rank}")
+        # the parameters made under zeropp_hier.Init gather through the hierarchy
+        assert r["hier"]["stats"]["calls"]["forward_gather"]["node"] > 0
+        assert r["hier"]["stats"]["calls"]["backward_gather"]["gcd"] > 0
+
+
+def test_disabled_section_is_stock_deepspeed(results):
+    for r in results:
+        assert r["disabled"] == {"engine": "DeepSpeedEngine", "optimizer": "DeepSpeedZeroOptimizer_Stage3"}
