@@ -113,3 +113,28 @@ def init_parity(steps: int) -> dict:
     out["disabled"] = {"engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__}
     training.release(engine)
     return out
+
+
+def modified_weights(steps: int) -> dict:
+    """Weights changed through GatheredParameters(modifier_rank=0) while kept shards exist: the
+    next steps must see the new weights (stock vs frontier)."""
+    import deepspeed
+
+    from zeropp_hier.models.gpt import synthetic_batch
+    out = {}
+    for name, cfg in (("stock", training.ds_config(None)),
+                      ("hier", training.ds_config("frontier", compression="none"))):
+        engine = training.build_engine(cfg)
+        training.train_steps(engine, 2)
+        x, y = synthetic_batch(engine.module.config, 2, 99, dist.get_rank())
+        with torch.no_grad():
+            engine(x, y)  # leaves kept shards behind (frontier)
+        kept_before = len(engine.hier_runtime.shards) if name == "hier" else None
+        params = [engine.module.wte.weight, engine.module.blocks[0].fc.weight]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            if dist.get_rank() == 0:
+                for p in params:
+                    p.data.mul_(0.5)
+        out[name] = {"losses": training.train_steps(engine, steps, start=2), "kept_before": kept_before}
+        training.release(engine)
+    return out

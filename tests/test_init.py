@@ -23,3 +23,10 @@ def test_partitioned_construction_matches_stock(results):
 def test_disabled_section_is_stock_deepspeed(results):
     for r in results:
         assert r["disabled"] == {"engine": "DeepSpeedEngine", "optimizer": "DeepSpeedZeroOptimizer_Stage3"}
+
+
+def test_weights_modified_outside_the_optimizer_reach_the_next_step(world8):
+    results = world8.run(scenarios.modified_weights, 3)
+    for rank, r in enumerate(results):
+        assert r["hier"]["kept_before"] > 0, "no shard was kept: the test proves nothing"
+        assert_losses_close(r["hier"]["losses"], r["stock"]["losses"], 1e-5, f"rank {rank}")

@@ -38,7 +38,25 @@ def runtime_of(param) -> HierRuntime | None:
 
 
 def bind(param, runtime: HierRuntime) -> None:
+    """Route a partitioned parameter's gathers through ``runtime``.
+
+    Its ``partition`` closure is wrapped too: DeepSpeed calls it with ``has_been_updated=True``
+    when the full weights were changed outside the optimizer (``GatheredParameters`` with a
+    ``modifier_rank``), and the kept shards of those parameters must then go.
+    """
     param.all_gather_coalesced = runtime.all_gather_coalesced
+    if getattr(param.partition, "zeropp_hier_runtime", None) is runtime:
+        return  # already wrapped for this runtime
+    ds_partition = param.partition
+
+    def partition(param_list=None, hierarchy=0, has_been_updated=False, free_data=True):
+        if has_been_updated:
+            runtime.drop_shards(param_list if param_list is not None else [param])
+        return ds_partition(param_list=param_list, hierarchy=hierarchy,
+                            has_been_updated=has_been_updated, free_data=free_data)
+
+    partition.zeropp_hier_runtime = runtime
+    param.partition = partition
 
 
 class Init(_DSInit):

@@ -140,6 +140,11 @@ class HierRuntime:
         """The primary shards changed (optimizer step, checkpoint load): kept copies are stale."""
         self.shards.clear()
 
+    def drop_shards(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """These parameters' full weights changed outside the optimizer: their copies are stale."""
+        for p in params:
+            self.shards.pop(p.ds_id, None)
+
     def shard_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.shards.values())
 
