@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 EXT_NAME = "zeropp_hier._C"
@@ -57,27 +58,44 @@ def torch_flavour() -> str:
     return "cpu"
 
 
-def extension_modules() -> list:
-    from torch.utils import cpp_extension
+class ExtSpec(NamedTuple):
+    """What to build for one torch flavour (pure data, so it can be checked anywhere)."""
+    gpu: bool  # CUDAExtension (with device code) rather than CppExtension
+    sources: list
+    define_macros: list
+    cxx_flags: list
+    device_flags: list  # nvcc flags (hipcc's in a ROCm torch); [] for CPU
 
-    flavour = torch_flavour()
+
+def extension_spec(flavour: str) -> ExtSpec:
+    """Sources and flags for "cpu", "cuda" or "rocm"."""
     sources = [_source(s) for s in HOST_SOURCES]
-    include_dirs = [str(HERE)]
     if flavour == "cpu":
-        return [cpp_extension.CppExtension(
-            EXT_NAME, sources, include_dirs=include_dirs,
-            extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS)]
+        return ExtSpec(False, sources, [], list(CXX_FLAGS), [])
     if flavour == "cuda":
-        sources.append(_source("quant_kernels_cuda.cu"))
-        macros = [("ZEROPP_WITH_GPU", "1")]
-        device_flags = NVCC_FLAGS
-    else:
-        sources.append(_source("quant_kernels.hip"))
-        macros = [("ZEROPP_WITH_GPU", "1"), ("ZEROPP_GPU_HIP", "1")]
+        return ExtSpec(True, sources + [_source("quant_kernels_cuda.cu")],
+                       [("ZEROPP_WITH_GPU", "1")], list(CXX_FLAGS), list(NVCC_FLAGS))
+    if flavour == "rocm":
         device_flags = list(HIPCC_FLAGS)
         if not os.environ.get("PYTORCH_ROCM_ARCH"):
             device_flags.append(f"--offload-arch={DEFAULT_ROCM_ARCH}")
+        return ExtSpec(True, sources + [_source("quant_kernels.hip")],
+                       [("ZEROPP_WITH_GPU", "1"), ("ZEROPP_GPU_HIP", "1")], list(CXX_FLAGS),
+                       device_flags)
+    raise ValueError(f"flavour must be 'cpu', 'cuda' or 'rocm', got {flavour!r}")
+
+
+def extension_modules() -> list:
+    """The zeropp_hier._C extension for the installed torch, for setup.py's ext_modules."""
+    from torch.utils import cpp_extension
+
+    spec = extension_spec(torch_flavour())
+    include_dirs = [str(HERE)]
+    if not spec.gpu:
+        return [cpp_extension.CppExtension(
+            EXT_NAME, spec.sources, include_dirs=include_dirs, define_macros=spec.define_macros,
+            extra_compile_args={"cxx": spec.cxx_flags}, extra_link_args=LINK_FLAGS)]
     return [cpp_extension.CUDAExtension(
-        EXT_NAME, sources, include_dirs=include_dirs, define_macros=macros,
-        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": device_flags},
+        EXT_NAME, spec.sources, include_dirs=include_dirs, define_macros=spec.define_macros,
+        extra_compile_args={"cxx": spec.cxx_flags, "nvcc": spec.device_flags},
         extra_link_args=LINK_FLAGS)]

@@ -20,6 +20,9 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 fail() { echo "check_compile: FAIL: $*" >&2; exit 1; }
+# grep -q on a captured text, not on a pipe: with pipefail, grep -q quitting early would kill
+# the writer with SIGPIPE and fail the pipeline.
+has() { grep -q -e "$1" <<<"$2"; }
 step() { echo "check_compile: $*"; }
 
 # Same floating-point flags as hip_kernels/build.py ([Note: bit-exact arithmetic]).
@@ -60,16 +63,16 @@ objcopy --dump-section .hip_fatbin="$work/fatbin.bin" "$work/kernels_hip.o" /dev
   || fail "no .hip_fatbin section in the hipcc object (no device code)"
 targets="$("$BUNDLER" --list --type=o --input="$work/fatbin.bin")"
 echo "$targets" | sed 's/^/  bundle target: /'
-target="$(echo "$targets" | grep -E '^hip.*-amdgcn-amd-amdhsa-.*gfx90a' | head -n1)"
+target="$(grep -m1 -E '^hip.*-amdgcn-amd-amdhsa-.*gfx90a' <<<"$targets" || true)"
 [ -n "$target" ] || fail "the offload bundle has no gfx90a target"
 "$BUNDLER" --unbundle --type=o --input="$work/fatbin.bin" --targets="$target" \
   --output="$work/gfx90a.co"
 header="$("$READELF" -h "$work/gfx90a.co")"
-echo "$header" | grep -q 'EM_AMDGPU' || fail "the gfx90a code object is not an AMDGPU ELF"
+has 'EM_AMDGPU' "$header" || fail "the gfx90a code object is not an AMDGPU ELF"
 # e_flags & 0xff is EF_AMDGPU_MACH; 0x3f is gfx90a.
 flags="$(echo "$header" | awk '/Flags:/ {print $2}')"
 [ $((flags & 0xff)) -eq $((0x3f)) ] || fail "code object e_flags $flags is not gfx90a (0x3f)"
-"$READELF" --notes "$work/gfx90a.co" | grep -q 'amdgcn-amd-amdhsa--gfx90a' \
+has 'amdgcn-amd-amdhsa--gfx90a' "$("$READELF" --notes "$work/gfx90a.co")" \
   || fail "code object metadata does not name gfx90a"
 # each kernel has a <name>.kd descriptor symbol (listed in .symtab and .dynsym: count names)
 nkernels="$("$READELF" -s -W "$work/gfx90a.co" | awk '$NF ~ /\.kd$/ {print $NF}' | sort -u | wc -l)"
@@ -81,10 +84,11 @@ step "nvcc -x cu -arch=sm_80 -c $src"
 mkdir -p "$work/keep"
 nvcc -x cu -arch=sm_80 "${NVCC_FLAGS[@]}" -keep -keep-dir "$work/keep" -c "$src" \
   -o "$work/kernels_cuda.o" || fail "nvcc could not compile $src for sm_80"
-readelf -S "$work/kernels_cuda.o" | grep -q '\.nv_fatbin' || fail "no .nv_fatbin in the nvcc object"
-cubin="$(ls "$work"/keep/*.sm_80.cubin 2>/dev/null | head -n1)"
-[ -n "$cubin" ] || fail "nvcc produced no sm_80 cubin"
-readelf -h "$cubin" 2>/dev/null | grep -q 'NVIDIA CUDA' || fail "$cubin is not a CUDA ELF"
+has '\.nv_fatbin' "$(readelf -S "$work/kernels_cuda.o")" || fail "no .nv_fatbin in the nvcc object"
+cubins=("$work"/keep/*.sm_80.cubin)
+cubin="${cubins[0]}"
+[ -f "$cubin" ] || fail "nvcc produced no sm_80 cubin"
+has 'NVIDIA CUDA' "$(readelf -h "$cubin" 2>/dev/null)" || fail "$cubin is not a CUDA ELF"
 # The cubin's e_flags hold the SM number in bits 8..15 (CUDA 12+ ELF ABI) or 0..7 (older).
 cflags="$(readelf -h "$cubin" 2>/dev/null | awk '/Flags:/ {print $2}')"
 [ $(((cflags >> 8) & 0xff)) -eq 80 ] || [ $((cflags & 0xff)) -eq 80 ] \

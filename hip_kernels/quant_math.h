@@ -21,11 +21,11 @@
 #pragma once
 
 #include <stdint.h>
+#include <string.h>  // memcpy, for the host's bit casts
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define QH_HD __host__ __device__ __forceinline__
 #else
-#include <string.h>
 #define QH_HD inline
 #endif
 

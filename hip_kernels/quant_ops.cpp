@@ -11,8 +11,10 @@
 #include "quant_math.h"
 
 #ifdef ZEROPP_WITH_GPU
-#include <ATen/cuda/CUDAContext.h>
+// c10's headers, not ATen/cuda/CUDAContext.h: they need only the CUDA runtime (no cuBLAS or
+// cuSPARSE headers), and torch's hipify maps them to their ROCm twins.
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace zqh {
@@ -127,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor> empty_payload(const at::TensorOptions& like, 
 
 #ifdef ZEROPP_WITH_GPU
 void* current_stream(const at::Device& device) {
-  return at::cuda::getCurrentCUDAStream(device.index()).stream();
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
 
 void check_launch(const char* op, const char* error) {
