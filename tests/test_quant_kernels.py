@@ -158,11 +158,14 @@ def test_roundtrip_error_within_half_a_scale(ops, dtype, bits):
     x = x.clamp(-6e4, 6e4).to(dtype)  # finite in every dtype
     q = quant.quantize(x, bits, block)
     assert not quant.nonfinite_blocks(q).any()
-    deq = quant.dequantize(q, torch.float32)
     scale = q.scales.repeat_interleave(block)[:n]
-    err = (x.float() - deq).abs()
-    bound = scale * (0.5 + 2.0 ** -16) + deq.abs() * 2.0 ** -22
-    assert (err <= bound).all()
+    for out_dtype in DTYPES:
+        deq = quant.dequantize(q, out_dtype).float()
+        # scale/2, plus fp32 rounding of x/scale and q*scale, plus rounding to out_dtype
+        fi = torch.finfo(out_dtype)
+        bound = (scale * (0.5 + 2.0 ** -16) + deq.abs() * (2.0 ** -22 + fi.eps / 2)
+                 + fi.smallest_normal * fi.eps / 2)
+        assert ((x.float() - deq).abs() <= bound).all(), out_dtype
 
 
 def test_nonfinite_blocks_are_reported(ops):
