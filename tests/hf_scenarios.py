@@ -45,3 +45,16 @@ def hf_trainer_run(out_dir: str, steps: int, gpus_per_node: int = 2, gcds_per_gp
     zeropp_hier.unpatch_deepspeed()
     out["unpatched"] = not zeropp_hier.is_patched()
     return out
+
+
+def shm_buffers_left() -> list[str]:
+    """Names of this world's DeepSpeed shm buffers still present in /dev/shm ([Note: DeepSpeed
+    shm leak]): every rank unlinked its own at start-up, so none should be left."""
+    import os
+
+    import torch.distributed as dist
+
+    from zeropp_hier.shm_hygiene import buffer_name
+    names = [buffer_name(os.getuid(), os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], r)
+             for r in range(dist.get_world_size())]
+    return [n for n in names if os.path.exists(os.path.join("/dev/shm", n))]

@@ -242,7 +242,12 @@ def launch(spec: JobSpec) -> dict:
     if env is not None:
         os.environ.update(env)
         import deepspeed
+        from deepspeed.utils import logger as ds_logger
+        ds_logger.setLevel(logging.WARNING)  # one rank's INFO lines times thousands of ranks
         deepspeed.init_distributed(dist_backend=None if gpus else "gloo")
+        if not gpus:
+            from .shm_hygiene import release_deepspeed_shm
+            release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         out = rank_main(spec)
         import torch.distributed as dist
         dist.destroy_process_group()
