@@ -28,6 +28,12 @@ def test_groups_select_preset_compression_and_auto_topology():
     assert spec.d_model == 128
 
 
+def test_unknown_data_kind_names_the_field():
+    cfg = OmegaConf.to_container(_compose(["data.kind=parquet"]), resolve=True)
+    with pytest.raises(ValueError, match="'data.kind': got 'parquet'"):
+        spec_from_config(cfg)
+
+
 def test_unknown_group_option_is_refused_with_the_choices():
     with pytest.raises(ConfigCompositionException, match="zero4") as e:
         _compose(["preset=zero4"])

@@ -24,6 +24,10 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     """The composed config (a plain dict) -> the job. Unknown keys were already refused by
     Hydra's struct mode; values are checked by ``JobSpec.check`` and at ``initialize``."""
     m, d, t = cfg["model"], cfg["data"], cfg["topology"]
+    if d.get("kind") != "synthetic":
+        from .errors import HierConfigError
+        raise HierConfigError("data.kind", d.get("kind"), "only 'synthetic' exists (data=synthetic); "
+                              "the job generates its tokens on every rank")
     return JobSpec(preset=cfg["preset"]["name"], compression=cfg["compression"]["spec"],
                    steps=cfg["steps"], dtype=cfg["dtype"], micro_batch=d["micro_batch"],
                    vocab_size=m["vocab_size"], seq_len=m["seq_len"], d_model=m["d_model"],
