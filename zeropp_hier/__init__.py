@@ -34,5 +34,5 @@ def reset_comm_stats(engine) -> None:
     engine.hier_runtime.stats.reset()
 
 
-__all__ = ["initialize", "Init", "comm_stats", "patch_deepspeed", "unpatch_deepspeed", "is_patched", "reset_comm_stats", "HierConfig", "parse_section",
-           "HierConfigError", "HierTopologyError", "DeepSpeedVersionError", "HierEngine", "Topology"]
+__all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "patch_deepspeed", "unpatch_deepspeed",
+           "is_patched", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError", "DeepSpeedVersionError", "HierEngine", "Topology"]
