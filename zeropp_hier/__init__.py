@@ -35,4 +35,5 @@ def reset_comm_stats(engine) -> None:
 
 
 __all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "patch_deepspeed", "unpatch_deepspeed",
-           "is_patched", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError", "DeepSpeedVersionError", "HierEngine", "Topology"]
+           "is_patched", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError",
+           "DeepSpeedVersionError", "HierEngine", "Topology"]
