@@ -13,5 +13,8 @@ else
   echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
 fi
 "$PY" -m pip install setuptools wheel ninja pytest hypothesis >/dev/null
+# The Hydra app, its progress bar, the Frontier sweep launcher and the Hugging Face integration
+# test. With torch already present none of these installs another torch.
+"$PY" -m pip install "hydra-core>=1.3" tqdm hydra-submitit-launcher transformers accelerate >/dev/null
 "$PY" -m pip install --no-build-isolation -e . 2>&1 | tail -n 2
 "$PY" -c "import zeropp_hier, zeropp_hier.quant as q; print('[install] zeropp_hier', zeropp_hier.__version__, '| quant backend:', q.backend())"

@@ -7,6 +7,7 @@ from .config import HierConfig, parse_section  # noqa: E402
 from .engine import HierEngine, initialize  # noqa: E402
 from .errors import DeepSpeedVersionError, HierConfigError, HierTopologyError  # noqa: E402
 from .partition import Init  # noqa: E402
+from .patch import is_patched, patch_deepspeed, unpatch_deepspeed  # noqa: E402
 from .topology import Topology  # noqa: E402
 
 __version__ = "0.1.0"
@@ -33,5 +34,6 @@ def reset_comm_stats(engine) -> None:
     engine.hier_runtime.stats.reset()
 
 
-__all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "HierConfig", "parse_section",
-           "HierConfigError", "HierTopologyError", "DeepSpeedVersionError", "HierEngine", "Topology"]
+__all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "patch_deepspeed", "unpatch_deepspeed",
+           "is_patched", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError",
+           "DeepSpeedVersionError", "HierEngine", "Topology"]

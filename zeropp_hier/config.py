@@ -33,7 +33,7 @@ PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
 DEFAULT_BLOCK_SIZE = 256
 
 _SECTION_KEYS = ("enabled", "preset", "topology", "compression")
-_TOPOLOGY_KEYS = ("gcds_per_gpu", "gpus_per_node", "rank_map")
+_TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 _COMPRESSION_KEYS = ("weights", "gradients", "block_size")
 
 
@@ -57,9 +57,10 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class TopologyConfig:
-    gcds_per_gpu: int = 2
-    gpus_per_node: int = 4
+    gcds_per_gpu: int | None = 2  # None only in "auto" mode: not declared, to be detected
+    gpus_per_node: int | None = 4
     rank_map: tuple[int, ...] | None = None
+    mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in autodetect.py)
 
 
 @dataclass(frozen=True)
@@ -89,13 +90,21 @@ def _check_mapping(v: Any, field: str) -> Mapping:
 def _parse_topology(v: Any) -> TopologyConfig:
     field = f"{SECTION}.topology"
     if v == "auto":
-        raise HierConfigError(field, v, "automatic topology detection is not available yet; give "
-                              "{\"gcds_per_gpu\": 2, \"gpus_per_node\": 4} for a Frontier node")
+        v = {"mode": "auto"}
     d = _check_mapping(v, field)
     _check_keys(d, _TOPOLOGY_KEYS, field)
+    mode = d.get("mode", "manual")
+    if mode not in ("manual", "auto"):
+        raise HierConfigError(f"{field}.mode", mode, "use \"auto\" (detect at initialize) or \"manual\"")
+    if mode == "auto" and d.get("rank_map") is not None:
+        raise HierConfigError(f"{field}.rank_map", d["rank_map"], "auto mode works out the rank map "
+                              "itself; remove rank_map or remove \"mode\": \"auto\"")
     vals = {}
     for k in ("gcds_per_gpu", "gpus_per_node"):
-        x = d.get(k, getattr(TopologyConfig, k))
+        x = d.get(k, None if mode == "auto" else getattr(TopologyConfig, k))
+        if x is None and mode == "auto":  # not declared: detected
+            vals[k] = None
+            continue
         if not _is_int(x) or x < 1:
             raise HierConfigError(f"{field}.{k}", x, "use a positive integer (Frontier: gcds_per_gpu=2, "
                                   "gpus_per_node=4)")
@@ -107,7 +116,7 @@ def _parse_topology(v: Any) -> TopologyConfig:
                                   "give a list of integers: rank_map[i] is the rank at position i "
                                   "(position = gcd + gcds_per_gpu*(gpu + gpus_per_node*node))")
         rank_map = tuple(rank_map)
-    return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map)
+    return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map, mode)
 
 
 def _parse_schemes(v: Any, field: str, base: Mapping[str, str]) -> TierSchemes:

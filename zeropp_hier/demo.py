@@ -1,4 +1,5 @@
-"""The main job: a small GPT trained on a simulated Frontier, on the CPU.
+"""The main job with plain command-line flags (the Hydra app ``python -m zeropp_hier.train`` is
+the same job with config groups and sweeps; both run ``zeropp_hier.job``).
 
     python -m zeropp_hier.demo                       # 8 ranks = 2 nodes x 2 GPUs x 2 GCDs, frontier preset
     python -m zeropp_hier.demo --preset zeropp --steps 50
@@ -6,17 +7,15 @@
 
 Without a launcher it starts its own ranks (gloo on CPU); under ``srun`` or ``torchrun`` it runs
 as one rank per process. Rank 0 prints, per step, the loss (mean over ranks), tokens/s and the
-bytes one rank sent over each tier, then a per-phase table.
+bytes one rank sent over each tier, then a per-phase table. Exit status 0 when the loss fell.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 
-PRESETS = ("frontier", "zeropp", "zero3", "stock")
+from .job import PRESETS, JobSpec, launch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,112 +32,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--metrics", default=None, help="write per-step metrics as JSON to this file")
+    ap.add_argument("--out-dir", default=None, help="write metrics.jsonl and summary.json here")
     return ap.parse_args(argv)
 
 
-def _compression(arg):
-    if arg is None or arg in ("none", "int8", "int4", "fp16", "bf16"):
-        return arg
-    return json.loads(arg)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:7.1f} {unit}"
-        n /= 1000.0
-    return str(n)
-
-
-def rank_main(args: argparse.Namespace) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    import zeropp_hier
-    from zeropp_hier import training
-    from zeropp_hier.models.gpt import GPTConfig
-    from zeropp_hier.topology import TIERS
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model_cfg = GPTConfig(vocab_size=256, seq_len=32, d_model=args.d_model, n_heads=4, n_layers=args.layers)
-    preset = None if args.preset == "stock" else args.preset
-    cfg = training.ds_config(preset, dtype=args.dtype, micro_batch=args.micro_batch,
-                             compression=_compression(args.compression),
-                             gpus_per_node=args.gpus_per_node, gcds_per_gpu=args.gcds_per_gpu)
-    engine = training.build_engine(cfg, model_cfg)
-    hier = getattr(engine, "hier_runtime", None) is not None
-    tokens_per_step = world * args.micro_batch * model_cfg.seq_len
-    n_params = sum(p.ds_numel for p in engine.module.parameters())
-    if rank == 0:
-        topo = f"{world // (args.gpus_per_node * args.gcds_per_gpu)} nodes x {args.gpus_per_node} GPUs x {args.gcds_per_gpu} GCDs"
-        print(f"zeropp-hier demo: preset={args.preset} dtype={args.dtype} world={world} ({topo}), "
-              f"GPT {n_params / 1e6:.2f}M params, {tokens_per_step} tokens/step", flush=True)
-        if hier:
-            print(f"plan: {engine.hier_runtime.plan}", flush=True)
-    history = []
-    prev = {t: 0 for t in TIERS}
-
-    def on_step(step, loss, seconds):
-        t = torch.tensor([loss], dtype=torch.float64)
-        dist.all_reduce(t)
-        row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds}
-        if hier:
-            snap = zeropp_hier.comm_stats(engine)["bytes"]
-            now = {tier: sum(snap[p][tier] for p in snap) for tier in TIERS}
-            row["bytes"] = {tier: now[tier] - prev[tier] for tier in TIERS}
-            prev.update(now)
-        history.append(row)
-        if rank == 0:
-            sent = ""
-            if hier:
-                sent = " | sent/rank " + "  ".join(f"{tier} {_fmt_bytes(row['bytes'][tier])}"
-                                                   for tier in reversed(TIERS))
-            print(f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s{sent}", flush=True)
-
-    t0 = time.perf_counter()
-    training.train_steps(engine, args.steps, on_step=on_step)
-    elapsed = time.perf_counter() - t0
-    summary = {"preset": args.preset, "world": world, "steps": args.steps, "history": history,
-               "tokens_per_s": tokens_per_step * args.steps / elapsed}
-    if hier:
-        summary["comm_stats"] = zeropp_hier.comm_stats(engine)
-    if rank == 0:
-        print(f"done: {args.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "
-              f"{history[-1]['loss']:.4f} (first {history[0]['loss']:.4f})", flush=True)
-        if hier:
-            st = summary["comm_stats"]
-            print("\nbytes sent by rank 0 per step, by phase and tier:")
-            print(f"  {'phase':16s} " + " ".join(f"{t:>12s}" for t in reversed(TIERS)))
-            for phase, per in st["bytes"].items():
-                print(f"  {phase:16s} " + " ".join(f"{_fmt_bytes(per[t] / args.steps):>12s}" for t in reversed(TIERS)))
-        if args.metrics:
-            with open(args.metrics, "w") as f:
-                json.dump(summary, f, indent=1)
-    training.release(engine)
-    return {"final_loss": history[-1]["loss"], "first_loss": history[0]["loss"]}
-
-
-def _under_launcher() -> bool:
-    return "RANK" in os.environ or "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    comp = args.compression
+    if comp is not None and comp not in ("none", "int8", "int4", "fp16", "bf16"):
+        comp = json.loads(comp)
+    return JobSpec(preset=args.preset, compression=comp, steps=args.steps, dtype=args.dtype,
+                   micro_batch=args.micro_batch, d_model=args.d_model, n_layers=args.layers,
+                   topology={"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
+                   local_world=args.nodes * args.gpus_per_node * args.gcds_per_gpu, out_dir=args.out_dir)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if _under_launcher():
-        import deepspeed
-        os.environ.setdefault("RANK", os.environ.get("SLURM_PROCID", "0"))
-        os.environ.setdefault("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))
-        os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
-        deepspeed.init_distributed()
-        rank_main(args)
-        return 0
-    from zeropp_hier.launch import LocalWorld
-    world = args.nodes * args.gpus_per_node * args.gcds_per_gpu
-    print(f"starting {world} local CPU ranks (gloo)...", flush=True)
-    with LocalWorld(world, timeout=1800) as w:
-        out = w.run(rank_main, args)
-    return 0 if out[0]["final_loss"] < out[0]["first_loss"] else 1
+    out = launch(spec_from_args(parse_args(argv)))
+    return 0 if out["final_loss"] < out["first_loss"] else 1
 
 
 if __name__ == "__main__":

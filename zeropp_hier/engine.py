@@ -113,7 +113,7 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     if not cfg.enabled:
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
     world = _world_size_hint()
-    if world is not None:
+    if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
         topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
     engine_cls = functools.partial(HierEngine, hier_config=cfg)
     with _rebound(deepspeed, "DeepSpeedEngine", engine_cls):

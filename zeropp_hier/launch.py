@@ -51,6 +51,8 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict) -> None
         from deepspeed.utils import logger
         logger.setLevel("ERROR")
         deepspeed.init_distributed(dist_backend="gloo")
+        from .shm_hygiene import release_deepspeed_shm
+        release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         results.put((rank, "ready", None))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))

@@ -25,6 +25,9 @@ from .topology import Topology
 
 def topology_for(cfg: HierConfig, world_size: int) -> Topology:
     t = cfg.topology
+    if t.mode == "auto":  # collective: every rank gets here (HierRuntime.create)
+        from .probe import detect
+        return detect(t.gcds_per_gpu, t.gpus_per_node).topology
     return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
 
 
