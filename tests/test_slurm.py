@@ -13,7 +13,7 @@ from .slurm_cluster import LocalSlurm
 
 ROOT = Path(__file__).resolve().parent.parent
 FRONTIER = ROOT / "scripts" / "frontier"
-STEPS = 3
+STEPS = 2
 
 
 @pytest.fixture(scope="module")
