@@ -80,6 +80,7 @@ def run(args) -> dict:
                          "build them with `pip install --no-build-isolation -e .`")
     dtype = getattr(torch, args.dtype)
     B, K = args.block_size, args.parts
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
     rows = []
     for n in args.sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
@@ -129,6 +130,7 @@ def run(args) -> dict:
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(),
                     "cpu_isa": torch.ops.zeropp_hier.cpu_isa(),
+                    "load_average_1min": [load_before, os.getloadavg()[0]],
                     "allocator": "cold (glibc defaults)" if args.cold_alloc
                     else "warm (MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ raised)"},
         "config": {"input_dtype": args.dtype, "block_size": B, "parts": K,
@@ -163,8 +165,8 @@ def main(argv=None) -> None:
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--ref-reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--ref-reps", type=int, default=5)
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement, at most")
     p.add_argument("--cold-alloc", action="store_true")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" /
@@ -181,7 +183,8 @@ def main(argv=None) -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     m = result["machine"]
     print(f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
-          f"CPU kernels: {m['cpu_isa']}, allocator: {m['allocator']}\nwrote {out}")
+          f"CPU kernels: {m['cpu_isa']}, allocator: {m['allocator']}, load average "
+          f"{m['load_average_1min'][0]:.1f} -> {m['load_average_1min'][1]:.1f}\nwrote {out}")
 
 
 if __name__ == "__main__":

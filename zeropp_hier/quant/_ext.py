@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import threading
 from typing import NamedTuple
 
 import torch
@@ -30,9 +31,18 @@ class ExtStatus(NamedTuple):
     reason: str  # why it is not loaded, else ""
 
 
+_LOAD_LOCK = threading.Lock()  # fake impls may be registered only once per process
+
+
 @functools.lru_cache(maxsize=None)
 def status() -> ExtStatus:
     """Loads the extension once per process."""
+    with _LOAD_LOCK:
+        return _load_and_register()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_and_register() -> ExtStatus:
     st = load(EXT_MODULE)
     if st.loaded:
         _register_fakes()
