@@ -47,5 +47,6 @@ setup(
     extras_require={"test": ["pytest", "hypothesis"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    entry_points={"console_scripts": ["zeropp-hier-demo=zeropp_hier.demo:main"]},
+    entry_points={"console_scripts": ["zeropp-hier-demo=zeropp_hier.demo:main",
+                                    "zeropp-hier=zeropp_hier.cli:main"]},
 )
