@@ -130,6 +130,16 @@ def published_comparison(cluster, wl, preds) -> str:
                  f"({zpp.phase_s['backward_gather']:.3g} s); frontier replaces both by hops of {cluster.nodes}, "
                  f"{cluster.gpus_per_node} and {cluster.gcds_per_gpu} ranks "
                  f"and a backward gather over the 200 GB/s in-package link ({by['frontier'].phase_s['backward_gather']:.3g} s).")
+    lat = cluster.tiers["node"].latency
+    lines.append(f"- {zpp.latency_s:.3g} s of ZeRO++'s and {by['frontier'].latency_s:.3g} s of frontier's step are "
+                 f"collective latency (alpha x ring steps x {wl.gathers_per_pass} gathers per pass), an assumption; "
+                 "with another node-tier alpha:")
+    for a in (lat / 4, lat * 2):
+        tiers = dict(cluster.tiers)
+        tiers["node"] = P.TierLink(tiers["node"].bandwidth, a)
+        pr = P.rank(replace(cluster, tiers=tiers), wl)
+        lines.append(f"    alpha {a * 1e6:>4.0f} us: frontier/ZeRO++ {P.ratio(pr, 'ds-zeropp', 'frontier'):.2f}x, "
+                     f"ZeRO++/ZeRO-3 {P.ratio(pr, 'ds-zero3', 'ds-zeropp'):.2f}x")
     lines.append("- unverified on hardware: these are predictions from link rates, not GPU measurements.")
     return "\n".join(lines)
 

@@ -262,6 +262,7 @@ class CollectiveCost(NamedTuple):
     bottleneck: str  # tier of the busiest link
     tier_bytes: dict  # bytes this collective puts on each tier, whole cluster
     quant_seconds: float
+    latency_seconds: float
 
 
 def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int,
@@ -285,7 +286,7 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
         calls *= 2  # payload and scales travel as two collectives
         alpha *= 2
     quant = coll.quant_elems / (2 * cluster.quant_rate)
-    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant)
+    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha)
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,6 +331,10 @@ class Prediction:
     @property
     def comm_s(self) -> float:
         return sum(self.phase_s.values())
+
+    @property
+    def latency_s(self) -> float:
+        return sum(c.latency_seconds for c in self.costs)
 
 
 def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
@@ -377,7 +382,7 @@ def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
         for p in fitting[1:3]:
             lines.append(f"  {p.candidate.name}: {p.step_s / best.step_s:.2f}x slower; its {p.dominant_tier} "
                          f"tier takes {p.tier_s[p.dominant_tier]:.3g} s, node bytes/step "
-                         f"{p.tier_bytes['node'] / GB:.3g} GB vs {best.tier_bytes['node'] / GB:.3g} GB")
+                         f"{fmt_bytes(p.tier_bytes['node'])} vs {fmt_bytes(best.tier_bytes['node'])}")
         if comm_share < 0.2:
             lines.append("  compute dominates: layouts differ little here; hierarchy pays off with fewer "
                          "tokens per GCD or slower links (the 'no speedup from ZeRO++' case)")

@@ -179,6 +179,7 @@ class ClusterSpec:
             for g in range(self.gpus_per_node):
                 ns = self.package_ns(n, g)
                 cmds.append(["ip", "-n", ns, "addr", "add", f"{self.address(n, g)}/24", "dev", PKG_IF])
+                cmds.append(["ip", "-n", ns, "link", "set", LO_IF, "mtu", "1500"])
                 cmds.append(tbf_command(ns, LO_IF, self.lo_mbit(), lo=True))
         return cmds
 
@@ -205,11 +206,19 @@ def wire_bytes(tx: dict[tuple[str, str], int], spec: ClusterSpec) -> dict[str, i
 
 
 def tbf_command(ns: str, ifname: str, mbit: float, lo: bool = False) -> list[str]:
-    """tbf at ``mbit``. The bucket holds at least one 64 KiB GSO/loopback segment (a smaller
-    bucket would drop such segments forever) and ~5 ms of traffic; the queue holds ~200 ms so
-    bursts of a collective are delayed, not dropped."""
+    """tbf at ``mbit`` ([Note: small buckets]); the queue holds ~200 ms so a collective's
+    bursts are delayed, not dropped."""
     rate_bytes = mbit * 1e6 / 8
-    burst = max(int(rate_bytes * 0.005), (256 if lo else 128) * 1024)
-    limit = max(int(rate_bytes * 0.2), 4 * burst)
+    burst = max(int(rate_bytes * 0.002), 8 * 1024)
+    limit = max(int(rate_bytes * 0.2), 64 * 1024)
     return ["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{mbit:g}mbit",
             "burst", str(burst), "limit", str(limit)]
+
+
+# [Note: small buckets]
+# The bucket is ~2 ms of traffic (at least 8 KiB). A bucket of 128 KiB let each per-layer gather
+# of a few hundred KB pass half at memory speed after every pause for compute, so links looked
+# up to 2x faster than their rate for layouts that send many small messages, and not for the
+# large flat ones. Packets larger than the bucket are no problem on veths (tbf splits GSO
+# packets into MTU-sized segments); on lo, whose 64 KiB MTU makes real 64 KiB packets that tbf
+# would drop, the MTU is lowered to 1500 like the veths'.
