@@ -128,3 +128,19 @@ def test_driver_tears_down_itself_on_sigterm():
     # and nothing of ours is left in the root namespace either
     links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True).stdout)
     assert not [e["ifname"] for e in links if e["ifname"] in ("pkg", "nic", "br0")]
+
+
+def test_failing_rank_ends_the_run_and_teardown_leaves_nothing(tmp_path):
+    from benchmarks.cluster.driver import RankFailure, run_marked
+    from benchmarks.cluster.runner import Cluster
+    prefix = f"ztf{os.getpid() % 10000}"
+    spec = ClusterSpec.scaled(prefix=prefix, nodes=2, gpus_per_node=1, gcds_per_gpu=1)
+    script = tmp_path / "rank.py"
+    # rank 1 fails while rank 0 waits on it forever: the run must end with rank 1's error
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit('rank 1 broke on purpose')\n"
+                      "time.sleep(600)\n")
+    with pytest.raises(RankFailure, match="rank 1 broke on purpose"):
+        with Cluster(spec):
+            run_marked(spec, [str(script)], timeout=300)
+    assert netns.leftovers(prefix) == {"namespaces": [], "processes": [], "links": []}

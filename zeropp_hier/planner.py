@@ -419,11 +419,12 @@ def frontier(nodes: int = 48) -> ClusterModel:
 
 
 def emulated(node_mbit: float = 10.0, nodes: int = 2, gpus_per_node: int = 2, gcds_per_gpu: int = 2,
-             efficiency: float = 0.8, compute_s: float | None = None, quant_rate: float = 2e7,
+             efficiency: float = 0.75, compute_s: float | None = None, quant_rate: float = 2e7,
              device_flops: float = 1.5e9) -> ClusterModel:
     """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
-    gloo over TCP). ``efficiency``: gloo got ~82% of a tbf rate with both directions busy on
-    this machine (DESIGN §7 saw 62-67% with other settings). Compute on 2 shared CPU cores is a
+    gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
+    gpu tiers in ``zeropp-hier probe`` runs here (DESIGN §7 saw 62-67% with other settings);
+    probed tiers replace it. Compute on 2 shared CPU cores is a
     measurement (``compute_s``) whenever one is available."""
     bps = node_mbit * 1e6 / 8
     return ClusterModel(

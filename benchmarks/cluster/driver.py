@@ -34,6 +34,16 @@ def run_marked(spec: ClusterSpec, argv: list[str], on_mark: Callable[[str, dict]
     threads = [threading.Thread(target=drain, args=(r, p.stderr), daemon=True) for r, p in enumerate(procs)]
     for r, p in enumerate(procs[1:], 1):  # ranks > 0 print nothing we need on stdout
         threads.append(threading.Thread(target=drain, args=(r, p.stdout), daemon=True))
+    def watchdog():
+        # A rank that dies leaves the others blocked in a collective (gloo waits 30 min) and
+        # rank 0's stdout open: end them all, which ends the read loop below.
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                netns.end_processes([p.pid for p in procs if p.poll() is None])
+                return
+            time.sleep(0.5)
+
+    threads.append(threading.Thread(target=watchdog, daemon=True))
     for t in threads:
         t.start()
     results, by_label = [], {}
@@ -60,7 +70,8 @@ def run_marked(spec: ClusterSpec, argv: list[str], on_mark: Callable[[str, dict]
             p.wait(timeout=120)
         bad = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
         if bad:
-            r = min(bad)
+            # the first to fail is the one that exited on its own (not signalled by us)
+            r = min(bad, key=lambda k: (bad[k] < 0, k))
             raise RankFailure(f"ranks exited non-zero {bad}; rank {r} said:\n" + "".join(tails[r][-25:]))
         return results, by_label
     finally:

@@ -180,7 +180,7 @@ class ClusterSpec:
                 ns = self.package_ns(n, g)
                 cmds.append(["ip", "-n", ns, "addr", "add", f"{self.address(n, g)}/24", "dev", PKG_IF])
                 cmds.append(["ip", "-n", ns, "link", "set", LO_IF, "mtu", "1500"])
-                cmds.append(tbf_command(ns, LO_IF, self.lo_mbit(), lo=True))
+                cmds.append(tbf_command(ns, LO_IF, self.lo_mbit()))
         return cmds
 
     def counter_interfaces(self) -> dict[str, list[tuple[str, str]]]:
@@ -205,7 +205,7 @@ def wire_bytes(tx: dict[tuple[str, str], int], spec: ClusterSpec) -> dict[str, i
     return {"gcd": sum(tx[k] for k in ifs["gcd"]), "gpu": out_of_packages - node, "node": node}
 
 
-def tbf_command(ns: str, ifname: str, mbit: float, lo: bool = False) -> list[str]:
+def tbf_command(ns: str, ifname: str, mbit: float) -> list[str]:
     """tbf at ``mbit`` ([Note: small buckets]); the queue holds ~200 ms so a collective's
     bursts are delayed, not dropped."""
     rate_bytes = mbit * 1e6 / 8
