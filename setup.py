@@ -51,5 +51,6 @@ setup(
     cmdclass=cmdclass,
     entry_points={"console_scripts": ["zeropp-hier-demo=zeropp_hier.demo:main",
                                       "zeropp-hier-train=zeropp_hier.train:main",
-                                      "zeropp-hier-sweep-report=zeropp_hier.sweep_report:main"]},
+                                      "zeropp-hier-sweep-report=zeropp_hier.sweep_report:main",
+                                      "zeropp-hier=zeropp_hier.cli:main"]},
 )

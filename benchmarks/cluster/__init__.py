@@ -1,0 +1,8 @@
+"""An emulated three-tier cluster on one machine (network namespaces, veth, tc tbf).
+
+    sudo python -m benchmarks.cluster setup      # build it (2 nodes x 2 packages x 2 GCDs)
+    sudo python -m benchmarks.cluster status     # namespaces, qdiscs, counters
+    sudo python -m benchmarks.cluster teardown   # remove everything it made
+
+``spec`` is the pure description, ``netns`` the side effects, ``runner`` the rank launcher.
+"""

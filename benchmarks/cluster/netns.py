@@ -1,0 +1,175 @@
+"""Side effects of the emulated cluster: build it, read its counters, tear it down.
+
+Everything here runs the commands ``spec.ClusterSpec`` describes. Teardown is by name prefix, so
+it also removes what an earlier run left (a killed driver, a failed setup half-way).
+
+[Note: teardown order]
+A namespace that still holds a live process survives ``ip netns delete`` (the name goes, the
+namespace and its veths stay while the process lives; DESIGN §7). So teardown first ends every
+process inside each namespace by PID (``ip netns pids``: SIGTERM, a grace period, SIGKILL), then
+deletes the namespaces, which removes their veths, bridges and qdiscs with them. Finally it checks
+that nothing with the prefix is left and says what is, rather than pretending.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Iterable
+
+from .spec import ClusterSpec
+
+
+class NotRootError(RuntimeError):
+    pass
+
+
+def root_problem(euid: int | None = None) -> str | None:
+    """Why this process cannot build the cluster, or None. Pure given ``euid``."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return (f"the emulated cluster needs root (network namespaces, veth, tc); running as uid "
+                f"{euid}. Run as root, e.g. `sudo python -m benchmarks.cluster setup`.")
+    return None
+
+
+def require_root() -> None:
+    problem = root_problem()
+    if problem:
+        raise NotRootError(problem)
+
+
+def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"command failed ({res.returncode}): {' '.join(cmd)}\n{res.stderr.strip()}")
+    return res
+
+
+def list_namespaces() -> list[str]:
+    out = _run(["ip", "-j", "netns", "list"], check=False).stdout.strip()
+    if not out:
+        return []
+    return [e["name"] for e in json.loads(out)]
+
+
+def namespace_pids(ns: str) -> list[int]:
+    res = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in res.stdout.split() if x.strip().isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def end_processes(pids: Iterable[int], grace: float = 3.0) -> list[int]:
+    """SIGTERM, wait up to ``grace`` seconds, SIGKILL what is left. Returns the pids signalled."""
+    pids = [p for p in pids if p != os.getpid()]
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    for p in pids:
+        if _alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return pids
+
+
+def leftovers(prefix: str) -> dict[str, list]:
+    """What still exists for ``prefix``: namespaces, processes inside them, root-namespace links."""
+    spec_ns = [ns for ns in list_namespaces() if ns.startswith(prefix + "-")]
+    procs = {ns: namespace_pids(ns) for ns in spec_ns}
+    links = []
+    out = _run(["ip", "-j", "link", "show"], check=False).stdout.strip()
+    for e in json.loads(out) if out else []:
+        name = e.get("ifname", "")
+        if name.startswith(prefix):
+            links.append(name)
+    return {"namespaces": spec_ns, "processes": [p for ps in procs.values() for p in ps], "links": links}
+
+
+def teardown(prefix: str) -> dict[str, list]:
+    """Remove every namespace (and so every veth, bridge and qdisc) named ``<prefix>-*`` after
+    ending the processes inside ([Note: teardown order]). Returns what was left (all empty
+    when clean); never raises for things already gone."""
+    for ns in [n for n in list_namespaces() if n.startswith(prefix + "-")]:
+        end_processes(namespace_pids(ns))
+    for ns in [n for n in list_namespaces() if n.startswith(prefix + "-")]:
+        _run(["ip", "netns", "delete", ns], check=False)
+    return leftovers(prefix)
+
+
+def setup(spec: ClusterSpec) -> None:
+    """Build the cluster; on any failure, remove the half-built one before raising."""
+    require_root()
+    teardown(spec.prefix)  # an earlier run may have been killed before its teardown
+    try:
+        for cmd in spec.setup_commands():
+            _run(cmd)
+    except BaseException:
+        teardown(spec.prefix)
+        raise
+
+
+def unshape(spec: ClusterSpec) -> None:
+    """Remove every tbf of the cluster (links run at memory speed; for the CPU-bound pass)."""
+    for cmd in spec.setup_commands():
+        if cmd[0] == "tc":
+            _run(["tc", "-n", cmd[2], "qdisc", "del", "dev", cmd[6], "root"], check=False)
+
+
+def shape(spec: ClusterSpec) -> None:
+    """(Re)install every tbf of the cluster at the spec's rates."""
+    for cmd in spec.setup_commands():
+        if cmd[0] == "tc":
+            _run([*cmd[:4], "replace", *cmd[5:]])
+
+
+def tx_bytes(spec: ClusterSpec) -> dict[tuple[str, str], int]:
+    """tx byte counters of every interface that ``spec.wire_bytes`` needs."""
+    out: dict[tuple[str, str], int] = {}
+    wanted = {k for v in spec.counter_interfaces().values() for k in v}
+    for ns in sorted({ns for ns, _ in wanted}):
+        data = json.loads(_run(["ip", "-n", ns, "-s", "-j", "link", "show"]).stdout)
+        for e in data:
+            key = (ns, e["ifname"].split("@")[0])
+            if key in wanted:
+                out[key] = int(e["stats64"]["tx"]["bytes"])
+    missing = wanted - out.keys()
+    if missing:
+        raise RuntimeError(f"interfaces not found (is the cluster set up?): {sorted(missing)}")
+    return out
+
+
+def qdiscs(spec: ClusterSpec) -> dict[tuple[str, str], str]:
+    """Root qdisc kind per (namespace, interface), for checks."""
+    out = {}
+    for ns in spec.namespaces():
+        data = json.loads(_run(["tc", "-n", ns, "-j", "qdisc", "show"]).stdout or "[]")
+        for q in data:
+            if q.get("root"):
+                out[(ns, q["dev"])] = q["kind"]
+    return out

@@ -1,0 +1,249 @@
+"""Stock DeepSpeed ZeRO-3 / ZeRO++ against our presets, on the emulated three-tier cluster.
+
+    sudo python benchmarks/compare.py                       # full run (~20 min on 2 CPU cores)
+    sudo python benchmarks/compare.py --rounds 1 --steps 1  # smoke run
+
+Builds the emulated cluster (benchmarks/cluster: 2 nodes x 2 packages x 2 GCDs, tbf links in
+Frontier's per-GCD ratios), probes each tier, then runs the same GPT (fp32, DeepSpeed prefetch
+and reuse distance 0 so that backward re-gathers as for a large model) under every
+configuration in one 8-rank world, round after round in a rotating order, and finally one pass
+with the links unshaped (the CPU-bound part of each step). Reports median step time, tokens/s,
+wire bytes per tier per step from the interface counters (the same for stock DeepSpeed and for
+us) beside ``comm_stats`` for ours, peak RSS per rank, ratios, and the planner's predictions;
+writes JSON and a PNG bar chart. The cluster is torn down at the end, on error and on signals.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.cluster import netns  # noqa: E402
+from benchmarks.cluster.driver import run_marked  # noqa: E402
+from benchmarks.cluster.runner import Cluster  # noqa: E402
+from benchmarks.cluster.spec import ClusterSpec  # noqa: E402
+
+MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
+ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier"]
+
+
+def stock_quantization_problem() -> str | None:
+    """Why DeepSpeed's own qwZ/qgZ cannot run here (None if they can)."""
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    builder = acc.create_op_builder("QuantizerBuilder")
+    if builder is None or type(builder).__name__ == "NotImplementedBuilder" or not builder.is_compatible(False):
+        return (f"DeepSpeed's QuantizerBuilder is not implemented for the '{acc.device_name()}' "
+                "accelerator, so zero_quantized_weights / zero_quantized_gradients (qwZ/qgZ) cannot "
+                "run; stock ZeRO++ runs with hpZ only")
+    return None
+
+
+def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
+    zpp = {"zero_hpz_partition_size": gcds_per_node}
+    if stock_quant_ok:
+        zpp.update(zero_quantized_weights=True, zero_quantized_gradients=True)
+    return {"ds-zero3": {"kind": "stock"}, "ds-zeropp": {"kind": "stock", "zero": zpp},
+            "zero3": {"kind": "ours", "preset": "zero3"}, "zeropp": {"kind": "ours", "preset": "zeropp"},
+            "frontier": {"kind": "ours", "preset": "frontier"}}
+
+
+def params_of(model: dict) -> int:
+    from zeropp_hier.models.gpt import GPT, GPTConfig
+    return sum(p.numel() for p in GPT(GPTConfig(**model)).parameters())
+
+
+# --------------------------------------------------------------------------------------------
+def summarize(results: list, wire: dict, plan: dict) -> dict:
+    """Per configuration and phase: median step time (slowest rank per step), wire and
+    comm_stats bytes per step, peak RSS."""
+    tokens = plan["world"] * plan["micro_batch"] * plan["model"]["seq_len"]
+    out: dict = {}
+    for res in results:
+        if "name" not in res:
+            continue
+        d = out.setdefault(res["phase"], {}).setdefault(res["name"], {"step_times": [], "wire": [], "stats": [],
+                                                                      "peak_rss": [], "losses": []})
+        per_rank = res["per_rank"]
+        steps = len(per_rank[0]["times"])
+        d["step_times"] += [max(r["times"][i] for r in per_rank) for i in range(steps)]
+        d["losses"] += per_rank[0]["losses"]
+        d["peak_rss"].append(max(r["peak_rss"] for r in per_rank))
+        w = wire[f"{res['label']} end"]
+        d["wire"].append({t: v / steps for t, v in w.items()})
+        if "stats" in per_rank[0]:
+            d["stats"].append({t: sum(sum(r["stats"]["bytes"][p][t] for p in r["stats"]["bytes"])
+                                      for r in per_rank) / steps for t in ("gcd", "gpu", "node")})
+    for phase in out.values():
+        for d in phase.values():
+            d["median_step_s"] = statistics.median(d["step_times"])
+            d["tokens_per_s"] = tokens / d["median_step_s"]
+            d["wire_per_step"] = {t: statistics.mean(x[t] for x in d["wire"]) for t in ("gcd", "gpu", "node")}
+            if d["stats"]:
+                d["stats_per_step"] = {t: statistics.mean(x[t] for x in d["stats"]) for t in ("gcd", "gpu", "node")}
+            d["peak_rss_mb"] = max(d["peak_rss"]) / 2 ** 20
+    return out
+
+
+def compute_estimate(summary: dict) -> float | None:
+    """Compute time per step for the planner: the median of every unshaped step, all
+    configurations pooled. With the links unshaped every configuration's step is compute plus
+    memory-speed copies; pooling damps the load spikes of a machine shared with others."""
+    samples = [t for d in summary.get("unshaped", {}).values() for t in d["step_times"]]
+    return statistics.median(samples) if samples else None
+
+
+def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
+    from zeropp_hier import planner as P
+    cl = P.emulated(node_mbit=plan["node_mbit"], compute_s=compute_s, quant_rate=quant_rate)
+    if probe is not None:
+        cl = P.with_probed_tiers(cl, probe)
+    m = plan["model"]
+    wl = P.Workload(params=plan["params"], tokens_per_gcd=plan["micro_batch"] * m["seq_len"], weight_bytes=4,
+                    gathers_per_pass=6 * m["n_layers"] + 3,
+                    largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]))
+    by = {p.candidate.name: p for p in P.rank(cl, wl)}
+    return {n: {"step_s": by[n].step_s, "node_bytes": by[n].tier_bytes["node"],
+                "gpu_bytes": by[n].tier_bytes["gpu"], "gcd_bytes": by[n].tier_bytes["gcd"],
+                "phase_s": by[n].phase_s} for n in names}
+
+
+def report(summary: dict, pred: dict, meta: dict) -> str:
+    s = summary["shaped"]
+    un = summary.get("unshaped", {})
+    names = [n for n in ORDER if n in s]
+    base3, basepp = s["ds-zero3"]["median_step_s"], s["ds-zeropp"]["median_step_s"]
+    p3, ppp = pred["ds-zero3"]["step_s"], pred["ds-zeropp"]["step_s"]
+    mb = lambda x: f"{x / 1e6:.1f}"  # noqa: E731
+    lines = ["| configuration | median step s | tokens/s | vs ds-zero3 | vs ds-zeropp | node MB/step (wire) | "
+             "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
+             "unshaped step s |", "|" + "---|" * 11]
+    for n in names:
+        d = s[n]
+        st = d.get("stats_per_step")
+        unshaped = f"{un[n]['median_step_s']:.2f}" if n in un else "-"
+        lines.append(f"| {n} | {d['median_step_s']:.2f} | {d['tokens_per_s']:.0f} | "
+                     f"{base3 / d['median_step_s']:.2f}x | {basepp / d['median_step_s']:.2f}x | "
+                     f"{mb(d['wire_per_step']['node'])} | {mb(d['wire_per_step']['gpu'])} | "
+                     f"{mb(d['wire_per_step']['gcd'])} | {mb(st['node']) if st else 'n/a (stock)'} | "
+                     f"{d['peak_rss_mb']:.0f} | {unshaped} |")
+    lines += ["", "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes):", "",
+              "| configuration | measured s | predicted s | measured vs ds-zero3 | predicted vs ds-zero3 | "
+              "measured vs ds-zeropp | predicted vs ds-zeropp | node MB/step measured | predicted |",
+              "|" + "---|" * 9]
+    for n in names:
+        m, p = s[n]["median_step_s"], pred[n]["step_s"]
+        lines.append(f"| {n} | {m:.2f} | {p:.2f} | {base3 / m:.2f}x | {p3 / p:.2f}x | {basepp / m:.2f}x | "
+                     f"{ppp / p:.2f}x | {mb(s[n]['wire_per_step']['node'])} | {mb(pred[n]['node_bytes'])} |")
+    lines += ["", *meta["notes"]]
+    return "\n".join(lines)
+
+
+def bar_chart(summary: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s = summary["shaped"]
+    names = [n for n in ORDER if n in s]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    a1.bar(names, [s[n]["median_step_s"] for n in names], color=["#888", "#aaa", "#4a7", "#39c", "#c63"])
+    a1.set_ylabel("median step time (s)")
+    a1.set_title("step time, emulated 2x2x2 cluster")
+    a2.bar(names, [s[n]["wire_per_step"]["node"] / 1e6 for n in names], color="#c63")
+    a2.set_ylabel("node-tier wire MB per step")
+    a2.set_title("inter-node bytes (interface counters)")
+    for a in (a1, a2):
+        a.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2, help="measured steps per configuration and round")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--node-mbit", type=float, default=6.0, help="node-tier Mbit/s per GCD (gpu 4x, gcd 16x)")
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--no-unshaped", action="store_true", help="skip the unshaped (CPU-bound) pass")
+    ap.add_argument("--out", default="benchmarks/results/compare.json")
+    ap.add_argument("--png", default="benchmarks/results/compare.png")
+    ap.add_argument("--prefix", default="zhc")
+    args = ap.parse_args(argv)
+    problem = netns.root_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    spec = ClusterSpec.scaled(node_mbit=args.node_mbit, prefix=args.prefix)
+    quant_problem = stock_quantization_problem()
+    plan = {"model": MODEL, "params": params_of(MODEL), "micro_batch": args.micro_batch, "regather": True,
+            "warmup": args.warmup, "steps": args.steps, "world": spec.world_size, "node_mbit": args.node_mbit,
+            "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
+            "configs": configs(spec.gcds_per_node, quant_problem is None),
+            "phases": [{"name": "shaped", "rounds": args.rounds}]
+            + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}])}
+    notes = [f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
+             f"per-GCD Mbit/s {spec.per_gcd_mbit()} (Frontier's 16:4:1), gloo over TCP.",
+             f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, fp32, micro-batch {args.micro_batch}, "
+             "DeepSpeed stage3_prefetch_bucket_size=0 and stage3_max_reuse_distance=0 (backward re-gathers).",
+             f"{args.rounds} rounds x {args.steps} measured steps (+{args.warmup} warm-up) per configuration, "
+             "rotating order; step time = slowest rank; median over rounds and steps.",
+             f"Stock ZeRO++: zero_hpz_partition_size={spec.gcds_per_node} (node size). "
+             + (quant_problem + "." if quant_problem else "qwZ/qgZ on."),
+             "Wire bytes: interface tx counters (TCP/IP headers and ACKs included); comm_stats counts payload "
+             "as a direct algorithm would send it (gloo's flat ring all-gather sends fewer node bytes).",
+             "Peak RSS per rank includes the Python/DeepSpeed baseline of each process."]
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    t_start = time.time()
+    with Cluster(spec):
+        probe = run_probe(spec)
+
+        def on_mark(label, _bytes):
+            # [Note: build unshaped] DeepSpeed broadcasts and partitions the whole model while an
+            # engine is built; that is not a training step, so it runs on unshaped links
+            if label == "phase unshaped" or label.endswith(" build"):
+                netns.unshape(spec)
+            elif label.endswith(" shape"):
+                netns.shape(spec)
+            print(f"[{time.time() - t_start:6.0f} s] {label}", file=sys.stderr, flush=True)
+
+        results, wire = run_marked(spec, ["benchmarks/compare_rank.py", json.dumps(plan)], on_mark=on_mark,
+                                   log=open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr)
+    summary = summarize(results, wire, plan)
+    rates = next(r["quant_rate_per_rank"] for r in results if "quant_rate_per_rank" in r)
+    quant_rate = statistics.median(rates)
+    compute_s = compute_estimate(summary)
+    if compute_s is None:
+        compute_s = 0.0
+        notes.append("No unshaped pass: the planner assumed zero compute time.")
+    pred = predictions(plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"]])
+    notes.append(f"Planner inputs: tiers probed on this cluster ({json.dumps({t: round(v['bandwidth'] * 8 / 1e6, 2) for t, v in probe['tiers'].items()})} Mbit/s per GCD), "
+                 f"compute = median unshaped step over all configurations {compute_s:.2f} s, quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank.")
+    text = report(summary, pred, {"notes": notes})
+    print(text)
+    with open(args.out, "w") as f:
+        json.dump({"plan": plan, "summary": summary, "predictions": pred, "probe": probe, "notes": notes,
+                   "quant_rate_per_rank": rates, "wall_s": time.time() - t_start}, f, indent=1)
+    bar_chart(summary, args.png)
+    print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
+    return 0
+
+
+def run_probe(spec: ClusterSpec) -> dict:
+    """``zeropp-hier probe`` on the cluster: per-tier all-gather bandwidth and latency."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "probe.json")
+        run_marked(spec, ["-m", "zeropp_hier.cli", "probe", "--out", out, "--gcds-per-gpu", str(spec.gcds_per_gpu),
+                          "--gpus-per-node", str(spec.gpus_per_node), "--sizes", "16384,1048576"], port=29512)
+        with open(out) as f:
+            return json.load(f)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""What every rank runs for ``benchmarks/compare.py`` (inside the emulated cluster).
+
+    python benchmarks/compare_rank.py '<json plan>'
+
+The plan lists configurations (stock DeepSpeed or a zeropp_hier preset), rounds and steps. One
+world runs all of them, round after round, in a rotating order so that drift in the shared
+machine's load hits every configuration alike. Around the measured steps of each configuration
+rank 0 raises marks ([Note: marks] in benchmarks/cluster/rankside.py) so the driver can read the
+interface counters; per-step times, comm_stats and peak RSS come back as RESULT lines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def build(cfg: dict, model_cfg, ds_cfg: dict):
+    """Stock configurations go through plain ``deepspeed.initialize``; ours through ours."""
+    import deepspeed
+    import torch
+
+    from zeropp_hier import training
+    from zeropp_hier.models.gpt import GPT
+    if cfg["kind"] == "stock":
+        torch.manual_seed(0)
+        model = GPT(model_cfg)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_cfg)
+        return engine
+    return training.build_engine(ds_cfg, model_cfg)
+
+
+def ds_config_for(cfg: dict, plan: dict) -> dict:
+    from zeropp_hier import training
+    topo = plan["topology"]
+    if cfg["kind"] == "stock":
+        c = training.ds_config(None, micro_batch=plan["micro_batch"], regather=plan["regather"])
+        c["zero_optimization"].update(cfg.get("zero", {}))
+        return c
+    return training.ds_config(cfg["preset"], micro_batch=plan["micro_batch"], regather=plan["regather"],
+                              compression=cfg.get("compression"), gpus_per_node=topo["gpus_per_node"],
+                              gcds_per_gpu=topo["gcds_per_gpu"])
+
+
+def forget_hpz_group() -> None:
+    """DeepSpeed keeps ZeRO++'s hpZ group in a module global and refuses to create a second one
+    (DESIGN §4); the next stock ZeRO++ engine in this process needs it cleared."""
+    from deepspeed.utils import groups
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+
+
+def quant_rate(elems: int = 1 << 20, reps: int = 3) -> float:
+    """Elements/s of int8 quantize + dequantize on this rank (all ranks run it at once, so the
+    number includes the contention of the shared cores)."""
+    import torch
+
+    from zeropp_hier import quant
+    x = torch.randn(elems)
+    quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
+    return elems * reps / (time.perf_counter() - t0)
+
+
+def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
+    import torch.distributed as dist
+
+    import zeropp_hier
+    from benchmarks.cluster.rankside import mark, peak_rss_bytes, peak_rss_reset
+    from zeropp_hier import training
+    shaped = label.startswith("shaped/")
+    if shaped:
+        mark(f"{label} build")  # the driver unshapes the links: building moves the whole model
+    peak_rss_reset()
+    engine = build(cfg, model_cfg, ds_config_for(cfg, plan))
+    if shaped:
+        mark(f"{label} shape")
+    ours = getattr(engine, "hier_runtime", None) is not None
+    training.train_steps(engine, plan["warmup"])
+    if ours:
+        zeropp_hier.reset_comm_stats(engine)
+    times = []
+    mark(f"{label} begin")
+    training.train_steps(engine, plan["steps"], start=plan["warmup"],
+                         on_step=lambda s, loss, dt: times.append((dt, loss)))
+    mark(f"{label} end")
+    out = {"times": [t for t, _ in times], "losses": [l for _, l in times], "peak_rss": peak_rss_bytes()}
+    if ours:
+        out["stats"] = zeropp_hier.comm_stats(engine)
+    training.release(engine)
+    if cfg["kind"] == "stock" and cfg.get("zero", {}).get("zero_hpz_partition_size", 1) > 1:
+        forget_hpz_group()
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, out)
+    return {"name": name, "label": label, "per_rank": per_rank}
+
+
+def main() -> int:
+    plan = json.loads(sys.argv[1])
+    import torch
+    torch.set_num_threads(1)
+    import deepspeed
+    from deepspeed.utils import logger
+    logger.setLevel("ERROR")
+    deepspeed.init_distributed(dist_backend="gloo")
+    import torch.distributed as dist
+
+    from benchmarks.cluster.rankside import mark, send_result
+    from zeropp_hier.models.gpt import GPTConfig
+    model_cfg = GPTConfig(**plan["model"])
+    rate = quant_rate()
+    rates = [None] * dist.get_world_size()
+    dist.all_gather_object(rates, rate)
+    if dist.get_rank() == 0:
+        send_result({"quant_rate_per_rank": rates})
+    names = list(plan["configs"])
+    for phase in plan["phases"]:  # e.g. shaped rounds, then one unshaped pass
+        mark(f"phase {phase['name']}")  # the driver (un)shapes the links here
+        plan["steps"] = phase.get("steps", plan["steps"])
+        for rnd in range(phase["rounds"]):
+            k = rnd % len(names)
+            for name in names[k:] + names[:k]:
+                res = run_one(name, plan["configs"][name], plan, model_cfg, f"{phase['name']}/{rnd}/{name}")
+                if dist.get_rank() == 0:
+                    res["phase"], res["round"] = phase["name"], rnd
+                    send_result(res)
+    mark("done")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
