@@ -99,3 +99,17 @@ def test_telemetry_samples_every_nth_call_and_measures_int4_error():
     assert Telemetry(every=0).due("grad_reduce", "node") is False
     assert relative_error(torch.zeros(8), torch.zeros(8)) is None
     assert relative_error(torch.tensor([1.0, math.inf]), torch.zeros(2)) is None
+
+
+def test_nonfinite_flags_and_verdict():
+    from zeropp_hier.numerics import Location, NonFiniteMonitor, Verdict
+    local, node = Location("grad_reduce", None, "its local gradient"), Location("grad_reduce", "node", "stage 2")
+    m = NonFiniteMonitor((local, node))
+    m.note(0, torch.ones(4))
+    m.note(1, torch.tensor([1.0, float("nan")]))
+    m.note(1, torch.ones(2))  # a later finite buffer does not clear the flag
+    assert m.flags.tolist() == [False, True]
+    v = Verdict(((node, (5, 6)),))
+    assert v.any and v.first() == (node, 5)
+    assert v.as_list() == [{"phase": "grad_reduce", "tier": "node", "ranks": [5, 6]}]
+    assert not Verdict(()).any

@@ -142,20 +142,26 @@ class Verdict(NamedTuple):
 
 
 class NonFiniteMonitor:
+    """Local flags, one per location, kept on the gradients' device and set without a host sync
+    (as DeepSpeed's own overflow tracker); read once per step by ``agree``."""
+
     def __init__(self, locations: tuple[Location, ...]):
         self.locations = locations
-        self.flags = torch.zeros(len(locations), dtype=torch.uint8)
+        self.flags: torch.Tensor | None = None  # bool [locations], created on first use
 
     def note(self, index: int, t: torch.Tensor) -> None:
-        if not bool(torch.isfinite(t).all()):
-            self.flags[index] = 1
+        if self.flags is None or self.flags.device != t.device:
+            self.flags = torch.zeros(len(self.locations), dtype=torch.bool, device=t.device)
+        self.flags[index:index + 1].logical_or_(~torch.isfinite(t).all().view(1))
 
-    def agree(self, rank: int, world: int) -> Verdict:
+    def agree(self, rank: int, world: int, device: torch.device | str = "cpu") -> Verdict:
         """Collective (every rank of the default group): combine every rank's flags."""
-        table = torch.zeros(len(self.locations), world, dtype=torch.uint8)
-        table[:, rank] = self.flags
+        table = torch.zeros(len(self.locations), world, dtype=torch.uint8, device=device)
+        if self.flags is not None:
+            table[:, rank] = self.flags.to(device=device, dtype=torch.uint8)
+            self.flags.zero_()
         dist.all_reduce(table)
-        self.flags.zero_()
+        table = table.cpu()
         seen = []
         for i, loc in enumerate(self.locations):
             ranks = tuple(int(r) for r in torch.nonzero(table[i]).view(-1))
@@ -164,7 +170,8 @@ class NonFiniteMonitor:
         return Verdict(tuple(seen))
 
     def reset(self) -> None:
-        self.flags.zero_()
+        if self.flags is not None:
+            self.flags.zero_()
 
 
 # -- hooks -----------------------------------------------------------------------------------
@@ -265,10 +272,13 @@ class Numerics:
         return GatherHook(self, phase, hop)
 
     # called by the optimizer, once per step, on every rank
-    def agree(self) -> Verdict:
-        return self.monitor.agree(self.rank, self.world)
+    def agree(self, device: torch.device | str = "cpu") -> Verdict:
+        """``device``: where the collective's tensor lives (the accelerator for NCCL/RCCL)."""
+        return self.monitor.agree(self.rank, self.world, device)
 
-    def error_for(self, verdict: Verdict) -> HierNonFiniteError:
+    def fail(self, verdict: Verdict) -> HierNonFiniteError:
+        """The error to raise for ``verdict``; the step's residuals are dropped as for a skip."""
+        self.error_feedback.reset()
         loc, rank = verdict.first()
         return HierNonFiniteError(self.current_step(), rank, loc.phase, loc.tier, loc.where,
                                   verdict.as_list())

@@ -52,10 +52,10 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # -- numerics around the step ([Note: non-finite gradients] in numerics.py) ----------------
     def step(self, closure=None):
         numerics = self.hier_runtime.numerics
-        verdict = numerics.agree()  # collective: every rank, every step, same result
+        verdict = numerics.agree(self.device)  # collective: every rank, every step, same result
         fp16 = self.dtype == torch.float16
         if verdict.any and not fp16 and numerics.cfg.nonfinite == "raise":
-            raise numerics.error_for(verdict)
+            raise numerics.fail(verdict)
         out = super().step(closure)
         numerics.finish_step(verdict, applied=not self.overflow, fp16=fp16)
         return out
