@@ -14,7 +14,7 @@ def ds(section, **zero):
 
 
 @pytest.mark.parametrize("section, field, fragment", [
-    ({"presett": "frontier"}, "zeropp_hier.presett", "unknown key; allowed keys are ['enabled', 'preset', 'topology', 'compression']"),
+    ({"presett": "frontier"}, "zeropp_hier.presett", "unknown key; allowed keys are ['enabled', 'preset', 'topology', 'compression', 'numerics'"),
     ({"preset": "zero4"}, "zeropp_hier.preset", "use one of ['zero3', 'zeropp', 'frontier']"),
     ({"enabled": "yes"}, "zeropp_hier.enabled", "use true or false"),
     ({"topology": {"gcds_per_gpu": 0}}, "zeropp_hier.topology.gcds_per_gpu", "use a positive integer"),

@@ -50,10 +50,12 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(local))
         return _peer_order(out.view(k, -1), hg)
 
-    def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str) -> torch.Tensor:
+    def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str,
+                   hook=None) -> torch.Tensor:
         """One gather hop. buf: [n, p, g, S] (canonical layout); returns the buffer with the hop's
         axes filled in. Compressed hops gather the packed payload and dequantize every block,
-        this rank's own included, so all ranks end with the same values."""
+        this rank's own included, so all ranks end with the same values. ``hook``
+        (numerics.GatherHook) sees this rank's payload and a lazy decoder of it."""
         hg = self.groups[hop.axes]
         have = tuple(buf.shape[:3])
         payload = buf.shape[3]
@@ -61,6 +63,8 @@ class HierCollectives:
         k = len(hg.peers)
         if hop.scheme in _BITS:
             q = quant.quantize(local, _BITS[hop.scheme], block_size)
+            if hook is not None:
+                hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
             data = self._gather_blocks(q.data, hg, phase)
             scales = self._gather_blocks(q.scales, hg, phase)
             # every block's padded length is the same, so the k payloads form one valid payload
@@ -68,7 +72,10 @@ class HierCollectives:
                                    k * scales.shape[1] * block_size, q.bits, block_size)
             flat = quant.dequantize(allq, buf.dtype).view(k, -1)[:, : local.numel()]
         elif hop.scheme in _CAST:
-            flat = self._gather_blocks(local.to(_CAST[hop.scheme]), hg, phase).to(buf.dtype)
+            wire = local.to(_CAST[hop.scheme])
+            if hook is not None:
+                hook.encoded(local, lambda: wire.to(torch.float32))
+            flat = self._gather_blocks(wire, hg, phase).to(buf.dtype)
         else:
             flat = self._gather_blocks(local.contiguous(), hg, phase)
         return layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes),
@@ -84,14 +91,20 @@ class HierCollectives:
         return _peer_order(recv, hg)
 
     def reduce_stage(self, buf: torch.Tensor, hop: Hop, block_size: int, wire_dtype: torch.dtype,
-                     phase: str = "grad_reduce") -> torch.Tensor:
+                     phase: str = "grad_reduce", hook=None) -> torch.Tensor:
         """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
         returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
-        dequantization, never in the wire format."""
+        dequantization, never in the wire format. ``hook`` (numerics.ReduceHook) may adjust the
+        send buffer before it is encoded (error feedback), sees it with a lazy decoder of its
+        payload, and sees the stage's sum."""
         send = layout.split_for_stage(buf, hop.axes)  # [k, m]
+        if hook is not None:
+            send = hook.prepare(send)
         k = send.shape[0]
         if hop.scheme in _BITS:
             q = quant.quantize(send.reshape(-1), _BITS[hop.scheme], block_size)
+            if hook is not None:
+                hook.encoded(send, lambda: quant.dequantize(q, torch.float32).view_as(send))
             data = self._exchange(q.data.view(k, -1), hg := self.groups[hop.axes], phase)
             scales = self._exchange(q.scales.view(k, -1), hg, phase)
             m = send.shape[1]
@@ -99,6 +112,11 @@ class HierCollectives:
             summed = quant.dequantize_sum(parts, torch.float32)
         else:
             dtype = _CAST.get(hop.scheme, wire_dtype)
-            recv = self._exchange(send.to(dtype), self.groups[hop.axes], phase)
+            wire = send.to(dtype)
+            if hook is not None:
+                hook.encoded(send, lambda: wire.to(torch.float32))
+            recv = self._exchange(wire, self.groups[hop.axes], phase)
             summed = recv.to(torch.float32).sum(0)
+        if hook is not None:
+            hook.reduced(summed)
         return summed.view(*layout.dims_after_stage(tuple(buf.shape[:3]), hop.axes), buf.shape[3])

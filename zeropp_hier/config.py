@@ -11,48 +11,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import HierConfigError
-from .topology import TIERS
+# Compression and numerics live in policy.py; re-exported here, where they used to be defined.
+from .policy import (DEFAULT_BLOCK_SIZE, MAX_BLOCK, MIN_BLOCK, PRESET_COMPRESSION, SCHEMES,  # noqa: F401
+                     CompressionConfig, NumericsConfig, TierSchemes, check_numerics_against_deepspeed,
+                     parse_compression, parse_numerics)
 
 SECTION = "zeropp_hier"
 PRESETS = ("zero3", "zeropp", "frontier")
-SCHEMES = ("none", "fp16", "bf16", "int8", "int4")
-MIN_BLOCK, MAX_BLOCK = 32, 4096
 
-# [Note: preset compression defaults]
-# Hybrid compression (arXiv 2409.02423): compress hard where the data tolerates it *and* the
-# link is slow. Gradients are averaged over every rank, so per-element quantization noise is
-# averaged down, and they cross the node link once per step: int4 there. Weights are used
-# as-is by every rank's forward pass, so they get int8 and only on the slowest (node) hop; the
-# fast in-node hops carry them exactly. ``zeropp`` mirrors ZeRO++ (qwZ int8 weights, qgZ int4
-# gradients on both of its stages); ``zero3`` compresses nothing.
-PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
-    "zero3": {"weights": {}, "gradients": {}},
-    "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
-    "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int4"}},
-}
-DEFAULT_BLOCK_SIZE = 256
-
-_SECTION_KEYS = ("enabled", "preset", "topology", "compression")
+_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics")
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
-_COMPRESSION_KEYS = ("weights", "gradients", "block_size")
-
-
-@dataclass(frozen=True)
-class TierSchemes:
-    """Compression scheme for one kind of traffic, per tier."""
-    gcd: str = "none"
-    gpu: str = "none"
-    node: str = "none"
-
-    def of(self, tier: str) -> str:
-        return getattr(self, tier)
-
-
-@dataclass(frozen=True)
-class CompressionConfig:
-    weights: TierSchemes = TierSchemes()
-    gradients: TierSchemes = TierSchemes()
-    block_size: int = DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -69,6 +37,7 @@ class HierConfig:
     preset: str = "frontier"
     topology: TopologyConfig = TopologyConfig()
     compression: CompressionConfig = CompressionConfig()
+    numerics: NumericsConfig = NumericsConfig()
 
 
 def _is_int(v: Any) -> bool:
@@ -119,42 +88,6 @@ def _parse_topology(v: Any) -> TopologyConfig:
     return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map, mode)
 
 
-def _parse_schemes(v: Any, field: str, base: Mapping[str, str]) -> TierSchemes:
-    merged = dict(base)
-    if isinstance(v, str):  # one scheme for every tier
-        merged = {t: v for t in TIERS}
-    elif v is not None:
-        d = _check_mapping(v, field)
-        _check_keys(d, TIERS, field)
-        merged.update(d)
-    for tier, scheme in merged.items():
-        if scheme not in SCHEMES:
-            raise HierConfigError(f"{field}.{tier}", scheme, f"use one of {list(SCHEMES)}")
-    return TierSchemes(**merged)
-
-
-def _parse_compression(v: Any, preset: str) -> CompressionConfig:
-    field = f"{SECTION}.compression"
-    defaults = PRESET_COMPRESSION[preset]
-    if v is None:
-        v = {}
-    if isinstance(v, str):  # "none" / "int8" ...: the same scheme on every tier and kind
-        if v not in SCHEMES:
-            raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object with "
-                                  f"{list(_COMPRESSION_KEYS)}")
-        v = {"weights": v, "gradients": v}
-    d = _check_mapping(v, field)
-    _check_keys(d, _COMPRESSION_KEYS, field)
-    block = d.get("block_size", DEFAULT_BLOCK_SIZE)
-    if not _is_int(block) or block < MIN_BLOCK or block > MAX_BLOCK or block & (block - 1):
-        raise HierConfigError(f"{field}.block_size", block,
-                              f"use a power of two from {MIN_BLOCK} to {MAX_BLOCK} (default {DEFAULT_BLOCK_SIZE})")
-    return CompressionConfig(
-        weights=_parse_schemes(d.get("weights"), f"{field}.weights", defaults["weights"]),
-        gradients=_parse_schemes(d.get("gradients"), f"{field}.gradients", defaults["gradients"]),
-        block_size=block)
-
-
 def parse_section(section: Any) -> HierConfig:
     """Validate the ``zeropp_hier`` section alone (no knowledge of the world size)."""
     if section is None:
@@ -169,7 +102,8 @@ def parse_section(section: Any) -> HierConfig:
         raise HierConfigError(f"{SECTION}.preset", preset, f"use one of {list(PRESETS)}")
     return HierConfig(enabled=enabled, preset=preset,
                       topology=_parse_topology(d.get("topology", {})),
-                      compression=_parse_compression(d.get("compression"), preset))
+                      compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
+                      numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"))
 
 
 # DeepSpeed settings that would run a second, conflicting hierarchy or compression beside ours.
@@ -206,6 +140,7 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
         raise HierConfigError("zero_optimization.offload_param.device", offload,
                               "parameter offload is not supported with zeropp_hier; remove "
                               "offload_param (optimizer offload is fine)")
+    check_numerics_against_deepspeed(cfg.numerics, ds_config, f"{SECTION}.numerics")
     if (ds_config.get("gradient_predivide_factor", 1.0) or 1.0) != 1.0:
         raise HierConfigError("gradient_predivide_factor", ds_config["gradient_predivide_factor"],
                               "remove it: the hierarchical reduction averages in fp32, so "

@@ -60,6 +60,7 @@ class HierEngine(DeepSpeedEngine):
                                "different zeropp_hier section than the one passed to initialize; "
                                "use the same config for both")
         self.hier_runtime = runtime
+        runtime.numerics.bind_step_counter(self)  # numerics reports steps as global_steps
         factory = functools.partial(HierZeroOptimizer_Stage3, hier_runtime=runtime)
         with _rebound(_ds_stage3, "DeepSpeedZeroOptimizer_Stage3", factory):
             opt = super()._configure_zero_optimizer(optimizer)

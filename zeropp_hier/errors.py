@@ -1,4 +1,5 @@
-"""Errors raised on bad user input. Each names the field, the value found and the fix."""
+"""Errors raised on bad user input (each names the field, the value found and the fix), and on
+non-finite training numerics (naming the step, the rank and where the value was seen)."""
 from __future__ import annotations
 
 
@@ -22,3 +23,25 @@ class HierTopologyError(HierConfigError):
 
 class DeepSpeedVersionError(ImportError):
     """The installed DeepSpeed is outside the range whose internals this package was built on."""
+
+
+class HierNonFiniteError(FloatingPointError):
+    """A gradient was NaN/Inf in a bf16/fp32 step and ``zeropp_hier.numerics.nonfinite`` is
+    "raise". Raised on every rank at the same point, before the optimizer touches the weights.
+
+    ``step`` is the engine's global step; ``rank``, ``phase`` and ``tier`` say where the
+    non-finite value was first seen (``tier`` is None for a rank's local gradient, before any
+    reduction); ``seen`` lists every (phase, tier, ranks) where it was seen.
+    """
+
+    def __init__(self, step: int, rank: int, phase: str, tier: str | None, where: str, seen: list):
+        self.step = step
+        self.rank = rank
+        self.phase = phase
+        self.tier = tier
+        self.seen = seen
+        super().__init__(
+            f"zeropp_hier: non-finite gradient at step {step}, first seen on rank {rank} in {where} "
+            f"(phase '{phase}', tier '{tier or 'local'}'). The weights were not updated. Find the "
+            "cause on that rank (inputs, loss, learning rate), or set zeropp_hier.numerics.nonfinite "
+            "to \"skip\" to skip such steps and keep training")

@@ -115,6 +115,29 @@ class _Reporter:
             self.jsonl.close()
 
 
+def numerics_lines(engine) -> list[str]:
+    """End-of-run table of the compression error per phase and tier, error-feedback memory and
+    skipped steps, from ``comm_stats(engine)["numerics"]`` (this rank)."""
+    import zeropp_hier
+    num = zeropp_hier.comm_stats(engine)["numerics"]
+    plan = engine.hier_runtime.plan
+    hops = {"forward_gather": plan.forward, "backward_gather": plan.backward, "grad_reduce": plan.reduce}
+    lines = [f"compression error ||x - deq(q(x))|| / ||x|| on rank 0, sampled every {num['sample_every']}th call:",
+             f"  {'phase':16s} {'tier':5s} {'scheme':7s} {'mean':>8s} {'max':>8s} {'samples':>8s}  feedback"]
+    for phase, tiers in num["relative_error"].items():
+        for tier, e in tiers.items():
+            hop = next((h for h in hops.get(phase, ()) if h.tier == tier), None)
+            scheme = hop.scheme if hop else "?"
+            fb = "on" if hop is not None and hop.error_feedback else ""
+            lines.append(f"  {phase:16s} {tier:5s} {scheme:7s} {e['mean']:8.4f} {e['max']:8.4f} {e['samples']:8d}  {fb}")
+    if not num["relative_error"]:
+        lines.append("  (nothing compressed, or sampling off)")
+    ef, nf = num["error_feedback"], num["nonfinite"]
+    lines.append(f"error feedback: {ef['buffers']} residual buffer(s), {fmt_bytes(ef['bytes']).strip()} on rank 0; "
+                 f"skipped steps ({nf['policy']} on non-finite): {nf['skipped_steps'] or 'none'}")
+    return lines
+
+
 def _topology_text(topo, mode: str) -> str:
     rm = "identity" if topo.is_identity_map else list(topo.rank_map)
     how = "auto-detected" if mode == "auto" else "declared"
@@ -158,6 +181,7 @@ def rank_main(spec: JobSpec) -> dict:
         report.line(f"plan: {rt.plan}")
     history: list[dict] = []
     prev = {t: 0 for t in TIERS}
+    skipped = [engine.skipped_steps]
 
     def on_step(step: int, loss: float, seconds: float) -> None:
         t = torch.tensor([loss], dtype=torch.float64)
@@ -172,8 +196,11 @@ def rank_main(spec: JobSpec) -> dict:
             prev.update(now)
             sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier])}"
                                                for tier in reversed(TIERS))
+        row["skipped"] = engine.skipped_steps > skipped[0]  # fp16 overflow or non-finite gradient
+        skipped[0] = engine.skipped_steps
+        mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
         history.append(row)
-        report.step(row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s{sent}")
+        report.step(row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s{sent}{mark}")
 
     t0 = time.perf_counter()
     training.train_steps(engine, spec.steps, on_step=on_step)
@@ -196,6 +223,8 @@ def rank_main(spec: JobSpec) -> dict:
             report.line(f"  {'phase':16s} " + " ".join(f"{t:>12s}" for t in reversed(TIERS)))
             for phase, per in summary["bytes_per_step"].items():
                 report.line(f"  {phase:16s} " + " ".join(f"{fmt_bytes(per[t]):>12s}" for t in reversed(TIERS)))
+            for line in numerics_lines(engine):
+                report.line(line)
         if spec.out_dir:
             with open(os.path.join(spec.out_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=1)

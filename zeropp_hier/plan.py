@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .config import CompressionConfig, TierSchemes
+from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, TierBlocks, TierFlags, TierSchemes
 from .topology import AXES, Topology, normalize_axes
 
 # [Note: hop compression]
@@ -20,6 +20,8 @@ from .topology import AXES, Topology, normalize_axes
 class Hop(NamedTuple):
     axes: tuple[str, ...]  # canonical order
     scheme: str  # none | fp16 | bf16 | int8 | int4
+    block_size: int = DEFAULT_BLOCK_SIZE  # of the hop's tier
+    error_feedback: bool = False  # gradient stages only ([Note: error feedback])
 
     @property
     def tier(self) -> str:
@@ -32,20 +34,23 @@ class CommPlan(NamedTuple):
     kept_axes: tuple[str, ...] | None  # axes the kept (secondary/tertiary) shard spans
     backward: tuple[Hop, ...]  # gather from the kept shard
     reduce: tuple[Hop, ...]  # gradient reduce-scatter stages, first stage first
-    block_size: int
+    block_size: int  # the default; each hop carries its tier's own
 
 
-def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes) -> tuple[Hop, ...]:
+def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes, blocks: TierBlocks,
+          feedback: TierFlags = TierFlags()) -> tuple[Hop, ...]:
     out = []
     for axes in groups:
         axes = normalize_axes(axes)
         if topo.axes_size(axes) > 1:  # a hop over one rank moves nothing
-            out.append(Hop(axes, schemes.of(axes[0])))
+            tier = axes[0]
+            scheme = schemes.of(tier)
+            out.append(Hop(axes, scheme, blocks.of(tier), feedback.of(tier) and scheme != "none"))
     return tuple(out)
 
 
 def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> CommPlan:
-    w, g = compression.weights, compression.gradients
+    c = compression
     if preset == "zero3":
         fwd, kept, bwd, red = [AXES], None, [], [AXES]
     elif preset == "zeropp":
@@ -63,5 +68,6 @@ def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> Co
         red = [("gcd",), ("gpu",), ("node",)]
     else:
         raise ValueError(f"unknown preset {preset!r}")
-    return CommPlan(preset, _hops(topo, fwd, w), kept, _hops(topo, bwd, w), _hops(topo, red, g),
-                    compression.block_size)
+    return CommPlan(preset, _hops(topo, fwd, c.forward_weights, c.block_sizes), kept,
+                    _hops(topo, bwd, c.backward_weights, c.block_sizes),
+                    _hops(topo, red, c.gradients, c.block_sizes, c.error_feedback), c.block_size)

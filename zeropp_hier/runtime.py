@@ -18,7 +18,9 @@ from .collectives import HierCollectives
 from .config import HierConfig
 from .errors import HierTopologyError
 from .groups import build_hop_groups
+from .numerics import Numerics
 from .plan import CommPlan, make_plan
+from .policy import QUANTIZED
 from .stats import CommStats
 from .topology import Topology
 
@@ -60,6 +62,7 @@ class HierRuntime:
         self.groups = build_hop_groups(topo, axes_sets, rank)
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
+        self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor] = {}
@@ -102,7 +105,6 @@ class HierRuntime:
 
     def _gather_bucket(self, ps: list, from_shard: bool) -> dict[int, torch.Tensor]:
         sizes = [p.ds_tensor.ds_numel for p in ps]
-        block = self.plan.block_size
         if from_shard:
             buf = torch.cat([self.shards[p.ds_id] for p in ps], dim=3)
             hops = self.plan.backward
@@ -111,7 +113,8 @@ class HierRuntime:
             self._zero_padding(buf.view(-1), ps, sizes)
             hops = self.plan.forward
         for hop in hops:
-            buf = self.coll.gather_hop(buf, hop, block, self.phase)
+            buf = self.coll.gather_hop(buf, hop, hop.block_size, self.phase,
+                                       hook=self.numerics.gather_hook(self.phase, hop))
         if not from_shard and self.plan.kept_axes is not None:
             kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
             off = 0
@@ -152,18 +155,23 @@ class HierRuntime:
         return sum(t.numel() * t.element_size() for t in self.shards.values())
 
     # -- gradient reduction --------------------------------------------------------------------
-    def reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype) -> list[torch.Tensor]:
+    def reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype,
+                       key: tuple[str, ...] | None = None, loss_scale: float = 1.0) -> list[torch.Tensor]:
         """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
-        sizes DeepSpeed's ``reduce_scatter_coalesced`` returns."""
+        sizes DeepSpeed's ``reduce_scatter_coalesced`` returns. ``key`` names the bucket (its
+        parameter names) for error feedback; ``loss_scale`` is the one the gradients carry (fp16)."""
         world = self.topo.world_size
-        quantized = any(h.scheme in ("int8", "int4") for h in self.plan.reduce)
-        packed = layout.pack_grad_rows(grads, world, self.plan.block_size if quantized else 1,
-                                       scale=1.0 / world)
+        # rows padded to every quantized stage's block size (powers of two: the largest), so
+        # that no quantization block straddles two destinations
+        pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
+        packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world)
         buf = packed.rows
+        self.numerics.check_local(buf)
         if self._index_order is not None:
             buf = buf.index_select(0, self._index_order.to(buf.device))  # rows by coordinate
         buf = buf.view(*self.topo.dims, -1)
-        for hop in self.plan.reduce:
-            buf = self.coll.reduce_stage(buf, hop, self.plan.block_size, wire_dtype)
+        for i, hop in enumerate(self.plan.reduce):
+            buf = self.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype,
+                                         hook=self.numerics.reduce_hook(key, i, hop, loss_scale))
         row = buf.reshape(-1)
         return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank)

@@ -1,6 +1,7 @@
 """The ZeRO stage-3 optimizer subclass: DeepSpeed's, with the hierarchy plugged in at three
 points — the parameter manager (gathers), the gradient averaging (reduce-scatter), and the
-invalidation of kept shards whenever the primary shards change."""
+invalidation of kept shards whenever the primary shards change — and the numerics around the
+optimizer step: the agreed non-finite check and the error-feedback state in checkpoints."""
 from __future__ import annotations
 
 from typing import List
@@ -10,6 +11,8 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from .partition import HierOffload
 from .runtime import HierRuntime
+
+ERROR_FEEDBACK_KEY = "zeropp_hier_error_feedback"
 
 
 class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
@@ -34,9 +37,41 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
                                                           ) -> List[torch.Tensor]:
         self._assert_same_partition_group(params_to_reduce)
         grads = [p.grad for p in params_to_reduce]
-        parts = self.hier_runtime.reduce_scatter(grads, communication_data_type)
+        # The bucket's parameter names (DeepSpeed sorted it by ds_id) name it for error
+        # feedback: unlike ds_ids, which count up across every engine a process builds, names
+        # are the same in the engine that saves a checkpoint and in the one that loads it.
+        key = tuple(self.param_names.get(p, f"ds_id:{p.ds_id}") for p in params_to_reduce)
+        parts = self.hier_runtime.reduce_scatter(grads, communication_data_type, key=key,
+                                                 loss_scale=float(self.loss_scale))
         world = self.hier_runtime.topo.world_size
         averaging = self._gradient_averaging_world_size(params_to_reduce, world)
         if averaging != world:  # expert-parallel parameters average over another group size
             parts = [g.mul(world / float(averaging)) for g in parts]
         return [g.to(self.gradient_accumulation_dtype) for g in parts]
+
+    # -- numerics around the step ([Note: non-finite gradients] in numerics.py) ----------------
+    def step(self, closure=None):
+        numerics = self.hier_runtime.numerics
+        verdict = numerics.agree(self.device)  # collective: every rank, every step, same result
+        fp16 = self.dtype == torch.float16
+        if verdict.any and not fp16 and numerics.cfg.nonfinite == "raise":
+            raise numerics.fail(verdict)
+        out = super().step(closure)
+        numerics.finish_step(verdict, applied=not self.overflow, fp16=fp16)
+        return out
+
+    # -- error feedback in checkpoints ([Note: error feedback] in error_feedback.py) ---------
+    # The residuals are per rank, like this rank's optimizer state, so they travel in the same
+    # per-rank file (zero_pp_rank_*_optim_states.pt), written and read by DeepSpeed.
+    def state_dict(self):
+        sd = super().state_dict()
+        sd[ERROR_FEEDBACK_KEY] = self.hier_runtime.numerics.error_feedback.state_dict()
+        return sd
+
+    def _rigid_load_state_dict(self, state_dict, load_optimizer_states=True):
+        super()._rigid_load_state_dict(state_dict, load_optimizer_states=load_optimizer_states)
+        numerics = self.hier_runtime.numerics
+        if load_optimizer_states:
+            numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.device)
+        else:  # residuals belong to the optimizer trajectory that was just replaced
+            numerics.error_feedback.reset()

@@ -60,17 +60,22 @@ def gathered_state(engine) -> dict[str, torch.Tensor]:
 
 
 def train_steps(engine, steps: int, start: int = 0,
-                on_step: Callable[[int, float, float], None] | None = None) -> list[float]:
-    """Run ``steps`` optimizer steps; returns this rank's loss per step (mean over micro-batches)."""
+                on_step: Callable[[int, float, float], None] | None = None,
+                batch_fn: Callable[[int, int, int], tuple] | None = None) -> list[float]:
+    """Run ``steps`` optimizer steps; returns this rank's loss per step (mean over micro-batches).
+    ``batch_fn(index, batch, rank) -> (inputs, targets)`` gives the ``index``-th micro-batch
+    (index = step * accumulation + micro); the default is the model's synthetic sequences."""
     c = engine.module.config
     rank, accum = dist.get_rank(), engine.gradient_accumulation_steps()
     micro = engine.train_micro_batch_size_per_gpu()
+    if batch_fn is None:
+        batch_fn = lambda index, batch, r: synthetic_batch(c, batch, index, r)  # noqa: E731
     losses = []
     for step in range(start, start + steps):
         t0 = time.perf_counter()
         total = 0.0
         for m in range(accum):
-            x, y = synthetic_batch(c, micro, step * accum + m, rank)
+            x, y = batch_fn(step * accum + m, micro, rank)
             loss = engine(x, y)
             engine.backward(loss)
             engine.step()

@@ -19,6 +19,10 @@ class GPTConfig:
     d_model: int = 36
     n_heads: int = 3
     n_layers: int = 2
+    # GPT-2 ties the output head to the input embedding. A tied weight is used again outside its
+    # module, and DeepSpeed fetches such "external" parameters through its own stock gather, not
+    # the hierarchy's: untie it where every use of a weight must see the same compressed gather.
+    tie_embeddings: bool = True
 
 
 class Block(nn.Module):
@@ -50,13 +54,14 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(c.seq_len, c.d_model)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.ln_f = nn.LayerNorm(c.d_model)
+        self.head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear):
+        if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):  # idx: [batch, seq]
@@ -64,8 +69,10 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
-        # output head tied to the input embedding (GPT-2 style)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
+        if self.head is None:  # output head tied to the input embedding (GPT-2 style)
+            logits = F.linear(self.ln_f(x), self.wte.weight)
+        else:
+            logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
