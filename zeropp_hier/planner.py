@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from .config import PRESET_COMPRESSION, CompressionConfig, TierSchemes
+from .policy import CompressionConfig, parse_compression
 from .plan import CommPlan, make_plan
 from .topology import AXES, TIERS, Topology
 
@@ -115,12 +115,15 @@ class Candidate(NamedTuple):
     note: str = ""
 
 
-def _compression(preset: str, override: str | None = None, block: int = 256) -> CompressionConfig:
+def _compression(preset: str, override: str | None = None, block: int = 256,
+                 schemes: dict | None = None) -> CompressionConfig:
+    """The compression the runtime would resolve for this preset (same parser as the config)."""
+    section: dict = {"block_size": block}
     if override is not None:
-        s = TierSchemes(override, override, override)
-        return CompressionConfig(s, s, block)
-    d = PRESET_COMPRESSION[preset]
-    return CompressionConfig(TierSchemes(**d["weights"]), TierSchemes(**d["gradients"]), block)
+        section.update(weights=override, gradients=override)
+    if schemes:
+        section.update(schemes)
+    return parse_compression(section, preset, "planner.compression")
 
 
 def default_candidates(cluster: ClusterModel) -> list[Candidate]:
@@ -138,7 +141,8 @@ def default_candidates(cluster: ClusterModel) -> list[Candidate]:
         Candidate("frontier", False, "frontier", _compression("frontier")),
         Candidate("frontier/none", False, "frontier", _compression("frontier", "none")),
         Candidate("frontier/int8", False, "frontier",
-                  CompressionConfig(TierSchemes(node="int8"), TierSchemes(gpu="int8", node="int8"))),
+                  _compression("frontier", schemes={"weights": {"node": "int8"},
+                                                    "gradients": {"gpu": "int8", "node": "int8"}})),
     ]
 
 
