@@ -81,11 +81,15 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_time
             results.put((rank, "ok", out))
         except BaseException:
             results.put((rank, "error", traceback.format_exc()))
-            # [Note: a failed world]: exit like a script whose exception propagated. No
-            # destroy_process_group: it can wait on the very peer that failed.
+            # [Note: a failed world]: exit, as a script whose exception propagated would, so
+            # that this rank's sockets close. At once, once the report is flushed: no
+            # destroy_process_group (it can wait on the very peer that failed) and no
+            # interpreter teardown (seconds of CPU on a loaded machine).
             results.close()
             results.join_thread()
-            sys.exit(1)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
     try:
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -205,6 +209,8 @@ class LocalWorld:
                                  f"ranks answered: {sorted(answers)}")
         for _ in range(2 * world):  # reports that arrived while we decided
             self._drain(answers, failures, 0)
+        for r in failures:
+            failed_at.setdefault(r, time.monotonic())
         killed = [r for r in range(world) if r not in exited]
         # the others may be blocked in a collective with the failed rank: stop waiting
         self.close(force=True)
