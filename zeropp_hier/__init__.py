@@ -3,9 +3,11 @@ from ._compat import require_supported_deepspeed
 
 require_supported_deepspeed()
 
+from .checkpoint import HierCheckpointError  # noqa: E402
 from .config import HierConfig, parse_section  # noqa: E402
 from .engine import HierEngine, initialize  # noqa: E402
 from .errors import DeepSpeedVersionError, HierConfigError, HierNonFiniteError, HierTopologyError  # noqa: E402
+from .failures import HierCommError  # noqa: E402
 from .partition import Init  # noqa: E402
 from .patch import is_patched, patch_deepspeed, unpatch_deepspeed  # noqa: E402
 from .topology import Topology  # noqa: E402
@@ -44,4 +46,5 @@ def reset_comm_stats(engine) -> None:
 
 __all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "patch_deepspeed", "unpatch_deepspeed",
            "is_patched", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError",
-           "HierNonFiniteError", "DeepSpeedVersionError", "HierEngine", "Topology"]
+           "HierNonFiniteError", "DeepSpeedVersionError", "HierEngine", "Topology", "HierCommError",
+           "HierCheckpointError"]

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import layout, quant
+from .failures import collective_guard, slowest_tier
 from .groups import HopGroup
 from .plan import Hop
 from .stats import CommStats
@@ -41,12 +42,18 @@ class HierCollectives:
         self.groups = groups
         self.stats = stats
 
+    def _guard(self, hg: HopGroup, phase: str):
+        """A dead or stuck peer ends the collective with a HierCommError naming it."""
+        return collective_guard(rank=self.stats.rank, phase=phase, tier=slowest_tier(self.topo, hg.axes),
+                                axes=hg.axes, peers=hg.peers, timeout_s=hg.timeout_s)
+
     # -- gather --------------------------------------------------------------------------------
     def _gather_blocks(self, local: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
         """All-gather a 1-D tensor; returns [k, numel] in peer order."""
         k = len(hg.peers)
         out = torch.empty(k * local.numel(), dtype=local.dtype, device=local.device)
-        _all_gather_tensor(out, local, group=hg.group)
+        with self._guard(hg, phase):
+            _all_gather_tensor(out, local, group=hg.group)
         self.stats.record(phase, hg.peers, _nbytes(local))
         return _peer_order(out.view(k, -1), hg)
 
@@ -86,7 +93,8 @@ class HierCollectives:
         """All-to-all of [k, m] blocks (peer order); returns the k received blocks, peer order."""
         send = _torch_order(send, hg).contiguous()
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=hg.group)
+        with self._guard(hg, phase):
+            dist.all_to_all_single(recv, send, group=hg.group)
         self.stats.record(phase, hg.peers, _nbytes(send[0]))
         return _peer_order(recv, hg)
 

@@ -19,7 +19,12 @@ from .policy import (DEFAULT_BLOCK_SIZE, MAX_BLOCK, MIN_BLOCK, PRESET_COMPRESSIO
 SECTION = "zeropp_hier"
 PRESETS = ("zero3", "zeropp", "frontier")
 
-_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics")
+# How long one collective may wait for its peers before failing ([Note: failure detection] in
+# failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S = 1.0, 86400.0
+
+_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics", "collective_timeout_s")
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
 
@@ -38,6 +43,7 @@ class HierConfig:
     topology: TopologyConfig = TopologyConfig()
     compression: CompressionConfig = CompressionConfig()
     numerics: NumericsConfig = NumericsConfig()
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def _is_int(v: Any) -> bool:
@@ -100,10 +106,18 @@ def parse_section(section: Any) -> HierConfig:
     preset = d.get("preset", "frontier")
     if preset not in PRESETS:
         raise HierConfigError(f"{SECTION}.preset", preset, f"use one of {list(PRESETS)}")
+    timeout = d.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
+    if not (_is_int(timeout) or isinstance(timeout, float)) or not (
+            MIN_COLLECTIVE_TIMEOUT_S <= timeout <= MAX_COLLECTIVE_TIMEOUT_S):
+        raise HierConfigError(f"{SECTION}.collective_timeout_s", timeout,
+                              f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to "
+                              f"{MAX_COLLECTIVE_TIMEOUT_S:g} (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long "
+                              "a rank waits in one collective for a dead or stuck peer before failing")
     return HierConfig(enabled=enabled, preset=preset,
                       topology=_parse_topology(d.get("topology", {})),
                       compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
-                      numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"))
+                      numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
+                      collective_timeout_s=float(timeout))
 
 
 # DeepSpeed settings that would run a second, conflicting hierarchy or compression beside ours.
@@ -120,6 +134,8 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
     if not cfg.enabled:
         return
     zero = ds_config.get("zero_optimization", {}) or {}
+    if not isinstance(zero, Mapping):
+        raise HierConfigError("zero_optimization", zero, "expected a JSON object with \"stage\": 3")
     stage = zero.get("stage", 0)
     if stage != 3:
         raise HierConfigError("zero_optimization.stage", stage,
@@ -135,7 +151,12 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
         raise HierConfigError("zero_optimization.reduce_scatter", False,
                               "remove it (or set true): the hierarchical gradient reduction replaces "
                               "DeepSpeed's reduce-scatter path, which this setting bypasses")
-    offload = (zero.get("offload_param") or {}).get("device", "none")
+    offload_param = zero.get("offload_param") or {}
+    if not isinstance(offload_param, Mapping):
+        raise HierConfigError("zero_optimization.offload_param", offload_param,
+                              "expected a JSON object; parameter offload is not supported with "
+                              "zeropp_hier, so remove offload_param")
+    offload = offload_param.get("device", "none")
     if offload not in (None, "none"):
         raise HierConfigError("zero_optimization.offload_param.device", offload,
                               "parameter offload is not supported with zeropp_hier; remove "

@@ -22,7 +22,9 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 # that its own import cannot capture our temporarily rebound name (DESIGN.md §4).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
 
+from . import checkpoint
 from .config import HierConfig, hier_config_from_ds
+from .failures import bound_groups, restore_groups, world_guard
 from .partition import _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
 from .stage3 import HierZeroOptimizer_Stage3
@@ -45,6 +47,7 @@ class HierEngine(DeepSpeedEngine):
     def __init__(self, *args, hier_config: HierConfig, **kwargs):
         self.hier_config = hier_config
         self.hier_runtime: HierRuntime | None = None
+        self._ds_group_timeouts: list = []  # DeepSpeed's group timeouts before ours, for destroy
         super().__init__(*args, **kwargs)
 
     def _configure_zero_optimizer(self, optimizer):
@@ -67,6 +70,11 @@ class HierEngine(DeepSpeedEngine):
         if not isinstance(opt, HierZeroOptimizer_Stage3):
             raise RuntimeError(f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
                                "hierarchical stage 3 (super_offload is not supported)")
+        # DeepSpeed's own collectives (the gradient-norm all-reduce of every step) run on its
+        # groups, created with torch's 30-minute default: bound them like ours
+        # ([Note: failure detection]).
+        ds_groups = [opt.dp_process_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
+        self._ds_group_timeouts = bound_groups(ds_groups, self.hier_config.collective_timeout_s)
         return opt
 
     def _phase(self, phase: str):
@@ -75,16 +83,44 @@ class HierEngine(DeepSpeedEngine):
             return contextlib.nullcontext()
         return _rebound(rt, "phase", phase)
 
+    def _guard(self, phase: str):
+        """DeepSpeed's own collectives failing on a dead or stuck peer end as HierCommError."""
+        rt = self.hier_runtime
+        if rt is None:
+            return contextlib.nullcontext()
+        return world_guard(rt.topo, rt.rank, f"DeepSpeed {phase}", rt.cfg.collective_timeout_s)
+
     def forward(self, *inputs, **kwargs):
-        with self._phase("forward_gather"):
+        with self._phase("forward_gather"), self._guard("forward"):
             return super().forward(*inputs, **kwargs)
 
     def backward(self, loss, *args, **kwargs):
-        with self._phase("backward_gather"):
+        with self._phase("backward_gather"), self._guard("backward"):
             return super().backward(loss, *args, **kwargs)
 
-    def load_checkpoint(self, *args, **kwargs):
-        out = super().load_checkpoint(*args, **kwargs)
+    def step(self, *args, **kwargs):
+        with self._guard("step"):
+            return super().step(*args, **kwargs)
+
+    def destroy(self):
+        restore_groups(self._ds_group_timeouts)
+        self._ds_group_timeouts = []
+        return super().destroy()
+
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
+        written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
+        return checkpoint.save(self, super().save_checkpoint, save_dir, tag, client_state=client_state,
+                               save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, *args, verify: bool = True, **kwargs):
+        """DeepSpeed's load, after every file is checked against the manifest written at save
+        (``verify=False`` skips the check, e.g. for a checkpoint saved by stock DeepSpeed)."""
+        if verify:
+            tag = checkpoint.verify_for_load(self, load_dir, tag)
+        with self._guard("load_checkpoint"):
+            out = super().load_checkpoint(load_dir, tag, *args, **kwargs)
         # Loaded weights replace the primary shards: copies kept from before are stale
         # (ZeRO++ served them after a load, DeepSpeed issue 7606).
         if self.hier_runtime is not None:

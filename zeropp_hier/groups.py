@@ -10,6 +10,7 @@ from typing import Iterable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from .failures import as_timedelta, set_group_timeout, setup_timeout
 from .topology import Topology, normalize_axes
 
 
@@ -22,10 +23,11 @@ class HopGroup(NamedTuple):
     # (both None when the two orders agree, as with the default rank map).
     peer_from_torch: torch.Tensor | None
     torch_from_peer: torch.Tensor | None
+    timeout_s: float | None = None  # the group's collective timeout ([Note: failure detection])
 
 
-def build_hop_groups(topo: Topology, axes_sets: Iterable[Iterable[str]], rank: int
-                     ) -> dict[tuple[str, ...], HopGroup]:
+def build_hop_groups(topo: Topology, axes_sets: Iterable[Iterable[str]], rank: int,
+                     timeout_s: float | None = None) -> dict[tuple[str, ...], HopGroup]:
     wanted = []
     for axes in axes_sets:
         axes = normalize_axes(axes)
@@ -34,13 +36,15 @@ def build_hop_groups(topo: Topology, axes_sets: Iterable[Iterable[str]], rank: i
     out: dict[tuple[str, ...], HopGroup] = {}
     for axes in wanted:  # same order on every rank
         for members in topo.group_plan(axes):
-            pg = dist.new_group(ranks=sorted(members))
+            pg = dist.new_group(ranks=sorted(members), timeout=as_timedelta(setup_timeout(timeout_s)))
             if rank in members:
+                if timeout_s is not None:
+                    set_group_timeout(pg, timeout_s)
                 torch_order = sorted(members)
                 if list(torch_order) == list(members):
                     peer_from_torch = torch_from_peer = None
                 else:
                     peer_from_torch = torch.tensor([torch_order.index(r) for r in members])
                     torch_from_peer = torch.tensor([members.index(r) for r in torch_order])
-                out[axes] = HopGroup(axes, pg, members, peer_from_torch, torch_from_peer)
+                out[axes] = HopGroup(axes, pg, members, peer_from_torch, torch_from_peer, timeout_s)
     return out

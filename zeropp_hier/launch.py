@@ -3,8 +3,17 @@
 ``LocalWorld`` starts W processes once, initialises torch.distributed in each, and then runs
 any number of tasks on all ranks, collecting one result per rank. Spawning W processes that
 import DeepSpeed costs tens of seconds on a small machine, so a world is reused across tasks.
-A task that raises on any rank, or exceeds its timeout, fails the whole world loudly: the
-remaining ranks are terminated, never left hanging.
+
+[Note: a failed world]
+A task that raises on any rank, a rank that dies (killed, crashed), or a task that exceeds its
+timeout fails the whole world loudly, never silently and never by hanging. A rank whose task
+raised exits, as a training script would, so that peers blocked on it see its connections close.
+The launcher then lets the other ranks fail and exit on their own (each reporting its own error,
+e.g. a ``HierCommError`` naming the peer it waited on) for as long as some rank fails or exits
+at least every ``failure_grace_s`` seconds; a rank that stays silent that long after the last
+such event is stuck, and is terminated with whatever else is left. ``WorldError`` then carries
+every rank's report, when each rank exited and which ranks had to be terminated. With the
+default grace of 0 the launcher terminates everything at the first failure.
 """
 from __future__ import annotations
 
@@ -13,7 +22,11 @@ import os
 import queue
 import signal
 import socket
+import sys
+import time
 import traceback
+import uuid
+from datetime import timedelta
 from typing import Any, Callable
 
 import multiprocessing as mp
@@ -34,7 +47,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _worker(rank: int, world: int, port: int, tasks, results, env: dict) -> None:
+def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_timeout_s: float | None) -> None:
     _die_with_parent()
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -50,7 +63,10 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict) -> None
         import deepspeed
         from deepspeed.utils import logger
         logger.setLevel("ERROR")
-        deepspeed.init_distributed(dist_backend="gloo")
+        if pg_timeout_s is None:
+            deepspeed.init_distributed(dist_backend="gloo")
+        else:
+            deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=pg_timeout_s))
         from .shm_hygiene import release_deepspeed_shm
         release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         results.put((rank, "ready", None))
@@ -67,6 +83,15 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict) -> None
             results.put((rank, "ok", out))
         except BaseException:
             results.put((rank, "error", traceback.format_exc()))
+            # [Note: a failed world]: exit, as a script whose exception propagated would, so
+            # that this rank's sockets close. At once, once the report is flushed: no
+            # destroy_process_group (it can wait on the very peer that failed) and no
+            # interpreter teardown (seconds of CPU on a loaded machine).
+            results.close()
+            results.join_thread()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
     try:
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -75,13 +100,42 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict) -> None
 
 
 class WorldError(RuntimeError):
-    pass
+    """A task failed on some rank. ``failures``: rank -> its traceback (or how it died);
+    ``exit_after_s``: rank -> seconds from the first failure until its process ended on its
+    own; ``killed``: ranks the launcher had to terminate."""
+
+    def __init__(self, message: str, failures: dict | None = None, exit_after_s: dict | None = None,
+                 killed: list | None = None):
+        super().__init__(message)
+        self.failures = failures or {}
+        self.exit_after_s = exit_after_s or {}
+        self.killed = killed or []
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 class LocalWorld:
-    def __init__(self, world_size: int, timeout: float = 600.0, env: dict | None = None):
+    """``pg_timeout_s``: timeout of the default process group (torch's default is 30 min);
+    ``failure_grace_s``: after a failure, how long a quiet spell (no rank failing or exiting)
+    ends the wait for the others to fail on their own ([Note: a failed world])."""
+
+    def __init__(self, world_size: int, timeout: float = 600.0, env: dict | None = None,
+                 pg_timeout_s: float | None = None, failure_grace_s: float = 0.0):
         self.world_size = world_size
         self.timeout = timeout
+        self.failure_grace_s = failure_grace_s
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
@@ -91,29 +145,84 @@ class LocalWorld:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
         self.procs = [ctx.Process(target=_worker, args=(r, world_size, port, self.tasks[r],
-                                                        self.results, env), daemon=True)
+                                                        self.results, env, pg_timeout_s), daemon=True)
                       for r in range(world_size)]
-        for p in self.procs:
-            p.start()
+        # A mark in the children's initial environment (visible in /proc/<pid>/environ, inherited
+        # by anything they start) lets a caller prove that no process of this world survives it.
+        # The resource tracker is started first so that it does not carry the mark.
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
+        self.world_id = uuid.uuid4().hex
+        previous = os.environ.get("ZEROPP_HIER_WORLD_ID")
+        os.environ["ZEROPP_HIER_WORLD_ID"] = self.world_id
+        try:
+            for p in self.procs:
+                p.start()
+        finally:
+            if previous is None:
+                del os.environ["ZEROPP_HIER_WORLD_ID"]
+            else:
+                os.environ["ZEROPP_HIER_WORLD_ID"] = previous
         self._collect("start-up")
 
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _drain(self, answers: dict, failures: dict, wait: float) -> None:
+        try:
+            rank, status, payload = self.results.get(timeout=wait) if wait > 0 else self.results.get_nowait()
+        except queue.Empty:
+            return
+        (failures if status == "error" else answers)[rank] = payload
+
     def _collect(self, what: str) -> list:
-        out: list[Any] = [None] * self.world_size
-        errors = {}
-        for _ in range(self.world_size):
-            try:
-                rank, status, payload = self.results.get(timeout=self.timeout)
-            except queue.Empty:
+        world = self.world_size
+        answers: dict[int, Any] = {}
+        failures: dict[int, str] = {}
+        exited: dict[int, float] = {}
+        failed_at: dict[int, float] = {}
+        start = time.monotonic()
+        first_failure = last_event = None
+        while True:
+            self._drain(answers, failures, 0.05)
+            now = time.monotonic()
+            for r, p in enumerate(self.procs):
+                if r not in exited and p.exitcode is not None:
+                    exited[r] = last_event = now
+                    self._drain(answers, failures, 0.2)  # its last words may still be in the pipe
+                    if r not in answers and r not in failures:
+                        failures[r] = f"rank {r} died without reporting: {_describe_exit(p.exitcode)}"
+            for r in failures:
+                if r not in failed_at:
+                    failed_at[r] = last_event = now
+            if failures and first_failure is None:
+                first_failure = now
+            if not failures and len(answers) == world:
+                return [answers[r] for r in range(world)]
+            if failures:
+                # wait while ranks keep failing or exiting; a rank silent for the whole grace
+                # after the last such event is stuck and will be terminated
+                if len(exited) == world or now - last_event >= self.failure_grace_s:
+                    break
+            elif now - start >= self.timeout:
                 self.close(force=True)
                 raise WorldError(f"{what}: no answer from every rank within {self.timeout:.0f} s; "
-                                 f"ranks answered: {[r for r in range(self.world_size) if out[r] is not None]}")
-            if status == "error":
-                errors[rank] = payload
-                # the others may be blocked in a collective with the failed rank: stop waiting
-                self.close(force=True)
-                raise WorldError(f"{what} failed on rank {rank}:\n{payload}")
-            out[rank] = payload
-        return out
+                                 f"ranks answered: {sorted(answers)}")
+        for _ in range(2 * world):  # reports that arrived while we decided
+            self._drain(answers, failures, 0)
+        for r in failures:
+            failed_at.setdefault(r, time.monotonic())
+        killed = [r for r in range(world) if r not in exited]
+        # the others may be blocked in a collective with the failed rank: stop waiting
+        self.close(force=True)
+        exit_after = {r: t - first_failure for r, t in exited.items()}
+        first = min(failures, key=lambda r: (failed_at[r], r))
+        summary = "\n".join(f"  rank {r}: {_last_line(failures.get(r, 'no report'))}"
+                             + (" [terminated by the launcher]" if r in killed else "")
+                             for r in range(world) if r in failures or r in killed)
+        raise WorldError(f"{what} failed on rank {first}:\n{failures[first]}\nall ranks:\n{summary}",
+                         failures, exit_after, killed)
 
     def run(self, fn: Callable, *args, **kwargs) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""

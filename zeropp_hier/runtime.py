@@ -59,7 +59,7 @@ class HierRuntime:
         self.me = topo.coord(rank)
         self.plan: CommPlan = make_plan(cfg.preset, cfg.compression, topo)
         axes_sets = [h.axes for h in (*self.plan.forward, *self.plan.backward, *self.plan.reduce)]
-        self.groups = build_hop_groups(topo, axes_sets, rank)
+        self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
