@@ -87,8 +87,13 @@ def _start_driver(prefix):
         subprocess.run([sys.executable, "-m", "benchmarks.cluster", "teardown", "--prefix", prefix], cwd=REPO)
     assert line.startswith("READY"), f"driver did not start: {line!r}"
     pids = [int(x) for x in line.split()[1:]]
-    # half-way: the cluster is up, shaped, and holds live processes
+    # half-way: the cluster is up, shaped, and holds live processes (a process started just now
+    # may still be entering its namespace: give it a moment on a loaded machine)
+    deadline = time.monotonic() + 30
     left = netns.leftovers(prefix)
+    while len(left["processes"]) < len(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = netns.leftovers(prefix)
     assert len(left["namespaces"]) == 5 and len(left["processes"]) >= len(pids)
     spec = ClusterSpec.scaled(prefix=prefix, nodes=2, gpus_per_node=1, gcds_per_gpu=2)
     assert set(netns.qdiscs(spec).values()) >= {"tbf"}
