@@ -17,4 +17,15 @@ fi
 # test. With torch already present none of these installs another torch.
 "$PY" -m pip install "hydra-core>=1.3" tqdm hydra-submitit-launcher transformers accelerate >/dev/null
 "$PY" -m pip install --no-build-isolation -e . 2>&1 | tail -n 2
-"$PY" -c "import zeropp_hier, zeropp_hier.quant as q; print('[install] zeropp_hier', zeropp_hier.__version__, '| quant backend:', q.backend())"
+# torch is present, so the kernels must have been built: a silent fallback to the reference
+# implementation would hide a broken build until the kernel tests (or a slow run) showed it.
+"$PY" - <<'PYEOF'
+import sys
+import zeropp_hier, zeropp_hier.quant as q
+from zeropp_hier.quant import _ext
+st = _ext.status()
+print("[install] zeropp_hier", zeropp_hier.__version__, "| quant backend:", q.backend())
+if not st.loaded:
+    sys.exit(f"[install] the compiled kernels did not build or load ({st.reason}); "
+             "rerun `pip install --no-build-isolation -e . -v` and read the compiler output")
+PYEOF
