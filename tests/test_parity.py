@@ -6,7 +6,7 @@ from zeropp_hier.training import ds_config
 from . import scenarios
 from .helpers import assert_losses_close, assert_states_close, rel_diff
 
-STEPS = 10
+STEPS = 6
 SHAPES = {  # world fixture -> (gpus_per_node, gcds_per_gpu): 2x2x2, 1x2x2, 3x1x2
     "world8": (2, 2),
     "world4": (2, 2),
