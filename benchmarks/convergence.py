@@ -165,6 +165,21 @@ def plot(rows: list, path: str) -> None:
     print(f"wrote {path}")
 
 
+_SAME = ("steps", "micro_batch", "seq_len", "d_model", "heads", "layers", "lr", "seed", "eval_batches")
+
+
+def _previous_rows(path: str, a: dict) -> list:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        prev = json.load(f)
+    differ = {k: (prev["args"].get(k), a[k]) for k in _SAME if prev["args"].get(k) != a[k]}
+    if differ:
+        raise SystemExit(f"--resume: {path} was made with other settings {differ} (saved, now); "
+                         "rerun without --resume or with the same settings")
+    return prev["results"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=300)
@@ -179,6 +194,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the configurations already in <out-dir>/convergence.json (same settings) "
+                         "and run only the missing ones: every run is deterministic, so a stopped "
+                         "benchmark can be finished in a new world")
     args = ap.parse_args(argv)
     known = {**CONFIGS, **OPTIONAL}
     unknown = [n for n in args.configs if n not in known]
@@ -187,10 +206,15 @@ def main(argv=None) -> int:
     a = {k.replace("-", "_"): v for k, v in vars(args).items()}
     os.makedirs(args.out_dir, exist_ok=True)
     out_json = os.path.join(args.out_dir, "convergence.json")
-    rows = []
+    rows = _previous_rows(out_json, a) if args.resume else []
+    done = {r["name"] for r in rows}
+    if done:
+        print(f"resuming: keeping {sorted(done)} from {out_json}")
     t_start = time.perf_counter()
     with LocalWorld(8, timeout=4 * 3600) as w:
         for name in args.configs:
+            if name in done:
+                continue
             preset, compression = known[name]
             t0 = time.perf_counter()
             per_rank = w.run(train_one, name, preset, compression, a)
@@ -205,6 +229,7 @@ def main(argv=None) -> int:
                                       "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel()},
                            "configs": {n: {"preset": known[n][0], "compression": known[n][1]} for n in args.configs},
                            "results": rows}, f, indent=1)
+    rows.sort(key=lambda r: args.configs.index(r["name"]) if r["name"] in args.configs else len(args.configs))
     print_table(rows, args.steps)
     print(f"\nmodel {model_config(a)}, {rows[0]['params']} parameters; {args.micro_batch} x {args.seq_len} bytes "
           f"per rank per step; Adam lr {args.lr}; total {time.perf_counter() - t_start:.0f} s; wrote {out_json}")
