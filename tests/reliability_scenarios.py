@@ -230,3 +230,29 @@ def soak(config: dict, stock_config: dict, steps: int, every: int) -> dict:
     training.release(stock)
     return {"losses": losses, "stock_losses": stock_losses, "samples": samples,
             "groups_before": groups_before, "seconds": seconds, "stock_seconds": stock_seconds}
+
+
+# -- bad configs in a real world ------------------------------------------------------------------
+def initialize_bad_configs(configs: list) -> dict:
+    """``zeropp_hier.initialize`` on every config of ``configs`` (all invalid), a real model each
+    time. Records the error class and field per config, the process-group count before and after,
+    and whether the world still answers a collective afterwards (nobody left inside one)."""
+    import zeropp_hier
+    from zeropp_hier.errors import HierConfigError
+    from zeropp_hier.models.gpt import GPT, GPTConfig
+
+    groups_before = _process_groups()
+    outcomes = []
+    for cfg in configs:
+        model = GPT(GPTConfig())
+        try:
+            zeropp_hier.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+            outcomes.append(("accepted", None))
+        except HierConfigError as e:
+            outcomes.append((type(e).__name__, e.field))
+        except Exception as e:  # noqa: BLE001 - the test reports what escaped
+            outcomes.append((f"escaped {type(e).__name__}", str(e)[:300]))
+    t = torch.ones(1)
+    dist.all_reduce(t)  # every rank got here: no rank is waiting inside a half-started collective
+    return {"outcomes": outcomes, "groups_before": groups_before, "groups_after": _process_groups(),
+            "sum": t.item()}
