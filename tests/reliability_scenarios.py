@@ -256,3 +256,16 @@ def initialize_bad_configs(configs: list) -> dict:
     dist.all_reduce(t)  # every rank got here: no rank is waiting inside a half-started collective
     return {"outcomes": outcomes, "groups_before": groups_before, "groups_after": _process_groups(),
             "sum": t.item()}
+
+
+def engines_one_after_another(config: dict, engines: int) -> list:
+    """Build, train a step and release ``engines`` engines in turn; after each, the number of
+    process groups and of this process's threads (a long-lived process must not accumulate them)."""
+    out = []
+    for _ in range(engines):
+        engine = training.build_engine(config)
+        training.train_steps(engine, 1)
+        training.release(engine)
+        gc.collect()
+        out.append({"groups": _process_groups(), "threads": len(os.listdir("/proc/self/task"))})
+    return out

@@ -23,9 +23,21 @@ def test_soak_memory_flat_groups_constant_losses_equal_stock(world8):
         after = [s for s in samples if s["step"] >= WARMUP]
         base = after[0]["rss"]
         growth = max(s["rss"] for s in after) / base - 1.0
+        print(f"rank {rank}: RSS {base / 2 ** 20:.1f} MiB at step {WARMUP}, max growth {growth:+.2%}; "
+              f"groups {after[-1]['groups']}, fds {after[-1]['fds']}, threads {after[-1]['threads']}; "
+              f"{r['seconds'] / STEPS:.2f} s/step (stock {r['stock_seconds'] / STEPS:.2f})")
         assert growth < 0.05, f"rank {rank}: RSS grew {growth:.1%} after warm-up: {[s['rss'] for s in samples]}"
         for key in ("groups", "fds", "threads"):
             assert len({s[key] for s in after}) == 1, f"rank {rank}: {key} changed: {[s[key] for s in samples]}"
         assert samples[-1]["groups"] == r["groups_before"], "process groups were created during training"
         assert all(s["non_daemon"] == [] for s in samples), "a non-daemon thread would block exit"
         assert_losses_close(r["losses"], r["stock_losses"], 1e-5, f"rank {rank}, {STEPS} steps vs stock")
+
+
+def test_engines_built_one_after_another_leave_no_groups_or_threads(world8):
+    """Sweeps, evaluation engines and test suites build many engines in one process: each one's
+    hop groups (and their transport threads) must go with it. Before the fix every frontier
+    engine left 3 groups and 9 threads per rank behind."""
+    out = world8.run(rs.engines_one_after_another, ds_config("frontier"), 3)
+    for rank, samples in enumerate(out):
+        assert samples[0] == samples[1] == samples[2], f"rank {rank}: {samples}"

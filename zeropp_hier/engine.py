@@ -105,7 +105,10 @@ class HierEngine(DeepSpeedEngine):
     def destroy(self):
         restore_groups(self._ds_group_timeouts)
         self._ds_group_timeouts = []
-        return super().destroy()
+        out = super().destroy()
+        if self.hier_runtime is not None:
+            self.hier_runtime.close()
+        return out
 
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
                         exclude_frozen_parameters=False):

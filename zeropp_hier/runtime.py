@@ -69,6 +69,18 @@ class HierRuntime:
         self._index_order = layout.index_order(topo)
         self._rank_order = layout.rank_order(topo)
 
+    def close(self) -> None:
+        """Destroy this runtime's process groups (local: no collective).
+
+        Each engine creates its own hop groups; without this, every engine built and destroyed in
+        a process (sweeps, evaluation engines, test suites) left three gloo/RCCL groups and their
+        transport threads behind, and a long-lived process slowed down as they piled up."""
+        self.shards.clear()
+        for hg in self.groups.values():
+            dist.destroy_process_group(hg.group)
+        # drop every reference: the groups' transport threads end when the last one goes
+        self.groups.clear()
+
     @classmethod
     def create(cls, cfg: HierConfig) -> "HierRuntime":
         world = dist.get_world_size()
