@@ -27,8 +27,9 @@ def test_soak_memory_flat_groups_constant_losses_equal_stock(world8):
               f"groups {after[-1]['groups']}, fds {after[-1]['fds']}, threads {after[-1]['threads']}; "
               f"{r['seconds'] / STEPS:.2f} s/step (stock {r['stock_seconds'] / STEPS:.2f})")
         assert growth < 0.05, f"rank {rank}: RSS grew {growth:.1%} after warm-up: {[s['rss'] for s in samples]}"
-        for key in ("groups", "fds", "threads"):
-            assert len({s[key] for s in after}) == 1, f"rank {rank}: {key} changed: {[s[key] for s in samples]}"
+        assert len({s["groups"] for s in after}) == 1, f"rank {rank}: groups changed: {[s['groups'] for s in samples]}"
+        for key in ("fds", "threads"):  # may drop (a lazily closed connection), must not grow
+            assert max(s[key] for s in after) <= after[0][key], f"rank {rank}: {key} grew: {[s[key] for s in samples]}"
         assert samples[-1]["groups"] == r["groups_before"], "process groups were created during training"
         assert all(s["non_daemon"] == [] for s in samples), "a non-daemon thread would block exit"
         assert_losses_close(r["losses"], r["stock_losses"], 1e-5, f"rank {rank}, {STEPS} steps vs stock")
