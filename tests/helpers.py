@@ -24,3 +24,16 @@ def assert_states_close(got: dict, ref: dict, atol, what):
 
 def max_state_diff(got: dict, ref: dict) -> float:
     return max(float((got[n] - ref[n]).abs().max()) for n in ref)
+
+
+def set_path(section: dict, path: tuple, value) -> dict:
+    """Set ``path`` in a copy of ``section``, turning whatever is on the way into objects."""
+    out = dict(section)
+    node = out
+    for key in path[:-1]:
+        child = node.get(key)
+        child = dict(child) if isinstance(child, dict) else {}
+        node[key] = child
+        node = child
+    node[path[-1]] = value
+    return out

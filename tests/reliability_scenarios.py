@@ -198,6 +198,12 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _os_threads() -> int:
+    """Threads of this process as the OS sees them: gloo's transport threads are native, so
+    ``threading.active_count()`` would not see them pile up."""
+    return len(os.listdir("/proc/self/task"))
+
+
 def _process_groups() -> int:
     from torch.distributed import distributed_c10d
     return len(distributed_c10d._world.pg_map)
@@ -213,7 +219,7 @@ def soak(config: dict, stock_config: dict, steps: int, every: int) -> dict:
         if (step + 1) % every == 0:
             gc.collect()
             samples.append({"step": step + 1, "rss": _rss_bytes(), "groups": _process_groups(),
-                            "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+                            "fds": len(os.listdir("/proc/self/fd")), "threads": _os_threads(),
                             # a thread that is not a daemon would keep a failed rank from exiting
                             "non_daemon": [t.name for t in threading.enumerate()
                                            if not t.daemon and t is not threading.main_thread()]})
@@ -267,5 +273,5 @@ def engines_one_after_another(config: dict, engines: int) -> list:
         training.train_steps(engine, 1)
         training.release(engine)
         gc.collect()
-        out.append({"groups": _process_groups(), "threads": len(os.listdir("/proc/self/task"))})
+        out.append({"groups": _process_groups(), "threads": _os_threads()})
     return out

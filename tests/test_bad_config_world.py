@@ -4,6 +4,7 @@ world is still usable afterwards. (test_config_fuzz.py covers thousands of secti
 from zeropp_hier.training import ds_config
 
 from . import reliability_scenarios as rs
+from .helpers import set_path
 
 JUNK = [None, -1, 0, 3.5, "int3", "", [], {}, True, float("nan"), 10 ** 30, {"node": "int5"}]
 # where each junk value goes; a junk value that is valid there (null = default) is skipped
@@ -13,13 +14,7 @@ VALID_THERE = {"enabled": (True,), "preset": (None,), "collective_timeout_s": (N
 
 
 def _spoiled(path: str, value) -> dict:
-    cfg = ds_config("frontier")
-    d = cfg
-    keys = path.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    d[keys[-1]] = value
-    return cfg
+    return set_path(ds_config("frontier"), tuple(path.split(".")), value)
 
 
 def bad_configs() -> list[tuple[dict, str]]:

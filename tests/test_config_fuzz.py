@@ -19,6 +19,8 @@ from zeropp_hier.plan import make_plan
 from zeropp_hier.runtime import topology_for
 from zeropp_hier.topology import TIERS
 
+from .helpers import set_path
+
 
 
 def fuzz(examples: int):
@@ -95,19 +97,6 @@ UNKNOWN_KEY_AT = [(), ("topology",), ("compression",), ("compression", "weights"
 ALLOWED = {(): SECTION_KEYS, ("topology",): ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map"),
            ("compression",): _COMPRESSION_KEYS,
            ("compression", "weights"): TIERS, ("compression", "gradients"): TIERS}
-
-
-def set_path(section: dict, path: tuple, value) -> dict:
-    """Set ``path`` in a copy of ``section``, turning whatever is on the way into objects."""
-    out = dict(section)
-    node = out
-    for key in path[:-1]:
-        child = node.get(key)
-        child = dict(child) if isinstance(child, dict) else {}
-        node[key] = child
-        node = child
-    node[path[-1]] = value
-    return out
 
 
 def validate(section, world: int | None = None, zero: dict | None = None):

@@ -78,7 +78,8 @@ class HierRuntime:
         self.shards.clear()
         for hg in self.groups.values():
             dist.destroy_process_group(hg.group)
-        # drop every reference: the groups' transport threads end when the last one goes
+        # clear the dict in place: HierCollectives holds the same one, and the groups' transport
+        # threads end only when the last reference goes
         self.groups.clear()
 
     @classmethod
