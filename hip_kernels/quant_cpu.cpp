@@ -92,17 +92,29 @@ Isa chosen_isa() {
   return int(want) <= int(best) ? want : best;
 }
 
+// [Note: one variant per CPU]
+// Only the chosen variant's table is ever built. The table builders are compiled under their
+// variant's target pragma, so even filling in the function pointers may use that variant's
+// registers (GCC stores the table with zmm moves in the AVX-512 builder): a table built for
+// every variant up front kills the process with SIGILL on any CPU without AVX-512. Each table
+// is a function-local static, built on first use (thread-safe) and only in its own branch.
 const Loops& loops() {
-  static const Loops variants[3] = {
-    isa_default::loops(),
+  switch (chosen_isa()) {
 #if ZQH_X86_VARIANTS
-    isa_avx2::loops(),
-    isa_avx512::loops(),
-#else
-    isa_default::loops(), isa_default::loops(),
+    case Isa::kAvx512: {
+      static const Loops table = isa_avx512::loops();
+      return table;
+    }
+    case Isa::kAvx2: {
+      static const Loops table = isa_avx2::loops();
+      return table;
+    }
 #endif
-  };
-  return variants[int(chosen_isa())];
+    default: {
+      static const Loops table = isa_default::loops();
+      return table;
+    }
+  }
 }
 
 // Splits [0, count) into ranges of at least min_items and runs fn(begin, end) over OpenMP.
