@@ -1,17 +1,19 @@
 import pytest
 
-from zeropp_hier.launch import LocalWorld
+from zeropp_hier.launch import SharedWorld
 
 
 def _world(size):
-    w = LocalWorld(size, timeout=600)
+    # SharedWorld rebuilds the world before a test if an earlier test left it failed (a rank died,
+    # a task raised or timed out), so one failing test never takes the following ones down.
+    w = SharedWorld(size, timeout=600)
     yield w
     w.close()
 
 
 @pytest.fixture(scope="session")
 def world8():
-    """8 ranks = 2 nodes x 2 GPUs x 2 GCDs, started once for the whole session."""
+    """8 ranks = 2 nodes x 2 GPUs x 2 GCDs, started once for the session (again after a failure)."""
     yield from _world(8)
 
 

@@ -1,7 +1,24 @@
 """Assertion helpers shared by the distributed tests."""
 import math
 
+import pytest
 import torch
+
+from zeropp_hier.hardware import cpu_summary
+
+
+def _fp16_refused() -> str | None:
+    """Why DeepSpeed will refuse fp16 in this machine's CPU ranks, or None. Asks DeepSpeed's CPU
+    accelerator itself: the question its ``_do_sanity_check`` asks before refusing."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+    if CPU_Accelerator().is_fp16_supported():
+        return None
+    return f"no fp16 on this CPU: DeepSpeed's CPU accelerator refuses it (oneDNN lacks fp16; {cpu_summary()})"
+
+
+FP16_REFUSED = _fp16_refused()
+# the one honest skip: the hardware lacks the capability (fp16 tests run where oneDNN has fp16)
+requires_fp16 = pytest.mark.skipif(FP16_REFUSED is not None, reason=FP16_REFUSED or "")
 
 
 def rel_diff(a: float, b: float) -> float:

@@ -6,7 +6,7 @@ import pytest
 from zeropp_hier.training import ds_config
 
 from . import scenarios
-from .helpers import assert_losses_close, rel_diff
+from .helpers import FP16_REFUSED, assert_losses_close, rel_diff, requires_fp16
 
 STEPS = 6
 
@@ -14,7 +14,8 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def runs(world8):
     cfgs = {}
-    for dt in ("bf16", "fp16"):
+    # fp16 only where DeepSpeed accepts it here: a refused config would fail the whole module
+    for dt in ("bf16",) if FP16_REFUSED else ("bf16", "fp16"):
         cfgs[f"stock_{dt}"] = ds_config(None, dtype=dt)
         cfgs[f"exact_{dt}"] = ds_config("frontier", dtype=dt, compression="none")
         cfgs[f"frontier_{dt}"] = ds_config("frontier", dtype=dt)
@@ -24,7 +25,7 @@ def runs(world8):
     return world8.run(scenarios.run_configs, cfgs, STEPS)
 
 
-@pytest.mark.parametrize("dt, rtol", [("bf16", 2e-2), ("fp16", 5e-3)])
+@pytest.mark.parametrize("dt, rtol", [("bf16", 2e-2), pytest.param("fp16", 5e-3, marks=requires_fp16)])
 def test_half_precision_matches_stock(runs, dt, rtol):
     # stock sums the reduce-scatter in the 16-bit wire type; we sum in fp32, so results differ by
     # 16-bit rounding, not more

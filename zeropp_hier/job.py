@@ -176,6 +176,12 @@ def rank_main(spec: JobSpec) -> dict:
     report.line(f"zeropp-hier: preset={spec.preset} compression={spec.compression or 'preset default'} "
                 f"dtype={spec.dtype} world={world}, GPT {n_params / 1e6:.2f}M params, "
                 f"{tokens_per_step} tokens/step")
+    # which kernels each rank runs (a rank on another CPU may pick another variant)
+    from zeropp_hier.quant import kernel_info
+    kernels: list = [None] * world
+    dist.all_gather_object(kernels, kernel_info())
+    report.line("quantization kernels: " + "; ".join(
+        f"{k} on ranks {','.join(str(r) for r in range(world) if kernels[r] == k)}" for k in dict.fromkeys(kernels)))
     if hier:
         report.line(_topology_text(rt.topo, mode))
         report.line(f"plan: {rt.plan}")
@@ -208,7 +214,8 @@ def rank_main(spec: JobSpec) -> dict:
     report.close()
     summary = {"spec": asdict(spec), "world": world, "params": n_params, "tokens_per_step": tokens_per_step,
                "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
-               "tokens_per_s": tokens_per_step * spec.steps / elapsed, "seconds": elapsed}
+               "tokens_per_s": tokens_per_step * spec.steps / elapsed, "seconds": elapsed,
+               "kernels": kernels}
     if hier:
         st = zeropp_hier.comm_stats(engine)
         summary["topology"] = {"dims": list(rt.topo.dims), "mode": mode,
@@ -267,6 +274,15 @@ def launch(spec: JobSpec) -> dict:
     spec.check()
     import torch
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec.dtype == "fp16":
+        # before any rank starts: otherwise every rank dies in deepspeed.initialize with a
+        # ValueError that names neither the CPU feature nor the way out ([Note: fp16 on CPUs])
+        from .errors import HierConfigError
+        from .hardware import fp16_unsupported_reason
+        reason = fp16_unsupported_reason(uses_gpu=gpus > 0)
+        if reason:
+            raise HierConfigError("dtype", "fp16", f"{reason}; use dtype=bf16 (same memory and "
+                                  "wire size; no loss scaling needed) or dtype=fp32")
     env = launcher_env(os.environ, gpus)
     if env is not None:
         os.environ.update(env)

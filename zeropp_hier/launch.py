@@ -136,6 +136,7 @@ class LocalWorld:
         self.world_size = world_size
         self.timeout = timeout
         self.failure_grace_s = failure_grace_s
+        self._closed = False
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
@@ -224,6 +225,12 @@ class LocalWorld:
         raise WorldError(f"{what} failed on rank {first}:\n{failures[first]}\nall ranks:\n{summary}",
                          failures, exit_after, killed)
 
+    @property
+    def healthy(self) -> bool:
+        """Every rank process is alive and the world was not closed: a failed task, a dead rank
+        or a timeout closes the world ([Note: a failed world]), so it cannot run another task."""
+        return not self._closed and all(p.is_alive() for p in self.procs)
+
     def run(self, fn: Callable, *args, **kwargs) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
         for q in self.tasks:
@@ -231,6 +238,7 @@ class LocalWorld:
         return self._collect(getattr(fn, "__name__", "task"))
 
     def close(self, force: bool = False) -> None:
+        self._closed = True
         if not force:
             for q in self.tasks:
                 q.put(None)
@@ -246,3 +254,43 @@ class LocalWorld:
 
     def __exit__(self, *exc):
         self.close(force=exc[0] is not None)
+
+
+class SharedWorld:
+    """A ``LocalWorld`` shared by many tasks (a test session's 8 ranks) that is rebuilt before a
+    task whenever the previous world can no longer run one.
+
+    Starting a world costs tens of seconds, so tests share one; but one test whose task failed,
+    whose rank died or that timed out leaves a closed world behind ([Note: a failed world]), and
+    every later user of it would fail for that reason alone. ``run`` therefore checks the world
+    first and starts a fresh one (new processes, new port) if it is not healthy, so one failure
+    stays one failure. ``rebuilds`` counts how often that happened."""
+
+    def __init__(self, world_size: int, **kwargs):
+        self.world_size = world_size
+        self._kwargs = kwargs
+        self._world: LocalWorld | None = None
+        self.rebuilds = 0
+
+    @property
+    def world(self) -> LocalWorld:
+        """The current world, started (again) if there is none or it is unhealthy."""
+        if self._world is not None and not self._world.healthy:
+            self._world.close(force=True)
+            self._world = None
+            self.rebuilds += 1
+        if self._world is None:
+            self._world = LocalWorld(self.world_size, **self._kwargs)
+        return self._world
+
+    @property
+    def pids(self) -> list[int]:
+        return self.world.pids
+
+    def run(self, fn: Callable, *args, **kwargs) -> list:
+        return self.world.run(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        if self._world is not None:
+            self._world.close(force=not self._world.healthy)
+            self._world = None

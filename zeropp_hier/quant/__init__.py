@@ -40,6 +40,15 @@ def backend(device: Union[torch.device, str, None] = None) -> str:
     return "hip" if _ext.status().build_info == "cpu+hip" else "cuda"
 
 
+def kernel_info(device: Union[torch.device, str, None] = None) -> str:
+    """``backend(device)``, with the CPU kernels' instruction-set variant when they serve it
+    (e.g. "cpu-ext/avx2"): what a job log should say it ran."""
+    name = backend(device)
+    if name == "cpu-ext":
+        name += "/" + torch.ops.zeropp_hier.cpu_isa()
+    return name
+
+
 def _use_ext(device: torch.device) -> bool:
     if _ext.has_kernels_for(device):
         return True
