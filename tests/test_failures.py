@@ -98,9 +98,10 @@ def test_each_survivor_names_tier_and_peer_it_waited_on(dead_and_stuck):
 
 def test_stuck_rank_in_deepspeed_step_times_out_on_deepspeed_group():
     """DeepSpeed's own gradient-norm all-reduce runs on its data-parallel group, created with
-    torch's 30-minute default; the engine bounds it with collective_timeout_s too."""
+    torch's 30-minute default; deepspeed_group_timeout_s bounds it when the user asks."""
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2)  # 2 ranks: 1 node x 1 GPU x 2 GCDs
     cfg["zeropp_hier"]["collective_timeout_s"] = TIMEOUT_S
+    cfg["zeropp_hier"]["deepspeed_group_timeout_s"] = TIMEOUT_S
     world, err = broken_world(2, rs.stall_before_step, cfg, 1, 1)
     assert err.killed == [1]
     p = parse_error(err.failures[0])

@@ -212,7 +212,8 @@ def _dp_group(engine):
 def _guard(engine, phase: str):
     from .failures import world_guard
     rt = engine.hier_runtime
-    return world_guard(rt.topo, rt.rank, phase, rt.cfg.collective_timeout_s)
+    # these collectives run on DeepSpeed's data-parallel group: report the timeout it runs with
+    return world_guard(rt.topo, rt.rank, phase, getattr(engine, "ds_group_timeout_s", None))
 
 
 def save(engine, ds_save: Callable, save_dir: str, tag: Any = None, client_state: dict | None = None,

@@ -24,7 +24,8 @@ PRESETS = ("zero3", "zeropp", "frontier")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S = 1.0, 86400.0
 
-_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics", "collective_timeout_s")
+_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics", "collective_timeout_s",
+                 "deepspeed_group_timeout_s")
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
 
@@ -44,6 +45,10 @@ class HierConfig:
     compression: CompressionConfig = CompressionConfig()
     numerics: NumericsConfig = NumericsConfig()
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    # DeepSpeed's own groups (the world/data-parallel group of its gradient-norm all-reduce and
+    # checkpoint barriers) keep their timeout (torch's 30 min, or init_distributed's) unless set:
+    # a first step with long kernel tuning, or a large checkpoint, must not abort a healthy job.
+    deepspeed_group_timeout_s: float | None = None
 
 
 def _is_int(v: Any) -> bool:
@@ -113,11 +118,18 @@ def parse_section(section: Any) -> HierConfig:
                               f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to "
                               f"{MAX_COLLECTIVE_TIMEOUT_S:g} (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long "
                               "a rank waits in one collective for a dead or stuck peer before failing")
+    ds_timeout = d.get("deepspeed_group_timeout_s")
+    if ds_timeout is not None and (not (_is_int(ds_timeout) or isinstance(ds_timeout, float)) or not (
+            MIN_COLLECTIVE_TIMEOUT_S <= ds_timeout <= MAX_COLLECTIVE_TIMEOUT_S)):
+        raise HierConfigError(f"{SECTION}.deepspeed_group_timeout_s", ds_timeout,
+                              f"use null (default: DeepSpeed's groups keep their own timeout) or a number of "
+                              f"seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g}")
     return HierConfig(enabled=enabled, preset=preset,
                       topology=_parse_topology(d.get("topology", {})),
                       compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
                       numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
-                      collective_timeout_s=float(timeout))
+                      collective_timeout_s=float(timeout),
+                      deepspeed_group_timeout_s=None if ds_timeout is None else float(ds_timeout))
 
 
 # DeepSpeed settings that would run a second, conflicting hierarchy or compression beside ours.
@@ -161,11 +173,36 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
         raise HierConfigError("zero_optimization.offload_param.device", offload,
                               "parameter offload is not supported with zeropp_hier; remove "
                               "offload_param (optimizer offload is fine)")
+    check_parallelism_against_deepspeed(ds_config)
     check_numerics_against_deepspeed(cfg.numerics, ds_config, f"{SECTION}.numerics")
     if (ds_config.get("gradient_predivide_factor", 1.0) or 1.0) != 1.0:
         raise HierConfigError("gradient_predivide_factor", ds_config["gradient_predivide_factor"],
                               "remove it: the hierarchical reduction averages in fp32, so "
                               "pre-division is not needed")
+
+
+# [Note: data parallelism over the whole world]
+# The hop groups are built over every rank of the world, and ZeRO must partition over that same
+# world: with tensor, sequence, pipeline or expert parallelism the data-parallel group is smaller,
+# and ranks holding different model slices would be averaged together as if they were copies.
+# Such setups are refused (here for DeepSpeed config keys, at initialize for an ``mpu``, a
+# pipeline module or MoE layers) rather than supported by building hops inside the
+# data-parallel group: nothing here has been verified with model parallelism.
+MODEL_PARALLEL_FIX = ("zeropp_hier needs ZeRO data parallelism over the whole world; tensor, "
+                       "sequence, pipeline and expert parallelism are not supported: remove it, or "
+                       "set zeropp_hier.enabled to false")
+
+
+def check_parallelism_against_deepspeed(ds_config: Mapping) -> None:
+    tp = ds_config.get("tensor_parallel") or {}
+    if isinstance(tp, Mapping):
+        size = tp.get("autotp_size", tp.get("tp_size", 1))
+        if size not in (None, 0, 1):
+            key = "autotp_size" if "autotp_size" in tp else "tp_size"
+            raise HierConfigError(f"tensor_parallel.{key}", size, MODEL_PARALLEL_FIX)
+    sp = ds_config.get("sequence_parallel_size", 1)
+    if sp not in (None, 1):
+        raise HierConfigError("sequence_parallel_size", sp, MODEL_PARALLEL_FIX)
 
 
 def hier_config_from_ds(ds_config: Mapping) -> HierConfig:

@@ -23,8 +23,9 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
 
 from . import checkpoint
-from .config import HierConfig, hier_config_from_ds
-from .failures import bound_groups, restore_groups, world_guard
+from .config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
+from .errors import HierConfigError
+from .failures import bound_groups, group_timeout, restore_groups, world_guard
 from .partition import _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
 from .stage3 import HierZeroOptimizer_Stage3
@@ -48,6 +49,7 @@ class HierEngine(DeepSpeedEngine):
         self.hier_config = hier_config
         self.hier_runtime: HierRuntime | None = None
         self._ds_group_timeouts: list = []  # DeepSpeed's group timeouts before ours, for destroy
+        self.ds_group_timeout_s: float | None = None  # the timeout DeepSpeed's groups run with
         super().__init__(*args, **kwargs)
 
     def _configure_zero_optimizer(self, optimizer):
@@ -70,11 +72,16 @@ class HierEngine(DeepSpeedEngine):
         if not isinstance(opt, HierZeroOptimizer_Stage3):
             raise RuntimeError(f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
                                "hierarchical stage 3 (super_offload is not supported)")
-        # DeepSpeed's own collectives (the gradient-norm all-reduce of every step) run on its
-        # groups, created with torch's 30-minute default: bound them like ours
-        # ([Note: failure detection]).
+        # DeepSpeed's own collectives (the gradient-norm all-reduce of every step, checkpoint
+        # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
+        # init_distributed was given) unless deepspeed_group_timeout_s asks for another
+        # ([Note: failure detection]); the guard around them reports the one in force.
         ds_groups = [opt.dp_process_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
-        self._ds_group_timeouts = bound_groups(ds_groups, self.hier_config.collective_timeout_s)
+        wanted = self.hier_config.deepspeed_group_timeout_s
+        if wanted is not None:
+            self._ds_group_timeouts = bound_groups(ds_groups, wanted)
+        current = group_timeout(opt.dp_process_group)
+        self.ds_group_timeout_s = wanted if current is None else current.total_seconds()
         return opt
 
     def _phase(self, phase: str):
@@ -88,7 +95,7 @@ class HierEngine(DeepSpeedEngine):
         rt = self.hier_runtime
         if rt is None:
             return contextlib.nullcontext()
-        return world_guard(rt.topo, rt.rank, f"DeepSpeed {phase}", rt.cfg.collective_timeout_s)
+        return world_guard(rt.topo, rt.rank, f"DeepSpeed {phase}", self.ds_group_timeout_s)
 
     def forward(self, *inputs, **kwargs):
         with self._phase("forward_gather"), self._guard("forward"):
@@ -131,6 +138,31 @@ class HierEngine(DeepSpeedEngine):
         return out
 
 
+def model_parallel_refusal(mpu: Any, model: Any, mesh_param: Any = None) -> HierConfigError | None:
+    """The error for an ``mpu`` whose data-parallel group is not the world, a pipeline module or
+    a model with MoE layers ([Note: data parallelism over the whole world]); None if fine.
+    Reads group sizes, so torch.distributed must be initialised when an ``mpu`` is given."""
+    if mpu is not None:
+        import torch.distributed as dist
+        dp = dist.get_world_size(group=mpu.get_data_parallel_group())
+        world = dist.get_world_size()
+        if dp != world:
+            return HierConfigError("initialize(mpu=...)", f"data-parallel group of {dp} of {world} ranks",
+                                   MODEL_PARALLEL_FIX + " (an mpu whose data-parallel group is the "
+                                   "whole world is fine)")
+    if mesh_param is not None and tuple(mesh_param)[1:] not in ((), (1,)):
+        return HierConfigError("initialize(mesh_param=...)", mesh_param, MODEL_PARALLEL_FIX)
+    if model is not None:
+        from deepspeed.pipe import PipelineModule
+        if isinstance(model, PipelineModule):
+            return HierConfigError("initialize(model=...)", type(model).__name__, MODEL_PARALLEL_FIX)
+        from deepspeed.moe.utils import has_moe_layers
+        moe, experts = has_moe_layers(model)
+        if moe:
+            return HierConfigError("initialize(model=...)", f"MoE layers ({experts} experts)", MODEL_PARALLEL_FIX)
+    return None
+
+
 def _world_size_hint() -> int | None:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -152,6 +184,10 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
     if not cfg.enabled:
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
+    refusal = model_parallel_refusal(kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None),
+                                     kwargs.get("mesh_param"))
+    if refusal is not None:
+        raise refusal
     world = _world_size_hint()
     if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
         topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts

@@ -13,9 +13,11 @@ from typing import Any
 import deepspeed
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 from deepspeed.runtime.zero.partition_parameters import Init as _DSInit
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.utils import is_zero_param
 
 from .config import hier_config_from_ds
+from .errors import HierConfigError
 from .runtime import HierRuntime
 
 
@@ -37,6 +39,23 @@ def runtime_of(param) -> HierRuntime | None:
     return owner if isinstance(owner, HierRuntime) else None
 
 
+def refuse_foreign_storage(param, name: str) -> None:
+    """Parameters partitioned by a stock ``deepspeed.zero.Init`` with ZeRO++ settings carry their
+    own hpZ copy (``ds_secondary_tensor``) or int8 storage (``ds_quant_scale``); our gather reads
+    the plain primary shard, so binding them would ignore those and serve wrong weights."""
+    what = None
+    if getattr(param, "ds_secondary_tensor", None) is not None:
+        what = "an hpZ secondary copy (zero_hpz_partition_size > 1)"
+    elif hasattr(getattr(param, "ds_tensor", None), "ds_quant_scale"):
+        what = "quantized storage (zero_quantized_weights / zero_quantized_nontrainable_weights)"
+    if what is not None:
+        raise HierConfigError(
+            f"parameter '{name}'", f"partitioned by deepspeed.zero.Init with {what}",
+            "build the model under zeropp_hier.Init(config_dict_or_path=ds_config) with the same "
+            "config you pass to zeropp_hier.initialize, or under a deepspeed.zero.Init without "
+            "zero_hpz_partition_size / zero_quantized_* (zeropp_hier replaces them)")
+
+
 def bind(param, runtime: HierRuntime) -> None:
     """Route a partitioned parameter's gathers through ``runtime``.
 
@@ -48,6 +67,33 @@ def bind(param, runtime: HierRuntime) -> None:
     if getattr(param.partition, "zeropp_hier_runtime", None) is runtime:
         return  # already wrapped for this runtime
     ds_partition = param.partition
+    ds_all_gather = param.all_gather
+
+    # [Note: every gather through the hierarchy]
+    # DeepSpeed gathers outside the prefetch coordinator through ``param.all_gather``: the
+    # re-gather of persistent parameters after every step (everything below
+    # stage3_param_persistence_threshold: LayerNorms, biases), tied or external parameters on the
+    # trace step, GatheredParameters (so the 16-bit save and zero_to_fp32-style reads),
+    # ``param.item()``. Stock, that is one flat world all-gather per parameter, uncompressed and
+    # latency-bound at scale. Routed here, the parameters of one call take the hops of the plan
+    # as one coalesced bucket per dtype, and comm_stats counts them (phase "other_gather" outside
+    # forward and backward).
+    def all_gather(param_list=None, async_op=False, hierarchy=0):
+        params = [param] if param_list is None else list(param_list)
+        ours = [p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE and runtime_of(p) is runtime]
+        taken = {id(p) for p in ours}
+        rest = [p for p in params if id(p) not in taken]  # in flight / available, or not ours
+        handles = []
+        if ours:
+            handle = runtime.all_gather_coalesced(ours)
+            if async_op:
+                handles.append(handle)
+            else:
+                handle.wait()
+        if rest:
+            out = ds_all_gather(param_list=rest, async_op=async_op, hierarchy=hierarchy)
+            handles.extend(out or [])
+        return handles if async_op else None
 
     def partition(param_list=None, hierarchy=0, has_been_updated=False, free_data=True):
         if has_been_updated:
@@ -57,6 +103,7 @@ def bind(param, runtime: HierRuntime) -> None:
 
     partition.zeropp_hier_runtime = runtime
     param.partition = partition
+    param.all_gather = all_gather
 
 
 class Init(_DSInit):
@@ -106,7 +153,8 @@ class HierOffload(DeepSpeedZeRoOffload):
             # Some parameters were partitioned before (zeropp_hier.Init or deepspeed.zero.Init):
             # convert the rest the way DeepSpeed does, then route every gather through us.
             super()._convert_to_zero_parameters(ds_config, module, mpu)
-        for p in module.parameters():
+        for name, p in module.named_parameters():
+            refuse_foreign_storage(p, name)
             owner = runtime_of(p)
             if owner is not None and owner is not self.hier_runtime:
                 raise RuntimeError("zeropp_hier: the model was built under a zeropp_hier.Init of "

@@ -63,6 +63,11 @@ class HierRuntime:
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
+        # where tensors that our collectives (and the agreed non-finite check) send must live: the
+        # accelerator's current device (the CPU on the CPU accelerator), whatever DeepSpeed's
+        # optimizer device is (the CPU under offload_optimizer)
+        from deepspeed.accelerator import get_accelerator
+        self.comm_device = torch.device(get_accelerator().current_device_name())
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor] = {}
@@ -132,7 +137,8 @@ class HierRuntime:
             kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
             off = 0
             for p, n in zip(ps, sizes):
-                self.shards[p.ds_id] = kept[..., off:off + n].contiguous()
+                if not getattr(p, "ds_persist", False):  # persistent ones are never re-gathered
+                    self.shards[p.ds_id] = kept[..., off:off + n].contiguous()
                 off += n
         rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
         if self._rank_order is not None:

@@ -30,6 +30,13 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         super().invalidate_secondary_tensor()
         self.hier_runtime.invalidate_shards()
 
+    def _post_step(self, timer_names):
+        # The primary shards just changed. DeepSpeed re-gathers persistent parameters here before
+        # it calls invalidate_secondary_tensor; that gather now runs through us
+        # ([Note: every gather through the hierarchy]) and must not be served stale kept shards.
+        self.hier_runtime.invalidate_shards()
+        return super()._post_step(timer_names)
+
     # DeepSpeed's private ``__avg_scatter_grads`` (name-mangled, so overridden by its mangled
     # name): it receives the bucket's parameters and returns this rank's averaged chunk of each.
     def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(self, params_to_reduce: List[torch.nn.Parameter],
@@ -52,7 +59,9 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # -- numerics around the step ([Note: non-finite gradients] in numerics.py) ----------------
     def step(self, closure=None):
         numerics = self.hier_runtime.numerics
-        verdict = numerics.agree(self.device)  # collective: every rank, every step, same result
+        # collective: every rank, every step, same result; on the communication device, not
+        # self.device (the CPU under optimizer offload, which NCCL/RCCL cannot all-reduce)
+        verdict = numerics.agree(self.hier_runtime.comm_device)
         fp16 = self.dtype == torch.float16
         if verdict.any and not fp16 and numerics.cfg.nonfinite == "raise":
             raise numerics.fail(verdict)
@@ -72,6 +81,8 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         super()._rigid_load_state_dict(state_dict, load_optimizer_states=load_optimizer_states)
         numerics = self.hier_runtime.numerics
         if load_optimizer_states:
-            numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.device)
+            # residuals meet the gradients' send buffers, which live on the accelerator even when
+            # the optimizer state is offloaded to the CPU
+            numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.hier_runtime.comm_device)
         else:  # residuals belong to the optimizer trajectory that was just replaced
             numerics.error_feedback.reset()
