@@ -1,6 +1,6 @@
 import pytest
 
-from zeropp_hier.launch import LocalWorld
+from zeropp_hier.testing.launch import LocalWorld
 
 
 def _world(size):

@@ -1,16 +1,13 @@
 """zeropp-hier: three-level hierarchical ZeRO-3 for clusters whose links come in three speeds."""
-from ._compat import require_supported_deepspeed
-
-require_supported_deepspeed()
-
-from .checkpoint import HierCheckpointError  # noqa: E402
-from .config import HierConfig, parse_section  # noqa: E402
-from .engine import HierEngine, initialize  # noqa: E402
-from .errors import DeepSpeedVersionError, HierConfigError, HierNonFiniteError, HierTopologyError  # noqa: E402
-from .failures import HierCommError  # noqa: E402
-from .partition import Init  # noqa: E402
-from .patch import is_patched, patch_deepspeed, unpatch_deepspeed  # noqa: E402
-from .topology import Topology  # noqa: E402
+from . import deepspeed as _integration  # noqa: F401  (first: its import checks the DeepSpeed version)
+from .comm.failures import HierCommError
+from .core.config import HierConfig, parse_section
+from .core.errors import DeepSpeedVersionError, HierConfigError, HierNonFiniteError, HierTopologyError
+from .core.topology import Topology
+from .deepspeed.checkpoint import HierCheckpointError
+from .deepspeed.engine import HierEngine, initialize
+from .deepspeed.partition import Init
+from .deepspeed.patch import is_patched, patch_deepspeed, unpatch_deepspeed
 
 __version__ = "0.1.0"
 
@@ -29,8 +26,8 @@ def comm_stats(engine) -> dict:
 
     ``relative_error`` holds only the (phase, tier) pairs that compress: ||x - deq(q(x))|| / ||x||
     of this rank's payloads, sampled every N-th call ([Note: compression telemetry] in
-    ``zeropp_hier/numerics.py``). See [Note: byte accounting] in ``zeropp_hier/stats.py`` for how
-    bytes are attributed.
+    ``zeropp_hier/comm/numerics.py``). See [Note: byte accounting] in ``zeropp_hier/comm/stats.py``
+    for how bytes are attributed.
     """
     rt = getattr(engine, "hier_runtime", None)
     if rt is None:

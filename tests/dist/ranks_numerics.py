@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from zeropp_hier import training
-from zeropp_hier.models.gpt import GPTConfig, synthetic_batch
+from zeropp_hier.app import training
+from zeropp_hier.testing.models.gpt import GPTConfig, synthetic_batch
 
 INJECT_PARAM = "blocks.0.fc.weight"
 

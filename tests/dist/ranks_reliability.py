@@ -16,8 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from zeropp_hier import training
-from zeropp_hier.models.gpt import synthetic_batch
+from zeropp_hier.app import training
+from zeropp_hier.testing.models.gpt import synthetic_batch
 
 
 # -- dead and stuck ranks -------------------------------------------------------------------------
@@ -244,8 +244,8 @@ def initialize_bad_configs(configs: list) -> dict:
     time. Records the error class and field per config, the process-group count before and after,
     and whether the world still answers a collective afterwards (nobody left inside one)."""
     import zeropp_hier
-    from zeropp_hier.errors import HierConfigError
-    from zeropp_hier.models.gpt import GPT, GPTConfig
+    from zeropp_hier.core.errors import HierConfigError
+    from zeropp_hier.testing.models.gpt import GPT, GPTConfig
 
     groups_before = _process_groups()
     outcomes = []

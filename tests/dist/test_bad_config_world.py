@@ -1,10 +1,10 @@
 """Bad configs in a real 8-rank world: ``zeropp_hier.initialize`` refuses every one on every rank
 with our error naming the field, before DeepSpeed creates a group or issues a collective; the
 world is still usable afterwards. (test_config_fuzz.py covers thousands of sections, pure.)"""
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import reliability_scenarios as rs
-from .helpers import set_path
+from ..helpers import set_path
+from . import ranks_reliability as rs
 
 JUNK = [None, -1, 0, 3.5, "int3", "", [], {}, True, float("nan"), 10 ** 30, {"node": "int5"}]
 # where each junk value goes; a junk value that is valid there (null = default) is skipped

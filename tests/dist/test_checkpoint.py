@@ -1,16 +1,16 @@
 """Save, load into a fresh engine, continue: same as never stopping; kept shards rebuilt."""
 import pytest
 
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import scenarios
-from .helpers import assert_losses_close, assert_states_close
+from ..helpers import assert_losses_close, assert_states_close
+from . import ranks_training
 
 
 @pytest.fixture(scope="module")
 def resumed(world8, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("ckpt"))
-    return world8.run(scenarios.checkpoint_resume, ds_config("frontier", compression="none"), ckpt, 5, 5)
+    return world8.run(ranks_training.checkpoint_resume, ds_config("frontier", compression="none"), ckpt, 5, 5)
 
 
 def test_resume_equals_uninterrupted(resumed):

@@ -12,12 +12,12 @@ import zipfile
 import pytest
 import torch
 
-from zeropp_hier import checkpoint
-from zeropp_hier.launch import LocalWorld, WorldError
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
+from zeropp_hier.deepspeed import checkpoint
+from zeropp_hier.testing.launch import LocalWorld, WorldError
 
-from . import reliability_scenarios as rs
-from .helpers import assert_losses_close, assert_states_close, max_state_diff
+from ..helpers import assert_losses_close, assert_states_close, max_state_diff
+from . import ranks_reliability as rs
 from .test_failures import parse_error, processes_of
 
 STEPS_BEFORE, STEPS_AFTER = 3, 3

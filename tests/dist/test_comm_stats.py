@@ -1,9 +1,9 @@
 """Bytes per tier from ``comm_stats`` on 2x2x2: where the frontier preset's traffic goes."""
 import pytest
 
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import scenarios
+from . import ranks_training
 
 STEPS = 3
 N, B = 2, 256  # nodes, default block size
@@ -13,8 +13,8 @@ N, B = 2, 256  # nodes, default block size
 def frontier_run(world8):
     cfgs = {"frontier": ds_config("frontier"), "frontier_fp32": ds_config("frontier", compression="none"),
             "zero3": ds_config("zero3")}
-    res = world8.run(scenarios.run_configs, cfgs, STEPS)
-    sizes = world8.run(scenarios.partition_sizes, ds_config("frontier"))[0]["partition_sizes"]
+    res = world8.run(ranks_training.run_configs, cfgs, STEPS)
+    sizes = world8.run(ranks_training.partition_sizes, ds_config("frontier"))[0]["partition_sizes"]
     return res, sizes
 
 

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import scenarios
-from .helpers import assert_losses_close, rel_diff
+from ..helpers import assert_losses_close, rel_diff
+from . import ranks_training as scenarios
 
 STEPS = 6
 

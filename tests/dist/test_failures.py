@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from zeropp_hier.launch import LocalWorld, WorldError
-from zeropp_hier.topology import Topology
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
+from zeropp_hier.core.topology import Topology
+from zeropp_hier.testing.launch import LocalWorld, WorldError
 
-from . import reliability_scenarios as rs
+from . import ranks_reliability as rs
 
 TIMEOUT_S = 5.0  # collective_timeout_s of these runs
 GRACE_S = 20.0  # a quiet spell this long after the last failure or exit: the rest are stuck

@@ -1,13 +1,13 @@
 """zeropp_hier.Init (models built partitioned) and the disabled section, beside stock."""
 import pytest
 
-from . import scenarios
-from .helpers import assert_losses_close
+from ..helpers import assert_losses_close
+from . import ranks_training
 
 
 @pytest.fixture(scope="module")
 def results(world8):
-    return world8.run(scenarios.init_parity, 4)
+    return world8.run(ranks_training.init_parity, 4)
 
 
 def test_partitioned_construction_matches_stock(results):
@@ -26,7 +26,7 @@ def test_disabled_section_is_stock_deepspeed(results):
 
 
 def test_weights_modified_outside_the_optimizer_reach_the_next_step(world8):
-    results = world8.run(scenarios.modified_weights, 3)
+    results = world8.run(ranks_training.modified_weights, 3)
     for rank, r in enumerate(results):
         assert r["hier"]["kept_before"] > 0, "no shard was kept: the test proves nothing"
         assert_losses_close(r["hier"]["losses"], r["stock"]["losses"], 1e-5, f"rank {rank}")

@@ -5,9 +5,9 @@ import deepspeed
 import pytest
 
 import zeropp_hier
-from zeropp_hier.launch import LocalWorld
+from zeropp_hier.testing.launch import LocalWorld
 
-from . import hf_scenarios
+from . import ranks_hf
 
 STEPS = 3
 
@@ -33,8 +33,8 @@ def test_patch_is_idempotent_and_reversible():
 def hf_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("hf"))
     with LocalWorld(4, timeout=1500) as w:
-        left = w.run(hf_scenarios.shm_buffers_left)
-        return {"left": left, "ranks": w.run(hf_scenarios.hf_trainer_run, out, STEPS)}
+        left = w.run(ranks_hf.shm_buffers_left)
+        return {"left": left, "ranks": w.run(ranks_hf.hf_trainer_run, out, STEPS)}
 
 
 def test_local_world_leaves_no_deepspeed_shm_buffers(hf_run):

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import scenarios_numerics
-from .helpers import assert_losses_close, assert_states_close, max_state_diff
+from ..helpers import assert_losses_close, assert_states_close, max_state_diff
+from . import ranks_numerics as scenarios_numerics
 
 STEPS, INJECT_STEP, INJECT_RANK = 3, 1, 3  # one element of one gradient on rank 3 becomes +Inf
 FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}}  # lower the scale at once

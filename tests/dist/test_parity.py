@@ -1,10 +1,10 @@
 """Whole-engine parity with stock DeepSpeed ZeRO-3, run in the same world, on three shapes."""
 import pytest
 
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import scenarios
-from .helpers import assert_losses_close, assert_states_close, rel_diff
+from ..helpers import assert_losses_close, assert_states_close, rel_diff
+from . import ranks_training
 
 STEPS = 6
 SHAPES = {  # world fixture -> (gpus_per_node, gcds_per_gpu): 2x2x2, 1x2x2, 3x1x2
@@ -36,7 +36,7 @@ def _configs(gpus, gcds, extra=False):
 def shape_results(request):
     world = request.getfixturevalue(request.param)
     gpus, gcds = SHAPES[request.param]
-    results = world.run(scenarios.run_configs, _configs(gpus, gcds, extra=request.param == "world8"), STEPS)
+    results = world.run(ranks_training.run_configs, _configs(gpus, gcds, extra=request.param == "world8"), STEPS)
     return request.param, results
 
 

@@ -1,10 +1,10 @@
 """A long run: 300 steps of frontier (compression off) on 8 ranks. Resident memory stays flat
 after warm-up, no process group, file descriptor or thread is added per step, and every step's
 loss equals stock DeepSpeed ZeRO-3's in the same world."""
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
 
-from . import reliability_scenarios as rs
-from .helpers import assert_losses_close
+from ..helpers import assert_losses_close
+from . import ranks_reliability as rs
 
 STEPS, EVERY, WARMUP = 300, 25, 50
 

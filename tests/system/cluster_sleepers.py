@@ -1,15 +1,13 @@
-"""A driver for tests/test_cluster.py: build a small emulated cluster, start sleeping processes
-inside it (ranks with PR_SET_PDEATHSIG, and one detached process that outlives its launcher),
-print their pids, then wait to be killed."""
-import os
+"""A driver for tests/system/test_cluster.py (``python -m tests.system.cluster_sleepers PREFIX``
+from the repository root): build a small emulated cluster, start sleeping processes inside it
+(ranks with PR_SET_PDEATHSIG, and one detached process that outlives its launcher), print their
+pids, then wait to be killed."""
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.cluster.runner import Cluster, launch  # noqa: E402
-from benchmarks.cluster.spec import ClusterSpec  # noqa: E402
+from benchmarks.cluster.runner import Cluster, launch
+from benchmarks.cluster.spec import ClusterSpec
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import pytest
 from benchmarks.cluster import netns
 from benchmarks.cluster.spec import FRONTIER_RATIO, ClusterSpec, wire_bytes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # -- pure layout --------------------------------------------------------------------------------
@@ -39,7 +39,7 @@ def test_layout_names_rates_and_placement():
     assert all("netns" in c for c in veths)
     addrs = [spec.place(r).address for r in range(spec.world_size)]
     assert len(set(addrs)) == spec.packages  # the GCDs of a package share its address
-    from zeropp_hier.topology import Topology
+    from zeropp_hier.core.topology import Topology
     topo = Topology(spec.nodes, spec.gpus_per_node, spec.gcds_per_gpu)
     for r in range(spec.world_size):
         c = topo.coord(r)
@@ -78,7 +78,7 @@ def test_non_root_gets_a_clear_error_and_nonzero_exit():
 
 # -- teardown after a run killed half-way -------------------------------------------------------
 def _start_driver(prefix):
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "cluster_sleepers.py"), prefix],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.system.cluster_sleepers", prefix],
                             stdout=subprocess.PIPE, text=True, cwd=REPO)
     ready, _, _ = select.select([proc.stdout], [], [], 600)  # a loaded machine starts slowly
     line = proc.stdout.readline() if ready else ""

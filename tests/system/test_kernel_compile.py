@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "hip_kernels" / "check_compile.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "hip_kernels" / "check_compile.sh"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import pytest
 
 from .slurm_cluster import LocalSlurm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FRONTIER = ROOT / "scripts" / "frontier"
 STEPS = 2
 
@@ -70,10 +70,10 @@ def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path) -> str:
 def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path):
     out = _render(slurm, 2, "frontier[08001-08002]", tmp_path)
     sruns = [ln for ln in out.splitlines() if ln.startswith("+ srun")]
-    train = [ln for ln in sruns if "zeropp_hier.train" in ln]
+    train = [ln for ln in sruns if "zeropp_hier.app.train" in ln]
     assert len(train) == 1, out
     assert train[0] == ("+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest "
-                        "python -m zeropp_hier.train launcher=srun topology=auto preset=zeropp")
+                        "python -m zeropp_hier.app.train launcher=srun topology=auto preset=zeropp")
     env = dict(ln.split("=", 1) for ln in out.splitlines() if re.match(r"^[A-Z_]+=", ln))
     assert env["MASTER_ADDR"] == "frontier08001"  # first host of the node list, via scontrol
     assert env["NCCL_SOCKET_IFNAME"] == "hsn0"

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.autodetect import build_topology, local_record
-from zeropp_hier.errors import HierTopologyError
-from zeropp_hier.rocm_topo import packages_from_showtopo, parse_showtopo
-from zeropp_hier.slurm_env import expand_hostlist, parse_tasks_per_node, slurm_task
+from zeropp_hier.core.errors import HierTopologyError
+from zeropp_hier.detect.autodetect import build_topology, local_record
+from zeropp_hier.detect.rocm_topo import packages_from_showtopo, parse_showtopo
+from zeropp_hier.detect.slurm_env import expand_hostlist, parse_tasks_per_node, slurm_task
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 SMI = DATA / "rocm_smi"
 SLURM = DATA / "slurm_env"
 

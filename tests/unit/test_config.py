@@ -1,10 +1,10 @@
 """Config validation: every invalid input raises HierConfigError naming field, value and fix."""
 import pytest
 
-from zeropp_hier.config import hier_config_from_ds, parse_section
-from zeropp_hier.errors import HierConfigError
-from zeropp_hier.plan import make_plan
-from zeropp_hier.topology import Topology
+from zeropp_hier.core.config import hier_config_from_ds, parse_section
+from zeropp_hier.core.errors import HierConfigError
+from zeropp_hier.core.plan import make_plan
+from zeropp_hier.core.topology import Topology
 
 BASE = {"zero_optimization": {"stage": 3}}
 
@@ -109,8 +109,8 @@ def test_initialize_refuses_bad_topology_before_deepspeed(monkeypatch):
 
 
 def test_version_check_names_found_and_supported():
-    from zeropp_hier._compat import check_deepspeed_version
-    from zeropp_hier.errors import DeepSpeedVersionError
+    from zeropp_hier.core.errors import DeepSpeedVersionError
+    from zeropp_hier.deepspeed._compat import check_deepspeed_version
     check_deepspeed_version("0.19.8")
     check_deepspeed_version("0.19.0+cpu")
     for bad in ("0.18.9", "0.20.0", "1.0.0"):

@@ -11,15 +11,15 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zeropp_hier.config import (DEFAULT_BLOCK_SIZE, DEFAULT_COLLECTIVE_TIMEOUT_S, PRESET_COMPRESSION,
+from zeropp_hier.core.config import (DEFAULT_BLOCK_SIZE, DEFAULT_COLLECTIVE_TIMEOUT_S, PRESET_COMPRESSION,
                                 PRESETS, SCHEMES, hier_config_from_ds, parse_section)
-from zeropp_hier.errors import HierConfigError, HierTopologyError
-from zeropp_hier.policy import _COMPRESSION_KEYS
-from zeropp_hier.plan import make_plan
-from zeropp_hier.runtime import topology_for
-from zeropp_hier.topology import TIERS
+from zeropp_hier.core.errors import HierConfigError, HierTopologyError
+from zeropp_hier.core.plan import make_plan
+from zeropp_hier.core.policy import _COMPRESSION_KEYS
+from zeropp_hier.core.topology import TIERS
+from zeropp_hier.deepspeed.runtime import topology_for
 
-from .helpers import set_path
+from ..helpers import set_path
 
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from zeropp_hier import quant
-from zeropp_hier.error_feedback import ErrorFeedback
-from zeropp_hier.numerics import Telemetry, relative_error
+from zeropp_hier.comm.error_feedback import ErrorFeedback
+from zeropp_hier.comm.numerics import Telemetry, relative_error
 
 KEY = (("blocks.0.fc.weight", "blocks.0.fc.bias"), 2)
 
@@ -102,7 +102,7 @@ def test_telemetry_samples_every_nth_call_and_measures_int4_error():
 
 
 def test_nonfinite_flags_and_verdict():
-    from zeropp_hier.numerics import Location, NonFiniteMonitor, Verdict
+    from zeropp_hier.comm.numerics import Location, NonFiniteMonitor, Verdict
     local, node = Location("grad_reduce", None, "its local gradient"), Location("grad_reduce", "node", "stage 2")
     m = NonFiniteMonitor((local, node))
     m.note(0, torch.ones(4))

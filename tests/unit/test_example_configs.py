@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.config import hier_config_from_ds
-from zeropp_hier.plan import make_plan
-from zeropp_hier.topology import Topology
-from zeropp_hier.training import ds_config
+from zeropp_hier.app.training import ds_config
+from zeropp_hier.core.config import hier_config_from_ds
+from zeropp_hier.core.plan import make_plan
+from zeropp_hier.core.topology import Topology
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 FILES = sorted(CONFIGS.glob("*.json"))
 FRONTIER_384 = Topology(48, 4, 2)  # the paper's scale: 48 nodes x 4 MI250X x 2 GCDs
 

@@ -4,8 +4,8 @@ import itertools
 import pytest
 import torch
 
-from zeropp_hier import layout
-from zeropp_hier.topology import AXES, Topology
+from zeropp_hier.core import layout
+from zeropp_hier.core.topology import AXES, Topology
 
 
 def _simulate_gather(t: Topology, hops, payload=3):

@@ -9,12 +9,12 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from zeropp_hier import planner as P
-from zeropp_hier.cli import main as cli_main
-from zeropp_hier.plan import make_plan
-from zeropp_hier.topology import Topology
+from zeropp_hier.core.plan import make_plan
+from zeropp_hier.core.topology import Topology
+from zeropp_hier.tools import planner as P
+from zeropp_hier.tools.cli import main as cli_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDED = os.path.join(REPO, "benchmarks", "results", "compare.json")
 MiB = 2 ** 20
 

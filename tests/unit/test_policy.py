@@ -2,10 +2,10 @@
 backward compatibility of the earlier keys; every bad value named with its fix."""
 import pytest
 
-from zeropp_hier.config import hier_config_from_ds, parse_section
-from zeropp_hier.errors import HierConfigError
-from zeropp_hier.plan import make_plan
-from zeropp_hier.topology import Topology
+from zeropp_hier.core.config import hier_config_from_ds, parse_section
+from zeropp_hier.core.errors import HierConfigError
+from zeropp_hier.core.plan import make_plan
+from zeropp_hier.core.topology import Topology
 
 
 def comp(section_compression, preset="frontier"):

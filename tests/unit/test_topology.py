@@ -3,8 +3,8 @@ import itertools
 
 import pytest
 
-from zeropp_hier.errors import HierTopologyError
-from zeropp_hier.topology import AXES, Topology
+from zeropp_hier.core.errors import HierTopologyError
+from zeropp_hier.core.topology import AXES, Topology
 
 SHAPES = [(1, 1, 1), (2, 2, 2), (1, 2, 2), (3, 1, 2), (2, 4, 2), (3, 2, 1)]
 

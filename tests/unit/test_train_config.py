@@ -4,12 +4,12 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from zeropp_hier.job import JobSpec, launcher_env
-from zeropp_hier.train import spec_from_config
+from zeropp_hier.app.job import JobSpec, launcher_env
+from zeropp_hier.app.train import spec_from_config
 
 
 def _compose(overrides=(), hydra_cfg=False):
-    with initialize_config_module(version_base="1.3", config_module="zeropp_hier.configs"):
+    with initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
         return compose("train", overrides=list(overrides), return_hydra_config=hydra_cfg)
 
 

@@ -1,9 +1,9 @@
-"""The main job with plain command-line flags (the Hydra app ``python -m zeropp_hier.train`` is
-the same job with config groups and sweeps; both run ``zeropp_hier.job``).
+"""The main job with plain command-line flags (the Hydra app ``python -m zeropp_hier.app.train`` is
+the same job with config groups and sweeps; both run ``zeropp_hier.app.job``).
 
-    python -m zeropp_hier.demo                       # 8 ranks = 2 nodes x 2 GPUs x 2 GCDs, frontier preset
-    python -m zeropp_hier.demo --preset zeropp --steps 50
-    python -m zeropp_hier.demo --preset stock        # stock DeepSpeed ZeRO-3, for comparison
+    python -m zeropp_hier.app.demo                       # 8 ranks = 2 nodes x 2 GPUs x 2 GCDs, frontier preset
+    python -m zeropp_hier.app.demo --preset zeropp --steps 50
+    python -m zeropp_hier.app.demo --preset stock        # stock DeepSpeed ZeRO-3, for comparison
 
 Without a launcher it starts its own ranks (gloo on CPU); under ``srun`` or ``torchrun`` it runs
 as one rank per process. Rank 0 prints, per step, the loss (mean over ranks), tokens/s and the

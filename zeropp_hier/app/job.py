@@ -1,5 +1,5 @@
-"""The main job, shared by its two front ends (``python -m zeropp_hier.train``, the Hydra app,
-and ``python -m zeropp_hier.demo``, the argparse one): train the small GPT, report each step,
+"""The main job, shared by its two front ends (``python -m zeropp_hier.app.train``, the Hydra app,
+and ``python -m zeropp_hier.app.demo``, the argparse one): train the small GPT, report each step,
 write the metrics.
 
 A ``JobSpec`` is plain, picklable data, so the same spec runs on ranks this process spawns
@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from .slurm_env import expand_hostlist, slurm_task
+from ..detect.slurm_env import expand_hostlist, slurm_task
 
 PRESETS = ("frontier", "zeropp", "zero3", "stock")  # stock: DeepSpeed ZeRO-3 without our section
 
@@ -27,7 +27,7 @@ class JobSpec:
     steps: int = 30
     dtype: str = "fp32"
     micro_batch: int = 4
-    # GPT (zeropp_hier.models.gpt.GPTConfig)
+    # GPT (zeropp_hier.testing.models.gpt.GPTConfig)
     vocab_size: int = 256
     seq_len: int = 32
     d_model: int = 64
@@ -44,7 +44,7 @@ class JobSpec:
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
 
     def check(self) -> None:
-        from .errors import HierConfigError
+        from ..core.errors import HierConfigError
         if self.preset not in PRESETS:
             raise HierConfigError("preset", self.preset, f"use one of {list(PRESETS)}")
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -151,12 +151,12 @@ def rank_main(spec: JobSpec) -> dict:
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier import training
-    from zeropp_hier.models.gpt import GPTConfig
-    from zeropp_hier.topology import TIERS
+    from zeropp_hier.app import training
+    from zeropp_hier.testing.models.gpt import GPTConfig
+    from zeropp_hier.core.topology import TIERS
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if rank == 0:  # the auto topology's detection report (zeropp_hier.probe logs it on rank 0)
+    if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
         log = logging.getLogger("zeropp_hier")
         if not any(getattr(h, "_zeropp_hier_job", False) for h in log.handlers):
             h = logging.StreamHandler(sys.stdout)
@@ -275,13 +275,13 @@ def launch(spec: JobSpec) -> dict:
         ds_logger.setLevel(logging.WARNING)  # one rank's INFO lines times thousands of ranks
         deepspeed.init_distributed(dist_backend=None if gpus else "gloo")
         if not gpus:
-            from .shm_hygiene import release_deepspeed_shm
+            from ..testing.shm_hygiene import release_deepspeed_shm
             release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         out = rank_main(spec)
         import torch.distributed as dist
         dist.destroy_process_group()
         return out
-    from .launch import LocalWorld
+    from ..testing.launch import LocalWorld
     print(f"starting {spec.local_world} local CPU ranks (gloo)...", flush=True)
     with LocalWorld(spec.local_world, timeout=1800) as w:
         out = w.run(rank_main, spec)

@@ -1,9 +1,9 @@
-"""The main job as a Hydra application (config groups in zeropp_hier/configs/).
+"""The main job as a Hydra application (config groups in zeropp_hier/app/configs/).
 
-    python -m zeropp_hier.train                                  # the README demo: 8 CPU ranks, 2x2x2
-    python -m zeropp_hier.train preset=zeropp compression=none steps=50
-    python -m zeropp_hier.train -m preset=zero3,frontier compression=preset_default,none
-    python -m zeropp_hier.sweep_report multirun/<date>/<time>    # one table for the sweep
+    python -m zeropp_hier.app.train                              # the README demo: 8 CPU ranks, 2x2x2
+    python -m zeropp_hier.app.train preset=zeropp compression=none steps=50
+    python -m zeropp_hier.app.train -m preset=zero3,frontier compression=preset_default,none
+    python -m zeropp_hier.tools.sweep_report multirun/<date>/<time> # one table for the sweep
 
 Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun`` or
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run
@@ -25,7 +25,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     Hydra's struct mode; values are checked by ``JobSpec.check`` and at ``initialize``."""
     m, d, t = cfg["model"], cfg["data"], cfg["topology"]
     if d.get("kind") != "synthetic":
-        from .errors import HierConfigError
+        from ..core.errors import HierConfigError
         raise HierConfigError("data.kind", d.get("kind"), "only 'synthetic' exists (data=synthetic); "
                               "the job generates its tokens on every rank")
     return JobSpec(preset=cfg["preset"]["name"], compression=cfg["compression"]["spec"],

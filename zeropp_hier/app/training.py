@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .models.gpt import GPT, GPTConfig, synthetic_batch
+from ..testing.models.gpt import GPT, GPTConfig, synthetic_batch
 
 DTYPE_SECTIONS = {"fp32": {}, "fp16": {"fp16": {"enabled": True, "initial_scale_power": 8}},
                   "bf16": {"bf16": {"enabled": True}}}

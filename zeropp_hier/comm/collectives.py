@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import layout, quant
+from .. import quant
+from ..core import layout
+from ..core.plan import Hop
+from ..core.topology import Topology
 from .failures import collective_guard, slowest_tier
 from .groups import HopGroup
-from .plan import Hop
 from .stats import CommStats
-from .topology import Topology
 
 # torch 2.13 renamed the tensor-in/tensor-out gather; older ROCm/CUDA builds have only the old name.
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

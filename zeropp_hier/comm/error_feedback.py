@@ -32,7 +32,7 @@ step and bounded by one quantization step, instead of accumulating in the weight
   buffer. Frontier's default (node stage only) keeps 1/(gpus_per_node*gcds_per_gpu) of the
   gradient elements in fp32: M/2 bytes for M parameters on a Frontier node of 8 GCDs.
   Feedback on a first stage (e.g. zeropp with feedback) keeps a full fp32 gradient: 4M bytes.
-- Checkpoints: saved in the rank's ZeRO optimizer-state file (``stage3.py``), with a signature of
+- Checkpoints: saved in the rank's ZeRO optimizer-state file (``deepspeed/stage3.py``), with a signature of
   the layout; a checkpoint from another world, topology or plan starts with empty residuals
   (logged), since the residuals' shapes and meaning depend on all three.
 """

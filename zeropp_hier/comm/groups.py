@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .failures import as_timedelta, set_group_timeout, setup_timeout
-from .topology import Topology, normalize_axes
+from ..core.topology import Topology, normalize_axes
 
 
 class HopGroup(NamedTuple):

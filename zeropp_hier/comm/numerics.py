@@ -38,11 +38,11 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..core.errors import HierNonFiniteError
+from ..core.plan import CommPlan, Hop
+from ..core.policy import NumericsConfig
+from ..core.topology import Topology
 from .error_feedback import ErrorFeedback
-from .errors import HierNonFiniteError
-from .plan import CommPlan, Hop
-from .policy import NumericsConfig
-from .topology import Topology
 
 log = logging.getLogger("zeropp_hier")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from .topology import TIERS, Topology
+from ..core.topology import TIERS, Topology
 
 PHASES = ("forward_gather", "backward_gather", "grad_reduce", "other_gather")
 

@@ -20,7 +20,7 @@ SECTION = "zeropp_hier"
 PRESETS = ("zero3", "zeropp", "frontier")
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
-# failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
+# comm/failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S = 1.0, 86400.0
 
@@ -33,7 +33,7 @@ class TopologyConfig:
     gcds_per_gpu: int | None = 2  # None only in "auto" mode: not declared, to be detected
     gpus_per_node: int | None = 4
     rank_map: tuple[int, ...] | None = None
-    mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in autodetect.py)
+    mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
 
 
 @dataclass(frozen=True)

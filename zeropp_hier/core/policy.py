@@ -35,7 +35,7 @@ DEFAULT_SAMPLE_EVERY = 16
 # convergence. The reasons, as they apply here:
 # - Gradients are averaged over every rank, so per-element quantization noise is averaged
 #   down; they cross the node link once per step, and with error feedback ([Note: error
-#   feedback] in error_feedback.py) the part int4 drops is not lost but sent a step later. So:
+#   feedback] in comm/error_feedback.py) the part int4 drops is not lost but sent a step later. So:
 #   int4 on the node hop (error feedback on), int8 on the gpu hop (its error is ~16x smaller
 #   than int4's, so we spare the residual memory), exact inside the package.
 # - Weights are used as-is by every rank's forward and backward pass: their error is not

@@ -1,12 +1,12 @@
 """Pure description of where each rank sits: (node, gpu, gcd).
 
 No torch.distributed here: everything is integer maths, tested exhaustively in
-tests/test_topology.py. Process groups are made from the plans this module returns, by
-``zeropp_hier.groups``.
+tests/unit/test_topology.py. Process groups are made from the plans this module returns, by
+``zeropp_hier.comm.groups``.
 
 Axes are always listed in the canonical order ``("node", "gpu", "gcd")`` (slowest link first).
 A *coordinate index* is the row-major index of a rank's (node, gpu, gcd) in a
-``[num_nodes, gpus_per_node, gcds_per_gpu]`` array; layouts in ``zeropp_hier.layout`` are
+``[num_nodes, gpus_per_node, gcds_per_gpu]`` array; layouts in ``zeropp_hier.core.layout`` are
 expressed in that order, and ``rank_of_index`` translates back to global ranks.
 """
 from __future__ import annotations

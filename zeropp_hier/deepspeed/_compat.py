@@ -6,7 +6,7 @@ gets a clear error at import, not a traceback from deep inside a training step.
 """
 from __future__ import annotations
 
-from .errors import DeepSpeedVersionError
+from ..core.errors import DeepSpeedVersionError
 
 SUPPORTED_DEEPSPEED = ((0, 19), (0, 20))  # [min, max): 0.19.x, where the hooks were verified
 SUPPORTED_TEXT = ">=0.19.0,<0.20.0"

@@ -210,7 +210,7 @@ def _dp_group(engine):
 
 
 def _guard(engine, phase: str):
-    from .failures import world_guard
+    from ..comm.failures import world_guard
     rt = engine.hier_runtime
     return world_guard(rt.topo, rt.rank, phase, rt.cfg.collective_timeout_s)
 
@@ -310,8 +310,8 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) 
 
 
 def main(argv=None) -> int:
-    """``python -m zeropp_hier.checkpoint verify DIR [--tag T]`` / ``universal SRC OUT [--tag T]``."""
-    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.checkpoint", description=main.__doc__)
+    """``python -m zeropp_hier.deepspeed.checkpoint verify DIR [--tag T]`` / ``universal SRC OUT [--tag T]``."""
+    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.deepspeed.checkpoint", description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="check every file of a tag against its manifest")
     v.add_argument("dir")

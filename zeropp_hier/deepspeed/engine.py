@@ -22,9 +22,9 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 # that its own import cannot capture our temporarily rebound name (DESIGN.md §4).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
 
+from ..comm.failures import bound_groups, restore_groups, world_guard
+from ..core.config import HierConfig, hier_config_from_ds
 from . import checkpoint
-from .config import HierConfig, hier_config_from_ds
-from .failures import bound_groups, restore_groups, world_guard
 from .partition import _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
 from .stage3 import HierZeroOptimizer_Stage3

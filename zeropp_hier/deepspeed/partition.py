@@ -15,7 +15,7 @@ from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 from deepspeed.runtime.zero.partition_parameters import Init as _DSInit
 from deepspeed.runtime.zero.utils import is_zero_param
 
-from .config import hier_config_from_ds
+from ..core.config import hier_config_from_ds
 from .runtime import HierRuntime
 
 

@@ -3,7 +3,7 @@ DeepSpeed delegates to us (gather a list of parameters, reduce-scatter a list of
 
 One ``HierRuntime`` per engine; nothing lives in module globals. DeepSpeed's partitioned
 parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpeed's closure by
-``zeropp_hier.partition.Init``), and the stage-3 subclass calls ``reduce_scatter``.
+``zeropp_hier.deepspeed.partition.Init``), and the stage-3 subclass calls ``reduce_scatter``.
 """
 from __future__ import annotations
 
@@ -13,22 +13,22 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-from . import layout
-from .collectives import HierCollectives
-from .config import HierConfig
-from .errors import HierTopologyError
-from .groups import build_hop_groups
-from .numerics import Numerics
-from .plan import CommPlan, make_plan
-from .policy import QUANTIZED
-from .stats import CommStats
-from .topology import Topology
+from ..comm.collectives import HierCollectives
+from ..comm.groups import build_hop_groups
+from ..comm.numerics import Numerics
+from ..comm.stats import CommStats
+from ..core import layout
+from ..core.config import HierConfig
+from ..core.errors import HierTopologyError
+from ..core.plan import CommPlan, make_plan
+from ..core.policy import QUANTIZED
+from ..core.topology import Topology
 
 
 def topology_for(cfg: HierConfig, world_size: int) -> Topology:
     t = cfg.topology
     if t.mode == "auto":  # collective: every rank gets here (HierRuntime.create)
-        from .probe import detect
+        from ..detect.probe import detect
         return detect(t.gcds_per_gpu, t.gpus_per_node).topology
     return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
 

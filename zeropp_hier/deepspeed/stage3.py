@@ -49,7 +49,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
             parts = [g.mul(world / float(averaging)) for g in parts]
         return [g.to(self.gradient_accumulation_dtype) for g in parts]
 
-    # -- numerics around the step ([Note: non-finite gradients] in numerics.py) ----------------
+    # -- numerics around the step ([Note: non-finite gradients] in comm/numerics.py) -----------
     def step(self, closure=None):
         numerics = self.hier_runtime.numerics
         verdict = numerics.agree(self.device)  # collective: every rank, every step, same result
@@ -60,7 +60,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         numerics.finish_step(verdict, applied=not self.overflow, fp16=fp16)
         return out
 
-    # -- error feedback in checkpoints ([Note: error feedback] in error_feedback.py) ---------
+    # -- error feedback in checkpoints ([Note: error feedback] in comm/error_feedback.py) ----
     # The residuals are per rank, like this rank's optimizer state, so they travel in the same
     # per-rank file (zero_pp_rank_*_optim_states.pt), written and read by DeepSpeed.
     def state_dict(self):

@@ -2,7 +2,7 @@
 
 Each rank describes itself in a ``RankRecord`` (``local_record``: host, rank within the host,
 the physical GPU it drives, that GPU's package from ``rocm-smi --showtopo``); the records of all
-ranks are exchanged (``zeropp_hier.probe``), and every rank runs ``build_topology`` on the same
+ranks are exchanged (``zeropp_hier.detect.probe``), and every rank runs ``build_topology`` on the same
 list, so every rank reaches the same ``Topology`` or the same error.
 
 [Note: auto topology rules]
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Sequence
 
-from .errors import HierTopologyError
+from ..core.errors import HierTopologyError
+from ..core.topology import Topology
 from .rocm_topo import packages_from_showtopo, parse_showtopo
 from .slurm_env import check_uniform, slurm_task, visible_devices
-from .topology import Topology
 
 DEFAULT_GCDS_PER_GPU = 2  # MI250X
 
@@ -75,7 +75,7 @@ def local_record(rank: int, env: Mapping[str, str], hostname: str, gpu_count: in
         if task.procid != rank:
             raise HierTopologyError("SLURM_PROCID", task.procid,
                                     f"differs from the torch.distributed rank {rank}; set RANK from "
-                                    "SLURM_PROCID (zeropp_hier.train does) or give the topology explicitly")
+                                    "SLURM_PROCID (zeropp_hier.app.train does) or give the topology explicitly")
     local_rank = task.localid if task is not None else int(env.get("LOCAL_RANK", rank))
     host = env.get("SLURMD_NODENAME") or hostname
     device = package = None

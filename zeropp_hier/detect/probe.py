@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .autodetect import Detected, build_topology, local_record
-from .errors import HierTopologyError
+from ..core.errors import HierTopologyError
 
 logger = logging.getLogger("zeropp_hier")
 ROCM_SMI_TIMEOUT_S = 60

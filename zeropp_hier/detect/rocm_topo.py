@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from .errors import HierTopologyError
+from ..core.errors import HierTopologyError
 
 _FIELD = "rocm-smi --showtopo"
 _BANNER = re.compile(r"^=+\s*(.*?)\s*=+\s*$")

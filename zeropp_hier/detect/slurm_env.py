@@ -1,6 +1,6 @@
 """What a Slurm task knows about its job, from its environment variables. Pure parsing.
 
-Also a tiny command line for the batch scripts (``python -m zeropp_hier.slurm_env hostnames
+Also a tiny command line for the batch scripts (``python -m zeropp_hier.detect.slurm_env hostnames
 'frontier[08001-08002]'``), used when ``scontrol`` cannot run (rendering a script off-cluster).
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Mapping, NamedTuple
 
-from .errors import HierTopologyError
+from ..core.errors import HierTopologyError
 
 
 class SlurmTask(NamedTuple):
@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "hostnames":
         print("\n".join(expand_hostlist(argv[1])))
         return 0
-    print("usage: python -m zeropp_hier.slurm_env hostnames <slurm host list>", file=sys.stderr)
+    print("usage: python -m zeropp_hier.detect.slurm_env hostnames <slurm host list>", file=sys.stderr)
     return 2
 
 

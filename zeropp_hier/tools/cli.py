@@ -3,10 +3,10 @@
     zeropp-hier plan --params 20B --nodes 48                  # Frontier, ranked layouts + reasons
     zeropp-hier plan --cluster emulated --params 3.4M --dtype-bytes 4 --tokens-per-gcd 128
     zeropp-hier plan --tier-bw gcd=200,gpu=100,node=25        # your own per-GCD GB/s
-    torchrun --nproc-per-node 8 -m zeropp_hier.cli probe --out probe.json   # measure tiers
+    torchrun --nproc-per-node 8 -m zeropp_hier.tools.cli probe --out probe.json   # measure tiers
     zeropp-hier plan --probe probe.json ...                   # plan with measured tiers
 
-``plan`` is pure arithmetic (``zeropp_hier.planner``); ``probe`` runs collectives in the current
+``plan`` is pure arithmetic (``zeropp_hier.tools.planner``); ``probe`` runs collectives in the current
 torch.distributed world (env:// variables as set by torchrun, srun wrappers or our emulated
 cluster) over each tier's groups and reports per-GCD bandwidth and latency.
 """
@@ -152,8 +152,8 @@ def cmd_probe(args) -> int:
     import torch
     import torch.distributed as dist
 
-    from .groups import build_hop_groups
-    from .topology import TIERS, Topology
+    from ..comm.groups import build_hop_groups
+    from ..core.topology import TIERS, Topology
     if not dist.is_initialized():
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")

@@ -34,9 +34,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from .policy import CompressionConfig, parse_compression
-from .plan import CommPlan, make_plan
-from .topology import AXES, TIERS, Topology
+from ..core.plan import CommPlan, make_plan
+from ..core.policy import CompressionConfig, parse_compression
+from ..core.topology import AXES, TIERS, Topology
 
 GB = 1e9
 

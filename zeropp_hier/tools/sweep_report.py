@@ -1,6 +1,6 @@
-"""One comparison table for a Hydra sweep of ``zeropp_hier.train``.
+"""One comparison table for a Hydra sweep of ``zeropp_hier.app.train``.
 
-    python -m zeropp_hier.sweep_report multirun/2026-11-22/01-02-03 [--sort final_loss]
+    python -m zeropp_hier.tools.sweep_report multirun/2026-11-22/01-02-03 [--sort final_loss]
 
 Reads every job directory's ``summary.json`` (written by rank 0 of each run) and its Hydra
 overrides, prints a markdown table, and writes ``sweep_report.md`` and ``sweep_report.csv``
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .topology import TIERS
+from ..core.topology import TIERS
 
 COLUMNS = ("job", "overrides", "preset", "compression", "world", "topology", "steps", "first_loss",
            "final_loss", "tokens_per_s", "node_bytes_per_step", "gpu_bytes_per_step",
