@@ -1,15 +1,51 @@
-"""zeropp-hier: three-level hierarchical ZeRO-3 for clusters whose links come in three speeds."""
-from . import deepspeed as _integration  # noqa: F401  (first: its import checks the DeepSpeed version)
-from .comm.failures import HierCommError
-from .core.config import HierConfig, parse_section
-from .core.errors import DeepSpeedVersionError, HierConfigError, HierNonFiniteError, HierTopologyError
-from .core.topology import Topology
-from .deepspeed.checkpoint import HierCheckpointError
-from .deepspeed.engine import HierEngine, initialize
-from .deepspeed.partition import Init
-from .deepspeed.patch import is_patched, patch_deepspeed, unpatch_deepspeed
+"""zeropp-hier: three-level hierarchical ZeRO-3 for clusters whose links come in three speeds.
+
+The public names resolve lazily (PEP 562), so that ``import zeropp_hier.core.topology`` (or any
+module of ``core``) imports neither DeepSpeed nor process groups. The first name that needs
+DeepSpeed (``initialize``, ``Init``, ``patch_deepspeed``, ...) imports ``zeropp_hier.deepspeed``,
+which checks the installed DeepSpeed version first.
+
+Layers: ``core`` (pure model of the job) < ``comm`` (process groups, collectives) <
+``deepspeed`` (the integration); ``detect`` (topology auto-detection), ``tools`` (planner, CLI),
+``app`` (the main job), ``testing`` (local CPU worlds, a small GPT), ``quant`` (kernels).
+"""
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "initialize": "zeropp_hier.deepspeed.engine",
+    "HierEngine": "zeropp_hier.deepspeed.engine",
+    "Init": "zeropp_hier.deepspeed.partition",
+    "patch_deepspeed": "zeropp_hier.deepspeed.patch",
+    "unpatch_deepspeed": "zeropp_hier.deepspeed.patch",
+    "is_patched": "zeropp_hier.deepspeed.patch",
+    "HierCheckpointError": "zeropp_hier.deepspeed.checkpoint",
+    "HierCommError": "zeropp_hier.comm.failures",
+    "HierConfig": "zeropp_hier.core.config",
+    "parse_section": "zeropp_hier.core.config",
+    "Topology": "zeropp_hier.core.topology",
+    "DeepSpeedVersionError": "zeropp_hier.core.errors",
+    "HierConfigError": "zeropp_hier.core.errors",
+    "HierNonFiniteError": "zeropp_hier.core.errors",
+    "HierTopologyError": "zeropp_hier.core.errors",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def comm_stats(engine) -> dict:
