@@ -48,9 +48,3 @@ def test_two_point_sweep_and_report(tmp_path, capsys):
     assert abs(float(zero3["final_loss"]) - float(frontier["final_loss"])) < 0.05
     # frontier keeps the backward re-gather on the GCD link: less traffic on the gpu tier
     assert float(frontier["gpu_bytes_per_step"]) < float(zero3["gpu_bytes_per_step"])
-
-
-def test_report_refuses_a_directory_without_runs(tmp_path, capsys):
-    (tmp_path / "0").mkdir()  # a job that never wrote its summary
-    assert sweep_report.main([str(tmp_path)]) == 2
-    assert "no summary.json under" in capsys.readouterr().err
