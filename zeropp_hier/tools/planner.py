@@ -30,6 +30,7 @@ ZeRO++, tertiary 2M/gcds_per_gpu for frontier) + optimizer 12M/W + gradient part
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, NamedTuple, Sequence
@@ -204,15 +205,16 @@ class Resource(NamedTuple):
     index: int  # package or node index
 
 
-def _path(topo: Topology, a: int, b: int) -> list[Resource]:
+@functools.lru_cache(maxsize=1 << 18)  # ranking re-costs the same rank pairs many times
+def _path(topo: Topology, a: int, b: int) -> tuple[Resource, ...]:
     ca, cb = topo.coord(a), topo.coord(b)
     pa = ca.node * topo.gpus_per_node + ca.gpu
     pb = cb.node * topo.gpus_per_node + cb.gpu
     if pa == pb:
-        return [Resource("gcd", pa)]
-    out = [Resource("gpu_out", pa), Resource("gpu_in", pb)]
+        return (Resource("gcd", pa),)
+    out = (Resource("gpu_out", pa), Resource("gpu_in", pb))
     if ca.node != cb.node:
-        out += [Resource("node_out", ca.node), Resource("node_in", cb.node)]
+        out += (Resource("node_out", ca.node), Resource("node_in", cb.node))
     return out
 
 
