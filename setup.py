@@ -41,16 +41,16 @@ setup(
     packages=find_packages(include=["zeropp_hier", "zeropp_hier.*"]),
     python_requires=">=3.9",
     # The DeepSpeed range is pinned: the stage-3 subclass hooks internals verified on 0.19.x
-    # (zeropp_hier/_compat.py checks it again at import). torch is not pinned: an existing
-    # ROCm or CUDA build is kept.
+    # (zeropp_hier/deepspeed/_compat.py checks it again when the integration is first imported).
+    # torch is not pinned: an existing ROCm or CUDA build is kept.
     install_requires=["torch>=2.1", "deepspeed>=0.19.0,<0.20.0", "numpy", "hydra-core>=1.3", "tqdm"],
     extras_require={"test": ["pytest", "hypothesis", "transformers", "accelerate"],
                     "frontier": ["hydra-submitit-launcher"]},
-    package_data={"zeropp_hier": ["configs/*.yaml", "configs/*/*.yaml"]},
+    package_data={"zeropp_hier": ["app/configs/*.yaml", "app/configs/*/*.yaml"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    entry_points={"console_scripts": ["zeropp-hier-demo=zeropp_hier.demo:main",
-                                      "zeropp-hier-train=zeropp_hier.train:main",
-                                      "zeropp-hier-sweep-report=zeropp_hier.sweep_report:main",
-                                      "zeropp-hier=zeropp_hier.cli:main"]},
+    entry_points={"console_scripts": ["zeropp-hier-demo=zeropp_hier.app.demo:main",
+                                      "zeropp-hier-train=zeropp_hier.app.train:main",
+                                      "zeropp-hier-sweep-report=zeropp_hier.tools.sweep_report:main",
+                                      "zeropp-hier=zeropp_hier.tools.cli:main"]},
 )

@@ -1,6 +1,6 @@
 """Bytes per tier per step for each preset, counted by ``comm_stats`` (exact, machine-independent).
 
-    python benchmarks/bytes_per_tier.py [--steps 4] [--out benchmarks/results/bytes_per_tier.json]
+    python -m benchmarks.bytes_per_tier [--steps 4] [--out benchmarks/results/bytes_per_tier.json]
 
 Runs the demo GPT on 8 local CPU ranks (2 nodes x 2 GPUs x 2 GCDs) under zero3, zeropp and
 frontier (each with its default compression, and frontier also uncompressed), with DeepSpeed's
@@ -14,11 +14,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from zeropp_hier import training  # noqa: E402
-from zeropp_hier.launch import LocalWorld  # noqa: E402
-from zeropp_hier.models.gpt import GPTConfig  # noqa: E402
+from zeropp_hier.app import training
+from zeropp_hier.testing.launch import LocalWorld
+from zeropp_hier.testing.models.gpt import GPTConfig
 
 MODEL = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=4)
 CONFIGS = {

@@ -1,7 +1,7 @@
 """Stock DeepSpeed ZeRO-3 / ZeRO++ against our presets, on the emulated three-tier cluster.
 
-    sudo python benchmarks/compare.py                       # full run (~20 min on 2 CPU cores)
-    sudo python benchmarks/compare.py --rounds 1 --steps 1  # smoke run
+    sudo python -m benchmarks.compare                       # full run (~20 min on 2 CPU cores)
+    sudo python -m benchmarks.compare --rounds 1 --steps 1  # smoke run
 
 Builds the emulated cluster (benchmarks/cluster: 2 nodes x 2 packages x 2 GCDs, tbf links in
 Frontier's per-GCD ratios), probes each tier, then runs the same GPT (fp32, DeepSpeed prefetch
@@ -21,12 +21,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.cluster import netns  # noqa: E402
-from benchmarks.cluster.driver import run_marked  # noqa: E402
-from benchmarks.cluster.runner import Cluster  # noqa: E402
-from benchmarks.cluster.spec import ClusterSpec  # noqa: E402
+from benchmarks.cluster import netns
+from benchmarks.cluster.driver import run_marked
+from benchmarks.cluster.runner import Cluster
+from benchmarks.cluster.spec import ClusterSpec
 
 MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
 ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier"]
@@ -54,7 +52,7 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
 
 
 def params_of(model: dict) -> int:
-    from zeropp_hier.models.gpt import GPT, GPTConfig
+    from zeropp_hier.testing.models.gpt import GPT, GPTConfig
     return sum(p.numel() for p in GPT(GPTConfig(**model)).parameters())
 
 
@@ -99,7 +97,7 @@ def compute_estimate(summary: dict) -> float | None:
 
 
 def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
-    from zeropp_hier import planner as P
+    from zeropp_hier.tools import planner as P
     cl = P.emulated(node_mbit=plan["node_mbit"], compute_s=compute_s, quant_rate=quant_rate)
     if probe is not None:
         cl = P.with_probed_tiers(cl, probe)
@@ -212,7 +210,7 @@ def main(argv=None) -> int:
                 netns.shape(spec)
             print(f"[{time.time() - t_start:6.0f} s] {label}", file=sys.stderr, flush=True)
 
-        results, wire = run_marked(spec, ["benchmarks/compare_rank.py", json.dumps(plan)], on_mark=on_mark,
+        results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark,
                                    log=open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr)
     summary = summarize(results, wire, plan)
     rates = next(r["quant_rate_per_rank"] for r in results if "quant_rate_per_rank" in r)
@@ -239,8 +237,9 @@ def run_probe(spec: ClusterSpec) -> dict:
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "probe.json")
-        run_marked(spec, ["-m", "zeropp_hier.cli", "probe", "--out", out, "--gcds-per-gpu", str(spec.gcds_per_gpu),
-                          "--gpus-per-node", str(spec.gpus_per_node), "--sizes", "16384,1048576"], port=29512)
+        run_marked(spec, ["-m", "zeropp_hier.tools.cli", "probe", "--out", out,
+                          "--gcds-per-gpu", str(spec.gcds_per_gpu), "--gpus-per-node", str(spec.gpus_per_node),
+                          "--sizes", "16384,1048576"], port=29512)
         with open(out) as f:
             return json.load(f)
 

@@ -1,6 +1,6 @@
 """What every rank runs for ``benchmarks/compare.py`` (inside the emulated cluster).
 
-    python benchmarks/compare_rank.py '<json plan>'
+    python -m benchmarks.compare_rank '<json plan>'
 
 The plan lists configurations (stock DeepSpeed or a zeropp_hier preset), rounds and steps. One
 world runs all of them, round after round, in a rotating order so that drift in the shared
@@ -16,7 +16,6 @@ import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -27,8 +26,8 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
     import deepspeed
     import torch
 
-    from zeropp_hier import training
-    from zeropp_hier.models.gpt import GPT
+    from zeropp_hier.app import training
+    from zeropp_hier.testing.models.gpt import GPT
     if cfg["kind"] == "stock":
         torch.manual_seed(0)
         model = GPT(model_cfg)
@@ -38,7 +37,7 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
 
 
 def ds_config_for(cfg: dict, plan: dict) -> dict:
-    from zeropp_hier import training
+    from zeropp_hier.app import training
     topo = plan["topology"]
     if cfg["kind"] == "stock":
         c = training.ds_config(None, micro_batch=plan["micro_batch"], regather=plan["regather"])
@@ -75,7 +74,7 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
 
     import zeropp_hier
     from benchmarks.cluster.rankside import mark, peak_rss_bytes, peak_rss_reset
-    from zeropp_hier import training
+    from zeropp_hier.app import training
     shaped = label.startswith("shaped/")
     if shaped:
         mark(f"{label} build")  # the driver unshapes the links: building moves the whole model
@@ -114,7 +113,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import mark, send_result
-    from zeropp_hier.models.gpt import GPTConfig
+    from zeropp_hier.testing.models.gpt import GPTConfig
     model_cfg = GPTConfig(**plan["model"])
     rate = quant_rate()
     rates = [None] * dist.get_world_size()

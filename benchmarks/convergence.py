@@ -1,10 +1,10 @@
 """Convergence on real text: does the model still learn when the collectives are compressed?
 
-    python benchmarks/convergence.py                    # ~25 min on 2 CPU cores
-    python benchmarks/convergence.py --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
+    python -m benchmarks.convergence                    # ~25 min on 2 CPU cores
+    python -m benchmarks.convergence --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
 
 A byte-level GPT (vocab 256, untied head) is trained on the Python standard library's own
-sources (``zeropp_hier.text``: no download, deterministic for a Python version) on 8 local CPU
+sources (``zeropp_hier.testing.text``: no download, deterministic for a Python version) on 8 local CPU
 ranks = 2 nodes x 2 GPUs x 2 GCDs, gloo. Every configuration starts from the same seed and sees
 the same batches in the same order, one after the other in the same world: stock DeepSpeed
 ZeRO-3, then each preset and compression scheme. DeepSpeed's prefetch and reuse distance are 0,
@@ -26,10 +26,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from zeropp_hier.launch import LocalWorld  # noqa: E402
-from zeropp_hier.models.gpt import GPTConfig  # noqa: E402
+from zeropp_hier.testing.launch import LocalWorld
+from zeropp_hier.testing.models.gpt import GPTConfig
 
 INT4_EVERYWHERE = {"weights": "int4", "gradients": "int4", "error_feedback": False}
 # name -> (preset or None for stock DeepSpeed, compression override or None for the preset's)
@@ -55,7 +53,7 @@ def model_config(a: dict) -> GPTConfig:
 
 @functools.lru_cache(maxsize=1)
 def _corpus():
-    from zeropp_hier import text
+    from zeropp_hier.testing import text
     return text.stdlib_corpus()
 
 
@@ -63,8 +61,8 @@ def _held_out_loss(state: dict, model_cfg: GPTConfig, a: dict, rank: int) -> flo
     """Loss of the exact final weights on held-out files (plain PyTorch copy of the model)."""
     import torch
 
-    from zeropp_hier import text
-    from zeropp_hier.models.gpt import GPT
+    from zeropp_hier.testing import text
+    from zeropp_hier.testing.models.gpt import GPT
     model = GPT(model_cfg)
     model.load_state_dict(state)
     model.eval()
@@ -82,7 +80,8 @@ def train_one(name: str, preset, compression, a: dict) -> dict:
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier import text, training
+    from zeropp_hier.app import training
+    from zeropp_hier.testing import text
     rank = dist.get_rank()
     corpus = _corpus()
     model_cfg = model_config(a)

@@ -1,6 +1,6 @@
 """Throughput of the CPU quantization kernels beside the PyTorch reference and a memory copy.
 
-    python benchmarks/kernels.py [--sizes 1M,4M,16M,64M] [--block-size 256] [--parts 4]
+    python -m benchmarks.kernels [--sizes 1M,4M,16M,64M] [--block-size 256] [--parts 4]
                                  [--dtype float32] [--out benchmarks/results/kernels.json]
 
 For each size n and for int8 and int4 it times, in one process:
@@ -33,9 +33,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-
-# Run from a checkout without installing too.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 _WARM_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
 
@@ -174,7 +171,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not args.cold_alloc and any(os.environ.get(k) != v for k, v in _WARM_ENV.items()):
         # glibc reads these at start-up only: re-execute with them set.
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_WARM_ENV})
+        again = ["-m", __spec__.name] if __spec__ else [sys.argv[0]]  # as it was started
+        os.execve(sys.executable, [sys.executable, *again, *sys.argv[1:]], {**os.environ, **_WARM_ENV})
     print(_HEADER)
     print("-" * len(_HEADER))
     result = run(args)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile checks for the GPU kernels, run in CI and by tests/test_kernel_compile.py.
+# Compile checks for the GPU kernels, run in CI and by tests/system/test_kernel_compile.py.
 #
 #   hip_kernels/check_compile.sh [SOURCE]     (default SOURCE: hip_kernels/quant_kernels.hip)
 #

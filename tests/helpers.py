@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from zeropp_hier.hardware import cpu_summary
+from zeropp_hier.detect.hardware import cpu_summary
 
 
 def _fp16_refused() -> str | None:

@@ -1,18 +1,51 @@
-"""zeropp-hier: three-level hierarchical ZeRO-3 for clusters whose links come in three speeds."""
-from ._compat import require_supported_deepspeed
+"""zeropp-hier: three-level hierarchical ZeRO-3 for clusters whose links come in three speeds.
 
-require_supported_deepspeed()
+The public names resolve lazily (PEP 562), so that ``import zeropp_hier.core.topology`` (or any
+module of ``core``) imports neither DeepSpeed nor process groups. The first name that needs
+DeepSpeed (``initialize``, ``Init``, ``patch_deepspeed``, ...) imports ``zeropp_hier.deepspeed``,
+which checks the installed DeepSpeed version first.
 
-from .checkpoint import HierCheckpointError  # noqa: E402
-from .config import HierConfig, parse_section  # noqa: E402
-from .engine import HierEngine, initialize  # noqa: E402
-from .errors import DeepSpeedVersionError, HierConfigError, HierNonFiniteError, HierTopologyError  # noqa: E402
-from .failures import HierCommError  # noqa: E402
-from .partition import Init  # noqa: E402
-from .patch import is_patched, patch_deepspeed, unpatch_deepspeed  # noqa: E402
-from .topology import Topology  # noqa: E402
+Layers: ``core`` (pure model of the job) < ``comm`` (process groups, collectives) <
+``deepspeed`` (the integration); ``detect`` (topology auto-detection), ``tools`` (planner, CLI),
+``app`` (the main job), ``testing`` (local CPU worlds, a small GPT), ``quant`` (kernels).
+"""
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "initialize": "zeropp_hier.deepspeed.engine",
+    "HierEngine": "zeropp_hier.deepspeed.engine",
+    "Init": "zeropp_hier.deepspeed.partition",
+    "patch_deepspeed": "zeropp_hier.deepspeed.patch",
+    "unpatch_deepspeed": "zeropp_hier.deepspeed.patch",
+    "is_patched": "zeropp_hier.deepspeed.patch",
+    "HierCheckpointError": "zeropp_hier.deepspeed.checkpoint",
+    "HierCommError": "zeropp_hier.comm.failures",
+    "HierConfig": "zeropp_hier.core.config",
+    "parse_section": "zeropp_hier.core.config",
+    "Topology": "zeropp_hier.core.topology",
+    "DeepSpeedVersionError": "zeropp_hier.core.errors",
+    "HierConfigError": "zeropp_hier.core.errors",
+    "HierNonFiniteError": "zeropp_hier.core.errors",
+    "HierTopologyError": "zeropp_hier.core.errors",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def comm_stats(engine) -> dict:
@@ -29,8 +62,8 @@ def comm_stats(engine) -> dict:
 
     ``relative_error`` holds only the (phase, tier) pairs that compress: ||x - deq(q(x))|| / ||x||
     of this rank's payloads, sampled every N-th call ([Note: compression telemetry] in
-    ``zeropp_hier/numerics.py``). See [Note: byte accounting] in ``zeropp_hier/stats.py`` for how
-    bytes are attributed.
+    ``zeropp_hier/comm/numerics.py``). See [Note: byte accounting] in ``zeropp_hier/comm/stats.py``
+    for how bytes are attributed.
     """
     rt = getattr(engine, "hier_runtime", None)
     if rt is None:

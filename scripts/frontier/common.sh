@@ -35,8 +35,8 @@ zh_first_host() {
     head -n1 <<<"$hosts"
   else
     zh_render || zh_die "scontrol show hostnames '$SLURM_JOB_NODELIST' failed"
-    # (DeepSpeed, imported with the package, logs "[date] [WARNING] ..." lines to stdout)
-    python -m zeropp_hier.slurm_env hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | grep -v '^\[' | head -n1
+    # (only the host name may reach stdout: drop any "[date] [WARNING] ..." log line)
+    python -m zeropp_hier.detect.slurm_env hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | grep -v '^\[' | head -n1
   fi
 }
 

@@ -1,0 +1,141 @@
+"""Functions the distributed tests run on every rank of a ``LocalWorld``.
+
+They return plain data (losses, tensors, counters) to the test process, which does the
+asserting, so a failed assertion shows in pytest's output rather than in a worker's traceback.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from zeropp_hier.app import training
+from zeropp_hier.core import layout
+from zeropp_hier.testing.models.gpt import GPTConfig
+
+
+def run_configs(configs: dict, steps: int, model_cfg: GPTConfig = GPTConfig()) -> dict:
+    """Train each named config from the same seed, one after the other, in this world."""
+    return {name: training.run(cfg, steps, model_cfg) for name, cfg in configs.items()}
+
+
+def partition_sizes(config: dict, model_cfg: GPTConfig = GPTConfig()) -> dict:
+    """Per-parameter partition sizes under ``config`` (for byte bounds), and a 1-step run's stats."""
+    engine = training.build_engine(config, model_cfg)
+    sizes = [p.ds_tensor.ds_numel for p in engine.module.parameters()]
+    training.release(engine)
+    return {"partition_sizes": sizes}
+
+
+def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_after: int) -> dict:
+    """Uninterrupted run vs save at ``steps_before`` + load in a fresh engine + continue."""
+    import zeropp_hier
+    ref = training.build_engine(config)
+    ref_losses = training.train_steps(ref, steps_before + steps_after)
+    ref_state = training.gathered_state(ref)
+    training.release(ref)
+
+    first = training.build_engine(config)
+    training.train_steps(first, steps_before)
+    first.save_checkpoint(ckpt_dir, tag="step5")
+    training.release(first)
+
+    second = training.build_engine(config, seed=123)  # different init: the load must overwrite it
+    second.load_checkpoint(ckpt_dir, tag="step5")
+    rt = second.hier_runtime
+    shards_after_load = len(rt.shards)
+    # one forward rebuilds the kept shards from the loaded weights
+    c = second.module.config
+    from zeropp_hier.testing.models.gpt import synthetic_batch
+    x, y = synthetic_batch(c, second.train_micro_batch_size_per_gpu(), 0, dist.get_rank())
+    with torch.no_grad():
+        second(x, y)
+    shard_errors = compare_shards_with_gather(second)
+    resumed = training.train_steps(second, steps_after, start=steps_before)
+    state = training.gathered_state(second)
+    stats = zeropp_hier.comm_stats(second)
+    training.release(second)
+    return {"ref_losses": ref_losses[steps_before:], "resumed_losses": resumed,
+            "ref_state": ref_state, "state": state, "shards_after_load": shards_after_load,
+            "shard_errors": shard_errors, "stats": stats}
+
+
+def compare_shards_with_gather(engine) -> dict:
+    """For every kept shard, the max abs difference from the same slice of the gathered weights."""
+    import deepspeed
+    rt = engine.hier_runtime
+    topo = rt.topo
+    errors = {}
+    params = [p for p in engine.module.parameters() if p.ds_id in rt.shards]
+    kept = {p.ds_id: rt.shards[p.ds_id].clone() for p in params}
+    with deepspeed.zero.GatheredParameters(params):
+        for p in params:
+            ps = p.ds_tensor.ds_numel
+            flat = torch.zeros(topo.world_size * ps, dtype=p.dtype)
+            flat[: p.numel()] = p.data.reshape(-1)
+            rows = flat.view(topo.world_size, ps)
+            order = layout.index_order(topo)
+            if order is not None:
+                rows = rows.index_select(0, order)
+            full = rows.view(*topo.dims, ps)
+            expect = layout.kept_shard(full, rt.me, rt.plan.kept_axes)
+            errors[p.ds_id] = float((expect.float() - kept[p.ds_id].float()).abs().max())
+    return {"count": len(errors), "max": max(errors.values()) if errors else None}
+
+
+def world_info() -> dict:
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "pid": os.getpid()}
+
+
+def init_parity(steps: int) -> dict:
+    """Models built already partitioned: stock deepspeed.zero.Init vs zeropp_hier.Init; and a
+    disabled section giving a stock engine."""
+    import deepspeed
+
+    import zeropp_hier
+    from zeropp_hier.testing.models.gpt import GPT
+    out = {}
+    for name, cfg, init, initialize in (
+            ("stock", training.ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
+            ("hier", training.ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
+        torch.manual_seed(0)
+        with init(config_dict_or_path=cfg):
+            model = GPT(GPTConfig())
+        engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        out[name] = {"losses": training.train_steps(engine, steps), "engine": type(engine).__name__,
+                     "optimizer": type(engine.optimizer).__name__}
+        if name == "hier":
+            out[name]["stats"] = zeropp_hier.comm_stats(engine)
+        training.release(engine)
+    off = training.ds_config("frontier")
+    off["zeropp_hier"]["enabled"] = False
+    engine = training.build_engine(off)
+    out["disabled"] = {"engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__}
+    training.release(engine)
+    return out
+
+
+def modified_weights(steps: int) -> dict:
+    """Weights changed through GatheredParameters(modifier_rank=0) while kept shards exist: the
+    next steps must see the new weights (stock vs frontier)."""
+    import deepspeed
+
+    from zeropp_hier.testing.models.gpt import synthetic_batch
+    out = {}
+    for name, cfg in (("stock", training.ds_config(None)),
+                      ("hier", training.ds_config("frontier", compression="none"))):
+        engine = training.build_engine(cfg)
+        training.train_steps(engine, 2)
+        x, y = synthetic_batch(engine.module.config, 2, 99, dist.get_rank())
+        with torch.no_grad():
+            engine(x, y)  # leaves kept shards behind (frontier)
+        kept_before = len(engine.hier_runtime.shards) if name == "hier" else None
+        params = [engine.module.wte.weight, engine.module.blocks[0].fc.weight]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            if dist.get_rank() == 0:
+                for p in params:
+                    p.data.mul_(0.5)
+        out[name] = {"losses": training.train_steps(engine, steps, start=2), "kept_before": kept_before}
+        training.release(engine)
+    return out

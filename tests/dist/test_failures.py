@@ -1,0 +1,114 @@
+"""A dead or stuck rank ends the job within a bound, with errors naming tier and peer; no hang,
+no process left behind. Each test breaks its own world on purpose (never the shared world8)."""
+import os
+import re
+
+import pytest
+
+from zeropp_hier.app.training import ds_config
+from zeropp_hier.core.topology import Topology
+from zeropp_hier.testing.launch import LocalWorld, WorldError
+
+from . import ranks_reliability as rs
+
+TIMEOUT_S = 5.0  # collective_timeout_s of these runs
+GRACE_S = 20.0  # a quiet spell this long after the last failure or exit: the rest are stuck
+BOUND_S = 60.0  # what the tests accept as "bounded" (a loaded 2-core machine; measured: ~15 s)
+
+_ERROR = re.compile(r"HierCommError: zeropp_hier collective failed on rank (\d+) in (.+?), tier '(\w+)' "
+                    r"\(group over ([\w+]+)\), waiting on peer ranks \[([\d, ]*)\]: (.*?)\. This job")
+
+
+def parse_error(text: str) -> dict | None:
+    m = _ERROR.search(text)
+    if m is None:
+        return None
+    return {"rank": int(m[1]), "phase": m[2], "tier": m[3], "axes": tuple(m[4].split("+")),
+            "peers": [int(p) for p in m[5].split(",") if p.strip()], "reason": m[6]}
+
+
+def processes_of(world: LocalWorld) -> list[int]:
+    """Live processes (not zombies) that carry this world's mark in their initial environment."""
+    mark = f"ZEROPP_HIER_WORLD_ID={world.world_id}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(pid))
+    return found
+
+
+def broken_world(size: int, fn, *args) -> tuple[LocalWorld, WorldError]:
+    world = LocalWorld(size, timeout=600, pg_timeout_s=60.0, failure_grace_s=GRACE_S)
+    alive_before = processes_of(world)
+    try:
+        with pytest.raises(WorldError) as e:
+            world.run(fn, *args)
+    finally:
+        world.close(force=True)
+    assert sorted(alive_before) == sorted(world.pids), "the liveness probe does not see the ranks"
+    return world, e.value
+
+
+@pytest.fixture(scope="module")
+def dead_and_stuck():
+    cfg = ds_config("frontier")  # 2 nodes x 2 GPUs x 2 GCDs, default (compressed) frontier
+    cfg["zeropp_hier"]["collective_timeout_s"] = TIMEOUT_S
+    return broken_world(8, rs.die_mid_step, cfg, 5, 2, 2)
+
+
+def test_dead_rank_is_reported_and_every_survivor_exits_in_bound(dead_and_stuck):
+    world, err = dead_and_stuck
+    victim, stuck = 5, 2
+    assert "killed by SIGKILL" in err.failures[victim]
+    # only the silent rank needed the launcher: every other process ended on its own
+    assert err.killed == [stuck], err
+    for rank in range(8):
+        if rank != stuck:
+            assert err.exit_after_s[rank] <= BOUND_S, (rank, err.exit_after_s)
+    assert processes_of(world) == [], "a process of the failed world is still running"
+
+
+def test_each_survivor_names_tier_and_peer_it_waited_on(dead_and_stuck):
+    _, err = dead_and_stuck
+    topo = Topology(2, 2, 2)
+    parsed = {}
+    for rank in range(8):
+        if rank in (5, 2):
+            continue
+        p = parse_error(err.failures[rank])
+        assert p is not None, f"rank {rank} did not end with a HierCommError:\n{err.failures[rank]}"
+        assert p["rank"] == rank and p["tier"] in ("gcd", "gpu", "node")
+        # the named peers are exactly the other members of that tier's group around this rank
+        assert p["peers"] == [r for r in topo.peers(rank, p["axes"]) if r != rank], p
+        parsed[rank] = p
+    # both ways of failing were exercised and named: a closed connection from the dead rank's
+    # partners, a timeout from the partners of the silent one
+    assert any(5 in p["peers"] and "closed its connection" in p["reason"] for p in parsed.values()), parsed
+    assert any(p["peers"] == [2] and "no progress within collective_timeout_s = 5 s" in p["reason"]
+               for p in parsed.values()), parsed
+
+
+def test_stuck_rank_in_deepspeed_step_times_out_on_deepspeed_group():
+    """DeepSpeed's own gradient-norm all-reduce runs on its data-parallel group, created with
+    torch's 30-minute default; deepspeed_group_timeout_s bounds it when the user asks."""
+    cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2)  # 2 ranks: 1 node x 1 GPU x 2 GCDs
+    cfg["zeropp_hier"]["collective_timeout_s"] = TIMEOUT_S
+    cfg["zeropp_hier"]["deepspeed_group_timeout_s"] = TIMEOUT_S
+    world, err = broken_world(2, rs.stall_before_step, cfg, 1, 1)
+    assert err.killed == [1]
+    p = parse_error(err.failures[0])
+    assert p is not None, err.failures[0]
+    assert p["phase"] == "DeepSpeed step" and p["peers"] == [1], p
+    assert "no progress within collective_timeout_s" in p["reason"]
+    # the 5 s timeout, not torch's default (1800 s), ended the wait: gloo says so itself
+    assert "Timed out waiting 5000ms" in err.failures[0]
+    assert err.exit_after_s[0] <= BOUND_S
+    assert processes_of(world) == []

@@ -1,0 +1,117 @@
+"""The package runs on CPUs narrower than the build machine's.
+
+User-mode QEMU (Debian's qemu-user) runs the same Python, torch and compiled extension as an
+emulated CPU that reports, and only executes, an older instruction set:
+- ``Haswell-v4``: AVX2 but no AVX-512 (like Frontier's EPYC 7A53 hosts and most AMD EPYC before
+  Zen 4);
+- ``Nehalem``: SSE4.2, no AVX at all.
+QEMU's TCG never emulates AVX-512 and raises #UD (SIGILL) for any instruction the chosen model
+lacks, so a variant of the CPU kernels that ran on the wrong CPU kills the process here exactly as
+it would on real hardware. The build machine's own CPU does not matter: the extension is the one
+built for this checkout, the emulated CPU is chosen by name.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeropp_hier.testing.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_AVX512, NO_AVX2 = "Haswell-v4", "Nehalem"
+
+
+@pytest.fixture(scope="module")
+def qemu() -> str:
+    exe = shutil.which("qemu-x86_64")
+    if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user",
+                       shell=True, capture_output=True, timeout=900)
+        exe = shutil.which("qemu-x86_64")
+    if exe is None:
+        pytest.skip("this machine lacks qemu-x86_64 (Debian package qemu-user) and cannot install it")
+    return exe
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), **extra)
+    env.pop("ZEROPP_HIER_CPU_ISA", None)
+    return env
+
+
+def _emulated(qemu: str, cpu: str, *args: str) -> list:
+    return [qemu, "-cpu", cpu, sys.executable, *args]
+
+
+def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot model
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith("qemu-x86_64: warning"))
+
+
+_KERNEL_TESTS = ("import sys, torch, pytest, zeropp_hier.quant as q; "
+                 "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
+                 "flush=True); sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py']))")
+
+
+def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
+    # both CPUs at once: one emulated process per core
+    procs = {cpu: subprocess.Popen(_emulated(qemu, cpu, "-c", _KERNEL_TESTS), cwd=ROOT, env=_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cpu in (NO_AVX512, NO_AVX2)}
+    outs = {cpu: p.communicate(timeout=1200)[0] for cpu, p in procs.items()}
+    for cpu, want_capability, want_kernels in ((NO_AVX512, "AVX2", "cpu-ext/avx2"),
+                                               (NO_AVX2, "DEFAULT", "cpu-ext/default")):
+        out = _clean(outs[cpu])
+        assert procs[cpu].returncode == 0, f"{cpu}: exit {procs[cpu].returncode}\n{out[-3000:]}"
+        # the emulation took: torch sees the narrower CPU and so does the kernels' dispatch
+        assert f"CPU capability: {want_capability} | kernels: {want_kernels}" in out, out[:2000]
+        assert " passed" in out and "failed" not in out and "error" not in out.lower(), out[-2000:]
+
+
+def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(qemu, tmp_path):
+    res = subprocess.run(_emulated(qemu, NO_AVX512, "-m", "zeropp_hier.train", "dtype=fp16", "steps=1",
+                                   f"hydra.run.dir={tmp_path}"),
+                         cwd=ROOT, env=_env(HYDRA_FULL_ERROR="0"), capture_output=True, text=True, timeout=600)
+    out = _clean(res.stdout + res.stderr)
+    assert res.returncode != 0, out
+    assert "zeropp_hier config error at 'dtype': got 'fp16'" in out, out[-3000:]
+    assert "AVX512-FP16" in out and "use dtype=bf16" in out, out[-3000:]
+    assert "starting" not in res.stdout  # no rank was started
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
+    """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-5 native, rank 6
+    on an emulated AVX2-only CPU, rank 7 on an emulated CPU without AVX. Gathers and reductions
+    pass through the compiled kernels on every rank, so each variant meets the others' bytes."""
+    port = free_port()
+    cpus = {6: NO_AVX512, 7: NO_AVX2}
+    procs = []
+    for rank in range(8):
+        args = ["-m", "zeropp_hier.train", "steps=2", "progress=off", f"hydra.run.dir={tmp_path}",
+                "hydra.output_subdir=null"]
+        cmd = _emulated(qemu, cpus[rank], *args) if rank in cpus else [sys.executable, *args]
+        env = _env(RANK=str(rank), WORLD_SIZE="8", LOCAL_RANK=str(rank), LOCAL_SIZE="8",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    try:
+        outs = [_clean(p.communicate(timeout=1500)[0]) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {rank} exit {p.returncode}\n{outs[rank][-3000:]}"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    native = summary["kernels"][0]
+    assert native.startswith("cpu-ext/") and summary["kernels"][:6] == [native] * 6
+    assert summary["kernels"][6:] == ["cpu-ext/avx2", "cpu-ext/default"], outs[0][-3000:]
+    assert "quantization kernels: " in outs[0] and "cpu-ext/default on ranks 7" in outs[0]
+    # it trained: finite, falling loss, compressed node traffic went through the kernels
+    assert summary["final_loss"] < summary["first_loss"] < 10
+    assert summary["bytes_per_step"]["forward_gather"]["node"] > 0

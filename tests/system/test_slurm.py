@@ -1,0 +1,95 @@
+"""The Slurm batch scripts: the CPU variant runs as a real 8-task job on a real one-node Slurm
+cluster started here; the Frontier variant is rendered (RENDER_ONLY=1) and its srun line and
+environment are checked — it is not executed (no Frontier here)."""
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .slurm_cluster import LocalSlurm
+
+ROOT = Path(__file__).resolve().parents[2]
+FRONTIER = ROOT / "scripts" / "frontier"
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
+
+
+def _job_env():
+    # the job must import this checkout (not another installed copy) and find its scripts
+    return {"ZEROPP_HIER_ROOT": str(ROOT), "PYTHONPATH": str(ROOT)}
+
+
+def test_cpu_batch_job_detects_topology_and_reports_bytes_per_tier(slurm, tmp_path):
+    rc, job, out = slurm.sbatch_wait(FRONTIER / "train_cpu.sbatch", [f"steps={STEPS}"], tmp_path,
+                                     _job_env(), timeout=1500)
+    assert rc == 0, f"job {job} failed:\n{out[-6000:]}\n{slurm.logs()}"
+    # MASTER_ADDR came from the job's node list (scontrol show hostnames)
+    assert f"MASTER_ADDR={slurm.host}" in out
+    # the ranks exchanged what they saw and built the layout: one host, 8 tasks, no GPU
+    assert "auto topology: 2 nodes x 2 GPUs x 2 GCDs on 1 host(s)" in out, out[-4000:]
+    assert "topology (auto-detected): 2 nodes x 2 GPUs x 2 GCDs" in out
+    assert "world=8" in out
+    steps = re.findall(r"step +(\d+) \| loss ([\d.]+) \| +\d+ tok/s \| sent/rank node +([\d.]+) (K?M?B) +gpu", out)
+    assert [int(s[0]) for s in steps] == list(range(STEPS)), out[-4000:]
+    # rank 0's metrics, in the run directory named after the job and step (launcher=srun)
+    run_dir = tmp_path / "outputs" / f"slurm-{job}.0"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world"] == 8 and summary["topology"]["mode"] == "auto"
+    assert summary["topology"]["dims"] == [2, 2, 2]
+    bps = summary["bytes_per_step"]
+    assert bps["forward_gather"]["node"] > 0  # 2 simulated nodes: the forward gather crosses them
+    assert bps["backward_gather"]["node"] == 0 and bps["backward_gather"]["gpu"] == 0
+    assert bps["backward_gather"]["gcd"] > 0
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == STEPS and set(json.loads(lines[0])["bytes"]) == {"gcd", "gpu", "node"}
+    # the job really ran 8 tasks (Slurm's own record of the job)
+    show = subprocess.run(["scontrol", "show", "job", job], env=slurm.env, capture_output=True, text=True).stdout
+    assert re.search(r"NumTasks=8\b", show), show
+
+
+def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path) -> str:
+    env = {**os.environ, "RENDER_ONLY": "1", "SLURM_JOB_ID": "777", "SLURM_NNODES": str(nnodes),
+           "SLURM_JOB_NODELIST": nodelist, "SLURM_CONF": str(slurm.conf), "USER": "alice",
+           "AWS_OFI_RCCL_DIR": "/opt/aws-ofi-rccl", "ZEROPP_HIER_ROOT": str(ROOT), "PYTHONPATH": str(ROOT),
+           "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz"}
+    p = subprocess.run(["bash", str(FRONTIER / "train.sbatch"), "preset=zeropp"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path):
+    out = _render(slurm, 2, "frontier[08001-08002]", tmp_path)
+    sruns = [ln for ln in out.splitlines() if ln.startswith("+ srun")]
+    train = [ln for ln in sruns if "zeropp_hier.app.train" in ln]
+    assert len(train) == 1, out
+    assert train[0] == ("+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest "
+                        "python -m zeropp_hier.app.train launcher=srun topology=auto preset=zeropp")
+    env = dict(ln.split("=", 1) for ln in out.splitlines() if re.match(r"^[A-Z_]+=", ln))
+    assert env["MASTER_ADDR"] == "frontier08001"  # first host of the node list, via scontrol
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0"
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == "/opt/aws-ofi-rccl/lib"  # the aws-ofi-rccl plugin
+    assert env["MIOPEN_USER_DB_PATH"].startswith("/tmp/") and env["MIOPEN_CUSTOM_CACHE_DIR"].startswith("/tmp/")
+    assert "+ sbcast --force /lustre/alice/zeropp-hier-env.tar.gz /mnt/bb/alice/zeropp-hier-env.tar.gz" in out
+    assert "+ module load craype-accel-amd-gfx90a" in out
+    # the node count comes from Slurm: a 3-node allocation gives 24 tasks with the same script
+    out3 = _render(slurm, 3, "frontier[08001-08003]", tmp_path)
+    assert "+ srun -N 3 -n 24 --ntasks-per-node=8 -c7" in out3
+
+
+def test_frontier_script_states_the_node_count_once_and_never_uses_torchrun():
+    text = (FRONTIER / "train.sbatch").read_text()
+    code = [ln for ln in text.splitlines() if not ln.startswith("# ") and ln.strip() != "#"]
+    assert len([ln for ln in code if re.match(r"#SBATCH (-N|--nodes)", ln)]) == 1
+    # every other node count is Slurm's variable, never a number
+    assert not [ln for ln in code if re.search(r"(-N|--nodes)[ =]?\d", ln) and not ln.startswith("#SBATCH")]
+    assert "torchrun" not in "\n".join(code)

@@ -1,0 +1,88 @@
+"""The package's layers import lazily: pure modules pull in neither DeepSpeed nor process groups,
+the public names still resolve, the DeepSpeed version check still fires on first use, and the old
+``python -m zeropp_hier.{train,demo,cli}`` commands still reach the moved modules. Each check runs
+in a fresh interpreter: this process has long imported everything."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# modules that must import without DeepSpeed and without touching torch.distributed's state:
+# all of core/ (listed by the child itself) and the pure modules of the other layers
+PURE = ["zeropp_hier.detect.autodetect", "zeropp_hier.detect.rocm_topo", "zeropp_hier.detect.slurm_env",
+        "zeropp_hier.tools.planner", "zeropp_hier.tools.sweep_report"]
+
+CHILD = r"""
+import importlib, json, pkgutil, sys
+import zeropp_hier.core
+core = sorted(m.name for m in pkgutil.iter_modules(zeropp_hier.core.__path__, "zeropp_hier.core."))
+for name in core + PURE:
+    importlib.import_module(name)
+
+def loaded():
+    return sorted(m for m in sys.modules if m.split(".")[0] == "deepspeed" or m.startswith("zeropp_hier.deepspeed"))
+
+def pg_initialized():
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+out = {"core": core, "after_pure": loaded(), "pg_after_pure": pg_initialized()}
+import zeropp_hier
+cheap = ["Topology", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError",
+         "HierNonFiniteError", "DeepSpeedVersionError", "HierCommError", "comm_stats", "__version__"]
+for name in cheap:
+    getattr(zeropp_hier, name)
+out["after_cheap_names"] = loaded()
+
+import deepspeed
+from zeropp_hier.core.errors import DeepSpeedVersionError
+real, deepspeed.__version__ = deepspeed.__version__, "0.18.9"
+try:
+    zeropp_hier.initialize
+    out["old_deepspeed"] = "accepted"
+except DeepSpeedVersionError as e:
+    out["old_deepspeed"] = str(e)
+deepspeed.__version__ = real
+from zeropp_hier.deepspeed.engine import initialize
+out["initialize_resolves"] = zeropp_hier.initialize is initialize
+out["all_resolve"] = all(getattr(zeropp_hier, n) is not None for n in zeropp_hier.__all__)
+out["dir_lists_all"] = set(zeropp_hier.__all__) <= set(dir(zeropp_hier))
+try:
+    zeropp_hier.no_such_name
+except AttributeError:
+    out["unknown_is_attribute_error"] = True
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, not another installed copy
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_pure_modules_import_without_deepspeed_and_the_public_api_resolves_lazily():
+    p = _python("-c", f"PURE = {PURE!r}\n" + CHILD)
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout.split("RESULT ", 1)[1])
+    assert {"zeropp_hier.core.topology", "zeropp_hier.core.config", "zeropp_hier.core.plan",
+            "zeropp_hier.core.layout", "zeropp_hier.core.policy", "zeropp_hier.core.errors"} <= set(out["core"])
+    assert out["after_pure"] == [] and not out["pg_after_pure"]
+    assert out["after_cheap_names"] == []
+    # the version check fires when the first DeepSpeed-dependent name is used
+    assert "found DeepSpeed 0.18.9" in out["old_deepspeed"]
+    assert out["initialize_resolves"] and out["all_resolve"] and out["dir_lists_all"]
+    assert out["unknown_is_attribute_error"]
+
+
+def test_old_module_commands_are_aliases_of_the_moved_ones():
+    demo = _python("-m", "zeropp_hier.demo", "--help")
+    assert demo.returncode == 0 and "--preset" in demo.stdout, demo.stderr[-2000:]
+    cli = _python("-m", "zeropp_hier.cli", "--help")
+    assert cli.returncode == 0 and "plan" in cli.stdout and "probe" in cli.stdout, cli.stderr[-2000:]
+    # Hydra prints the composed config and exits without running the job
+    train = _python("-m", "zeropp_hier.train", "--cfg", "job", "steps=3")
+    assert train.returncode == 0 and "steps: 3" in train.stdout, train.stderr[-2000:]

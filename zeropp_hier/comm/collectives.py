@@ -1,0 +1,131 @@
+"""The two hierarchical collectives: gather hop by hop, reduce-scatter stage by stage.
+
+Thin wrappers: layouts come from ``layout``, groups from ``groups``, (de)quantization from
+``quant``; this module only issues collectives on explicit groups and counts their bytes.
+Every collective is an ``all_gather_into_tensor`` or ``all_to_all_single`` (both work on gloo,
+RCCL and NCCL); coalescing managers are avoided because they fail on gloo and poison the group.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import quant
+from ..core import layout
+from ..core.plan import Hop
+from ..core.topology import Topology
+from .failures import collective_guard, slowest_tier
+from .groups import HopGroup
+from .stats import CommStats
+
+# torch 2.13 renamed the tensor-in/tensor-out gather; older ROCm/CUDA builds have only the old name.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+_BITS = {"int8": 8, "int4": 4}
+_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _peer_order(x: torch.Tensor, hg: HopGroup) -> torch.Tensor:
+    return x if hg.peer_from_torch is None else x.index_select(0, hg.peer_from_torch.to(x.device))
+
+
+def _torch_order(x: torch.Tensor, hg: HopGroup) -> torch.Tensor:
+    return x if hg.torch_from_peer is None else x.index_select(0, hg.torch_from_peer.to(x.device))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class HierCollectives:
+    def __init__(self, topo: Topology, groups: dict[tuple[str, ...], HopGroup], stats: CommStats):
+        self.topo = topo
+        self.groups = groups
+        self.stats = stats
+
+    def _guard(self, hg: HopGroup, phase: str):
+        """A dead or stuck peer ends the collective with a HierCommError naming it."""
+        return collective_guard(rank=self.stats.rank, phase=phase, tier=slowest_tier(self.topo, hg.axes),
+                                axes=hg.axes, peers=hg.peers, timeout_s=hg.timeout_s)
+
+    # -- gather --------------------------------------------------------------------------------
+    def _gather_blocks(self, local: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
+        """All-gather a 1-D tensor; returns [k, numel] in peer order."""
+        k = len(hg.peers)
+        out = torch.empty(k * local.numel(), dtype=local.dtype, device=local.device)
+        with self._guard(hg, phase):
+            _all_gather_tensor(out, local, group=hg.group)
+        self.stats.record(phase, hg.peers, _nbytes(local))
+        return _peer_order(out.view(k, -1), hg)
+
+    def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str,
+                   hook=None) -> torch.Tensor:
+        """One gather hop. buf: [n, p, g, S] (canonical layout); returns the buffer with the hop's
+        axes filled in. Compressed hops gather the packed payload and dequantize every block,
+        this rank's own included, so all ranks end with the same values. ``hook``
+        (numerics.GatherHook) sees this rank's payload and a lazy decoder of it."""
+        hg = self.groups[hop.axes]
+        have = tuple(buf.shape[:3])
+        payload = buf.shape[3]
+        local = buf.reshape(-1)
+        k = len(hg.peers)
+        if hop.scheme in _BITS:
+            q = quant.quantize(local, _BITS[hop.scheme], block_size)
+            if hook is not None:
+                hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
+            data = self._gather_blocks(q.data, hg, phase)
+            scales = self._gather_blocks(q.scales, hg, phase)
+            # every block's padded length is the same, so the k payloads form one valid payload
+            allq = quant.Quantized(data.reshape(-1), scales.reshape(-1),
+                                   k * scales.shape[1] * block_size, q.bits, block_size)
+            flat = quant.dequantize(allq, buf.dtype).view(k, -1)[:, : local.numel()]
+        elif hop.scheme in _CAST:
+            wire = local.to(_CAST[hop.scheme])
+            if hook is not None:
+                hook.encoded(local, lambda: wire.to(torch.float32))
+            flat = self._gather_blocks(wire, hg, phase).to(buf.dtype)
+        else:
+            flat = self._gather_blocks(local.contiguous(), hg, phase)
+        return layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes),
+                                     payload)
+
+    # -- reduce-scatter ------------------------------------------------------------------------
+    def _exchange(self, send: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
+        """All-to-all of [k, m] blocks (peer order); returns the k received blocks, peer order."""
+        send = _torch_order(send, hg).contiguous()
+        recv = torch.empty_like(send)
+        with self._guard(hg, phase):
+            dist.all_to_all_single(recv, send, group=hg.group)
+        self.stats.record(phase, hg.peers, _nbytes(send[0]))
+        return _peer_order(recv, hg)
+
+    def reduce_stage(self, buf: torch.Tensor, hop: Hop, block_size: int, wire_dtype: torch.dtype,
+                     phase: str = "grad_reduce", hook=None) -> torch.Tensor:
+        """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
+        returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
+        dequantization, never in the wire format. ``hook`` (numerics.ReduceHook) may adjust the
+        send buffer before it is encoded (error feedback), sees it with a lazy decoder of its
+        payload, and sees the stage's sum."""
+        send = layout.split_for_stage(buf, hop.axes)  # [k, m]
+        if hook is not None:
+            send = hook.prepare(send)
+        k = send.shape[0]
+        if hop.scheme in _BITS:
+            q = quant.quantize(send.reshape(-1), _BITS[hop.scheme], block_size)
+            if hook is not None:
+                hook.encoded(send, lambda: quant.dequantize(q, torch.float32).view_as(send))
+            data = self._exchange(q.data.view(k, -1), hg := self.groups[hop.axes], phase)
+            scales = self._exchange(q.scales.view(k, -1), hg, phase)
+            m = send.shape[1]
+            parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
+            summed = quant.dequantize_sum(parts, torch.float32)
+        else:
+            dtype = _CAST.get(hop.scheme, wire_dtype)
+            wire = send.to(dtype)
+            if hook is not None:
+                hook.encoded(send, lambda: wire.to(torch.float32))
+            recv = self._exchange(wire, self.groups[hop.axes], phase)
+            summed = recv.to(torch.float32).sum(0)
+        if hook is not None:
+            hook.reduced(summed)
+        return summed.view(*layout.dims_after_stage(tuple(buf.shape[:3]), hop.axes), buf.shape[3])

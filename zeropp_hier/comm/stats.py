@@ -1,0 +1,48 @@
+"""Per-tier byte and collective counters.
+
+[Note: byte accounting]
+Bytes are counted from the payload tensors each collective actually sends (a quantized payload
+counts its packed data plus its fp32 scales). A rank's block destined for a peer is counted once
+for that peer, under the slowest tier between the two ranks (``Topology.tier_between``): this is
+what a direct (non-relayed) algorithm puts on each link, independent of the library's ring or
+tree choice. A collective is counted once, under the slowest tier it spans.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+from ..core.topology import TIERS, Topology
+
+PHASES = ("forward_gather", "backward_gather", "grad_reduce", "other_gather")
+
+
+class CommStats:
+    def __init__(self, topo: Topology, rank: int):
+        self.topo = topo
+        self.rank = rank
+        self.bytes: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
+        self.calls: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
+
+    def record(self, phase: str, peers: Sequence[int], bytes_per_peer: int) -> None:
+        """One collective in which this rank sends ``bytes_per_peer`` to each other member."""
+        slowest = None
+        for peer in peers:
+            tier = self.topo.tier_between(self.rank, peer)
+            if tier is None:
+                continue
+            self.bytes[phase][tier] += bytes_per_peer
+            if slowest is None or TIERS.index(tier) > TIERS.index(slowest):
+                slowest = tier
+        if slowest is not None:
+            self.calls[phase][slowest] += 1
+
+    def snapshot(self) -> dict:
+        """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present."""
+        return {kind: {p: {t: int(getattr(self, kind)[p][t]) for t in TIERS} for p in PHASES}
+                for kind in ("bytes", "calls")}
+
+    def reset(self) -> None:
+        for p in PHASES:
+            self.bytes[p].clear()
+            self.calls[p].clear()

@@ -1,0 +1,211 @@
+"""The ``zeropp_hier`` section of a DeepSpeed config: a strict, typed model.
+
+DeepSpeed forbids unknown keys inside ``zero_optimization`` but passes an unknown top-level
+section through untouched, so ours lives at the top level and is validated here, before any
+process group or collective exists. Every error is a ``HierConfigError`` naming the field, the
+value and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import HierConfigError
+# Compression and numerics live in policy.py; re-exported here, where they used to be defined.
+from .policy import (DEFAULT_BLOCK_SIZE, MAX_BLOCK, MIN_BLOCK, PRESET_COMPRESSION, SCHEMES,  # noqa: F401
+                     CompressionConfig, NumericsConfig, TierSchemes, check_numerics_against_deepspeed,
+                     parse_compression, parse_numerics)
+
+SECTION = "zeropp_hier"
+PRESETS = ("zero3", "zeropp", "frontier")
+
+# How long one collective may wait for its peers before failing ([Note: failure detection] in
+# comm/failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S = 1.0, 86400.0
+
+_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics", "collective_timeout_s",
+                 "deepspeed_group_timeout_s")
+_TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    gcds_per_gpu: int | None = 2  # None only in "auto" mode: not declared, to be detected
+    gpus_per_node: int | None = 4
+    rank_map: tuple[int, ...] | None = None
+    mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
+
+
+@dataclass(frozen=True)
+class HierConfig:
+    enabled: bool = False
+    preset: str = "frontier"
+    topology: TopologyConfig = TopologyConfig()
+    compression: CompressionConfig = CompressionConfig()
+    numerics: NumericsConfig = NumericsConfig()
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    # DeepSpeed's own groups (the world/data-parallel group of its gradient-norm all-reduce and
+    # checkpoint barriers) keep their timeout (torch's 30 min, or init_distributed's) unless set:
+    # a first step with long kernel tuning, or a large checkpoint, must not abort a healthy job.
+    deepspeed_group_timeout_s: float | None = None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_keys(d: Mapping, allowed: tuple[str, ...], where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise HierConfigError(f"{where}.{k}", d[k], f"unknown key; allowed keys are {list(allowed)}")
+
+
+def _check_mapping(v: Any, field: str) -> Mapping:
+    if not isinstance(v, Mapping):
+        raise HierConfigError(field, v, "expected a JSON object")
+    return v
+
+
+def _parse_topology(v: Any) -> TopologyConfig:
+    field = f"{SECTION}.topology"
+    if v == "auto":
+        v = {"mode": "auto"}
+    d = _check_mapping(v, field)
+    _check_keys(d, _TOPOLOGY_KEYS, field)
+    mode = d.get("mode", "manual")
+    if mode not in ("manual", "auto"):
+        raise HierConfigError(f"{field}.mode", mode, "use \"auto\" (detect at initialize) or \"manual\"")
+    if mode == "auto" and d.get("rank_map") is not None:
+        raise HierConfigError(f"{field}.rank_map", d["rank_map"], "auto mode works out the rank map "
+                              "itself; remove rank_map or remove \"mode\": \"auto\"")
+    vals = {}
+    for k in ("gcds_per_gpu", "gpus_per_node"):
+        x = d.get(k, None if mode == "auto" else getattr(TopologyConfig, k))
+        if x is None and mode == "auto":  # not declared: detected
+            vals[k] = None
+            continue
+        if not _is_int(x) or x < 1:
+            raise HierConfigError(f"{field}.{k}", x, "use a positive integer (Frontier: gcds_per_gpu=2, "
+                                  "gpus_per_node=4)")
+        vals[k] = x
+    rank_map = d.get("rank_map")
+    if rank_map is not None:
+        if not isinstance(rank_map, (list, tuple)) or not all(_is_int(r) for r in rank_map):
+            raise HierConfigError(f"{field}.rank_map", rank_map,
+                                  "give a list of integers: rank_map[i] is the rank at position i "
+                                  "(position = gcd + gcds_per_gpu*(gpu + gpus_per_node*node))")
+        rank_map = tuple(rank_map)
+    return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map, mode)
+
+
+def parse_section(section: Any) -> HierConfig:
+    """Validate the ``zeropp_hier`` section alone (no knowledge of the world size)."""
+    if section is None:
+        return HierConfig(enabled=False)
+    d = _check_mapping(section, SECTION)
+    _check_keys(d, _SECTION_KEYS, SECTION)
+    enabled = d.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise HierConfigError(f"{SECTION}.enabled", enabled, "use true or false")
+    preset = d.get("preset", "frontier")
+    if preset not in PRESETS:
+        raise HierConfigError(f"{SECTION}.preset", preset, f"use one of {list(PRESETS)}")
+    timeout = d.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
+    if not (_is_int(timeout) or isinstance(timeout, float)) or not (
+            MIN_COLLECTIVE_TIMEOUT_S <= timeout <= MAX_COLLECTIVE_TIMEOUT_S):
+        raise HierConfigError(f"{SECTION}.collective_timeout_s", timeout,
+                              f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to "
+                              f"{MAX_COLLECTIVE_TIMEOUT_S:g} (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long "
+                              "a rank waits in one collective for a dead or stuck peer before failing")
+    ds_timeout = d.get("deepspeed_group_timeout_s")
+    if ds_timeout is not None and (not (_is_int(ds_timeout) or isinstance(ds_timeout, float)) or not (
+            MIN_COLLECTIVE_TIMEOUT_S <= ds_timeout <= MAX_COLLECTIVE_TIMEOUT_S)):
+        raise HierConfigError(f"{SECTION}.deepspeed_group_timeout_s", ds_timeout,
+                              f"use null (default: DeepSpeed's groups keep their own timeout) or a number of "
+                              f"seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g}")
+    return HierConfig(enabled=enabled, preset=preset,
+                      topology=_parse_topology(d.get("topology", {})),
+                      compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
+                      numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
+                      collective_timeout_s=float(timeout),
+                      deepspeed_group_timeout_s=None if ds_timeout is None else float(ds_timeout))
+
+
+# DeepSpeed settings that would run a second, conflicting hierarchy or compression beside ours.
+_CONFLICTING_ZERO_KEYS = {
+    "zero_hpz_partition_size": lambda v: v not in (None, 1),
+    "zero_quantized_weights": bool,
+    "zero_quantized_nontrainable_weights": bool,
+    "zero_quantized_gradients": bool,
+}
+
+
+def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
+    """Refuse DeepSpeed settings that cannot run beside an enabled ``zeropp_hier`` section."""
+    if not cfg.enabled:
+        return
+    zero = ds_config.get("zero_optimization", {}) or {}
+    if not isinstance(zero, Mapping):
+        raise HierConfigError("zero_optimization", zero, "expected a JSON object with \"stage\": 3")
+    stage = zero.get("stage", 0)
+    if stage != 3:
+        raise HierConfigError("zero_optimization.stage", stage,
+                              "zeropp_hier extends ZeRO stage 3: set \"stage\": 3, or set "
+                              "zeropp_hier.enabled to false")
+    for key, conflicts in _CONFLICTING_ZERO_KEYS.items():
+        if key in zero and conflicts(zero[key]):
+            raise HierConfigError(f"zero_optimization.{key}", zero[key],
+                                  "remove it: zeropp_hier replaces DeepSpeed's hpZ/qwZ/qgZ; choose "
+                                  "the layout with zeropp_hier.preset and compression with "
+                                  "zeropp_hier.compression")
+    if zero.get("reduce_scatter", True) is False:
+        raise HierConfigError("zero_optimization.reduce_scatter", False,
+                              "remove it (or set true): the hierarchical gradient reduction replaces "
+                              "DeepSpeed's reduce-scatter path, which this setting bypasses")
+    offload_param = zero.get("offload_param") or {}
+    if not isinstance(offload_param, Mapping):
+        raise HierConfigError("zero_optimization.offload_param", offload_param,
+                              "expected a JSON object; parameter offload is not supported with "
+                              "zeropp_hier, so remove offload_param")
+    offload = offload_param.get("device", "none")
+    if offload not in (None, "none"):
+        raise HierConfigError("zero_optimization.offload_param.device", offload,
+                              "parameter offload is not supported with zeropp_hier; remove "
+                              "offload_param (optimizer offload is fine)")
+    check_parallelism_against_deepspeed(ds_config)
+    check_numerics_against_deepspeed(cfg.numerics, ds_config, f"{SECTION}.numerics")
+    if (ds_config.get("gradient_predivide_factor", 1.0) or 1.0) != 1.0:
+        raise HierConfigError("gradient_predivide_factor", ds_config["gradient_predivide_factor"],
+                              "remove it: the hierarchical reduction averages in fp32, so "
+                              "pre-division is not needed")
+
+
+# [Note: data parallelism over the whole world]
+# The hop groups are built over every rank of the world, and ZeRO must partition over that same
+# world: with tensor, sequence, pipeline or expert parallelism the data-parallel group is smaller,
+# and ranks holding different model slices would be averaged together as if they were copies.
+# Such setups are refused (here for DeepSpeed config keys, at initialize for an ``mpu``, a
+# pipeline module or MoE layers) rather than supported by building hops inside the
+# data-parallel group: nothing here has been verified with model parallelism.
+MODEL_PARALLEL_FIX = ("zeropp_hier needs ZeRO data parallelism over the whole world; tensor, "
+                       "sequence, pipeline and expert parallelism are not supported: remove it, or "
+                       "set zeropp_hier.enabled to false")
+
+
+def check_parallelism_against_deepspeed(ds_config: Mapping) -> None:
+    tp = ds_config.get("tensor_parallel") or {}
+    if isinstance(tp, Mapping):
+        size = tp.get("autotp_size", tp.get("tp_size", 1))
+        if size not in (None, 0, 1):
+            key = "autotp_size" if "autotp_size" in tp else "tp_size"
+            raise HierConfigError(f"tensor_parallel.{key}", size, MODEL_PARALLEL_FIX)
+    sp = ds_config.get("sequence_parallel_size", 1)
+    if sp not in (None, 1):
+        raise HierConfigError("sequence_parallel_size", sp, MODEL_PARALLEL_FIX)
+
+
+def hier_config_from_ds(ds_config: Mapping) -> HierConfig:
+    cfg = parse_section(ds_config.get(SECTION))
+    check_deepspeed_config(cfg, ds_config)
+    return cfg

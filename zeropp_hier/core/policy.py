@@ -1,0 +1,249 @@
+"""The numerics policy of a ``zeropp_hier`` section: which compression each kind of traffic uses
+on each tier, where error feedback runs, what happens to non-finite gradients, and how often the
+compression error is sampled. Pure data and validation (no torch); ``config.py`` calls the two
+parsers, ``plan.py`` turns the result into hops.
+
+    "compression": {
+      "weights": {"node": "int8"},            # both weight gathers, per tier (or one scheme)
+      "forward_weights": {...},               # optional: overrides "weights" for the forward gather
+      "backward_weights": {...},              # optional: overrides "weights" for the backward re-gather
+      "gradients": {"gpu": "int8", "node": "int4"},
+      "block_size": 256,                      # or per tier: {"node": 128}
+      "error_feedback": "auto"                # or true / false / {"node": true}
+    },
+    "numerics": {"nonfinite": "skip", "sample_every": 16}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import HierConfigError
+from .topology import TIERS
+
+SCHEMES = ("none", "fp16", "bf16", "int8", "int4")
+QUANTIZED = ("int8", "int4")
+MIN_BLOCK, MAX_BLOCK = 32, 4096
+DEFAULT_BLOCK_SIZE = 256
+NONFINITE_POLICIES = ("skip", "raise")
+DEFAULT_SAMPLE_EVERY = 16
+
+# [Note: preset compression defaults]
+# Hybrid compression (arXiv 2409.02423): compress hard where the data tolerates it *and* the
+# link is slow. That study found that compressing every collective alike degrades the loss,
+# while compressing gradients hard over the slow link and weights gently reaches baseline
+# convergence. The reasons, as they apply here:
+# - Gradients are averaged over every rank, so per-element quantization noise is averaged
+#   down; they cross the node link once per step, and with error feedback ([Note: error
+#   feedback] in comm/error_feedback.py) the part int4 drops is not lost but sent a step later. So:
+#   int4 on the node hop (error feedback on), int8 on the gpu hop (its error is ~16x smaller
+#   than int4's, so we spare the residual memory), exact inside the package.
+# - Weights are used as-is by every rank's forward and backward pass: their error is not
+#   averaged away and not fed back (the next gather starts again from the exact master
+#   weights). So int8, and only on the slowest (node) hop of the forward gather; the backward
+#   re-gather runs over the GCD link from the kept shard and stays exact.
+# - ``zeropp`` mirrors ZeRO++ (qwZ int8 weights, qgZ int4 gradients on both of its stages) and,
+#   like ZeRO++, runs without error feedback, so that it stays a faithful baseline; switch it
+#   on with ``"error_feedback": "auto"``. ``zero3`` compresses nothing.
+# benchmarks/convergence.py measures the consequence on real text (README, "Compression and
+# convergence"): frontier's default within 1% of uncompressed ZeRO-3, int4 everywhere not.
+PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
+    "zero3": {"weights": {}, "gradients": {}},
+    "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
+    "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int4"}},
+}
+PRESET_ERROR_FEEDBACK: dict[str, Any] = {"zero3": "auto", "zeropp": False, "frontier": "auto"}
+
+_COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size",
+                     "error_feedback")
+_NUMERICS_KEYS = ("nonfinite", "sample_every")
+
+
+@dataclass(frozen=True)
+class TierSchemes:
+    """Compression scheme for one kind of traffic, per tier."""
+    gcd: str = "none"
+    gpu: str = "none"
+    node: str = "none"
+
+    def of(self, tier: str) -> str:
+        return getattr(self, tier)
+
+
+@dataclass(frozen=True)
+class TierBlocks:
+    """Quantization block size per tier (elements per fp32 scale)."""
+    gcd: int = DEFAULT_BLOCK_SIZE
+    gpu: int = DEFAULT_BLOCK_SIZE
+    node: int = DEFAULT_BLOCK_SIZE
+
+    def of(self, tier: str) -> int:
+        return getattr(self, tier)
+
+
+@dataclass(frozen=True)
+class TierFlags:
+    gcd: bool = False
+    gpu: bool = False
+    node: bool = False
+
+    def of(self, tier: str) -> bool:
+        return getattr(self, tier)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    forward_weights: TierSchemes = TierSchemes()
+    backward_weights: TierSchemes = TierSchemes()
+    gradients: TierSchemes = TierSchemes()
+    block_size: int = DEFAULT_BLOCK_SIZE  # for every tier not named in a per-tier block_size
+    block_sizes: TierBlocks = TierBlocks()
+    error_feedback: TierFlags = TierFlags()  # resolved: True only where gradients are compressed
+
+    @property
+    def weights(self) -> TierSchemes:
+        """The forward gather's schemes (the single ``weights`` of earlier versions)."""
+        return self.forward_weights
+
+
+@dataclass(frozen=True)
+class NumericsConfig:
+    nonfinite: str = "skip"  # bf16/fp32: skip the step and report, or raise HierNonFiniteError
+    sample_every: int = DEFAULT_SAMPLE_EVERY  # compression error sampled every N-th call; 0 = off
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_mapping(v: Any, field: str) -> Mapping:
+    if not isinstance(v, Mapping):
+        raise HierConfigError(field, v, "expected a JSON object")
+    return v
+
+
+def _check_keys(d: Mapping, allowed: tuple[str, ...], where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise HierConfigError(f"{where}.{k}", d[k], f"unknown key; allowed keys are {list(allowed)}")
+
+
+def _merge_schemes(base: Mapping[str, str], v: Any, field: str) -> dict[str, str]:
+    """``v`` is one scheme for every tier, or a per-tier object merged over ``base``."""
+    merged = {t: base.get(t, "none") for t in TIERS}
+    if isinstance(v, str):
+        merged = {t: v for t in TIERS}
+        if v not in SCHEMES:
+            raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object per tier {list(TIERS)}")
+    elif v is not None:
+        d = _check_mapping(v, field)
+        _check_keys(d, TIERS, field)
+        merged.update(d)
+    for tier, scheme in merged.items():
+        if scheme not in SCHEMES:
+            raise HierConfigError(f"{field}.{tier}", scheme, f"use one of {list(SCHEMES)}")
+    return merged
+
+
+def _check_block(v: Any, field: str) -> int:
+    if not _is_int(v) or v < MIN_BLOCK or v > MAX_BLOCK or v & (v - 1):
+        raise HierConfigError(field, v, f"use a power of two from {MIN_BLOCK} to {MAX_BLOCK} "
+                              f"(default {DEFAULT_BLOCK_SIZE})")
+    return v
+
+
+def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
+    if v is None:
+        return DEFAULT_BLOCK_SIZE, TierBlocks()
+    if isinstance(v, Mapping):
+        _check_keys(v, TIERS, field)
+        per = {t: _check_block(v[t], f"{field}.{t}") for t in v}
+        return DEFAULT_BLOCK_SIZE, TierBlocks(**per)
+    b = _check_block(v, field)
+    return b, TierBlocks(b, b, b)
+
+
+_EF_FIX = ("use true, false or \"auto\" (on where gradients are int4), or an object per tier, "
+           "e.g. {\"node\": true}")
+
+
+def _ef_value(v: Any, field: str) -> Any:
+    if v not in ("auto", True, False) or isinstance(v, (int, float)) and not isinstance(v, bool):
+        raise HierConfigError(field, v, _EF_FIX)
+    return v
+
+
+def _parse_error_feedback(v: Any, grads: Mapping[str, str], default: Any, field: str) -> TierFlags:
+    """Resolve to one flag per tier. "auto" means on where the tier's gradients are int4 (the
+    scheme whose error is large enough to matter, [Note: preset compression defaults])."""
+    per: dict[str, Any] = {t: _ef_value(default, field) for t in TIERS}
+    explicit: set[str] = set()
+    if isinstance(v, Mapping):
+        _check_keys(v, TIERS, field)
+        for t, x in v.items():
+            per[t] = _ef_value(x, f"{field}.{t}")
+            explicit.add(t)
+    elif v is not None:
+        per = {t: _ef_value(v, field) for t in TIERS}
+    flags = {}
+    for t in TIERS:
+        scheme = grads[t]
+        if per[t] is True and scheme == "none" and t in explicit:
+            raise HierConfigError(f"{field}.{t}", True,
+                                  f"gradients on the {t} tier are not compressed (compression."
+                                  f"gradients.{t} is 'none'), so there is no error to feed back; "
+                                  "compress them or remove this entry")
+        flags[t] = scheme != "none" and (per[t] is True or (per[t] == "auto" and scheme == "int4"))
+    return TierFlags(**flags)
+
+
+def parse_compression(v: Any, preset: str, field: str) -> CompressionConfig:
+    defaults = PRESET_COMPRESSION[preset]
+    if v is None:
+        v = {}
+    if isinstance(v, str):  # "none" / "int8" ...: the same scheme on every tier and kind
+        if v not in SCHEMES:
+            raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object with "
+                                  f"{list(_COMPRESSION_KEYS)}")
+        v = {"weights": v, "gradients": v}
+    d = _check_mapping(v, field)
+    _check_keys(d, _COMPRESSION_KEYS, field)
+    block, blocks = _parse_blocks(d.get("block_size"), f"{field}.block_size")
+    weights = _merge_schemes(defaults["weights"], d.get("weights"), f"{field}.weights")
+    fwd = _merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
+    bwd = _merge_schemes(weights, d.get("backward_weights"), f"{field}.backward_weights")
+    grads = _merge_schemes(defaults["gradients"], d.get("gradients"), f"{field}.gradients")
+    ef = _parse_error_feedback(d.get("error_feedback"), grads, PRESET_ERROR_FEEDBACK[preset],
+                               f"{field}.error_feedback")
+    return CompressionConfig(forward_weights=TierSchemes(**fwd), backward_weights=TierSchemes(**bwd),
+                             gradients=TierSchemes(**grads), block_size=block, block_sizes=blocks,
+                             error_feedback=ef)
+
+
+def parse_numerics(v: Any, field: str) -> NumericsConfig:
+    if v is None:
+        return NumericsConfig()
+    d = _check_mapping(v, field)
+    _check_keys(d, _NUMERICS_KEYS, field)
+    nonfinite = d.get("nonfinite", "skip")
+    if nonfinite not in NONFINITE_POLICIES:
+        raise HierConfigError(f"{field}.nonfinite", nonfinite,
+                              "use \"skip\" (skip the step, keep the weights, report it in "
+                              "comm_stats(engine)['numerics']) or \"raise\" (stop with "
+                              "HierNonFiniteError naming the step, rank and stage)")
+    every = d.get("sample_every", DEFAULT_SAMPLE_EVERY)
+    if not _is_int(every) or every < 0:
+        raise HierConfigError(f"{field}.sample_every", every,
+                              f"use a non-negative integer: sample the compression error every N-th "
+                              f"collective (0 = never; default {DEFAULT_SAMPLE_EVERY})")
+    return NumericsConfig(nonfinite=nonfinite, sample_every=every)
+
+
+def check_numerics_against_deepspeed(numerics: NumericsConfig, ds_config: Mapping, field: str) -> None:
+    fp16 = ds_config.get("fp16") or {}
+    if numerics.nonfinite == "raise" and fp16.get("enabled", False):
+        raise HierConfigError(f"{field}.nonfinite", "raise",
+                              "fp16 training skips every overflowing step and lowers the loss scale "
+                              "(DeepSpeed's loss scaler; such steps are reported in "
+                              "comm_stats(engine)['numerics']): use \"skip\" with fp16, \"raise\" "
+                              "with bf16 or fp32")

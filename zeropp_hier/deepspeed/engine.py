@@ -1,0 +1,196 @@
+"""``zeropp_hier.initialize``: ``deepspeed.initialize`` with the hierarchical stage 3.
+
+[Note: engine hook]
+``deepspeed.initialize`` constructs ``DeepSpeedEngine`` by its module-level name, and the engine
+constructs ``DeepSpeedZeroOptimizer_Stage3`` by a name imported at call time; DeepSpeed has no
+registry for either. We rebind each name for the duration of the one call that uses it
+(``_rebound``), and restore it in ``finally`` even when construction fails, so stock DeepSpeed
+engines built before or after are untouched.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any
+
+import deepspeed
+import deepspeed.runtime.zero.stage3 as _ds_stage3
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+# DeepSpeed's engine imports this module while choosing a stage-3 class; import it first so
+# that its own import cannot capture our temporarily rebound name (DESIGN.md §4).
+import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
+
+from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard
+from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
+from ..core.errors import HierConfigError
+from . import checkpoint
+from .partition import _load_ds_config, runtime_of
+from .runtime import HierRuntime, topology_for
+from .stage3 import HierZeroOptimizer_Stage3
+
+
+@contextlib.contextmanager
+def _rebound(module, name: str, value):
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+class HierEngine(DeepSpeedEngine):
+    """DeepSpeed's engine; builds the hierarchical stage-3 optimizer and labels the phase
+    (forward / backward) that each gather belongs to."""
+
+    def __init__(self, *args, hier_config: HierConfig, **kwargs):
+        self.hier_config = hier_config
+        self.hier_runtime: HierRuntime | None = None
+        self._ds_group_timeouts: list = []  # DeepSpeed's group timeouts before ours, for destroy
+        self.ds_group_timeout_s: float | None = None  # the timeout DeepSpeed's groups run with
+        super().__init__(*args, **kwargs)
+
+    def _configure_zero_optimizer(self, optimizer):
+        runtime = None
+        for p in self.module.parameters():  # model built under zeropp_hier.Init: reuse its runtime
+            runtime = runtime_of(p)
+            if runtime is not None:
+                break
+        if runtime is None:
+            runtime = HierRuntime.create(self.hier_config)
+        elif runtime.cfg != self.hier_config:
+            raise RuntimeError("zeropp_hier: the model was built under zeropp_hier.Init with a "
+                               "different zeropp_hier section than the one passed to initialize; "
+                               "use the same config for both")
+        self.hier_runtime = runtime
+        runtime.numerics.bind_step_counter(self)  # numerics reports steps as global_steps
+        factory = functools.partial(HierZeroOptimizer_Stage3, hier_runtime=runtime)
+        with _rebound(_ds_stage3, "DeepSpeedZeroOptimizer_Stage3", factory):
+            opt = super()._configure_zero_optimizer(optimizer)
+        if not isinstance(opt, HierZeroOptimizer_Stage3):
+            raise RuntimeError(f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
+                               "hierarchical stage 3 (super_offload is not supported)")
+        # DeepSpeed's own collectives (the gradient-norm all-reduce of every step, checkpoint
+        # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
+        # init_distributed was given) unless deepspeed_group_timeout_s asks for another
+        # ([Note: failure detection]); the guard around them reports the one in force.
+        ds_groups = [opt.dp_process_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
+        wanted = self.hier_config.deepspeed_group_timeout_s
+        if wanted is not None:
+            self._ds_group_timeouts = bound_groups(ds_groups, wanted)
+        current = group_timeout(opt.dp_process_group)
+        self.ds_group_timeout_s = wanted if current is None else current.total_seconds()
+        return opt
+
+    def _phase(self, phase: str):
+        rt = self.hier_runtime
+        if rt is None:
+            return contextlib.nullcontext()
+        return _rebound(rt, "phase", phase)
+
+    def _guard(self, phase: str):
+        """DeepSpeed's own collectives failing on a dead or stuck peer end as HierCommError."""
+        rt = self.hier_runtime
+        if rt is None:
+            return contextlib.nullcontext()
+        return world_guard(rt.topo, rt.rank, f"DeepSpeed {phase}", self.ds_group_timeout_s)
+
+    def forward(self, *inputs, **kwargs):
+        with self._phase("forward_gather"), self._guard("forward"):
+            return super().forward(*inputs, **kwargs)
+
+    def backward(self, loss, *args, **kwargs):
+        with self._phase("backward_gather"), self._guard("backward"):
+            return super().backward(loss, *args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        with self._guard("step"):
+            return super().step(*args, **kwargs)
+
+    def destroy(self):
+        restore_groups(self._ds_group_timeouts)
+        self._ds_group_timeouts = []
+        out = super().destroy()
+        if self.hier_runtime is not None:
+            self.hier_runtime.close()
+        return out
+
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
+        written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
+        return checkpoint.save(self, super().save_checkpoint, save_dir, tag, client_state=client_state,
+                               save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, *args, verify: bool = True, **kwargs):
+        """DeepSpeed's load, after every file is checked against the manifest written at save
+        (``verify=False`` skips the check, e.g. for a checkpoint saved by stock DeepSpeed)."""
+        if verify:
+            tag = checkpoint.verify_for_load(self, load_dir, tag)
+        with self._guard("load_checkpoint"):
+            out = super().load_checkpoint(load_dir, tag, *args, **kwargs)
+        # Loaded weights replace the primary shards: copies kept from before are stale
+        # (ZeRO++ served them after a load, DeepSpeed issue 7606).
+        if self.hier_runtime is not None:
+            self.hier_runtime.invalidate_shards()
+        return out
+
+
+def model_parallel_refusal(mpu: Any, model: Any, mesh_param: Any = None) -> HierConfigError | None:
+    """The error for an ``mpu`` whose data-parallel group is not the world, a pipeline module or
+    a model with MoE layers ([Note: data parallelism over the whole world]); None if fine.
+    Reads group sizes, so torch.distributed must be initialised when an ``mpu`` is given."""
+    if mpu is not None:
+        import torch.distributed as dist
+        dp = dist.get_world_size(group=mpu.get_data_parallel_group())
+        world = dist.get_world_size()
+        if dp != world:
+            return HierConfigError("initialize(mpu=...)", f"data-parallel group of {dp} of {world} ranks",
+                                   MODEL_PARALLEL_FIX + " (an mpu whose data-parallel group is the "
+                                   "whole world is fine)")
+    if mesh_param is not None and tuple(mesh_param)[1:] not in ((), (1,)):
+        return HierConfigError("initialize(mesh_param=...)", mesh_param, MODEL_PARALLEL_FIX)
+    if model is not None:
+        from deepspeed.pipe import PipelineModule
+        if isinstance(model, PipelineModule):
+            return HierConfigError("initialize(model=...)", type(model).__name__, MODEL_PARALLEL_FIX)
+        from deepspeed.moe.utils import has_moe_layers
+        moe, experts = has_moe_layers(model)
+        if moe:
+            return HierConfigError("initialize(model=...)", f"MoE layers ({experts} experts)", MODEL_PARALLEL_FIX)
+    return None
+
+
+def _world_size_hint() -> int | None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    ws = os.environ.get("WORLD_SIZE")
+    return int(ws) if ws else None
+
+
+def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
+    """Drop-in for ``deepspeed.initialize``: same arguments, same return value.
+
+    With an enabled ``zeropp_hier`` section in the config, the engine runs the hierarchical
+    stage 3; otherwise this is exactly ``deepspeed.initialize``. The section is validated here,
+    before any process group or collective is created.
+    """
+    ds_config = config if config is not None else config_params
+    if ds_config is None and args and getattr(args[0], "deepspeed_config", None):
+        ds_config = args[0].deepspeed_config
+    cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
+    if not cfg.enabled:
+        return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
+    refusal = model_parallel_refusal(kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None),
+                                     kwargs.get("mesh_param"))
+    if refusal is not None:
+        raise refusal
+    world = _world_size_hint()
+    if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
+        topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
+    engine_cls = functools.partial(HierEngine, hier_config=cfg)
+    with _rebound(deepspeed, "DeepSpeedEngine", engine_cls):
+        return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)

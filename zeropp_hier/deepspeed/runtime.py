@@ -1,0 +1,196 @@
+"""Per-engine state of the hierarchy: groups, kept shards, counters, and the two operations
+DeepSpeed delegates to us (gather a list of parameters, reduce-scatter a list of gradients).
+
+One ``HierRuntime`` per engine; nothing lives in module globals. DeepSpeed's partitioned
+parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpeed's closure by
+``zeropp_hier.deepspeed.partition.Init``), and the stage-3 subclass calls ``reduce_scatter``.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+from ..comm.collectives import HierCollectives
+from ..comm.groups import build_hop_groups
+from ..comm.numerics import Numerics
+from ..comm.stats import CommStats
+from ..core import layout
+from ..core.config import HierConfig
+from ..core.errors import HierTopologyError
+from ..core.plan import CommPlan, make_plan
+from ..core.policy import QUANTIZED
+from ..core.topology import Topology
+
+
+def topology_for(cfg: HierConfig, world_size: int) -> Topology:
+    t = cfg.topology
+    if t.mode == "auto":  # collective: every rank gets here (HierRuntime.create)
+        from ..detect.probe import detect
+        return detect(t.gcds_per_gpu, t.gpus_per_node).topology
+    return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
+
+
+class _GatheredHandle:
+    """DeepSpeed's gather-handle protocol. The collectives already ran when the handle was
+    made; ``wait`` hands the full tensors to the parameters."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], full: Sequence[torch.Tensor]):
+        self.params = params
+        self.full = full
+        self.complete = False
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        if self.complete:
+            return
+        for p, t in zip(self.params, self.full):
+            p.data = t
+            p.ds_status = ZeroParamStatus.AVAILABLE
+        self.complete = True
+
+
+class HierRuntime:
+    def __init__(self, cfg: HierConfig, topo: Topology, rank: int):
+        self.cfg = cfg
+        self.topo = topo
+        self.rank = rank
+        self.me = topo.coord(rank)
+        self.plan: CommPlan = make_plan(cfg.preset, cfg.compression, topo)
+        axes_sets = [h.axes for h in (*self.plan.forward, *self.plan.backward, *self.plan.reduce)]
+        self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
+        self.stats = CommStats(topo, rank)
+        self.coll = HierCollectives(topo, self.groups, self.stats)
+        self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
+        # where tensors that our collectives (and the agreed non-finite check) send must live: the
+        # accelerator's current device (the CPU on the CPU accelerator), whatever DeepSpeed's
+        # optimizer device is (the CPU under offload_optimizer)
+        from deepspeed.accelerator import get_accelerator
+        self.comm_device = torch.device(get_accelerator().current_device_name())
+        self.phase = "other_gather"
+        # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
+        self.shards: dict[int, torch.Tensor] = {}
+        self._index_order = layout.index_order(topo)
+        self._rank_order = layout.rank_order(topo)
+
+    def close(self) -> None:
+        """Destroy this runtime's process groups (local: no collective).
+
+        Each engine creates its own hop groups; without this, every engine built and destroyed in
+        a process (sweeps, evaluation engines, test suites) left three gloo/RCCL groups and their
+        transport threads behind, and a long-lived process slowed down as they piled up."""
+        self.shards.clear()
+        for hg in self.groups.values():
+            dist.destroy_process_group(hg.group)
+        # clear the dict in place: HierCollectives holds the same one, and the groups' transport
+        # threads end only when the last reference goes
+        self.groups.clear()
+
+    @classmethod
+    def create(cls, cfg: HierConfig) -> "HierRuntime":
+        world = dist.get_world_size()
+        topo = topology_for(cfg, world)
+        return cls(cfg, topo, dist.get_rank())
+
+    def check_partition_world(self, world: int) -> None:
+        if world != self.topo.world_size:
+            raise HierTopologyError(
+                "topology", self.topo.dims,
+                f"parameters are partitioned over {world} ranks but the topology spans "
+                f"{self.topo.world_size}; zeropp_hier needs ZeRO partitioning over the whole world "
+                "(no model-parallel mpu)")
+
+    # -- gathers -------------------------------------------------------------------------------
+    def all_gather_coalesced(self, params: Iterable[torch.nn.Parameter], safe_mode: bool = False,
+                             quantize: bool = False) -> _GatheredHandle:
+        """Replacement for DeepSpeed's per-parameter ``all_gather_coalesced`` closure."""
+        params = sorted(params, key=lambda p: p.ds_id)  # same order on every rank
+        for p in params:
+            if p.ds_status != ZeroParamStatus.NOT_AVAILABLE:
+                raise RuntimeError(f"zeropp_hier: gather of a parameter that is not partitioned: "
+                                   f"{p.ds_summary()}")
+            p.ds_status = ZeroParamStatus.INFLIGHT
+        full: dict[int, torch.Tensor] = {}
+        # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
+        # take different hops, and a buffer holds one dtype.
+        buckets: dict[tuple[bool, torch.dtype], list] = {}
+        for p in params:
+            buckets.setdefault((p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
+        for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            full.update(self._gather_bucket(ps, from_shard))
+        return _GatheredHandle(params, [full[p.ds_id] for p in params])
+
+    def _gather_bucket(self, ps: list, from_shard: bool) -> dict[int, torch.Tensor]:
+        sizes = [p.ds_tensor.ds_numel for p in ps]
+        if from_shard:
+            buf = torch.cat([self.shards[p.ds_id] for p in ps], dim=3)
+            hops = self.plan.backward
+        else:
+            buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps]).view(1, 1, 1, -1)
+            self._zero_padding(buf.view(-1), ps, sizes)
+            hops = self.plan.forward
+        for hop in hops:
+            buf = self.coll.gather_hop(buf, hop, hop.block_size, self.phase,
+                                       hook=self.numerics.gather_hook(self.phase, hop))
+        if not from_shard and self.plan.kept_axes is not None:
+            kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
+            off = 0
+            for p, n in zip(ps, sizes):
+                if not getattr(p, "ds_persist", False):  # persistent ones are never re-gathered
+                    self.shards[p.ds_id] = kept[..., off:off + n].contiguous()
+                off += n
+        rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
+        if self._rank_order is not None:
+            rows = rows.index_select(0, self._rank_order.to(rows.device))  # global rank order
+        out, off = {}, 0
+        for p, n in zip(ps, sizes):
+            flat = rows[:, off:off + n].reshape(-1)[: p.ds_numel]
+            out[p.ds_id] = flat.view(p.ds_shape).to(p.ds_tensor.dtype)
+            off += n
+        return out
+
+    def _zero_padding(self, local: torch.Tensor, ps: list, sizes: list[int]) -> None:
+        """DeepSpeed leaves the tail of the last partitions uninitialised. Uncompressed, those
+        elements are never read; but a quantization block that holds them would take its scale
+        from whatever garbage is there (NaN included) and spoil the real values beside them."""
+        off = 0
+        for p, n in zip(ps, sizes):
+            valid = max(0, min(n, p.ds_numel - self.rank * n))
+            if valid < n:
+                local[off + valid:off + n].zero_()
+            off += n
+
+    def invalidate_shards(self) -> None:
+        """The primary shards changed (optimizer step, checkpoint load): kept copies are stale."""
+        self.shards.clear()
+
+    def drop_shards(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """These parameters' full weights changed outside the optimizer: their copies are stale."""
+        for p in params:
+            self.shards.pop(p.ds_id, None)
+
+    def shard_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.shards.values())
+
+    # -- gradient reduction --------------------------------------------------------------------
+    def reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype,
+                       key: tuple[str, ...] | None = None, loss_scale: float = 1.0) -> list[torch.Tensor]:
+        """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
+        sizes DeepSpeed's ``reduce_scatter_coalesced`` returns. ``key`` names the bucket (its
+        parameter names) for error feedback; ``loss_scale`` is the one the gradients carry (fp16)."""
+        world = self.topo.world_size
+        # rows padded to every quantized stage's block size (powers of two: the largest), so
+        # that no quantization block straddles two destinations
+        pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
+        packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world)
+        buf = packed.rows
+        self.numerics.check_local(buf)
+        if self._index_order is not None:
+            buf = buf.index_select(0, self._index_order.to(buf.device))  # rows by coordinate
+        buf = buf.view(*self.topo.dims, -1)
+        for i, hop in enumerate(self.plan.reduce):
+            buf = self.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype,
+                                         hook=self.numerics.reduce_hook(key, i, hop, loss_scale))
+        row = buf.reshape(-1)
+        return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank)

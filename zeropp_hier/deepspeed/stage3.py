@@ -1,0 +1,88 @@
+"""The ZeRO stage-3 optimizer subclass: DeepSpeed's, with the hierarchy plugged in at three
+points — the parameter manager (gathers), the gradient averaging (reduce-scatter), and the
+invalidation of kept shards whenever the primary shards change — and the numerics around the
+optimizer step: the agreed non-finite check and the error-feedback state in checkpoints."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+from .partition import HierOffload
+from .runtime import HierRuntime
+
+ERROR_FEEDBACK_KEY = "zeropp_hier_error_feedback"
+
+
+class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
+
+    def __init__(self, *args, hier_runtime: HierRuntime, **kwargs):
+        # set before DeepSpeed's constructor: it builds the parameter manager, which needs it
+        self.hier_runtime = hier_runtime
+        super().__init__(*args, **kwargs)
+
+    def initialize_ds_offload(self, *args, **kwargs):
+        return HierOffload(*args, hier_runtime=self.hier_runtime, **kwargs)
+
+    def invalidate_secondary_tensor(self):
+        # Called by DeepSpeed after every optimizer step and around checkpoint load/save.
+        super().invalidate_secondary_tensor()
+        self.hier_runtime.invalidate_shards()
+
+    def _post_step(self, timer_names):
+        # The primary shards just changed. DeepSpeed re-gathers persistent parameters here before
+        # it calls invalidate_secondary_tensor; that gather now runs through us
+        # ([Note: every gather through the hierarchy]) and must not be served stale kept shards.
+        self.hier_runtime.invalidate_shards()
+        return super()._post_step(timer_names)
+
+    # DeepSpeed's private ``__avg_scatter_grads`` (name-mangled, so overridden by its mangled
+    # name): it receives the bucket's parameters and returns this rank's averaged chunk of each.
+    def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(self, params_to_reduce: List[torch.nn.Parameter],
+                                                          communication_data_type: torch.dtype
+                                                          ) -> List[torch.Tensor]:
+        self._assert_same_partition_group(params_to_reduce)
+        grads = [p.grad for p in params_to_reduce]
+        # The bucket's parameter names (DeepSpeed sorted it by ds_id) name it for error
+        # feedback: unlike ds_ids, which count up across every engine a process builds, names
+        # are the same in the engine that saves a checkpoint and in the one that loads it.
+        key = tuple(self.param_names.get(p, f"ds_id:{p.ds_id}") for p in params_to_reduce)
+        parts = self.hier_runtime.reduce_scatter(grads, communication_data_type, key=key,
+                                                 loss_scale=float(self.loss_scale))
+        world = self.hier_runtime.topo.world_size
+        averaging = self._gradient_averaging_world_size(params_to_reduce, world)
+        if averaging != world:  # expert-parallel parameters average over another group size
+            parts = [g.mul(world / float(averaging)) for g in parts]
+        return [g.to(self.gradient_accumulation_dtype) for g in parts]
+
+    # -- numerics around the step ([Note: non-finite gradients] in comm/numerics.py) -----------
+    def step(self, closure=None):
+        numerics = self.hier_runtime.numerics
+        # collective: every rank, every step, same result; on the communication device, not
+        # self.device (the CPU under optimizer offload, which NCCL/RCCL cannot all-reduce)
+        verdict = numerics.agree(self.hier_runtime.comm_device)
+        fp16 = self.dtype == torch.float16
+        if verdict.any and not fp16 and numerics.cfg.nonfinite == "raise":
+            raise numerics.fail(verdict)
+        out = super().step(closure)
+        numerics.finish_step(verdict, applied=not self.overflow, fp16=fp16)
+        return out
+
+    # -- error feedback in checkpoints ([Note: error feedback] in comm/error_feedback.py) ----
+    # The residuals are per rank, like this rank's optimizer state, so they travel in the same
+    # per-rank file (zero_pp_rank_*_optim_states.pt), written and read by DeepSpeed.
+    def state_dict(self):
+        sd = super().state_dict()
+        sd[ERROR_FEEDBACK_KEY] = self.hier_runtime.numerics.error_feedback.state_dict()
+        return sd
+
+    def _rigid_load_state_dict(self, state_dict, load_optimizer_states=True):
+        super()._rigid_load_state_dict(state_dict, load_optimizer_states=load_optimizer_states)
+        numerics = self.hier_runtime.numerics
+        if load_optimizer_states:
+            # residuals meet the gradients' send buffers, which live on the accelerator even when
+            # the optimizer state is offloaded to the CPU
+            numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.hier_runtime.comm_device)
+        else:  # residuals belong to the optimizer trajectory that was just replaced
+            numerics.error_feedback.reset()

@@ -1,0 +1,480 @@
+"""Predict one training step for each layout before spending an allocation.
+
+Pure: no torch.distributed, no processes. The collectives a configuration issues come from
+``plan.make_plan`` — the very plan the runtime executes — so prediction and implementation
+cannot drift apart. A *candidate* is stock DeepSpeed (ZeRO-3, or ZeRO++ with the parts of it
+that can run on the cluster) or one of our presets with a compression choice.
+
+[Note: cost model]
+One step = compute + every collective, one after another (DeepSpeed with prefetch and reuse
+distance 0 serialises them; overlap would only shrink the communication terms). A collective's
+time is ``max over links (bytes on the link / (capacity * efficiency)) + latency * steps``:
+
+* links are the resources of the machine: the in-package link of each package (capacity
+  gcds_per_gpu * gcd rate), each package's links to the rest of its node (out and in,
+  gcds_per_gpu * gpu rate) and each node's network links (out and in, gcds_per_node * node rate).
+  Rates are per GCD and per direction — what one GCD gets when every GCD of its enclosure sends,
+  which is how DESIGN §1 states Frontier's numbers and how ``zeropp-hier probe`` measures them.
+* the bytes on each link follow the algorithm the library uses: ring all-gather and
+  reduce-scatter over the group in rank order (NCCL/RCCL; gloo's reduce-scatter sends as much as
+  a ring all-reduce, measured on the emulated cluster), direct all-to-all. A flat ring crosses a
+  slow link once per enclosure and so is already frugal with node bytes; a direct exchange sends
+  a copy per receiving rank. This is why wire bytes differ from ``comm_stats``'s direct-algorithm
+  accounting for flat collectives.
+* quantized hops add (de)quantization time at the device's rate; payloads are counted at their
+  packed size plus one fp32 scale per block.
+
+Memory per GCD follows DESIGN §3: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
+ZeRO++, tertiary 2M/gcds_per_gpu for frontier) + optimizer 12M/W + gradient partition 2M/W
+(bytes for 16-bit weights; other widths scale), plus two gathered layers and activations.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+from ..core.plan import CommPlan, make_plan
+from ..core.policy import CompressionConfig, parse_compression
+from ..core.topology import AXES, TIERS, Topology
+
+GB = 1e9
+
+
+# --------------------------------------------------------------------------------------------
+# descriptions
+@dataclass(frozen=True)
+class TierLink:
+    bandwidth: float  # bytes/s per GCD per direction
+    latency: float  # seconds per algorithm step (alpha)
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gcds_per_gpu: int
+    tiers: Mapping[str, TierLink]
+    memory_per_gcd: float  # bytes
+    device_flops: float  # achieved FLOP/s per GCD on the model's matmuls
+    quant_rate: float  # elements/s per GCD for a quantize + dequantize round trip
+    library: str = "rccl"  # "rccl" | "nccl" | "gloo": which collective algorithms run
+    efficiency: float = 1.0  # fraction of link rate a collective gets (1.0 for probed rates)
+    stock_quantization: bool = True  # whether DeepSpeed's qwZ/qgZ kernels run on this device
+    compute_s: float | None = None  # measured compute per step; overrides device_flops
+    source: str = ""  # where the numbers come from, printed beside predictions
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(self.nodes, self.gpus_per_node, self.gcds_per_gpu)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node * self.gcds_per_gpu
+
+
+@dataclass(frozen=True)
+class Workload:
+    params: float  # M
+    tokens_per_gcd: int  # tokens each GCD processes per optimizer step
+    weight_bytes: int = 2  # 2 for fp16/bf16 training, 4 for fp32
+    gathers_per_pass: int = 1  # parameter groups gathered separately per pass (latency count)
+    largest_layer_params: float = 0.0  # for the gathered-layer working memory
+    activation_bytes: float = 0.0  # per GCD
+    flops_per_token: float | None = None  # default 6 * params (forward + backward)
+    reduce_bucket: float = 5e8  # DeepSpeed's reduce_bucket_size (elements)
+
+    @property
+    def flops_per_step(self) -> float:
+        return (self.flops_per_token or 6.0 * self.params) * self.tokens_per_gcd
+
+    @property
+    def optimizer_bytes_per_param(self) -> int:
+        # Adam: fp32 m and v, plus an fp32 master copy when the weights are 16-bit
+        return 8 + (4 if self.weight_bytes < 4 else 0)
+
+
+def gpt_workload(params: float, layers: int, d_model: int, seq_len: int, micro_batch: int,
+                 weight_bytes: int = 2, activation_checkpointing: bool = True,
+                 vocab: int = 50257) -> Workload:
+    """A GPT as the planner sees it: 6 parameter groups per layer (ln1, qkv, proj, ln2, fc, out)
+    plus embeddings and final norm; activations ~ 34*s*b*d*L bytes (2*s*b*d*L with checkpointing)."""
+    per_layer_act = (2 if activation_checkpointing else 34) * seq_len * micro_batch * d_model
+    return Workload(params=params, tokens_per_gcd=seq_len * micro_batch, weight_bytes=weight_bytes,
+                    gathers_per_pass=6 * layers + 3,
+                    largest_layer_params=max(4 * d_model * d_model, vocab * d_model),
+                    activation_bytes=per_layer_act * layers * weight_bytes / 2)
+
+
+class Candidate(NamedTuple):
+    name: str
+    stock: bool  # stock DeepSpeed (its collectives) or zeropp_hier (ours)
+    preset: str  # zero3 | zeropp | frontier (stock ZeRO++ is the zeropp layout)
+    compression: CompressionConfig
+    note: str = ""
+
+
+def _compression(preset: str, override: str | None = None, block: int = 256,
+                 schemes: dict | None = None) -> CompressionConfig:
+    """The compression the runtime would resolve for this preset (same parser as the config)."""
+    section: dict = {"block_size": block}
+    if override is not None:
+        section.update(weights=override, gradients=override)
+    if schemes:
+        section.update(schemes)
+    return parse_compression(section, preset, "planner.compression")
+
+
+def default_candidates(cluster: ClusterModel) -> list[Candidate]:
+    none = _compression("zero3")
+    if cluster.stock_quantization:
+        zpp, note = _compression("zeropp"), "hpZ + qwZ int8 + qgZ int4"
+    else:
+        zpp, note = none, "hpZ only: DeepSpeed's qwZ/qgZ kernels do not run on this device"
+    return [
+        Candidate("ds-zero3", True, "zero3", none, "stock DeepSpeed ZeRO-3"),
+        Candidate("ds-zeropp", True, "zeropp", zpp, f"stock DeepSpeed ZeRO++ ({note})"),
+        Candidate("zero3", False, "zero3", none),
+        Candidate("zeropp", False, "zeropp", _compression("zeropp")),
+        Candidate("zeropp/none", False, "zeropp", _compression("zeropp", "none")),
+        Candidate("frontier", False, "frontier", _compression("frontier")),
+        Candidate("frontier/none", False, "frontier", _compression("frontier", "none")),
+        Candidate("frontier/int8", False, "frontier",
+                  _compression("frontier", schemes={"weights": {"node": "int8"},
+                                                    "gradients": {"gpu": "int8", "node": "int8"}})),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# collectives and their cost
+class Collective(NamedTuple):
+    phase: str  # forward_gather | backward_gather | grad_reduce
+    op: str  # all_gather | reduce_scatter | all_to_all
+    axes: tuple[str, ...]
+    scheme: str
+    send_elems: float  # elements this rank contributes (all_gather) or holds (reduce ops)
+    quant_elems: float  # elements (de)quantized on this rank for this collective
+
+
+def collectives(cand: Candidate, topo: Topology, params: float) -> tuple[CommPlan, list[Collective]]:
+    """The collectives one step issues, whole model at once (per-layer calls add only latency).
+
+    Stock DeepSpeed runs the same plan shapes (zero3: flat; ZeRO++: flat forward, hpZ backward
+    inside the node) but reduces gradients with one flat reduce-scatter unless qgZ is on."""
+    plan = make_plan(cand.preset, cand.compression, topo)
+    w = topo.world_size
+    out: list[Collective] = []
+    held = params / w
+    for hop in plan.forward:
+        k = topo.axes_size(hop.axes)
+        q = held * (1 + k) if hop.scheme in ("int8", "int4") else 0.0
+        out.append(Collective("forward_gather", "all_gather", hop.axes, hop.scheme, held, q))
+        held *= k
+    if plan.kept_axes is not None:
+        held = params / w * topo.axes_size(plan.kept_axes)
+        for hop in plan.backward:
+            k = topo.axes_size(hop.axes)
+            q = held * (1 + k) if hop.scheme in ("int8", "int4") else 0.0
+            out.append(Collective("backward_gather", "all_gather", hop.axes, hop.scheme, held, q))
+            held *= k
+    else:
+        for hop in plan.forward:  # no kept shard: backward gathers the primary again
+            c = next(c for c in out if c.axes == hop.axes and c.phase == "forward_gather")
+            out.append(c._replace(phase="backward_gather"))
+    buf = float(params)  # full gradient on every rank
+    flat_stock = cand.stock and not any(h.scheme in ("int8", "int4") for h in plan.reduce)
+    if flat_stock:
+        out.append(Collective("grad_reduce", "reduce_scatter", AXES, "none", buf, 0.0))
+    else:
+        for hop in plan.reduce:
+            k = topo.axes_size(hop.axes)
+            q = buf * 2 if hop.scheme in ("int8", "int4") else 0.0
+            out.append(Collective("grad_reduce", "all_to_all", hop.axes, hop.scheme, buf, q))
+            buf /= k
+    return plan, out
+
+
+def bytes_per_elem(scheme: str, width: int, block: int) -> float:
+    return {"int8": 1 + 4 / block, "int4": 0.5 + 4 / block, "fp16": 2, "bf16": 2}.get(scheme, width)
+
+
+class Resource(NamedTuple):
+    kind: str  # gcd | gpu_out | gpu_in | node_out | node_in
+    index: int  # package or node index
+
+
+@functools.lru_cache(maxsize=1 << 18)  # ranking re-costs the same rank pairs many times
+def _path(topo: Topology, a: int, b: int) -> tuple[Resource, ...]:
+    ca, cb = topo.coord(a), topo.coord(b)
+    pa = ca.node * topo.gpus_per_node + ca.gpu
+    pb = cb.node * topo.gpus_per_node + cb.gpu
+    if pa == pb:
+        return (Resource("gcd", pa),)
+    out = (Resource("gpu_out", pa), Resource("gpu_in", pb))
+    if ca.node != cb.node:
+        out += (Resource("node_out", ca.node), Resource("node_in", cb.node))
+    return out
+
+
+def _tier_of(kind: str) -> str:
+    return kind.split("_")[0]
+
+
+def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -> dict[Resource, float]:
+    """Bytes each link carries for one collective; ``payload`` = bytes of this rank's
+    contribution (all_gather) or of its whole buffer (reduce ops)."""
+    loads: dict[Resource, float] = {}
+
+    def add(a, b, nbytes):
+        for r in _path(topo, a, b):
+            loads[r] = loads.get(r, 0.0) + nbytes
+
+    for members in topo.group_plan(coll.axes):
+        ring = sorted(members)  # libraries build rings in the group's rank order
+        k = len(ring)
+        if k < 2:
+            continue
+        if coll.op == "all_to_all":
+            for a in ring:
+                for b in ring:
+                    if a != b:
+                        add(a, b, payload / k)
+            continue
+        if coll.op == "all_gather":
+            per_edge = (k - 1) * payload
+        elif library == "gloo":  # gloo's reduce-scatter moves an all-reduce's bytes
+            per_edge = 2 * (k - 1) / k * payload
+        else:
+            per_edge = (k - 1) / k * payload
+        for i, a in enumerate(ring):
+            add(a, ring[(i + 1) % k], per_edge)
+    return loads
+
+
+def capacity(cluster: ClusterModel, kind: str) -> float:
+    t = cluster.tiers
+    if kind == "gcd":
+        return cluster.gcds_per_gpu * t["gcd"].bandwidth
+    if kind.startswith("gpu"):
+        return cluster.gcds_per_gpu * t["gpu"].bandwidth
+    return cluster.gcds_per_gpu * cluster.gpus_per_node * t["node"].bandwidth
+
+
+class CollectiveCost(NamedTuple):
+    coll: Collective
+    seconds: float
+    bottleneck: str  # tier of the busiest link
+    tier_bytes: dict  # bytes this collective puts on each tier, whole cluster
+    quant_seconds: float
+    latency_seconds: float
+
+
+def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int,
+                    calls: int) -> CollectiveCost:
+    topo = cluster.topology
+    payload = coll.send_elems * bytes_per_elem(coll.scheme, width, block)
+    loads = link_loads(coll, topo, cluster.library, payload)
+    worst, bottleneck = 0.0, coll.axes[0]
+    tier_bytes = {t: 0.0 for t in TIERS}
+    for r, nbytes in loads.items():
+        sec = nbytes / (capacity(cluster, r.kind) * cluster.efficiency)
+        if sec > worst:
+            worst, bottleneck = sec, _tier_of(r.kind)
+        if r.kind in ("gcd", "gpu_out", "node_out"):
+            tier_bytes[_tier_of(r.kind)] += nbytes
+    tier_bytes["gpu"] -= tier_bytes["node"]  # package-out bytes that stay inside the node
+    k = topo.axes_size(coll.axes)
+    steps = (2 if coll.op == "reduce_scatter" and cluster.library == "gloo" else 1) * (k - 1)
+    alpha = cluster.tiers[coll.axes[0]].latency * steps * calls
+    if coll.scheme in ("int8", "int4"):
+        calls *= 2  # payload and scales travel as two collectives
+        alpha *= 2
+    quant = coll.quant_elems / (2 * cluster.quant_rate)
+    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha)
+
+
+# --------------------------------------------------------------------------------------------
+# memory
+class Memory(NamedTuple):
+    parts: dict  # name -> bytes per GCD
+    total: float
+    fits: bool
+
+
+def memory(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Memory:
+    w, m, b = cluster.world_size, wl.params, wl.weight_bytes
+    parts = {"primary": b * m / w, "optimizer": wl.optimizer_bytes_per_param * m / w,
+             "gradients": b * m / w}
+    plan = make_plan(cand.preset, cand.compression, cluster.topology)
+    if plan.kept_axes is not None:
+        name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
+        parts[name] = b * m / w * cluster.topology.axes_size(plan.kept_axes)
+    parts["gathered layers"] = 2 * b * wl.largest_layer_params + 4 * wl.largest_layer_params
+    parts["activations"] = wl.activation_bytes
+    total = sum(parts.values())
+    return Memory(parts, total, total <= cluster.memory_per_gcd)
+
+
+# --------------------------------------------------------------------------------------------
+# prediction
+@dataclass(frozen=True)
+class Prediction:
+    candidate: Candidate
+    step_s: float
+    compute_s: float
+    phase_s: dict
+    tier_s: dict  # communication seconds whose bottleneck is each tier
+    tier_bytes: dict  # bytes per step on each tier, whole cluster
+    memory: Memory
+    costs: list = field(default_factory=list, repr=False)
+
+    @property
+    def dominant_tier(self) -> str:
+        return max(self.tier_s, key=self.tier_s.get)
+
+    @property
+    def comm_s(self) -> float:
+        return sum(self.phase_s.values())
+
+    @property
+    def latency_s(self) -> float:
+        return sum(c.latency_seconds for c in self.costs)
+
+
+def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
+    topo = cluster.topology
+    _, colls = collectives(cand, topo, wl.params)
+    phase_s = {"forward_gather": 0.0, "backward_gather": 0.0, "grad_reduce": 0.0}
+    tier_s = {t: 0.0 for t in TIERS}
+    tier_bytes = {t: 0.0 for t in TIERS}
+    costs = []
+    for c in colls:
+        # gradients travel in the training dtype (DeepSpeed's communication_data_type)
+        # one gather per parameter group and pass; DeepSpeed reduces gradients in buckets of
+        # reduce_bucket_size (5e8 elements by default)
+        calls = wl.gathers_per_pass if c.phase != "grad_reduce" else max(1, math.ceil(wl.params / wl.reduce_bucket))
+        cost = collective_cost(c, cluster, wl.weight_bytes, cand.compression.block_size, calls)
+        costs.append(cost)
+        phase_s[c.phase] += cost.seconds
+        tier_s[cost.bottleneck] += cost.seconds
+        for t in TIERS:
+            tier_bytes[t] += cost.tier_bytes[t]
+    compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
+    return Prediction(cand, compute + sum(phase_s.values()), compute, phase_s, tier_s, tier_bytes,
+                      memory(cand, cluster, wl), costs)
+
+
+def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None
+         ) -> list[Prediction]:
+    """Every candidate, fitting ones first, fastest first."""
+    preds = [predict(c, cluster, wl) for c in (candidates or default_candidates(cluster))]
+    return sorted(preds, key=lambda p: (not p.memory.fits, p.step_s))
+
+
+def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
+    """Plain-language reasons: the choice, the tier that dominates it, what does not fit."""
+    lines = []
+    fitting = [p for p in preds if p.memory.fits]
+    if not fitting:
+        lines.append(f"nothing fits in {cluster.memory_per_gcd / GB:.0f} GB per GCD: add nodes (primary, "
+                     "optimizer and gradient partitions shrink with the world) or reduce activations")
+    else:
+        best = fitting[0]
+        comm_share = best.comm_s / best.step_s
+        lines.append(f"best: {best.candidate.name} at {best.step_s:.3g} s/step ({comm_share:.0%} communication; "
+                     f"the {best.dominant_tier} tier takes {best.tier_s[best.dominant_tier]:.3g} s of it)")
+        for p in fitting[1:3]:
+            lines.append(f"  {p.candidate.name}: {p.step_s / best.step_s:.2f}x slower; its {p.dominant_tier} "
+                         f"tier takes {p.tier_s[p.dominant_tier]:.3g} s, node bytes/step "
+                         f"{fmt_bytes(p.tier_bytes['node'])} vs {fmt_bytes(best.tier_bytes['node'])}")
+        if comm_share < 0.2:
+            lines.append("  compute dominates: layouts differ little here; hierarchy pays off with fewer "
+                         "tokens per GCD or slower links (the 'no speedup from ZeRO++' case)")
+    for p in preds:
+        if not p.memory.fits:
+            big = max(p.memory.parts, key=p.memory.parts.get)
+            lines.append(f"does not fit: {p.candidate.name} needs {p.memory.total / GB:.1f} GB per GCD of "
+                         f"{cluster.memory_per_gcd / GB:.0f} GB; largest part: {big} "
+                         f"{p.memory.parts[big] / GB:.1f} GB. " + _relax(p))
+    return lines
+
+
+def _relax(p: Prediction) -> str:
+    if p.candidate.preset == "frontier":
+        return ("Relax the kept shard from the package to the node (preset zeropp: a node-sized "
+                "secondary shard, 1/4 of it on Frontier), or drop it (zero3).")
+    if p.candidate.preset == "zeropp":
+        return "Drop the secondary shard (zero3), or add nodes."
+    return "Add nodes, or enable activation checkpointing / optimizer offload."
+
+
+# --------------------------------------------------------------------------------------------
+# built-in clusters
+def frontier(nodes: int = 48) -> ClusterModel:
+    """Frontier as DESIGN §1 states it (per-GCD, per-direction link rates); latencies and the
+    achieved FLOP rate are assumptions, printed with every prediction."""
+    return ClusterModel(
+        name=f"Frontier ({nodes} nodes, {nodes * 8} GCDs)", nodes=nodes, gpus_per_node=4, gcds_per_gpu=2,
+        tiers={"gcd": TierLink(200 * GB, 5e-6), "gpu": TierLink(50 * GB, 10e-6),
+               "node": TierLink(12.5 * GB, 20e-6)},
+        memory_per_gcd=64 * GB, device_flops=70e12, quant_rate=2e11, library="rccl",
+        source="DESIGN.md §1 link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
+               "MI250X GCD's 191.5 bf16 peak), alpha 5/10/20 us, no compute/communication overlap")
+
+
+def emulated(node_mbit: float = 10.0, nodes: int = 2, gpus_per_node: int = 2, gcds_per_gpu: int = 2,
+             efficiency: float = 0.75, compute_s: float | None = None, quant_rate: float = 2e7,
+             device_flops: float = 1.5e9) -> ClusterModel:
+    """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
+    gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
+    gpu tiers in ``zeropp-hier probe`` runs here (DESIGN §7 saw 62-67% with other settings);
+    probed tiers replace it. Compute on 2 shared CPU cores is a
+    measurement (``compute_s``) whenever one is available."""
+    bps = node_mbit * 1e6 / 8
+    return ClusterModel(
+        name=f"emulated {nodes}x{gpus_per_node}x{gcds_per_gpu} (node {node_mbit:g} Mbit/s per GCD)",
+        nodes=nodes, gpus_per_node=gpus_per_node, gcds_per_gpu=gcds_per_gpu,
+        tiers={"gcd": TierLink(16 * bps, 2e-4), "gpu": TierLink(4 * bps, 5e-4), "node": TierLink(bps, 1e-3)},
+        memory_per_gcd=24 * GB / (nodes * gpus_per_node * gcds_per_gpu), device_flops=device_flops,
+        quant_rate=quant_rate, library="gloo", efficiency=efficiency, stock_quantization=False,
+        compute_s=compute_s, source="tbf rates of benchmarks/cluster; gloo algorithms measured there")
+
+
+def with_probed_tiers(cluster: ClusterModel, probe: Mapping) -> ClusterModel:
+    """Replace tier bandwidths and latencies by ``zeropp-hier probe`` output (efficiency 1:
+    probed rates are what collectives achieve)."""
+    tiers = dict(cluster.tiers)
+    for t, v in probe["tiers"].items():
+        tiers[t] = TierLink(float(v["bandwidth"]), float(v["latency"]))
+    return replace(cluster, tiers=tiers, efficiency=1.0, source=cluster.source + "; tiers probed")
+
+
+def ratio(preds: Iterable[Prediction], slow: str, fast: str) -> float:
+    by = {p.candidate.name: p for p in preds}
+    return by[slow].step_s / by[fast].step_s
+
+
+def fmt_bytes(x: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def table(preds: Sequence[Prediction]) -> list[str]:
+    rows = ["| rank | configuration | step s | compute s | fwd s | bwd s | grad s | node bytes/step | "
+            "gpu bytes/step | dominant tier | memory/GCD | fits |", "|" + "---|" * 12]
+    for i, p in enumerate(preds, 1):
+        ph = p.phase_s
+        rows.append(f"| {i} | {p.candidate.name} | {p.step_s:.3g} | {p.compute_s:.3g} | "
+                    f"{ph['forward_gather']:.3g} | {ph['backward_gather']:.3g} | {ph['grad_reduce']:.3g} | "
+                    f"{fmt_bytes(p.tier_bytes['node'])} | {fmt_bytes(p.tier_bytes['gpu'])} | "
+                    f"{p.dominant_tier} | {p.memory.total / GB:.1f} GB | {'yes' if p.memory.fits else 'NO'} |")
+    return rows
+
+
+__all__ = ["TierLink", "ClusterModel", "Workload", "Candidate", "Prediction", "gpt_workload",
+           "default_candidates", "predict", "rank", "explain", "frontier", "emulated",
+           "with_probed_tiers", "ratio", "table", "collectives", "link_loads", "memory"]
