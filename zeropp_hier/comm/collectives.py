@@ -25,14 +25,6 @@ _BITS = {"int8": 8, "int4": 4}
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _peer_order(x: torch.Tensor, hg: HopGroup) -> torch.Tensor:
-    return x if hg.peer_from_torch is None else x.index_select(0, hg.peer_from_torch.to(x.device))
-
-
-def _torch_order(x: torch.Tensor, hg: HopGroup) -> torch.Tensor:
-    return x if hg.torch_from_peer is None else x.index_select(0, hg.torch_from_peer.to(x.device))
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -42,6 +34,17 @@ class HierCollectives:
         self.topo = topo
         self.groups = groups
         self.stats = stats
+        self._perms = layout.DevicePerms()  # [Note: no host traffic in the hot path]
+
+    def _peer_order(self, x: torch.Tensor, hg: HopGroup) -> torch.Tensor:
+        if hg.peer_from_torch is None:
+            return x
+        return x.index_select(0, self._perms.get(f"peer<-torch {hg.axes}", hg.peer_from_torch, x.device))
+
+    def _torch_order(self, x: torch.Tensor, hg: HopGroup) -> torch.Tensor:
+        if hg.torch_from_peer is None:
+            return x
+        return x.index_select(0, self._perms.get(f"torch<-peer {hg.axes}", hg.torch_from_peer, x.device))
 
     def _guard(self, hg: HopGroup, phase: str):
         """A dead or stuck peer ends the collective with a HierCommError naming it."""
@@ -56,7 +59,7 @@ class HierCollectives:
         with self._guard(hg, phase):
             _all_gather_tensor(out, local, group=hg.group)
         self.stats.record(phase, hg.peers, _nbytes(local))
-        return _peer_order(out.view(k, -1), hg)
+        return self._peer_order(out.view(k, -1), hg)
 
     def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str,
                    hook=None) -> torch.Tensor:
@@ -92,12 +95,12 @@ class HierCollectives:
     # -- reduce-scatter ------------------------------------------------------------------------
     def _exchange(self, send: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
         """All-to-all of [k, m] blocks (peer order); returns the k received blocks, peer order."""
-        send = _torch_order(send, hg).contiguous()
+        send = self._torch_order(send, hg).contiguous()
         recv = torch.empty_like(send)
         with self._guard(hg, phase):
             dist.all_to_all_single(recv, send, group=hg.group)
         self.stats.record(phase, hg.peers, _nbytes(send[0]))
-        return _peer_order(recv, hg)
+        return self._peer_order(recv, hg)
 
     def reduce_stage(self, buf: torch.Tensor, hop: Hop, block_size: int, wire_dtype: torch.dtype,
                      phase: str = "grad_reduce", hook=None) -> torch.Tensor:

@@ -51,13 +51,19 @@ log = logging.getLogger("zeropp_hier")
 
 def relative_error(x: torch.Tensor, decoded: torch.Tensor) -> float | None:
     """||x - decoded|| / ||x|| in fp32; None when x is zero or either side is not finite."""
+    num, den = _error_norms(x, decoded).tolist()
+    return _ratio(num, den)
+
+
+def _error_norms(x: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+    """[||x - decoded||, ||x||] in fp32, on x's device (no host sync)."""
     x = x.reshape(-1).float()
     d = decoded.reshape(-1).float()
-    den = float(torch.linalg.vector_norm(x))
-    if not den or den != den or den == float("inf"):
-        return None
-    num = float(torch.linalg.vector_norm(x - d))
-    if num != num or num == float("inf"):
+    return torch.stack([torch.linalg.vector_norm(x - d), torch.linalg.vector_norm(x)])
+
+
+def _ratio(num: float, den: float) -> float | None:
+    if not den or den != den or den == float("inf") or num != num or num == float("inf"):
         return None
     return num / den
 
@@ -71,12 +77,18 @@ class _Acc:
 
 
 class Telemetry:
-    """Sampled relative compression error per (phase, tier) ([Note: compression telemetry])."""
+    """Sampled relative compression error per (phase, tier) ([Note: compression telemetry]).
+
+    A sample is two norms computed on the payload's device and kept there; ``flush`` (once per
+    step, and before a snapshot) brings every pending sample to the host in one copy, so the
+    gathers and reduce stages never wait for the host ([Note: no host traffic in the hot
+    path] in core/layout.py)."""
 
     def __init__(self, every: int):
         self.every = every
         self._calls: dict[tuple[str, str], int] = {}
         self._acc: dict[tuple[str, str], _Acc] = {}
+        self._pending: list[tuple[tuple[str, str], torch.Tensor]] = []
 
     def due(self, phase: str, tier: str) -> bool:
         """Counts one call of (phase, tier); True for the 1st, (N+1)-th, ... call."""
@@ -87,16 +99,30 @@ class Telemetry:
         return n % self.every == 0
 
     def record(self, phase: str, tier: str, x: torch.Tensor, decoded: torch.Tensor) -> None:
-        err = relative_error(x, decoded)
-        if err is None:
+        self._pending.append(((phase, tier), _error_norms(x, decoded)))
+
+    def flush(self) -> None:
+        if not self._pending:
             return
-        a = self._acc.setdefault((phase, tier), _Acc())
-        a.samples += 1
-        a.total += err
-        a.max = max(a.max, err)
-        a.last = err
+        keys = [k for k, _ in self._pending]
+        devices = {t.device for _, t in self._pending}
+        if len(devices) == 1:
+            values = torch.stack([t for _, t in self._pending]).cpu().tolist()
+        else:  # samples from several devices: one copy per sample, still only here
+            values = [t.cpu().tolist() for _, t in self._pending]
+        self._pending.clear()
+        for key, (num, den) in zip(keys, values):
+            err = _ratio(num, den)
+            if err is None:
+                continue
+            a = self._acc.setdefault(key, _Acc())
+            a.samples += 1
+            a.total += err
+            a.max = max(a.max, err)
+            a.last = err
 
     def snapshot(self) -> dict:
+        self.flush()
         out: dict[str, dict] = {}
         for (phase, tier), a in sorted(self._acc.items()):
             out.setdefault(phase, {})[tier] = {"mean": a.total / a.samples, "max": a.max,
@@ -106,6 +132,7 @@ class Telemetry:
     def reset(self) -> None:
         self._calls.clear()
         self._acc.clear()
+        self._pending.clear()
 
 
 # -- non-finite gradients --------------------------------------------------------------------
@@ -284,6 +311,7 @@ class Numerics:
                                   verdict.as_list())
 
     def finish_step(self, verdict: Verdict, applied: bool, fp16: bool) -> None:
+        self.telemetry.flush()  # the step's samples, in one copy to the host
         step = self.current_step()
         self._steps_seen += 1
         if applied:

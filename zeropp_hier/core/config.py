@@ -25,7 +25,7 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S = 1.0, 86400.0
 
 _SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics", "collective_timeout_s",
-                 "deepspeed_group_timeout_s")
+                 "deepspeed_group_timeout_s", "overlap")
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
 
@@ -49,6 +49,9 @@ class HierConfig:
     # checkpoint barriers) keep their timeout (torch's 30 min, or init_distributed's) unless set:
     # a first step with long kernel tuning, or a large checkpoint, must not abort a healthy job.
     deepspeed_group_timeout_s: float | None = None
+    # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
+    # compute ([Note: one order of hop collectives] in comm/executor.py); false: inline
+    overlap: bool = True
 
 
 def _is_int(v: Any) -> bool:
@@ -124,7 +127,11 @@ def parse_section(section: Any) -> HierConfig:
         raise HierConfigError(f"{SECTION}.deepspeed_group_timeout_s", ds_timeout,
                               f"use null (default: DeepSpeed's groups keep their own timeout) or a number of "
                               f"seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g}")
-    return HierConfig(enabled=enabled, preset=preset,
+    overlap = d.get("overlap", True)
+    if not isinstance(overlap, bool):
+        raise HierConfigError(f"{SECTION}.overlap", overlap, "use true (default: gathers overlap compute "
+                              "through DeepSpeed's prefetch) or false (every collective inline)")
+    return HierConfig(enabled=enabled, preset=preset, overlap=overlap,
                       topology=_parse_topology(d.get("topology", {})),
                       compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
                       numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),

@@ -67,6 +67,26 @@ def rank_order(topo: Topology) -> torch.Tensor | None:
     return torch.tensor([topo.index_of_rank(r) for r in range(topo.world_size)], dtype=torch.long)
 
 
+class DevicePerms:
+    """Index tensors of fixed permutations, copied to each device once and then reused.
+
+    [Note: no host traffic in the hot path]
+    A permutation built on the host and moved with ``.to(device)`` inside a gather or a reduce
+    stage is a host-to-device copy per call, and on CUDA/ROCm a copy from pageable memory
+    synchronises the host. The permutations are fixed per engine (rank map, group order), so
+    each is made once per device on first use and looked up after that."""
+
+    def __init__(self):
+        self._cache: dict[tuple[str, str], torch.Tensor] = {}
+
+    def get(self, name: str, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        key = (name, str(device))
+        t = self._cache.get(key)
+        if t is None:
+            t = self._cache[key] = host.to(device)
+        return t
+
+
 def kept_shard(full: torch.Tensor, me: Coord, kept_axes: Sequence[str]) -> torch.Tensor:
     """From a fully gathered [N, P, G, S] buffer, the part this rank keeps: every block along
     ``kept_axes``, its own coordinate along the others. Returns a contiguous [n, p, g, S]."""

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from ..comm.collectives import HierCollectives
+from ..comm.executor import CommExecutor
 from ..comm.groups import build_hop_groups
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
@@ -34,18 +35,24 @@ def topology_for(cfg: HierConfig, world_size: int) -> Topology:
 
 
 class _GatheredHandle:
-    """DeepSpeed's gather-handle protocol. The collectives already ran when the handle was
-    made; ``wait`` hands the full tensors to the parameters."""
+    """DeepSpeed's gather-handle protocol. The hops run on the runtime's executor from the moment
+    the handle is made ([Note: one order of hop collectives]); ``wait`` takes their outputs and
+    hands the full tensors to the parameters."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], full: Sequence[torch.Tensor]):
+    def __init__(self, params: Sequence[torch.nn.Parameter], future, executor: CommExecutor):
         self.params = params
-        self.full = full
+        self.future = future
+        self.executor = executor
         self.complete = False
 
     def wait(self, handle_dependency: bool = True) -> None:
         if self.complete:
             return
-        for p, t in zip(self.params, self.full):
+        full = self.executor.result(self.future)
+        for p in self.params:
+            t = full[p.ds_id]
+            if t.is_cuda:  # made on the executor's stream, used on the caller's from now on
+                t.record_stream(torch.cuda.current_stream(t.device))
             p.data = t
             p.ds_status = ZeroParamStatus.AVAILABLE
         self.complete = True
@@ -62,17 +69,20 @@ class HierRuntime:
         self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
-        self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
+        from deepspeed.accelerator import get_accelerator
         # where tensors that our collectives (and the agreed non-finite check) send must live: the
         # accelerator's current device (the CPU on the CPU accelerator), whatever DeepSpeed's
         # optimizer device is (the CPU under offload_optimizer)
-        from deepspeed.accelerator import get_accelerator
         self.comm_device = torch.device(get_accelerator().current_device_name())
+        self.executor = CommExecutor(f"rank{rank}", self.comm_device, overlap=cfg.overlap)
+        self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor] = {}
-        self._index_order = layout.index_order(topo)
+        self._frozen: dict[int, torch.nn.Parameter] = {}  # kept shards of parameters that do not train
+        self._index_order = layout.index_order(topo)  # host copies; per device in self._perms
         self._rank_order = layout.rank_order(topo)
+        self._perms = layout.DevicePerms()  # [Note: no host traffic in the hot path]
 
     def close(self) -> None:
         """Destroy this runtime's process groups (local: no collective).
@@ -80,6 +90,7 @@ class HierRuntime:
         Each engine creates its own hop groups; without this, every engine built and destroyed in
         a process (sweeps, evaluation engines, test suites) left three gloo/RCCL groups and their
         transport threads behind, and a long-lived process slowed down as they piled up."""
+        self.executor.close()
         self.shards.clear()
         for hg in self.groups.values():
             dist.destroy_process_group(hg.group)
@@ -111,38 +122,52 @@ class HierRuntime:
                 raise RuntimeError(f"zeropp_hier: gather of a parameter that is not partitioned: "
                                    f"{p.ds_summary()}")
             p.ds_status = ZeroParamStatus.INFLIGHT
-        full: dict[int, torch.Tensor] = {}
         # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
-        # take different hops, and a buffer holds one dtype.
+        # take different hops, and a buffer holds one dtype. The source is decided now, on the
+        # caller's thread, from the kept shards as they are at submission.
         buckets: dict[tuple[bool, torch.dtype], list] = {}
         for p in params:
             buckets.setdefault((p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
-        for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-            full.update(self._gather_bucket(ps, from_shard))
-        return _GatheredHandle(params, [full[p.ds_id] for p in params])
+        work = [(ps, from_shard, [self.shards[p.ds_id] for p in ps] if from_shard else None)
+                for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))]
+        phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
 
-    def _gather_bucket(self, ps: list, from_shard: bool) -> dict[int, torch.Tensor]:
+        def gather_all() -> dict[int, torch.Tensor]:
+            full: dict[int, torch.Tensor] = {}
+            for ps, from_shard, shards in work:
+                full.update(self._gather_bucket(ps, from_shard, shards, phase))
+            return full
+
+        return _GatheredHandle(params, self.executor.submit(gather_all), self.executor)
+
+    def _gather_bucket(self, ps: list, from_shard: bool, shards: list | None, phase: str) -> dict[int, torch.Tensor]:
         sizes = [p.ds_tensor.ds_numel for p in ps]
         if from_shard:
-            buf = torch.cat([self.shards[p.ds_id] for p in ps], dim=3)
+            buf = torch.cat(shards, dim=3)
             hops = self.plan.backward
         else:
             buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps]).view(1, 1, 1, -1)
             self._zero_padding(buf.view(-1), ps, sizes)
             hops = self.plan.forward
         for hop in hops:
-            buf = self.coll.gather_hop(buf, hop, hop.block_size, self.phase,
-                                       hook=self.numerics.gather_hook(self.phase, hop))
-        if not from_shard and self.plan.kept_axes is not None:
+            buf = self.coll.gather_hop(buf, hop, hop.block_size, phase,
+                                       hook=self.numerics.gather_hook(phase, hop))
+        # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
+        # the next steps): gathers outside the step (engine construction, GatheredParameters,
+        # persistent re-gathers) keep nothing, so a weight changed between steps by any route
+        # can never be served from a stale copy.
+        if not from_shard and self.plan.kept_axes is not None and phase == "forward_gather":
             kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
             off = 0
             for p, n in zip(ps, sizes):
                 if not getattr(p, "ds_persist", False):  # persistent ones are never re-gathered
                     self.shards[p.ds_id] = kept[..., off:off + n].contiguous()
+                    if not p.requires_grad:
+                        self._frozen[p.ds_id] = p
                 off += n
         rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
         if self._rank_order is not None:
-            rows = rows.index_select(0, self._rank_order.to(rows.device))  # global rank order
+            rows = rows.index_select(0, self._perms.get("rank", self._rank_order, rows.device))  # global rank order
         out, off = {}, 0
         for p, n in zip(ps, sizes):
             flat = rows[:, off:off + n].reshape(-1)[: p.ds_numel]
@@ -161,14 +186,28 @@ class HierRuntime:
                 local[off + valid:off + n].zero_()
             off += n
 
-    def invalidate_shards(self) -> None:
-        """The primary shards changed (optimizer step, checkpoint load): kept copies are stale."""
-        self.shards.clear()
+    def invalidate_shards(self, keep_frozen: bool = False) -> None:
+        """The primary shards changed: kept copies are stale. After an optimizer step
+        (``keep_frozen``) the copies of frozen parameters stay: their primary shards did not
+        change, so they serve the next forward and backward without leaving the package (a
+        LoRA-style fine-tune gathers its frozen base model over the network once, not every
+        step). A checkpoint load replaces every weight and drops them all."""
+        self.executor.drain()  # no gather in flight may write a copy after this
+        if keep_frozen:
+            # still frozen now: a parameter unfrozen since its copy was made has just trained
+            still = {i for i, p in self._frozen.items() if not p.requires_grad}
+            for ds_id in [i for i in self.shards if i not in still]:
+                del self.shards[ds_id]
+                self._frozen.pop(ds_id, None)
+        else:
+            self.shards.clear()
+            self._frozen.clear()
 
     def drop_shards(self, params: Iterable[torch.nn.Parameter]) -> None:
         """These parameters' full weights changed outside the optimizer: their copies are stale."""
         for p in params:
             self.shards.pop(p.ds_id, None)
+            self._frozen.pop(p.ds_id, None)
 
     def shard_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.shards.values())
@@ -179,6 +218,11 @@ class HierRuntime:
         """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
         sizes DeepSpeed's ``reduce_scatter_coalesced`` returns. ``key`` names the bucket (its
         parameter names) for error feedback; ``loss_scale`` is the one the gradients carry (fp16)."""
+        # behind any gather in flight, on the same executor: one order per hop group
+        return self.executor.run(lambda: self._reduce_scatter(grads, wire_dtype, key, loss_scale))
+
+    def _reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype,
+                        key: tuple[str, ...] | None, loss_scale: float) -> list[torch.Tensor]:
         world = self.topo.world_size
         # rows padded to every quantized stage's block size (powers of two: the largest), so
         # that no quantization block straddles two destinations
@@ -187,7 +231,7 @@ class HierRuntime:
         buf = packed.rows
         self.numerics.check_local(buf)
         if self._index_order is not None:
-            buf = buf.index_select(0, self._index_order.to(buf.device))  # rows by coordinate
+            buf = buf.index_select(0, self._perms.get("index", self._index_order, buf.device))  # rows by coordinate
         buf = buf.view(*self.topo.dims, -1)
         for i, hop in enumerate(self.plan.reduce):
             buf = self.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype,

@@ -26,15 +26,16 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         return HierOffload(*args, hier_runtime=self.hier_runtime, **kwargs)
 
     def invalidate_secondary_tensor(self):
-        # Called by DeepSpeed after every optimizer step and around checkpoint load/save.
+        # Called by DeepSpeed after every optimizer step and around checkpoint load/save; frozen
+        # parameters' copies stay valid (HierEngine.load_checkpoint drops them all after a load).
         super().invalidate_secondary_tensor()
-        self.hier_runtime.invalidate_shards()
+        self.hier_runtime.invalidate_shards(keep_frozen=True)
 
     def _post_step(self, timer_names):
         # The primary shards just changed. DeepSpeed re-gathers persistent parameters here before
         # it calls invalidate_secondary_tensor; that gather now runs through us
         # ([Note: every gather through the hierarchy]) and must not be served stale kept shards.
-        self.hier_runtime.invalidate_shards()
+        self.hier_runtime.invalidate_shards(keep_frozen=True)
         return super()._post_step(timer_names)
 
     # DeepSpeed's private ``__avg_scatter_grads`` (name-mangled, so overridden by its mangled
