@@ -1,4 +1,7 @@
-"""``python -m benchmarks.cluster setup|teardown|status`` (root required)."""
+"""``python -m benchmarks.cluster setup|teardown|status|uplink-down|uplink-loss|uplink-clear``
+(root required). The uplink commands disturb a running cluster's node ``--node`` ([Note: failing
+links] in spec.py): take its uplink down, drop ``--loss-percent`` of its packets each way, or stop
+dropping."""
 from __future__ import annotations
 
 import argparse
@@ -25,8 +28,11 @@ def add_spec_args(ap: argparse.ArgumentParser) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cluster", description=__doc__)
-    ap.add_argument("command", choices=("setup", "teardown", "status"))
+    ap.add_argument("command", choices=("setup", "teardown", "status", "uplink-down", "uplink-loss",
+                                        "uplink-clear"))
     add_spec_args(ap)
+    ap.add_argument("--node", type=int, default=1, help="uplink-*: which node's uplink")
+    ap.add_argument("--loss-percent", type=float, default=5.0, help="uplink-loss: packets dropped, per cent")
     args = ap.parse_args(argv)
     problem = netns.root_problem()
     if problem:
@@ -38,6 +44,15 @@ def main(argv=None) -> int:
         print(f"emulated cluster up: {spec.nodes} nodes x {spec.gpus_per_node} packages x "
               f"{spec.gcds_per_gpu} GCDs; per-GCD Mbit/s {spec.per_gcd_mbit()}; namespaces "
               f"{spec.namespaces()}")
+        return 0
+    if args.command.startswith("uplink-"):
+        if args.command == "uplink-down":
+            netns.uplink_down(spec, args.node)
+        elif args.command == "uplink-loss":
+            netns.uplink_loss(spec, args.node, args.loss_percent)
+        else:
+            netns.uplink_clear_loss(spec, args.node)
+        print(f"{args.command}: node {args.node}'s uplink {spec.uplink(args.node)[:4]}")
         return 0
     if args.command == "teardown":
         left = netns.teardown(args.prefix)

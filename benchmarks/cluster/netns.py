@@ -148,6 +148,43 @@ def shape(spec: ClusterSpec) -> None:
             _run([*cmd[:4], "replace", *cmd[5:]])
 
 
+def run_commands(cmds: list[list[str]]) -> None:
+    """Run commands that ``spec`` built (e.g. ``ClusterSpec.uplink_down_commands``), in order."""
+    for cmd in cmds:
+        _run(cmd)
+
+
+def uplink_down(spec: ClusterSpec, node: int) -> None:
+    """Take a node's uplink down, now ([Note: failing links] in spec.py)."""
+    run_commands(spec.uplink_down_commands(node))
+
+
+def uplink_loss(spec: ClusterSpec, node: int, percent: float) -> None:
+    """Drop ``percent`` % of the packets in each direction of a node's uplink, from now on."""
+    run_commands(spec.uplink_loss_commands(node, percent))
+
+
+def uplink_clear_loss(spec: ClusterSpec, node: int) -> None:
+    run_commands(spec.uplink_clear_loss_commands(node))
+
+
+def link_is_up(ns: str, ifname: str) -> bool:
+    data = json.loads(_run(["ip", "-n", ns, "-j", "link", "show", "dev", ifname]).stdout)
+    return "UP" in data[0].get("flags", []) and data[0].get("operstate") != "DOWN"
+
+
+def tcp_retransmits(spec: ClusterSpec) -> int:
+    """TCP segments retransmitted so far, summed over the package namespaces (where the ranks'
+    sockets live): how much loss the ranks' connections met."""
+    total = 0
+    for n in range(spec.nodes):
+        for g in range(spec.gpus_per_node):
+            text = _run(["ip", "netns", "exec", spec.package_ns(n, g), "cat", "/proc/net/snmp"]).stdout
+            rows = [line.split()[1:] for line in text.splitlines() if line.startswith("Tcp:")]
+            total += int(dict(zip(rows[0], rows[1]))["RetransSegs"])
+    return total
+
+
 def tx_bytes(spec: ClusterSpec) -> dict[tuple[str, str], int]:
     """tx byte counters of every interface that ``spec.wire_bytes`` needs."""
     out: dict[tuple[str, str], int] = {}

@@ -183,6 +183,28 @@ class ClusterSpec:
                 cmds.append(tbf_command(ns, LO_IF, self.lo_mbit()))
         return cmds
 
+    def uplink(self, node: int) -> Link:
+        """Node ``node``'s uplink: end a is its switch's ``nic``, end b the core's ``n<node>``."""
+        if not 0 <= node < self.nodes:
+            raise ValueError(f"node {node} outside 0..{self.nodes - 1}")
+        return next(lk for lk in self.links() if lk.tier == "node" and lk.ns_a == self.switch_ns(node))
+
+    def uplink_down_commands(self, node: int) -> list[list[str]]:
+        """Take node ``node``'s uplink down ([Note: failing links]): its switch-side end, as a NIC
+        or cable failing; the core end loses carrier with it, so both directions stop."""
+        lk = self.uplink(node)
+        return [["ip", "-n", lk.ns_a, "link", "set", lk.if_a, "down"]]
+
+    def uplink_loss_commands(self, node: int, percent: float) -> list[list[str]]:
+        """Drop ``percent`` % of the packets in each direction of node ``node``'s uplink, in front
+        of its tbf (which stays as it is) ([Note: failing links])."""
+        lk = self.uplink(node)
+        return loss_commands(lk.ns_a, lk.if_a, percent) + loss_commands(lk.ns_b, lk.if_b, percent)
+
+    def uplink_clear_loss_commands(self, node: int) -> list[list[str]]:
+        lk = self.uplink(node)
+        return [clear_loss_command(lk.ns_a, lk.if_a), clear_loss_command(lk.ns_b, lk.if_b)]
+
     def counter_interfaces(self) -> dict[str, list[tuple[str, str]]]:
         """(namespace, interface) whose tx bytes make up each tier ([Note: wire bytes])."""
         pk = [(self.package_ns(n, g), PKG_IF) for n in range(self.nodes) for g in range(self.gpus_per_node)]
@@ -222,3 +244,43 @@ def tbf_command(ns: str, ifname: str, mbit: float) -> list[str]:
 # large flat ones. Packets larger than the bucket are no problem on veths (tbf splits GSO
 # packets into MTU-sized segments); on lo, whose 64 KiB MTU makes real 64 KiB packets that tbf
 # would drop, the MTU is lowered to 1500 like the veths'.
+
+
+# [Note: failing links]
+# A network that fails rather than a process. ``uplink_down_commands`` sets a node's uplink down:
+# nothing is sent back (no RST, no ICMP: it is layer 2), so every TCP connection across it just
+# stops, as with a dead NIC or switch port, and only collective_timeout_s can end the wait.
+# ``uplink_loss_commands`` makes the uplink lossy. netem, the usual tool, is not built into every
+# kernel (this project's CI kernel has neither sch_netem nor act_gact), so the drop is a classic-BPF
+# filter in direct-action mode on the interface's clsact egress hook, built from tc alone:
+#     A = random u32;  if A >= (1 - p) * 2**32: return TC_ACT_SHOT (drop)  else: return TC_ACT_OK
+# It runs before the root qdisc, so the tbf shaping is untouched; it lives inside the namespace
+# and goes with it (``clear_loss_command`` removes it earlier). Dropped segments are retransmitted
+# by TCP: loss slows a run, it must never change its numbers.
+SKF_AD_RANDOM = 0xFFFFF000 + 56  # SKF_AD_OFF + SKF_AD_RANDOM: "ld rand" in classic BPF
+TC_ACT_OK, TC_ACT_SHOT = 0, 2
+
+
+def loss_bytecode(percent: float) -> str:
+    """tc's ``bytecode`` string (count, then "code jt jf k" per instruction) of a classic-BPF
+    program that returns TC_ACT_SHOT for ``percent`` % of packets, chosen at random."""
+    if not 0 < percent <= 100:
+        raise ValueError(f"loss percent must be in (0, 100], got {percent!r}")
+    threshold = min(int(round((1 - percent / 100) * 2 ** 32)), 2 ** 32 - 1)
+    prog = [(0x20, 0, 0, SKF_AD_RANDOM),  # ld [rand]           (BPF_LD | BPF_W | BPF_ABS)
+            (0x35, 0, 1, threshold),  # jge #threshold, next, pass (BPF_JMP | BPF_JGE | BPF_K)
+            (0x06, 0, 0, TC_ACT_SHOT),  # ret #SHOT
+            (0x06, 0, 0, TC_ACT_OK)]  # ret #OK
+    return ",".join([str(len(prog))] + [f"{c} {jt} {jf} {k}" for c, jt, jf, k in prog])
+
+
+def loss_commands(ns: str, ifname: str, percent: float) -> list[list[str]]:
+    """Drop ``percent`` % of what ``ifname`` sends ([Note: failing links]); ``replace`` keeps it
+    idempotent, so the rate can be changed by running it again."""
+    return [["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "clsact"],
+            ["tc", "-n", ns, "filter", "replace", "dev", ifname, "egress", "pref", "1", "handle", "1",
+             "bpf", "da", "bytecode", loss_bytecode(percent)]]
+
+
+def clear_loss_command(ns: str, ifname: str) -> list[str]:
+    return ["tc", "-n", ns, "qdisc", "del", "dev", ifname, "clsact"]

@@ -18,6 +18,14 @@ and the peer ranks of the collective it was waiting in. A rank whose exception p
 its sockets close, so peers blocked on *it* fail at once in turn: the failure spreads through
 the world within about one ``collective_timeout_s`` (less when nobody is merely stuck).
 
+A *link* that fails (a node's uplink down in benchmarks/cluster) closes nothing: no FIN or
+RST crosses it, so every wait across it ends by the timeout alone, on both sides of the cut, naming
+the link's tier and the peers beyond it. A rank waiting in a faster tier on such a rank either sees
+it exit (``peer_lost``) or, having started its own wait at about the same moment, times out beside
+it and names its own tier and that partner; the partner's error then names the failed tier, so
+the timeout reason says that a peer may be cut off. Every rank ends within about
+``collective_timeout_s`` + one step + two process exits of the failure (tests/test_netfail.py).
+
 On RCCL/NCCL (not verified here) the same group timeout drives torch's watchdog, which aborts
 the process instead of raising; the bound is the same, the message is torch's.
 """
@@ -42,8 +50,8 @@ _COMM = re.compile(r"gloo|Connection (closed|reset)|Timed out waiting|Broken pip
 
 _REASONS = {
     "peer_lost": "a peer closed its connection (its process died, or exited after its own failure)",
-    "timeout": "no progress within collective_timeout_s = {timeout:g} s (a peer is stuck, or died "
-               "without closing its connection)",
+    "timeout": "no progress within collective_timeout_s = {timeout:g} s (a peer is stuck, died "
+               "without closing its connection, is cut off by a failed link, or waits on one that is)",
     "error": "the collective raised an error",
 }
 
