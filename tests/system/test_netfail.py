@@ -23,13 +23,13 @@ import pytest
 
 from benchmarks.cluster import netns
 from benchmarks.cluster.spec import SKF_AD_RANDOM, ClusterSpec, loss_bytecode
-from zeropp_hier.topology import Topology
-from zeropp_hier.training import ds_config
+from zeropp_hier.core.topology import Topology
+from zeropp_hier.app.training import ds_config
 
-from .test_failures import parse_error
+from ..dist.test_failures import parse_error
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RANK_SCRIPT = os.path.join("tests", "netfail_rank.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RANK_SCRIPT = ["-m", "tests.system.netfail_rank"]  # run from the repository root, as a module
 SHAPE = dict(nodes=2, gpus_per_node=1, gcds_per_gpu=2)
 TIMEOUT_S = 20.0  # collective_timeout_s of these runs
 # How long after the link goes down every rank must have ended: TIMEOUT_S, plus up to one step
@@ -150,7 +150,7 @@ def test_uplink_down_mid_step_fails_every_rank_with_named_tier_and_peers():
         with Cluster(spec):
             # the driver ends a rank only after TIMEOUT_S + 15 s without any rank ending: each
             # rank must end on its own
-            run_marked(spec, [RANK_SCRIPT, json.dumps(plan)], on_event=on_event, timeout=600,
+            run_marked(spec, [*RANK_SCRIPT, json.dumps(plan)], on_event=on_event, timeout=600,
                        failure_grace_s=TIMEOUT_S + 15, extra_env={mark.split("=")[0]: mark.split("=")[1]})
     err = info.value
     total = time.monotonic() - t0
@@ -218,7 +218,7 @@ def test_lossy_uplink_slows_the_run_and_leaves_every_loss_unchanged():
 
     t0 = time.monotonic()
     with Cluster(spec):
-        results, _ = run_marked(spec, [RANK_SCRIPT, json.dumps(plan)], on_mark=on_mark, timeout=600,
+        results, _ = run_marked(spec, [*RANK_SCRIPT, json.dumps(plan)], on_mark=on_mark, timeout=600,
                                 extra_env={mark.split("=")[0]: mark.split("=")[1]})
     total = time.monotonic() - t0
     _assert_nothing_left(spec, mark)

@@ -1,6 +1,6 @@
 """What every rank runs for tests/test_netfail.py, inside the emulated cluster.
 
-    python tests/netfail_rank.py '<json plan>'
+    python -m tests.system.netfail_rank '<json plan>'   (from the repository root)
 
 The plan gives a DeepSpeed config, a list of run labels and a number of steps. For each label
 rank 0 raises a mark (``MARK <label>``: the driver changes the network there, every rank waits),
@@ -17,7 +17,6 @@ import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -33,7 +32,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import event, mark, send_result
-    from zeropp_hier import training
+    from zeropp_hier.app import training
     rank = dist.get_rank()
     for label in plan["runs"]:
         mark(label)
