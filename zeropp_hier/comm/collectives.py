@@ -29,6 +29,25 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+# [Note: one collective per hop]
+# A quantized payload is data (int8, or two int4 per byte) plus one fp32 scale per block. Sent as
+# two collectives, every hop pays the latency of two (on the network tier, where latency is
+# highest, per bucket and per layer). Both travel as one byte buffer instead: the data bytes,
+# then the scales' bytes. The data length is a multiple of 4 (a block holds at least 32
+# elements), so the scales stay 4-byte aligned and are read back with a view, not a conversion.
+
+def _pack(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[k, d] data bytes and [k, s] fp32 scales (k rows, one per destination) -> [k, d + 4 s] bytes."""
+    return torch.cat([data.view(torch.uint8), scales.contiguous().view(torch.uint8)], dim=1)
+
+
+def _unpack(packed: torch.Tensor, data_bytes: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``_pack`` for [k, L] bytes: ([k, data_bytes] data in ``dtype``, [k, s] fp32 scales)."""
+    data = packed[:, :data_bytes].contiguous().view(dtype)
+    scales = packed[:, data_bytes:].contiguous().view(torch.float32)
+    return data, scales
+
+
 class HierCollectives:
     def __init__(self, topo: Topology, groups: dict[tuple[str, ...], HopGroup], stats: CommStats):
         self.topo = topo
@@ -76,8 +95,8 @@ class HierCollectives:
             q = quant.quantize(local, _BITS[hop.scheme], block_size)
             if hook is not None:
                 hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
-            data = self._gather_blocks(q.data, hg, phase)
-            scales = self._gather_blocks(q.scales, hg, phase)
+            packed = self._gather_blocks(_pack(q.data.view(1, -1), q.scales.view(1, -1)).view(-1), hg, phase)
+            data, scales = _unpack(packed, q.data.numel() * q.data.element_size(), q.data.dtype)
             # every block's padded length is the same, so the k payloads form one valid payload
             allq = quant.Quantized(data.reshape(-1), scales.reshape(-1),
                                    k * scales.shape[1] * block_size, q.bits, block_size)
@@ -117,8 +136,9 @@ class HierCollectives:
             q = quant.quantize(send.reshape(-1), _BITS[hop.scheme], block_size)
             if hook is not None:
                 hook.encoded(send, lambda: quant.dequantize(q, torch.float32).view_as(send))
-            data = self._exchange(q.data.view(k, -1), hg := self.groups[hop.axes], phase)
-            scales = self._exchange(q.scales.view(k, -1), hg, phase)
+            data_rows, scale_rows = q.data.view(k, -1), q.scales.view(k, -1)
+            packed = self._exchange(_pack(data_rows, scale_rows), self.groups[hop.axes], phase)
+            data, scales = _unpack(packed, data_rows.shape[1] * data_rows.element_size(), q.data.dtype)
             m = send.shape[1]
             parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
             summed = quant.dequantize_sum(parts, torch.float32)
