@@ -2,6 +2,7 @@
 import pytest
 
 from zeropp_hier.app.training import ds_config
+from zeropp_hier.core.layout import aligned
 
 from . import ranks_training
 
@@ -35,15 +36,17 @@ def test_forward_node_bytes_at_most_int8_share(frontier_run):
         st = r["frontier"]["stats"]
         calls = st["calls"]["forward_gather"]["node"]
         assert calls > 0
-        # each gather sends the int8 payload of its bucket (padded to a block, one fp32 scale per
-        # block) to the N-1 peers on other nodes, once per step
-        per_step = share * (1 + 4 / B) + (calls / STEPS) * (B + 4)
-        assert 0 < st["bytes"]["forward_gather"]["node"] <= STEPS * (N - 1) * per_step
+        # each gather sends the int8 payload of its bucket to the N-1 peers on other nodes, once
+        # per step: every partition in a slot of whole blocks (blocks never straddle tensors),
+        # one fp32 scale per block, padding included
+        per_step = sum(aligned(n, B) for n in sizes) * (1 + 4 / B)
+        assert st["bytes"]["forward_gather"]["node"] == STEPS * (N - 1) * per_step
         # the uncompressed run sends fp32
         exact = r["frontier_fp32"]["stats"]["bytes"]["forward_gather"]["node"]
         assert exact == STEPS * (N - 1) * share * 4
-        # (not the full 4x: this tiny model gathers small buckets, each padded to a whole block)
-        assert st["bytes"]["forward_gather"]["node"] < exact / 2
+        # less than fp32, though not by 4x: in this tiny model most tensors are smaller than a
+        # block per rank, and each takes a whole one (a large model's padding is negligible)
+        assert st["bytes"]["forward_gather"]["node"] < exact
 
 
 def test_gradient_node_bytes_at_most_int4(frontier_run):
@@ -53,11 +56,13 @@ def test_gradient_node_bytes_at_most_int4(frontier_run):
         st = r["frontier"]["stats"]
         calls = st["calls"]["grad_reduce"]["node"]
         assert calls > 0
-        width = share + (calls / STEPS) * B  # row width per step, padding included
+        width = sum(aligned(n, B) for n in sizes)  # row width per step: chunks in whole blocks
         bound = STEPS * (N - 1) * (width / 2 + 4 * width / B)
         assert 0 < st["bytes"]["grad_reduce"]["node"] <= bound
         exact = r["frontier_fp32"]["stats"]["bytes"]["grad_reduce"]["node"]
-        assert st["bytes"]["grad_reduce"]["node"] < exact / 6
+        # int4 against fp32: 8x fewer bits, less the whole-block slots of this tiny model's
+        # small tensors (see above)
+        assert st["bytes"]["grad_reduce"]["node"] < exact / 2
 
 
 def test_frontier_moves_traffic_off_the_network(frontier_run):

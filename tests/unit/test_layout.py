@@ -83,3 +83,19 @@ def test_index_orders_are_inverse():
     io, ro = layout.index_order(t), layout.rank_order(t)
     assert torch.equal(io[ro], torch.arange(8)) and torch.equal(ro[io], torch.arange(8))
     assert layout.index_order(Topology(2, 2, 2)) is None
+
+
+def test_aligned_chunks_start_on_block_boundaries_and_unpack_the_same():
+    W, B = 8, 32
+    grads = [torch.arange(n, dtype=torch.float32) + 1 for n in (5, 300, 8, 1, 70)]
+    packed = layout.pack_grad_rows(grads, W, pad_to=B, align_chunks=True)
+    # every tensor's chunk sits in a slot of whole blocks, so no block mixes two tensors
+    assert packed.slots == tuple(layout.aligned(c, B) for c in packed.chunk)
+    assert all(slot % B == 0 for slot in packed.slots) and packed.rows.shape == (W, sum(packed.slots))
+    starts = [sum(packed.slots[:i]) for i in range(len(grads))]
+    for r in range(W):
+        for t, (start, c, slot) in enumerate(zip(starts, packed.chunk, packed.slots)):
+            assert torch.count_nonzero(packed.rows[r, start + c:start + slot]) == 0  # padding is zeros
+        mine = layout.unpack_my_chunks(packed.rows[r], [g.numel() for g in grads], packed.chunk, r, packed.slots)
+        for g, c, m in zip(grads, packed.chunk, mine):
+            assert torch.equal(m, g[r * c:(r + 1) * c])

@@ -98,24 +98,44 @@ def kept_shard(full: torch.Tensor, me: Coord, kept_axes: Sequence[str]) -> torch
     return x.contiguous()
 
 
+def aligned(n: int, block: int) -> int:
+    """``n`` rounded up to a multiple of ``block``."""
+    return -(-n // block) * block
+
+
+# [Note: blocks never straddle]
+# A quantization block takes one scale from its largest element. Blocks laid over a buffer that
+# concatenates tensors would mix a small tensor with a large neighbour (a bias of std 0.002 beside
+# a weight of std 0.02 loses most of its precision, and under int4 may round to zero), and a
+# block across two ranks' segments would mix their data. So every tensor's piece starts on a
+# block boundary: in a gather each parameter's partition takes a slot padded to a whole number
+# of blocks (a rank's segment is then aligned too), and in a gradient row each tensor's chunk
+# does. Only buffers that some hop quantizes are padded; the padding is zeros, is sent, and is
+# counted in comm_stats like any other byte.
+
+
 class GradRows(NamedTuple):
     rows: torch.Tensor  # [world, C] fp32, row r = the chunks rank r will own
     chunk: tuple[int, ...]  # per-tensor chunk length (ceil(numel / world))
     width: int  # C before padding
+    slots: tuple[int, ...] | None = None  # per-tensor slot width in a row (None: = chunk)
 
 
 def pack_grad_rows(grads: Sequence[torch.Tensor], world: int, pad_to: int = 1,
-                   scale: float = 1.0) -> GradRows:
+                   scale: float = 1.0, align_chunks: bool = False) -> GradRows:
     """Lay out gradients as DeepSpeed's reduce-scatter does (tensor t is cut into ``world``
     chunks of ceil(numel/world); rank r owns chunk r of every tensor), one row per rank, with
-    the row padded to a multiple of ``pad_to`` (so quantization blocks never straddle rows).
-    Values are converted to fp32 and multiplied by ``scale`` (the averaging factor)."""
+    the row padded to a multiple of ``pad_to`` (so quantization blocks never straddle rows) and,
+    with ``align_chunks``, every tensor's chunk in a slot of whole ``pad_to`` blocks
+    ([Note: blocks never straddle]). Values are converted to fp32 and multiplied by ``scale``
+    (the averaging factor)."""
     chunks = tuple(-(-g.numel() // world) for g in grads)
-    width = sum(chunks)
-    padded = -(-width // pad_to) * pad_to if width else 0
+    slots = tuple(aligned(c, pad_to) for c in chunks) if align_chunks else chunks
+    width = sum(slots)
+    padded = aligned(width, pad_to) if width else 0
     rows = torch.zeros(world, padded, dtype=torch.float32, device=grads[0].device if grads else None)
     off = 0
-    for g, c in zip(grads, chunks):
+    for g, c, slot in zip(grads, chunks, slots):
         flat = g.reshape(-1)
         full_rows = flat.numel() // c if c else 0
         if full_rows:
@@ -123,19 +143,19 @@ def pack_grad_rows(grads: Sequence[torch.Tensor], world: int, pad_to: int = 1,
         tail = flat.numel() - full_rows * c
         if tail:
             rows[full_rows, off:off + tail].copy_(flat[full_rows * c:])
-        off += c
+        off += slot
     if scale != 1.0:
         rows.mul_(scale)
-    return GradRows(rows, chunks, width)
+    return GradRows(rows, chunks, width, slots if align_chunks else None)
 
 
 def unpack_my_chunks(row: torch.Tensor, grads_numel: Sequence[int], chunk: Sequence[int],
-                     rank: int) -> list[torch.Tensor]:
+                     rank: int, slots: Sequence[int] | None = None) -> list[torch.Tensor]:
     """This rank's reduced chunk of every tensor, cut from its reduced row. Sizes match
     DeepSpeed's ``reduce_scatter_coalesced`` (a rank past the end of a tensor gets 0 elements)."""
     out, off = [], 0
-    for n, c in zip(grads_numel, chunk):
+    for i, (n, c) in enumerate(zip(grads_numel, chunk)):
         size = max(0, min(c, n - rank * c))
         out.append(row.narrow(0, off, size))
-        off += c
+        off += c if slots is None else slots[i]
     return out

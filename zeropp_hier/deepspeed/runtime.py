@@ -65,6 +65,11 @@ class HierRuntime:
         self.rank = rank
         self.me = topo.coord(rank)
         self.plan: CommPlan = make_plan(cfg.preset, cfg.compression, topo)
+        # slot granularity of gathered partitions: the largest block of any quantizing gather hop
+        # (block sizes are powers of two, so it is a multiple of every one); 1 when all are exact
+        self._exact_forward = tuple(h._replace(scheme="none") for h in self.plan.forward)
+        self._gather_align = max((h.block_size for h in (*self.plan.forward, *self.plan.backward)
+                                  if h.scheme in QUANTIZED), default=1)
         axes_sets = [h.axes for h in (*self.plan.forward, *self.plan.backward, *self.plan.reduce)]
         self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
         self.stats = CommStats(topo, rank)
@@ -126,8 +131,11 @@ class HierRuntime:
         # take different hops, and a buffer holds one dtype. The source is decided now, on the
         # caller's thread, from the kept shards as they are at submission.
         buckets: dict[tuple[bool, torch.dtype], list] = {}
+        # a kept copy holds what the (possibly compressed) forward gather delivered: used for the
+        # backward and later forwards, never for an exact gather outside the step
+        use_shards = self.phase != "other_gather"
         for p in params:
-            buckets.setdefault((p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
+            buckets.setdefault((use_shards and p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
         work = [(ps, from_shard, [self.shards[p.ds_id] for p in ps] if from_shard else None)
                 for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))]
         phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
@@ -142,13 +150,20 @@ class HierRuntime:
 
     def _gather_bucket(self, ps: list, from_shard: bool, shards: list | None, phase: str) -> dict[int, torch.Tensor]:
         sizes = [p.ds_tensor.ds_numel for p in ps]
+        # Gathers outside forward and backward (GatheredParameters, the 16-bit save, persistent
+        # re-gathers, item()) hand out weights that are saved, inspected or kept: they take the
+        # same hops, exact ([Note: every gather through the hierarchy] in partition.py).
+        exact = phase == "other_gather"
+        # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
+        # straddle]); kept shards have the slots of the forward gather that made them
+        align = 1 if exact else self._gather_align
+        slots = [layout.aligned(n, align) for n in sizes]
         if from_shard:
             buf = torch.cat(shards, dim=3)
             hops = self.plan.backward
         else:
-            buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps]).view(1, 1, 1, -1)
-            self._zero_padding(buf.view(-1), ps, sizes)
-            hops = self.plan.forward
+            buf = self._primary_buffer(ps, sizes, slots).view(1, 1, 1, -1)
+            hops = self._exact_forward if exact else self.plan.forward
         for hop in hops:
             buf = self.coll.gather_hop(buf, hop, hop.block_size, phase,
                                        hook=self.numerics.gather_hook(phase, hop))
@@ -159,32 +174,41 @@ class HierRuntime:
         if not from_shard and self.plan.kept_axes is not None and phase == "forward_gather":
             kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
             off = 0
-            for p, n in zip(ps, sizes):
+            for p, slot in zip(ps, slots):
                 if not getattr(p, "ds_persist", False):  # persistent ones are never re-gathered
-                    self.shards[p.ds_id] = kept[..., off:off + n].contiguous()
+                    self.shards[p.ds_id] = kept[..., off:off + slot].contiguous()
                     if not p.requires_grad:
                         self._frozen[p.ds_id] = p
-                off += n
+                off += slot
         rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
         if self._rank_order is not None:
             rows = rows.index_select(0, self._perms.get("rank", self._rank_order, rows.device))  # global rank order
         out, off = {}, 0
-        for p, n in zip(ps, sizes):
+        for p, n, slot in zip(ps, sizes, slots):
             flat = rows[:, off:off + n].reshape(-1)[: p.ds_numel]
             out[p.ds_id] = flat.view(p.ds_shape).to(p.ds_tensor.dtype)
-            off += n
+            off += slot
         return out
 
-    def _zero_padding(self, local: torch.Tensor, ps: list, sizes: list[int]) -> None:
-        """DeepSpeed leaves the tail of the last partitions uninitialised. Uncompressed, those
-        elements are never read; but a quantization block that holds them would take its scale
-        from whatever garbage is there (NaN included) and spoil the real values beside them."""
+    def _primary_buffer(self, ps: list, sizes: list[int], slots: list[int]) -> torch.Tensor:
+        """This rank's partitions side by side, each in its slot; everything else zero.
+        DeepSpeed leaves the tail of the last partitions uninitialised: uncompressed those
+        elements are never read, but a quantization block holding them would take its scale from
+        whatever is there (NaN included) and spoil the real values beside it."""
+        dtype = ps[0].ds_tensor.dtype
+        if slots == sizes:  # no padding: one concatenation, then zero the tails
+            buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps])
+        else:
+            buf = torch.zeros(sum(slots), dtype=dtype, device=ps[0].ds_tensor.device)
         off = 0
-        for p, n in zip(ps, sizes):
+        for p, n, slot in zip(ps, sizes, slots):
             valid = max(0, min(n, p.ds_numel - self.rank * n))
-            if valid < n:
-                local[off + valid:off + n].zero_()
-            off += n
+            if slots != sizes:
+                buf[off:off + valid].copy_(p.ds_tensor.data.reshape(-1)[:valid])
+            elif valid < n:
+                buf[off + valid:off + n].zero_()
+            off += slot
+        return buf
 
     def invalidate_shards(self, keep_frozen: bool = False) -> None:
         """The primary shards changed: kept copies are stale. After an optimizer step
@@ -227,7 +251,7 @@ class HierRuntime:
         # rows padded to every quantized stage's block size (powers of two: the largest), so
         # that no quantization block straddles two destinations
         pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
-        packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world)
+        packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
         buf = packed.rows
         self.numerics.check_local(buf)
         if self._index_order is not None:
@@ -237,4 +261,4 @@ class HierRuntime:
             buf = self.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype,
                                          hook=self.numerics.reduce_hook(key, i, hop, loss_scale))
         row = buf.reshape(-1)
-        return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank)
+        return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank, packed.slots)
