@@ -39,13 +39,17 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
 def ds_config_for(cfg: dict, plan: dict) -> dict:
     from zeropp_hier.app import training
     topo = plan["topology"]
+    dtype, bucket = plan.get("dtype", "fp32"), plan.get("prefetch_bucket", 0)
     if cfg["kind"] == "stock":
-        c = training.ds_config(None, micro_batch=plan["micro_batch"], regather=plan["regather"])
+        c = training.ds_config(None, micro_batch=plan["micro_batch"], regather=plan["regather"], dtype=dtype)
         c["zero_optimization"].update(cfg.get("zero", {}))
-        return c
-    return training.ds_config(cfg["preset"], micro_batch=plan["micro_batch"], regather=plan["regather"],
-                              compression=cfg.get("compression"), gpus_per_node=topo["gpus_per_node"],
-                              gcds_per_gpu=topo["gcds_per_gpu"])
+    else:
+        c = training.ds_config(cfg["preset"], micro_batch=plan["micro_batch"], regather=plan["regather"],
+                               compression=cfg.get("compression"), gpus_per_node=topo["gpus_per_node"],
+                               gcds_per_gpu=topo["gcds_per_gpu"], dtype=dtype)
+    if bucket:  # prefetch ahead of use; reuse distance 0 keeps the backward re-gather
+        c["zero_optimization"].update(stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0)
+    return c
 
 
 def forget_hpz_group() -> None:

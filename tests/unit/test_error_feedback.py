@@ -113,3 +113,24 @@ def test_nonfinite_flags_and_verdict():
     assert v.any and v.first() == (node, 5)
     assert v.as_list() == [{"phase": "grad_reduce", "tier": "node", "ranks": [5, 6]}]
     assert not Verdict(()).any
+
+
+def test_bf16_residuals_take_half_the_memory_and_are_added_back_in_fp32():
+    import torch
+    from zeropp_hier.comm.error_feedback import ErrorFeedback
+    torch.manual_seed(0)
+    KEY = (("blocks.0.fc.weight",), 0)  # (bucket parameter names, stage)
+    sent = torch.randn(4, 256)
+    decoded = sent + torch.randn(4, 256) * 1e-2
+    full, half = ErrorFeedback({}), ErrorFeedback({}, dtype=torch.bfloat16)
+    for ef in (full, half):
+        ef.record(KEY, sent, decoded, 1.0)
+    assert half.nbytes() * 2 == full.nbytes()
+    r_full, r_half = full.residuals[KEY], half.residuals[KEY]
+    assert r_half.dtype == torch.bfloat16 and torch.equal(r_half, r_full.to(torch.bfloat16))
+    out = half.compensate(KEY, sent, 1.0)
+    assert out.dtype == torch.float32  # the next send stays fp32
+    assert torch.allclose(out, sent + r_full, atol=1e-4)
+    # a checkpoint written with fp32 residuals loads into bf16 storage (and back)
+    half.load_state_dict(full.state_dict())
+    assert half.residuals[KEY].dtype == torch.bfloat16

@@ -138,3 +138,18 @@ def test_plan_command_20b_on_48_frontier_nodes():
     assert "frontier over stock ZeRO++" in text and "1.71x" in text
     assert "stock ZeRO++ over stock ZeRO-3" in text and "~1.4x" in text
     assert "Where and why the prediction differs" in text
+
+
+def test_memory_counts_error_feedback_residuals_and_gradient_staging():
+    from zeropp_hier.tools import planner as P
+    cl = P.frontier(nodes=48)
+    wl = P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8)
+    frontier = next(c for c in P.default_candidates(cl) if c.name == "frontier")
+    mem = P.memory(frontier, cl, wl)
+    # frontier feeds back on the int4 node stage: its send buffer holds the rank's rows for every
+    # node, 20e9 / 384 * 48 elements, in fp32
+    assert mem.parts["error-feedback residuals"] == 4 * 20e9 / 384 * 48
+    assert mem.parts["gradient staging"] == P.STAGING_FP32_COPIES * 4 * 5e8
+    half = P.memory(frontier, cl, P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8, residual_bytes=2))
+    assert half.parts["error-feedback residuals"] * 2 == mem.parts["error-feedback residuals"]
+    assert mem.total - half.total == half.parts["error-feedback residuals"]

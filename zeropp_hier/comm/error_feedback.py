@@ -50,8 +50,9 @@ Key = tuple[tuple[str, ...], int]  # (parameter names of the bucket, stage index
 
 
 class ErrorFeedback:
-    def __init__(self, signature: dict[str, Hashable]):
+    def __init__(self, signature: dict[str, Hashable], dtype: torch.dtype = torch.float32):
         self.signature = signature
+        self.dtype = dtype  # storage of the residuals; added back in fp32
         self.residuals: dict[Key, torch.Tensor] = {}
 
     def compensate(self, key: Key, send: torch.Tensor, loss_scale: float) -> torch.Tensor:
@@ -71,11 +72,15 @@ class ErrorFeedback:
         decodes to. Stores (sent - decoded) / loss_scale, with non-finite elements as 0."""
         r = self.residuals.get(key)
         if r is None or r.shape != sent.shape:
-            r = torch.empty(sent.shape, dtype=torch.float32, device=sent.device)
-        torch.sub(sent, decoded, out=r)
+            r = torch.empty(sent.shape, dtype=self.dtype, device=sent.device)
+        # computed in fp32 (in place in r when it is fp32), rounded to the storage dtype once
+        diff = r if r.dtype == torch.float32 else torch.empty(sent.shape, dtype=torch.float32, device=sent.device)
+        torch.sub(sent, decoded, out=diff)
         if loss_scale != 1.0:
-            r.div_(loss_scale)
-        r.masked_fill_(~torch.isfinite(r), 0.0)
+            diff.div_(loss_scale)
+        diff.masked_fill_(~torch.isfinite(diff), 0.0)
+        if diff is not r:
+            r.copy_(diff)
         self.residuals[key] = r
 
     def reset(self) -> None:
@@ -103,5 +108,5 @@ class ErrorFeedback:
             return f"the checkpoint's layout {saved} differs from this engine's {self.signature}"
         for e in state["entries"]:
             self.residuals[(tuple(str(n) for n in e["bucket"]), int(e["stage"]))] = \
-                e["residual"].to(device=device, dtype=torch.float32)
+                e["residual"].to(device=device, dtype=self.dtype)
         return None

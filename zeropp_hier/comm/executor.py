@@ -51,6 +51,10 @@ class CommExecutor:
         self._cuda = _device_stream_api(device) if overlap else None
         self._stream = self._cuda.Stream(device=device) if self._cuda is not None else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # submitted but not yet taken by ``result``: more than one means work was issued ahead of
+        # use (what DeepSpeed's prefetch is for); ``max_outstanding`` is the high-water mark
+        self.outstanding = 0
+        self.max_outstanding = 0
         self._thread: threading.Thread | None = None
         if overlap:
             self._thread = threading.Thread(target=self._loop, name=f"zeropp_hier-comm-{name}", daemon=True)
@@ -59,6 +63,8 @@ class CommExecutor:
     # -- caller side ---------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any]) -> Future:
         fut: Future = Future()
+        self.outstanding += 1
+        self.max_outstanding = max(self.max_outstanding, self.outstanding)
         if not self.overlap:
             try:
                 fut.set_result(_Done(fn(), None))
@@ -73,6 +79,7 @@ class CommExecutor:
         return fut
 
     def result(self, fut: Future) -> Any:
+        self.outstanding -= 1
         done: _Done = fut.result()
         if done.event is not None:
             self._cuda.current_stream(self.device).wait_event(done.event)
@@ -85,7 +92,7 @@ class CommExecutor:
     def drain(self) -> None:
         """Wait until everything submitted so far has run (errors stay with their futures)."""
         if self.overlap:
-            self.submit(lambda: None).result()
+            self.result(self.submit(lambda: None))
 
     def close(self) -> None:
         if self._thread is not None:

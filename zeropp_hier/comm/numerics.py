@@ -265,7 +265,8 @@ class Numerics:
         ef_stages = [(i, h) for i, h in enumerate(plan.reduce) if h.error_feedback]
         self.error_feedback = ErrorFeedback({
             "world": topo.world_size, "dims": tuple(topo.dims), "rank_map": topo.rank_map, "rank": rank,
-            "stages": tuple((i, h.axes, h.scheme, h.block_size) for i, h in ef_stages)})
+            "stages": tuple((i, h.axes, h.scheme, h.block_size) for i, h in ef_stages)},
+            dtype=torch.bfloat16 if cfg.residual_dtype == "bf16" else torch.float32)
         self.telemetry = Telemetry(cfg.sample_every)
         self.monitor = NonFiniteMonitor(reduce_locations(plan))
         self.report = StepReport()

@@ -56,7 +56,7 @@ PRESET_ERROR_FEEDBACK: dict[str, Any] = {"zero3": "auto", "zeropp": False, "fron
 
 _COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size",
                      "error_feedback")
-_NUMERICS_KEYS = ("nonfinite", "sample_every")
+_NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype")
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,10 @@ class CompressionConfig:
 class NumericsConfig:
     nonfinite: str = "skip"  # bf16/fp32: skip the step and report, or raise HierNonFiniteError
     sample_every: int = DEFAULT_SAMPLE_EVERY  # compression error sampled every N-th call; 0 = off
+    # error-feedback residuals are kept in this dtype: "bf16" halves their memory (one residual
+    # per compressed gradient stage and bucket: for a 20B model, GBs per GCD in fp32); the
+    # residual is added back in fp32 either way
+    residual_dtype: str = "fp32"
 
 
 def _is_int(v: Any) -> bool:
@@ -236,7 +240,12 @@ def parse_numerics(v: Any, field: str) -> NumericsConfig:
         raise HierConfigError(f"{field}.sample_every", every,
                               f"use a non-negative integer: sample the compression error every N-th "
                               f"collective (0 = never; default {DEFAULT_SAMPLE_EVERY})")
-    return NumericsConfig(nonfinite=nonfinite, sample_every=every)
+    residual_dtype = d.get("residual_dtype", "fp32")
+    if residual_dtype not in ("fp32", "bf16"):
+        raise HierConfigError(f"{field}.residual_dtype", residual_dtype,
+                              "use \"fp32\" (default) or \"bf16\" (half the memory of the "
+                              "error-feedback residuals)")
+    return NumericsConfig(nonfinite=nonfinite, sample_every=every, residual_dtype=residual_dtype)
 
 
 def check_numerics_against_deepspeed(numerics: NumericsConfig, ds_config: Mapping, field: str) -> None:

@@ -26,7 +26,9 @@ time is ``max over links (bytes on the link / (capacity * efficiency)) + latency
 
 Memory per GCD follows DESIGN §3: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
 ZeRO++, tertiary 2M/gcds_per_gpu for frontier) + optimizer 12M/W + gradient partition 2M/W
-(bytes for 16-bit weights; other widths scale), plus two gathered layers and activations.
+(bytes for 16-bit weights; other widths scale), plus the error-feedback residuals (one per
+compressed stage that feeds back, the size of that stage's send buffer; fp32 or bf16), the fp32
+staging of one reduce bucket, two gathered layers and activations.
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ class Workload:
     activation_bytes: float = 0.0  # per GCD
     flops_per_token: float | None = None  # default 6 * params (forward + backward)
     reduce_bucket: float = 5e8  # DeepSpeed's reduce_bucket_size (elements)
+    residual_bytes: int = 4  # error-feedback residual storage: 4 (fp32) or 2 (numerics.residual_dtype bf16)
 
     @property
     def flops_per_step(self) -> float:
@@ -297,6 +300,9 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
 
 # --------------------------------------------------------------------------------------------
 # memory
+STAGING_FP32_COPIES = 5
+
+
 class Memory(NamedTuple):
     parts: dict  # name -> bytes per GCD
     total: float
@@ -311,6 +317,18 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Memory:
     if plan.kept_axes is not None:
         name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
         parts[name] = b * m / w * cluster.topology.axes_size(plan.kept_axes)
+    # error feedback keeps, per compressed stage that feeds back, a residual the size of that
+    # stage's send buffer: the rank's gradient rows not yet reduced by earlier stages
+    residual_elems, rows = 0.0, w
+    for hop in plan.reduce:
+        if hop.error_feedback:
+            residual_elems += m / w * rows
+        rows //= cluster.topology.axes_size(hop.axes)
+    if residual_elems:
+        parts["error-feedback residuals"] = wl.residual_bytes * residual_elems
+    # one reduce bucket staged in fp32 at its first stage: packed rows, their reordering and
+    # stage layout, the wire and receive buffers (compressed ones smaller; counted as fp32)
+    parts["gradient staging"] = STAGING_FP32_COPIES * 4 * min(wl.reduce_bucket, m)
     parts["gathered layers"] = 2 * b * wl.largest_layer_params + 4 * wl.largest_layer_params
     parts["activations"] = wl.activation_bytes
     total = sum(parts.values())
