@@ -19,8 +19,17 @@ list, so every rank reaches the same ``Topology`` or the same error.
   (declared, default 2); a host is one node of all its packages, or, when ``gpus_per_node`` is
   declared, is cut into simulated nodes of ``gpus_per_node`` packages (how one machine
   simulates several nodes).
-- Order: nodes by their lowest rank, packages by their id (CPU: by local rank), GCDs by device
-  index (CPU: by local rank); ``rank_map`` lists the rank at each position of that order.
+- Order: nodes by their lowest rank, packages by their lowest rank, GCDs by rank; ``rank_map``
+  lists the rank at each position of that order.
+
+[Note: launch order]
+Which package a rank sits on comes from the hardware; the order the packages are numbered in is
+ours to choose. Numbered by hardware id, Frontier's standard launch (``srun --ntasks-per-node=8
+--gpus-per-task=1 --gpu-bind=closest``: local ranks 0,1 on GCDs 4,5, which share package 2, ranks
+2,3 on GCDs 2,3, ...) gave a permuted rank map, and every gather and reduce stage paid for the
+permutation. Numbered by their lowest rank, the same placement is the identity map: ranks that
+share a package are still grouped by what the hardware says, but the hop groups, and so the
+collectives, are the same.
 """
 from __future__ import annotations
 
@@ -180,7 +189,10 @@ def _gpu_packages(by_host, hosts, gcds_hint):
             seen[r.device] = r.rank
             key = r.package if from_smi else r.device // g
             pk.setdefault(key, []).append(r)
-        out.append([[r.rank for r in sorted(pk[k], key=lambda r: r.device)] for k in sorted(pk)])
+        # packages by their lowest rank, GCDs by rank: the order the ranks were launched in, so a
+        # standard launch is the identity map whatever the hardware ids are ([Note: launch order])
+        members = [sorted(r.rank for r in pk[k]) for k in pk]
+        out.append(sorted(members, key=lambda ranks: ranks[0]))
     return out, source
 
 
