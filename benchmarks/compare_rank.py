@@ -50,7 +50,7 @@ def ds_config_for(cfg: dict, plan: dict) -> dict:
 
 def forget_hpz_group() -> None:
     """DeepSpeed keeps ZeRO++'s hpZ group in a module global and refuses to create a second one
-    (DESIGN §4); the next stock ZeRO++ engine in this process needs it cleared."""
+    (docs/design.md#deepspeed-hook-points); the next stock ZeRO++ engine in this process needs it cleared."""
     from deepspeed.utils import groups
     groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
 

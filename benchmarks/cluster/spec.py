@@ -7,7 +7,7 @@ layout without root and the benchmark and the planner share one source of the ra
 
 [Note: emulated layout]
 One namespace per GPU package (``<p>-n<node>g<gpu>``); the GCD ranks of a package run inside it
-and share its one address, so GCD-to-GCD traffic stays on the package's ``lo`` (DESIGN §7).
+and share its one address, so GCD-to-GCD traffic stays on the package's ``lo`` (docs/benchmarks.md#emulated-cluster-notes).
 Each node has a switch namespace (``<p>-sw<node>``) whose bridge joins its packages' veths; a core
 namespace (``<p>-core``) bridges the switches' uplinks. Everything is one flat subnet, so no
 routing is needed. Shaping (tbf) sits on *both* ends of every veth, i.e. on each direction:
@@ -18,16 +18,16 @@ routing is needed. Shaping (tbf) sits on *both* ends of every veth, i.e. on each
 
 A message between packages of one node crosses two package veths; between nodes it also
 crosses two node uplinks; so each tier's per-GCD rate is what a GCD gets when all GCDs of its
-enclosure send at once, as on Frontier (per-GCD ratios gcd:gpu:node = 200:50:12.5, DESIGN §1).
+enclosure send at once, as on Frontier (per-GCD ratios gcd:gpu:node = 200:50:12.5, docs/design.md#hardware-tiers).
 Nothing is created in the root namespace: deleting the namespaces removes every veth and qdisc
-with them. No interface is named ``up`` (it breaks ``ip link`` parsing, DESIGN §7).
+with them. No interface is named ``up`` (it breaks ``ip link`` parsing, docs/benchmarks.md#emulated-cluster-notes).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# Frontier's per-GCD link ratios (DESIGN §1): 200 : 50 : 12.5 GB/s.
+# Frontier's per-GCD link ratios (docs/design.md#hardware-tiers): 200 : 50 : 12.5 GB/s.
 FRONTIER_RATIO = {"gcd": 16.0, "gpu": 4.0, "node": 1.0}
 DEFAULT_NODE_MBIT = 10.0  # per GCD; low enough that communication dominates on a 2-core CPU
 SUBNET = "10.213.0"  # private test subnet, only ever configured inside our namespaces

@@ -1,6 +1,6 @@
 """A real one-node Slurm cluster for the tests: Debian's slurm-wlm, slurmctld + slurmd on this
 host, with a private munged, all state under a temporary directory, every daemon started here
-in the foreground and stopped by its PID (DESIGN.md §10).
+in the foreground and stopped by its PID (docs/frontier.md#the-one-node-slurm-test-cluster).
 
 Installs slurm-wlm and munge with apt-get when they are missing (CI runs as root); if that
 fails the test fails with the apt output, it is never skipped.

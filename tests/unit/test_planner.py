@@ -76,7 +76,7 @@ def test_memory_refuses_what_does_not_fit_and_says_what_to_relax():
     assert preds[0].memory.fits and not preds[-1].memory.fits  # refused ones rank last
     text = "\n".join(P.explain(preds, cl))
     assert "does not fit: frontier" in text and "tertiary" in text and "zeropp" in text
-    # DESIGN §3 arithmetic for the fitting 20B case
+    # docs/design.md#memory-per-gcd arithmetic for the fitting 20B case
     m = P.memory(by["ds-zero3"].candidate, cl, P.Workload(params=20e9, tokens_per_gcd=1))
     assert m.parts["primary"] == pytest.approx(2 * 20e9 / 384)
     assert m.parts["optimizer"] == pytest.approx(12 * 20e9 / 384)

@@ -45,8 +45,9 @@ DEFAULT_SAMPLE_EVERY = 16
 # - ``zeropp`` mirrors ZeRO++ (qwZ int8 weights, qgZ int4 gradients on both of its stages) and,
 #   like ZeRO++, runs without error feedback, so that it stays a faithful baseline; switch it
 #   on with ``"error_feedback": "auto"``. ``zero3`` compresses nothing.
-# benchmarks/convergence.py measures the consequence on real text (README, "Compression and
-# convergence"): frontier's default within 1% of uncompressed ZeRO-3, int4 everywhere not.
+# benchmarks/convergence.py measures the consequence on real text
+# (docs/benchmarks.md#convergence-on-real-text): frontier's default within 1% of uncompressed
+# ZeRO-3, int4 everywhere not.
 PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
     "zero3": {"weights": {}, "gradients": {}},
     "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},

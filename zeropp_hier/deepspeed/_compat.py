@@ -1,7 +1,7 @@
 """The DeepSpeed versions whose internals this package hooks into.
 
 The stage-3 subclass overrides private, name-mangled methods and replaces the per-parameter
-gather (DESIGN.md §4); those move between DeepSpeed releases. A version outside the range
+gather (docs/design.md#deepspeed-hook-points); those move between DeepSpeed releases. A version outside the range
 gets a clear error at import, not a traceback from deep inside a training step.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ import deepspeed.runtime.zero.stage3 as _ds_stage3
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 # DeepSpeed's engine imports this module while choosing a stage-3 class; import it first so
-# that its own import cannot capture our temporarily rebound name (DESIGN.md §4).
+# that its own import cannot capture our temporarily rebound name (docs/design.md#deepspeed-hook-points).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
 
 from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard

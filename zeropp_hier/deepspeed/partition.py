@@ -3,7 +3,7 @@
 DeepSpeed gives every partitioned parameter an ``all_gather_coalesced`` closure
 (``Init._convert_to_deepspeed_param``); no class-level hook exists for it, so this subclass
 rebinds that one attribute to ``HierRuntime.all_gather_coalesced`` right after DeepSpeed made
-it (DESIGN.md §4). Everything else (primary partitioning, release, ``GatheredParameters``) is
+it (docs/design.md#deepspeed-hook-points). Everything else (primary partitioning, release, ``GatheredParameters``) is
 DeepSpeed's own.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ time is ``max over links (bytes on the link / (capacity * efficiency)) + latency
   gcds_per_gpu * gcd rate), each package's links to the rest of its node (out and in,
   gcds_per_gpu * gpu rate) and each node's network links (out and in, gcds_per_node * node rate).
   Rates are per GCD and per direction — what one GCD gets when every GCD of its enclosure sends,
-  which is how DESIGN §1 states Frontier's numbers and how ``zeropp-hier probe`` measures them.
+  which is how docs/design.md#hardware-tiers states Frontier's numbers and how ``zeropp-hier probe`` measures them.
 * the bytes on each link follow the algorithm the library uses: ring all-gather and
   reduce-scatter over the group in rank order (NCCL/RCCL; gloo's reduce-scatter sends as much as
   a ring all-reduce, measured on the emulated cluster), direct all-to-all. A flat ring crosses a
@@ -24,7 +24,7 @@ time is ``max over links (bytes on the link / (capacity * efficiency)) + latency
 * quantized hops add (de)quantization time at the device's rate; payloads are counted at their
   packed size plus one fp32 scale per block.
 
-Memory per GCD follows DESIGN §3: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
+Memory per GCD follows docs/design.md#memory-per-gcd: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
 ZeRO++, tertiary 2M/gcds_per_gpu for frontier) + optimizer 12M/W + gradient partition 2M/W
 (bytes for 16-bit weights; other widths scale), plus two gathered layers and activations.
 """
@@ -413,14 +413,14 @@ def _relax(p: Prediction) -> str:
 # --------------------------------------------------------------------------------------------
 # built-in clusters
 def frontier(nodes: int = 48) -> ClusterModel:
-    """Frontier as DESIGN §1 states it (per-GCD, per-direction link rates); latencies and the
+    """Frontier as docs/design.md#hardware-tiers states it (per-GCD, per-direction link rates); latencies and the
     achieved FLOP rate are assumptions, printed with every prediction."""
     return ClusterModel(
         name=f"Frontier ({nodes} nodes, {nodes * 8} GCDs)", nodes=nodes, gpus_per_node=4, gcds_per_gpu=2,
         tiers={"gcd": TierLink(200 * GB, 5e-6), "gpu": TierLink(50 * GB, 10e-6),
                "node": TierLink(12.5 * GB, 20e-6)},
         memory_per_gcd=64 * GB, device_flops=70e12, quant_rate=2e11, library="rccl",
-        source="DESIGN.md §1 link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
+        source="docs/design.md#hardware-tiers link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
                "MI250X GCD's 191.5 bf16 peak), alpha 5/10/20 us, no compute/communication overlap")
 
 
@@ -429,7 +429,7 @@ def emulated(node_mbit: float = 10.0, nodes: int = 2, gpus_per_node: int = 2, gc
              device_flops: float = 1.5e9) -> ClusterModel:
     """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
     gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
-    gpu tiers in ``zeropp-hier probe`` runs here (DESIGN §7 saw 62-67% with other settings);
+    gpu tiers in ``zeropp-hier probe`` runs here (docs/benchmarks.md#emulated-cluster-notes: saw 62-67% with other settings);
     probed tiers replace it. Compute on 2 shared CPU cores is a
     measurement (``compute_s``) whenever one is available."""
     bps = node_mbit * 1e6 / 8
