@@ -52,5 +52,5 @@ setup(
     entry_points={"console_scripts": ["zeropp-hier-demo=zeropp_hier.app.demo:main",
                                       "zeropp-hier-train=zeropp_hier.app.train:main",
                                       "zeropp-hier-sweep-report=zeropp_hier.tools.sweep_report:main",
-                                      "zeropp-hier=zeropp_hier.tools.cli:main"]},
+                                      "zeropp-hier=zeropp_hier.tools.command:main"]},
 )

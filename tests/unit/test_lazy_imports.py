@@ -86,3 +86,22 @@ def test_old_module_commands_are_aliases_of_the_moved_ones():
     # Hydra prints the composed config and exits without running the job
     train = _python("-m", "zeropp_hier.train", "--cfg", "job", "steps=3")
     assert train.returncode == 0 and "steps: 3" in train.stdout, train.stderr[-2000:]
+
+
+def test_one_command_dispatches_to_each_tool():
+    top = _python("-m", "zeropp_hier", "--help")
+    assert top.returncode == 0, top.stderr[-2000:]
+    for sub in ("train", "plan", "probe", "report", "checkpoint", "cluster"):
+        assert sub in top.stdout
+    # "train" hands its arguments to Hydra unchanged: Hydra prints the composed job and exits
+    train = _python("-m", "zeropp_hier", "train", "--cfg", "job", "preset=zeropp", "steps=5")
+    assert train.returncode == 0 and "steps: 5" in train.stdout and "name: zeropp" in train.stdout, \
+        train.stderr[-2000:]
+    plan = _python("-m", "zeropp_hier", "plan", "--params", "3.4M", "--cluster", "emulated", "--json")
+    assert plan.returncode == 0 and '"name": "frontier"' in plan.stdout, plan.stderr[-2000:]
+    ckpt = _python("-m", "zeropp_hier", "checkpoint", "--help")
+    assert ckpt.returncode == 0 and "to-universal" in ckpt.stdout, ckpt.stderr[-2000:]
+    cluster = _python("-m", "zeropp_hier", "cluster", "--help")
+    assert cluster.returncode == 0 and "teardown" in cluster.stdout, cluster.stderr[-2000:]
+    bad = _python("-m", "zeropp_hier", "trian")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

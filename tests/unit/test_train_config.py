@@ -20,6 +20,28 @@ def test_defaults_are_the_readme_demo():
     assert (spec.d_model, spec.n_layers, spec.micro_batch) == (64, 4, 4)
 
 
+def test_yaml_defaults_equal_the_typed_spec():
+    """The one typed spec (JobSpec) holds the defaults; the Hydra YAML repeats them only because
+    Hydra composes from files, and must agree field for field, as must the argparse front end."""
+    from dataclasses import fields
+
+    from zeropp_hier.app.demo import parse_args, spec_from_args
+    spec = spec_from_config(OmegaConf.to_container(_compose(), resolve=True))
+    assert spec == JobSpec(), {f.name: (getattr(spec, f.name), getattr(JobSpec(), f.name))
+                               for f in fields(JobSpec) if getattr(spec, f.name) != getattr(JobSpec(), f.name)}
+    assert spec_from_args(parse_args([])) == JobSpec()
+
+
+def test_yaml_choices_are_the_spec_literals():
+    from typing import get_args, get_type_hints
+
+    from zeropp_hier.app import job
+    hints = get_type_hints(JobSpec)
+    assert get_args(hints["preset"]) == job.PRESETS and get_args(hints["dtype"]) == job.DTYPES
+    for preset in job.PRESETS:  # every preset of the spec has its config group option
+        assert spec_from_config(OmegaConf.to_container(_compose([f"preset={preset}"]), resolve=True)).preset == preset
+
+
 def test_groups_select_preset_compression_and_auto_topology():
     cfg = _compose(["preset=zeropp", "compression=hybrid", "topology=auto_sim", "model=gpt_small"])
     spec = spec_from_config(OmegaConf.to_container(cfg, resolve=True))

@@ -15,24 +15,27 @@ import argparse
 import json
 import sys
 
-from .job import PRESETS, JobSpec, launch
+from .job import DTYPES, PRESETS, JobSpec, launch
+
+DEFAULT = JobSpec()  # every flag's default comes from the one spec
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=PRESETS, default="frontier")
+    d, topo = DEFAULT, DEFAULT.topology
+    ap.add_argument("--preset", choices=PRESETS, default=d.preset)
     ap.add_argument("--compression", default=None,
                     help="'none' to switch compression off, or a JSON object for zeropp_hier.compression "
                          "(default: the preset's own)")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--gpus-per-node", type=int, default=2)
-    ap.add_argument("--gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--out-dir", default=None, help="write metrics.jsonl and summary.json here")
+    ap.add_argument("--steps", type=int, default=d.steps)
+    ap.add_argument("--nodes", type=int, default=d.local_world // (topo["gpus_per_node"] * topo["gcds_per_gpu"]))
+    ap.add_argument("--gpus-per-node", type=int, default=topo["gpus_per_node"])
+    ap.add_argument("--gcds-per-gpu", type=int, default=topo["gcds_per_gpu"])
+    ap.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    ap.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    ap.add_argument("--d-model", type=int, default=d.d_model)
+    ap.add_argument("--layers", type=int, default=d.n_layers)
+    ap.add_argument("--out-dir", default=d.out_dir, help="write metrics.jsonl and summary.json here")
     return ap.parse_args(argv)
 
 

@@ -13,19 +13,28 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 
-PRESETS = ("frontier", "zeropp", "zero3", "stock")  # stock: DeepSpeed ZeRO-3 without our section
+Preset = Literal["frontier", "zeropp", "zero3", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
+Dtype = Literal["fp32", "bf16", "fp16"]
+Progress = Literal["auto", "on", "off"]
+PRESETS: tuple[str, ...] = get_args(Preset)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+PROGRESS: tuple[str, ...] = get_args(Progress)
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    preset: str = "frontier"
+    """The job, typed, with its defaults in this one place. The Hydra app's YAML defaults
+    (``configs/train.yaml`` and its default groups) are tested equal to these
+    (``tests/unit/test_train_config.py``); the argparse front end takes its defaults from here."""
+
+    preset: Preset = "frontier"
     compression: Any = None  # None: the preset's own; "none"/"int8"/...: every tier; or a dict
     steps: int = 30
-    dtype: str = "fp32"
+    dtype: Dtype = "fp32"
     micro_batch: int = 4
     # GPT (zeropp_hier.testing.models.gpt.GPTConfig)
     vocab_size: int = 256
@@ -40,7 +49,7 @@ class JobSpec:
     lr: float = 3e-3
     seed: int = 0
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
-    progress: str = "auto"  # progress bar: auto (only on a terminal), on, off
+    progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
 
     def check(self) -> None:
@@ -49,9 +58,9 @@ class JobSpec:
             raise HierConfigError("preset", self.preset, f"use one of {list(PRESETS)}")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise HierConfigError("steps", self.steps, "use a positive integer")
-        if self.dtype not in ("fp32", "bf16", "fp16"):
+        if self.dtype not in DTYPES:
             raise HierConfigError("dtype", self.dtype, "use fp32, bf16 or fp16")
-        if self.progress not in ("auto", "on", "off"):
+        if self.progress not in PROGRESS:
             raise HierConfigError("progress", self.progress, "use auto, on or off")
 
 

@@ -1,9 +1,12 @@
-"""The main job as a Hydra application (config groups in zeropp_hier/app/configs/).
+"""The main job as a Hydra application (config groups in zeropp_hier/app/configs/), run as
+``zeropp-hier train`` (``python -m zeropp_hier.app.train`` is the same):
 
-    python -m zeropp_hier.app.train                              # the README demo: 8 CPU ranks, 2x2x2
-    python -m zeropp_hier.app.train preset=zeropp compression=none steps=50
-    python -m zeropp_hier.app.train -m preset=zero3,frontier compression=preset_default,none
-    python -m zeropp_hier.tools.sweep_report multirun/<date>/<time> # one table for the sweep
+    zeropp-hier train                                   # the README demo: 8 CPU ranks, 2x2x2
+    zeropp-hier train preset=zeropp compression=none steps=50
+    zeropp-hier train -m preset=zero3,frontier compression=preset_default,none
+    zeropp-hier report multirun/<date>/<time>           # one table for the sweep
+
+The defaults are ``JobSpec``'s (job.py); the YAML repeats them and a unit test keeps the two equal.
 
 Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun`` or
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run

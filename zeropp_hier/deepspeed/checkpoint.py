@@ -310,14 +310,16 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) 
     return os.path.join(out_dir, tag)
 
 
-def main(argv=None) -> int:
-    """``python -m zeropp_hier.deepspeed.checkpoint verify DIR [--tag T]`` / ``universal SRC OUT [--tag T]``."""
-    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.deepspeed.checkpoint", description=main.__doc__)
+def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") -> int:
+    """``zeropp-hier checkpoint verify DIR [--tag T]`` / ``to-universal SRC OUT [--tag T]``
+    (``universal`` is the same as ``to-universal``)."""
+    ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="check every file of a tag against its manifest")
     v.add_argument("dir")
     v.add_argument("--tag", default=None)
-    u = sub.add_parser("universal", help="convert a tag for loading on another number of ranks")
+    u = sub.add_parser("to-universal", aliases=["universal"],
+                       help="convert a tag for loading on another number of ranks")
     u.add_argument("src")
     u.add_argument("out")
     u.add_argument("--tag", default=None)

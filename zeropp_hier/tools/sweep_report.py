@@ -89,7 +89,7 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="zeropp-hier report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--sort", choices=COLUMNS, default=None, help="sort rows by this column")
     args = ap.parse_args(argv)
