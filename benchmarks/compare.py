@@ -220,8 +220,10 @@ def main(argv=None) -> int:
         compute_s = 0.0
         notes.append("No unshaped pass: the planner assumed zero compute time.")
     pred = predictions(plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"]])
-    notes.append(f"Planner inputs: tiers probed on this cluster ({json.dumps({t: round(v['bandwidth'] * 8 / 1e6, 2) for t, v in probe['tiers'].items()})} Mbit/s per GCD), "
-                 f"compute = median unshaped step over all configurations {compute_s:.2f} s, quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank.")
+    probed = json.dumps({t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()})
+    notes.append(f"Planner inputs: tiers probed on this cluster ({probed} Mbit/s per GCD), "
+                 f"compute = median unshaped step over all configurations {compute_s:.2f} s, "
+                 f"quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank.")
     text = report(summary, pred, {"notes": notes})
     print(text)
     with open(args.out, "w") as f:

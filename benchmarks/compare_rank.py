@@ -91,7 +91,7 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
     training.train_steps(engine, plan["steps"], start=plan["warmup"],
                          on_step=lambda s, loss, dt: times.append((dt, loss)))
     mark(f"{label} end")
-    out = {"times": [t for t, _ in times], "losses": [l for _, l in times], "peak_rss": peak_rss_bytes()}
+    out = {"times": [t for t, _ in times], "losses": [loss for _, loss in times], "peak_rss": peak_rss_bytes()}
     if ours:
         out["stats"] = zeropp_hier.comm_stats(engine)
     training.release(engine)

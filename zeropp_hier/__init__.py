@@ -13,7 +13,26 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """The one version is pyproject.toml's; installed, it is in the package metadata. A
+    checkout used without installing (PYTHONPATH) reads pyproject.toml itself."""
+    from pathlib import Path
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if pyproject.is_file():  # a checkout: its own version, even if another copy is installed
+        import re
+        m = re.search(r'(?m)^version = "([^"]+)"', pyproject.read_text())
+        if m:
+            return m.group(1)
+    try:
+        from importlib.metadata import version
+        return version("zeropp-hier")
+    except Exception:
+        return "unknown"
+
+
+__version__ = _version()
 
 # public name -> module that defines it
 _LAZY = {

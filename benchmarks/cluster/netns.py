@@ -5,7 +5,8 @@ it also removes what an earlier run left (a killed driver, a failed setup half-w
 
 [Note: teardown order]
 A namespace that still holds a live process survives ``ip netns delete`` (the name goes, the
-namespace and its veths stay while the process lives; docs/benchmarks.md#emulated-cluster-notes). So teardown first ends every
+namespace and its veths stay while the process lives; docs/benchmarks.md#emulated-cluster-notes).
+So teardown first ends every
 process inside each namespace by PID (``ip netns pids``: SIGTERM, a grace period, SIGKILL), then
 deletes the namespaces, which removes their veths, bridges and qdiscs with them. Finally it checks
 that nothing with the prefix is left and says what is, rather than pretending.

@@ -7,7 +7,8 @@ layout without root and the benchmark and the planner share one source of the ra
 
 [Note: emulated layout]
 One namespace per GPU package (``<p>-n<node>g<gpu>``); the GCD ranks of a package run inside it
-and share its one address, so GCD-to-GCD traffic stays on the package's ``lo`` (docs/benchmarks.md#emulated-cluster-notes).
+and share its one address, so GCD-to-GCD traffic stays on the package's ``lo``
+(docs/benchmarks.md#emulated-cluster-notes).
 Each node has a switch namespace (``<p>-sw<node>``) whose bridge joins its packages' veths; a core
 namespace (``<p>-core``) bridges the switches' uplinks. Everything is one flat subnet, so no
 routing is needed. Shaping (tbf) sits on *both* ends of every veth, i.e. on each direction:

@@ -144,10 +144,10 @@ class LocalSlurm:
                              text=True)
         try:
             stdout, stderr = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             p.kill()
             subprocess.run(["scancel", "--user=root"], env=self.env)
-            raise SlurmError(f"job did not finish within {timeout} s:\n{self._job_output(cwd)}\n{self.logs()}")
+            raise SlurmError(f"job did not finish within {timeout} s:\n{self._job_output(cwd)}\n{self.logs()}") from e
         job = stdout.strip().split(";")[0]
         if not job.isdigit():
             raise SlurmError(f"sbatch failed ({p.returncode}): {stdout}\n{stderr}\n{self.logs()}")

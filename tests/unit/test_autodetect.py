@@ -102,7 +102,7 @@ def test_slurm_variable_sets_give_the_expected_topology(name):
                 assert same_host
             if tier == "gcd" and case["gpu_count"]:
                 assert int(by_rank[r]["ROCR_VISIBLE_DEVICES"]) // 2 == int(by_rank[s]["ROCR_VISIBLE_DEVICES"]) // 2
-    assert "auto topology: %d nodes x %d GPUs x %d GCDs" % t.dims in det.describe()
+    assert "auto topology: {} nodes x {} GPUs x {} GCDs".format(*t.dims) in det.describe()
 
 
 @pytest.mark.parametrize("name", _case_names(True))

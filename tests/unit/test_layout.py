@@ -28,7 +28,7 @@ def _simulate_gather(t: Topology, hops, payload=3):
 def test_hop_gathers_give_every_chunk_at_its_coordinate(shape, hops):
     t = Topology(*shape)
     bufs, chunks = _simulate_gather(t, hops)
-    for r, buf in bufs.items():
+    for _r, buf in bufs.items():
         assert tuple(buf.shape[:3]) == t.dims
         for rr in range(t.world_size):
             c = t.coord(rr)
@@ -94,7 +94,7 @@ def test_aligned_chunks_start_on_block_boundaries_and_unpack_the_same():
     assert all(slot % B == 0 for slot in packed.slots) and packed.rows.shape == (W, sum(packed.slots))
     starts = [sum(packed.slots[:i]) for i in range(len(grads))]
     for r in range(W):
-        for t, (start, c, slot) in enumerate(zip(starts, packed.chunk, packed.slots)):
+        for start, c, slot in zip(starts, packed.chunk, packed.slots):
             assert torch.count_nonzero(packed.rows[r, start + c:start + slot]) == 0  # padding is zeros
         mine = layout.unpack_my_chunks(packed.rows[r], [g.numel() for g in grads], packed.chunk, r, packed.slots)
         for g, c, m in zip(grads, packed.chunk, mine):

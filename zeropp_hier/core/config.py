@@ -82,7 +82,7 @@ def _parse_topology(v: Any) -> TopologyConfig:
     if mode == "auto" and d.get("rank_map") is not None:
         raise HierConfigError(f"{field}.rank_map", d["rank_map"], "auto mode works out the rank map "
                               "itself; remove rank_map or remove \"mode\": \"auto\"")
-    vals = {}
+    vals: dict[str, int | None] = {}
     for k in ("gcds_per_gpu", "gpus_per_node"):
         x = d.get(k, None if mode == "auto" else getattr(TopologyConfig, k))
         if x is None and mode == "auto":  # not declared: detected

@@ -6,7 +6,7 @@ tier's compression scheme applies to it ([Note: hop compression]).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, TierBlocks, TierFlags, TierSchemes
 from .topology import AXES, Topology, normalize_axes
@@ -37,7 +37,7 @@ class CommPlan(NamedTuple):
     block_size: int  # the default; each hop carries its tier's own
 
 
-def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes, blocks: TierBlocks,
+def _hops(topo: Topology, groups: Sequence[tuple[str, ...]], schemes: TierSchemes, blocks: TierBlocks,
           feedback: TierFlags = TierFlags()) -> tuple[Hop, ...]:
     out = []
     for axes in groups:
@@ -51,6 +51,10 @@ def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes, b
 
 def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> CommPlan:
     c = compression
+    fwd: list[tuple[str, ...]]
+    bwd: list[tuple[str, ...]]
+    red: list[tuple[str, ...]]
+    kept: tuple[str, ...] | None
     if preset == "zero3":
         fwd, kept, bwd, red = [AXES], None, [], [AXES]
     elif preset == "zeropp":

@@ -117,10 +117,11 @@ class HierEngine(DeepSpeedEngine):
             self.hier_runtime.close()
         return out
 
-    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
         """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
         written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
+        client_state = {} if client_state is None else client_state  # DeepSpeed's default, not shared
         return checkpoint.save(self, super().save_checkpoint, save_dir, tag, client_state=client_state,
                                save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
 

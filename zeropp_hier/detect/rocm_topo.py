@@ -114,8 +114,8 @@ def packages_from_showtopo(topo: ShowTopo) -> dict[int, int]:
     for i in range(n):
         for j in range(n):
             if w[i][j] != w[j][i]:
-                raise HierTopologyError(_FIELD, {"GPU%d-GPU%d" % (topo.gpus[i], topo.gpus[j]): w[i][j],
-                                                 "GPU%d-GPU%d" % (topo.gpus[j], topo.gpus[i]): w[j][i]},
+                raise HierTopologyError(_FIELD, {f"GPU{topo.gpus[i]}-GPU{topo.gpus[j]}": w[i][j],
+                                                 f"GPU{topo.gpus[j]}-GPU{topo.gpus[i]}": w[j][i]},
                                         "the weight matrix is not symmetric; the output is garbled or "
                                         "the node is misconfigured: give the topology explicitly")
 

@@ -429,7 +429,8 @@ def emulated(node_mbit: float = 10.0, nodes: int = 2, gpus_per_node: int = 2, gc
              device_flops: float = 1.5e9) -> ClusterModel:
     """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
     gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
-    gpu tiers in ``zeropp-hier probe`` runs here (docs/benchmarks.md#emulated-cluster-notes: saw 62-67% with other settings);
+    gpu tiers in ``zeropp-hier probe`` runs here (62-67% with other settings,
+    docs/benchmarks.md#emulated-cluster-notes);
     probed tiers replace it. Compute on 2 shared CPU cores is a
     measurement (``compute_s``) whenever one is available."""
     bps = node_mbit * 1e6 / 8
