@@ -131,27 +131,23 @@ def numerics_lines(engine) -> list[str]:
     num = zeropp_hier.comm_stats(engine)["numerics"]
     plan = engine.hier_runtime.plan
     hops = {"forward_gather": plan.forward, "backward_gather": plan.backward, "grad_reduce": plan.reduce}
-    lines = [f"compression error ||x - deq(q(x))|| / ||x|| on rank 0, sampled every {num['sample_every']}th call:",
-             f"  {'phase':16s} {'tier':5s} {'scheme':7s} {'mean':>8s} {'max':>8s} {'samples':>8s}  feedback"]
+    from ..tools.tables import table
+    rows = []
     for phase, tiers in num["relative_error"].items():
         for tier, e in tiers.items():
             hop = next((h for h in hops.get(phase, ()) if h.tier == tier), None)
             scheme = hop.scheme if hop else "?"
             fb = "on" if hop is not None and hop.error_feedback else ""
-            lines.append(f"  {phase:16s} {tier:5s} {scheme:7s} {e['mean']:8.4f} {e['max']:8.4f} {e['samples']:8d}  {fb}")
-    if not num["relative_error"]:
+            rows.append([phase, tier, scheme, f"{e['mean']:.4f}", f"{e['max']:.4f}", e["samples"], fb])
+    lines = [f"compression error ||x - deq(q(x))|| / ||x|| on rank 0, sampled every {num['sample_every']}th call:"]
+    if rows:
+        lines += table(["phase", "tier", "scheme", "mean", "max", "samples", "feedback"], rows)
+    else:
         lines.append("  (nothing compressed, or sampling off)")
     ef, nf = num["error_feedback"], num["nonfinite"]
     lines.append(f"error feedback: {ef['buffers']} residual buffer(s), {fmt_bytes(ef['bytes']).strip()} on rank 0; "
                  f"skipped steps ({nf['policy']} on non-finite): {nf['skipped_steps'] or 'none'}")
     return lines
-
-
-def _topology_text(topo, mode: str) -> str:
-    rm = "identity" if topo.is_identity_map else list(topo.rank_map)
-    how = "auto-detected" if mode == "auto" else "declared"
-    return (f"topology ({how}): {topo.num_nodes} nodes x {topo.gpus_per_node} GPUs x "
-            f"{topo.gcds_per_gpu} GCDs, rank_map {rm}")
 
 
 def rank_main(spec: JobSpec) -> dict:
@@ -192,8 +188,9 @@ def rank_main(spec: JobSpec) -> dict:
     report.line("quantization kernels: " + "; ".join(
         f"{k} on ranks {','.join(str(r) for r in range(world) if kernels[r] == k)}" for k in dict.fromkeys(kernels)))
     if hier:
-        report.line(_topology_text(rt.topo, mode))
-        report.line(f"plan: {rt.plan}")
+        from ..tools import tables
+        for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
+            report.line(line)
     history: list[dict] = []
     prev = {t: 0 for t in TIERS}
     skipped = [engine.skipped_steps]
@@ -235,10 +232,9 @@ def rank_main(spec: JobSpec) -> dict:
         report.line(f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "
                     f"{summary['final_loss']:.4f} (first {summary['first_loss']:.4f})")
         if hier:
-            report.line("bytes sent by rank 0 per step, by phase and tier:")
-            report.line(f"  {'phase':16s} " + " ".join(f"{t:>12s}" for t in reversed(TIERS)))
-            for phase, per in summary["bytes_per_step"].items():
-                report.line(f"  {phase:16s} " + " ".join(f"{fmt_bytes(per[t]):>12s}" for t in reversed(TIERS)))
+            from ..tools import tables
+            for line in tables.bytes_lines(summary["bytes_per_step"], "bytes sent by rank 0 per step, by phase and tier:"):
+                report.line(line)
             for line in numerics_lines(engine):
                 report.line(line)
         if spec.out_dir:

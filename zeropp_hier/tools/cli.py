@@ -93,6 +93,17 @@ def cmd_plan(args) -> int:
     print()
     for line in P.explain(preds, cluster):
         print(line)
+    if args.hops:
+        from ..core.plan import make_plan
+        from .tables import plan_lines, topology_lines
+        print()
+        for line in topology_lines(cluster.topology):
+            print(line)
+        for cand in P.default_candidates(cluster):
+            if not cand.stock and cand.name == cand.preset:  # each preset with its own compression
+                print()
+                for line in plan_lines(make_plan(cand.preset, cand.compression, cluster.topology), cluster.topology):
+                    print(line)
     by = {p.candidate.name: p for p in preds}
     if "ds-zeropp" in by and "frontier" in by and cluster.library != "gloo":
         print()
@@ -229,6 +240,8 @@ def main(argv=None) -> int:
     p.add_argument("--tier-bw", type=_tier_bw, help="per-GCD GB/s per direction, e.g. gcd=200,gpu=50,node=12.5")
     p.add_argument("--probe", help="JSON written by `zeropp-hier probe --out`")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--hops", action="store_true",
+                   help="also print the topology and each preset's hops, as the training job prints them")
     p.set_defaults(fn=cmd_plan)
     q = sub.add_parser("probe", help="time all_gather / all_to_all per tier in the current world")
     q.add_argument("--gpus-per-node", type=int, default=4)
