@@ -102,7 +102,8 @@ def cmd_plan(args) -> int:
         for cand in P.default_candidates(cluster):
             if not cand.stock and cand.name == cand.preset:  # each preset with its own compression
                 print()
-                for line in plan_lines(make_plan(cand.preset, cand.compression, cluster.topology), cluster.topology):
+                topo = cluster.topology
+                for line in plan_lines(make_plan(cand.preset, cand.compression, topo), topo):
                     print(line)
     by = {p.candidate.name: p for p in preds}
     if "ds-zeropp" in by and "frontier" in by and cluster.library != "gloo":
