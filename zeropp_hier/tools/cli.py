@@ -135,7 +135,8 @@ def published_comparison(cluster, wl, preds) -> str:
                  f"collective: {P.fmt_bytes(z3.tier_bytes['node'])} vs ZeRO++'s "
                  f"{P.fmt_bytes(zpp.tier_bytes['node'])} per step. The model charges rings at the link rates of "
                  "docs/design.md#hardware-tiers; if the real inter-node rings get much less than 12.5 GB/s "
-                 "per GCD (congestion, fewer NICs per ring), ZeRO-3 suffers more and ZeRO++/ZeRO-3 approaches the published ~1.4x.")
+                 "per GCD (congestion, fewer NICs per ring), ZeRO-3 suffers more and ZeRO++/ZeRO-3 "
+                 "approaches the published ~1.4x.")
     lines.append(f"- ZeRO++'s remaining cost is its flat int8 forward gather over all {cluster.world_size} GCDs "
                  f"({zpp.phase_s['forward_gather']:.3g} s, ring latency {cluster.tiers['node'].latency * 1e6:.0f} us "
                  f"per step assumed) and its node-wide backward gather over the package links "
