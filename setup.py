@@ -4,6 +4,7 @@ torch already installed (an isolated build would fetch a second, different torch
 
     pip install --no-build-isolation -e .
 """
+
 import importlib.util
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """``python -m zeropp_hier`` = the ``zeropp-hier`` command (zeropp_hier.tools.command)."""
+
 import sys
 
 from zeropp_hier.tools.command import main

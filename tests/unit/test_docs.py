@@ -2,6 +2,7 @@
 somewhere, docs/design.md's notes index lists every defined note with its file, and every link
 in the README and docs/ (and every ``docs/...md#anchor`` or ``README.md#anchor`` cited in code)
 names a file that exists and a heading that it has."""
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,13 @@ def cited_notes(text: str) -> list[str]:
 
 def repo_files() -> list[Path]:
     try:
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.split()
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     here = Path(__file__).resolve()
@@ -83,8 +89,10 @@ def test_notes_index_lists_every_note_with_its_file():
         m = re.match(r"^\| ([^|]+?) \| `([^`]+)` \|$", line)
         if m:
             index[m.group(1)] = m.group(2)
-    assert set(index) == set(defs), {"not in the index": sorted(set(defs) - set(index)),
-                                     "in the index, defined nowhere": sorted(set(index) - set(defs))}
+    assert set(index) == set(defs), {
+        "not in the index": sorted(set(defs) - set(index)),
+        "in the index, defined nowhere": sorted(set(index) - set(defs)),
+    }
     wrong = {n: (f, sorted(defs[n])) for n, f in index.items() if f not in defs[n]}
     assert not wrong, f"the index names a file that does not define the note: {wrong}"
 
@@ -123,8 +131,11 @@ def test_code_references_to_docs_resolve():
 
 
 def test_no_reference_to_files_outside_the_repository():
-    offenders = [str(f.relative_to(ROOT)) for f in text_files(CODE_SUFFIXES | {".md"})
-                 if re.search(r"\bDESIGN(?:\.md)? ?§", f.read_text(errors="replace"))]
+    offenders = [
+        str(f.relative_to(ROOT))
+        for f in text_files(CODE_SUFFIXES | {".md"})
+        if re.search(r"\bDESIGN(?:\.md)? ?§", f.read_text(errors="replace"))
+    ]
     assert not offenders, offenders
 
 

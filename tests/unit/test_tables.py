@@ -1,4 +1,5 @@
 """The tables the main job and ``zeropp-hier plan --hops`` print (zeropp_hier.tools.tables)."""
+
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology
@@ -26,8 +27,10 @@ def test_topology_and_bytes_tables():
     topo = Topology(2, 2, 2, rank_map=(1, 0, 2, 3, 4, 5, 6, 7))
     text = "\n".join(tables.topology_lines(topo, "auto"))
     assert "auto-detected" in text and "rank_map 1 0 2" in text
-    per = {"forward_gather": {"gcd": 1.0, "gpu": 2000.0, "node": 3e6},
-           "grad_reduce": {"gcd": 0.0, "gpu": 0.0, "node": 1e6}}
+    per = {
+        "forward_gather": {"gcd": 1.0, "gpu": 2000.0, "node": 3e6},
+        "grad_reduce": {"gcd": 0.0, "gpu": 0.0, "node": 1e6},
+    }
     lines = tables.bytes_lines(per, "bytes:")
     assert lines[1].split() == ["phase", "node", "gpu", "gcd"]
     assert lines[-1].split()[:3] == ["total", "4.0", "MB"]

@@ -13,6 +13,7 @@ implements it, so ``zeropp-hier <subcommand> --help`` shows that tool's own opti
 
 Docs: docs/usage.md#the-zeropp-hier-command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,17 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-CLUSTER_HELP = ("the emulated cluster: setup | status | teardown | uplink-down | uplink-loss | uplink-clear "
-                "(benchmarks.cluster) or compare (benchmarks.compare). Needs root and the repository "
-                "checkout (benchmarks/ is not part of the installed package): run it from the repository root.")
+CLUSTER_HELP = (
+    "the emulated cluster: setup | status | teardown | uplink-down | uplink-loss | uplink-clear "
+    "(benchmarks.cluster) or compare (benchmarks.compare). Needs root and the repository "
+    "checkout (benchmarks/ is not part of the installed package): run it from the repository root."
+)
 
 
 def _train(rest: list[str]) -> int:
     # Hydra reads its overrides from sys.argv: hand it exactly what followed "train"
     from ..app import train
+
     saved = sys.argv
     sys.argv = [saved[0], *rest]
     try:
@@ -40,17 +44,21 @@ def _train(rest: list[str]) -> int:
 def _plan_or_probe(name: str) -> Callable[[list[str]], int]:
     def run(rest: list[str]) -> int:
         from . import cli
+
         return cli.main([name, *rest])
+
     return run
 
 
 def _report(rest: list[str]) -> int:
     from . import sweep_report
+
     return sweep_report.main(rest)
 
 
 def _checkpoint(rest: list[str]) -> int:
     from ..deepspeed import checkpoint
+
     return checkpoint.main(rest, prog="zeropp-hier checkpoint")
 
 
@@ -58,6 +66,7 @@ def _import_benchmarks(module: str):
     """``benchmarks`` lives beside the package in the repository, not in the installed package:
     found from the current directory or, for an editable install, beside ``zeropp_hier``."""
     import importlib
+
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -67,8 +76,10 @@ def _import_benchmarks(module: str):
         if (root / "benchmarks" / "cluster").is_dir():
             sys.path.insert(0, str(root))
             return importlib.import_module(module)
-    raise SystemExit("error: zeropp-hier cluster needs the repository checkout (its benchmarks/ "
-                     "directory); run it from the repository root")
+    raise SystemExit(
+        "error: zeropp-hier cluster needs the repository checkout (its benchmarks/ "
+        "directory); run it from the repository root"
+    )
 
 
 def _cluster(rest: list[str]) -> int:
@@ -88,9 +99,11 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="zeropp-hier", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="zeropp-hier", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     from .. import __version__
+
     ap.add_argument("--version", action="version", version=f"zeropp-hier {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (_, text) in COMMANDS.items():

@@ -1,6 +1,7 @@
 """Plain-text tables for people: the plan, the topology and the end-of-run bytes, shared by the
 main job (``zeropp-hier train``) and ``zeropp-hier plan`` so both print them the same way.
 Pure functions of pure data (``CommPlan``, ``Topology``, dicts): no torch, no process groups."""
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -37,8 +38,11 @@ def _hop_cells(hop: Hop, topo: Topology | None) -> list[object]:
 def plan_lines(plan: CommPlan, topo: Topology | None = None) -> list[str]:
     """One row per hop, in the order they run: forward gather, backward gather, gradient stages."""
     rows: list[list[object]] = []
-    for phase, hops in (("forward gather", plan.forward), ("backward gather", plan.backward),
-                        ("grad reduce", plan.reduce)):
+    for phase, hops in (
+        ("forward gather", plan.forward),
+        ("backward gather", plan.backward),
+        ("grad reduce", plan.reduce),
+    ):
         if not hops:
             rows.append([phase, "(none)", "", "", "", "", ""])
         for i, hop in enumerate(hops):
@@ -51,9 +55,14 @@ def plan_lines(plan: CommPlan, topo: Topology | None = None) -> list[str]:
 def topology_lines(topo: Topology, mode: str = "manual") -> list[str]:
     how = "auto-detected" if mode == "auto" else "declared"
     rm = "identity" if topo.is_identity_map else " ".join(str(r) for r in topo.rank_map or ())
-    rows = [[tier, n, what] for tier, n, what in (
-        ("node", topo.num_nodes, "nodes"), ("gpu", topo.gpus_per_node, "GPU packages per node"),
-        ("gcd", topo.gcds_per_gpu, "GCDs per package"))]
+    rows = [
+        [tier, n, what]
+        for tier, n, what in (
+            ("node", topo.num_nodes, "nodes"),
+            ("gpu", topo.gpus_per_node, "GPU packages per node"),
+            ("gcd", topo.gcds_per_gpu, "GCDs per package"),
+        )
+    ]
     return [f"topology ({how}): {topo.world_size} ranks, rank_map {rm}", *table(["tier", "size", "of"], rows)]
 
 
