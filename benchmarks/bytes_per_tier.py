@@ -7,6 +7,7 @@ frontier (each with its default compression, and frontier also uncompressed), wi
 prefetch and reuse distance at 0 so that backward re-gathers as a large model would. Prints a
 markdown table of the bytes one rank sends per step (mean over ranks) and writes JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ CONFIGS = {
 def measure(configs: dict, steps: int) -> dict:
     out = {}
     for name, cfg in configs.items():
-        res = training.run(training.ds_config(cfg["preset"], compression=cfg.get("compression"),
-                                              micro_batch=4), steps, MODEL, want_state=False)
+        res = training.run(
+            training.ds_config(cfg["preset"], compression=cfg.get("compression"), micro_batch=4),
+            steps,
+            MODEL,
+            want_state=False,
+        )
         out[name] = res["stats"]
     return out
 
@@ -47,16 +52,24 @@ def main(argv=None) -> int:
     tiers = ("node", "gpu", "gcd")
     table = {}
     for name in CONFIGS:
-        table[name] = {p: {t: sum(r[name]["bytes"][p][t] for r in per_rank) / len(per_rank) / args.steps
-                           for t in tiers} for p in phases}
-    head = "| preset | " + " | ".join(f"{p.replace('_gather', '').replace('grad_reduce', 'grad')} {t}"
-                                      for p in phases for t in tiers) + " | node total |"
+        table[name] = {
+            p: {t: sum(r[name]["bytes"][p][t] for r in per_rank) / len(per_rank) / args.steps for t in tiers}
+            for p in phases
+        }
+    head = (
+        "| preset | "
+        + " | ".join(f"{p.replace('_gather', '').replace('grad_reduce', 'grad')} {t}" for p in phases for t in tiers)
+        + " | node total |"
+    )
     print(head)
     print("|" + "---|" * (len(phases) * len(tiers) + 2))
     for name, per in table.items():
         node = sum(per[p]["node"] for p in phases)
-        print(f"| {name} | " + " | ".join(f"{per[p][t] / 1e3:.1f}" for p in phases for t in tiers)
-              + f" | {node / 1e3:.1f} |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{per[p][t] / 1e3:.1f}" for p in phases for t in tiers)
+            + f" | {node / 1e3:.1f} |"
+        )
     print(f"\nKB sent per rank per step (mean over 8 ranks and {args.steps} steps); model: {MODEL}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -12,6 +12,7 @@ wire bytes per tier per step from the interface counters (the same for stock Dee
 us) beside ``comm_stats`` for ours, peak RSS per rank, ratios, and the planner's predictions;
 writes JSON and a PNG bar chart. The cluster is torn down at the end, on error and on signals.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,12 +34,15 @@ ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier"]
 def stock_quantization_problem() -> str | None:
     """Why DeepSpeed's own qwZ/qgZ cannot run here (None if they can)."""
     from deepspeed.accelerator import get_accelerator
+
     acc = get_accelerator()
     builder = acc.create_op_builder("QuantizerBuilder")
     if builder is None or type(builder).__name__ == "NotImplementedBuilder" or not builder.is_compatible(False):
-        return (f"DeepSpeed's QuantizerBuilder is not implemented for the '{acc.device_name()}' "
-                "accelerator, so zero_quantized_weights / zero_quantized_gradients (qwZ/qgZ) cannot "
-                "run; stock ZeRO++ runs with hpZ only")
+        return (
+            f"DeepSpeed's QuantizerBuilder is not implemented for the '{acc.device_name()}' "
+            "accelerator, so zero_quantized_weights / zero_quantized_gradients (qwZ/qgZ) cannot "
+            "run; stock ZeRO++ runs with hpZ only"
+        )
     return None
 
 
@@ -46,13 +50,18 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
     zpp = {"zero_hpz_partition_size": gcds_per_node}
     if stock_quant_ok:
         zpp.update(zero_quantized_weights=True, zero_quantized_gradients=True)
-    return {"ds-zero3": {"kind": "stock"}, "ds-zeropp": {"kind": "stock", "zero": zpp},
-            "zero3": {"kind": "ours", "preset": "zero3"}, "zeropp": {"kind": "ours", "preset": "zeropp"},
-            "frontier": {"kind": "ours", "preset": "frontier"}}
+    return {
+        "ds-zero3": {"kind": "stock"},
+        "ds-zeropp": {"kind": "stock", "zero": zpp},
+        "zero3": {"kind": "ours", "preset": "zero3"},
+        "zeropp": {"kind": "ours", "preset": "zeropp"},
+        "frontier": {"kind": "ours", "preset": "frontier"},
+    }
 
 
 def params_of(model: dict) -> int:
     from zeropp_hier.testing.models.gpt import GPT, GPTConfig
+
     return sum(p.numel() for p in GPT(GPTConfig(**model)).parameters())
 
 
@@ -65,8 +74,9 @@ def summarize(results: list, wire: dict, plan: dict) -> dict:
     for res in results:
         if "name" not in res:
             continue
-        d = out.setdefault(res["phase"], {}).setdefault(res["name"], {"step_times": [], "wire": [], "stats": [],
-                                                                      "peak_rss": [], "losses": []})
+        d = out.setdefault(res["phase"], {}).setdefault(
+            res["name"], {"step_times": [], "wire": [], "stats": [], "peak_rss": [], "losses": []}
+        )
         per_rank = res["per_rank"]
         steps = len(per_rank[0]["times"])
         d["step_times"] += [max(r["times"][i] for r in per_rank) for i in range(steps)]
@@ -75,8 +85,12 @@ def summarize(results: list, wire: dict, plan: dict) -> dict:
         w = wire[f"{res['label']} end"]
         d["wire"].append({t: v / steps for t, v in w.items()})
         if "stats" in per_rank[0]:
-            d["stats"].append({t: sum(sum(r["stats"]["bytes"][p][t] for p in r["stats"]["bytes"])
-                                      for r in per_rank) / steps for t in ("gcd", "gpu", "node")})
+            d["stats"].append(
+                {
+                    t: sum(sum(r["stats"]["bytes"][p][t] for p in r["stats"]["bytes"]) for r in per_rank) / steps
+                    for t in ("gcd", "gpu", "node")
+                }
+            )
     for phase in out.values():
         for d in phase.values():
             d["median_step_s"] = statistics.median(d["step_times"])
@@ -84,7 +98,7 @@ def summarize(results: list, wire: dict, plan: dict) -> dict:
             d["wire_per_step"] = {t: statistics.mean(x[t] for x in d["wire"]) for t in ("gcd", "gpu", "node")}
             if d["stats"]:
                 d["stats_per_step"] = {t: statistics.mean(x[t] for x in d["stats"]) for t in ("gcd", "gpu", "node")}
-            d["peak_rss_mb"] = max(d["peak_rss"]) / 2 ** 20
+            d["peak_rss_mb"] = max(d["peak_rss"]) / 2**20
     return out
 
 
@@ -98,17 +112,29 @@ def compute_estimate(summary: dict) -> float | None:
 
 def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
     from zeropp_hier.tools import planner as P
+
     cl = P.emulated(node_mbit=plan["node_mbit"], compute_s=compute_s, quant_rate=quant_rate)
     if probe is not None:
         cl = P.with_probed_tiers(cl, probe)
     m = plan["model"]
-    wl = P.Workload(params=plan["params"], tokens_per_gcd=plan["micro_batch"] * m["seq_len"], weight_bytes=4,
-                    gathers_per_pass=6 * m["n_layers"] + 3,
-                    largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]))
+    wl = P.Workload(
+        params=plan["params"],
+        tokens_per_gcd=plan["micro_batch"] * m["seq_len"],
+        weight_bytes=4,
+        gathers_per_pass=6 * m["n_layers"] + 3,
+        largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]),
+    )
     by = {p.candidate.name: p for p in P.rank(cl, wl)}
-    return {n: {"step_s": by[n].step_s, "node_bytes": by[n].tier_bytes["node"],
-                "gpu_bytes": by[n].tier_bytes["gpu"], "gcd_bytes": by[n].tier_bytes["gcd"],
-                "phase_s": by[n].phase_s} for n in names}
+    return {
+        n: {
+            "step_s": by[n].step_s,
+            "node_bytes": by[n].tier_bytes["node"],
+            "gpu_bytes": by[n].tier_bytes["gpu"],
+            "gcd_bytes": by[n].tier_bytes["gcd"],
+            "phase_s": by[n].phase_s,
+        }
+        for n in names
+    }
 
 
 def report(summary: dict, pred: dict, meta: dict) -> str:
@@ -118,36 +144,49 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
     base3, basepp = s["ds-zero3"]["median_step_s"], s["ds-zeropp"]["median_step_s"]
     p3, ppp = pred["ds-zero3"]["step_s"], pred["ds-zeropp"]["step_s"]
     mb = lambda x: f"{x / 1e6:.1f}"  # noqa: E731
-    lines = ["| configuration | median step s | tokens/s | vs ds-zero3 | vs ds-zeropp | node MB/step (wire) | "
-             "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
-             "unshaped step s | exposed comm s |", "|" + "---|" * 12]
+    lines = [
+        "| configuration | median step s | tokens/s | vs ds-zero3 | vs ds-zeropp | node MB/step (wire) | "
+        "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
+        "unshaped step s | exposed comm s |",
+        "|" + "---|" * 12,
+    ]
     for n in names:
         d = s[n]
         st = d.get("stats_per_step")
         unshaped = f"{un[n]['median_step_s']:.2f}" if n in un else "-"
         # what the links added to the step: communication that compute did not hide
         exposed = f"{d['median_step_s'] - un[n]['median_step_s']:.2f}" if n in un else "-"
-        lines.append(f"| {n} | {d['median_step_s']:.2f} | {d['tokens_per_s']:.0f} | "
-                     f"{base3 / d['median_step_s']:.2f}x | {basepp / d['median_step_s']:.2f}x | "
-                     f"{mb(d['wire_per_step']['node'])} | {mb(d['wire_per_step']['gpu'])} | "
-                     f"{mb(d['wire_per_step']['gcd'])} | {mb(st['node']) if st else 'n/a (stock)'} | "
-                     f"{d['peak_rss_mb']:.0f} | {unshaped} | {exposed} |")
-    lines += ["", "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes):", "",
-              "| configuration | measured s | predicted s | measured vs ds-zero3 | predicted vs ds-zero3 | "
-              "measured vs ds-zeropp | predicted vs ds-zeropp | node MB/step measured | predicted |",
-              "|" + "---|" * 9]
+        lines.append(
+            f"| {n} | {d['median_step_s']:.2f} | {d['tokens_per_s']:.0f} | "
+            f"{base3 / d['median_step_s']:.2f}x | {basepp / d['median_step_s']:.2f}x | "
+            f"{mb(d['wire_per_step']['node'])} | {mb(d['wire_per_step']['gpu'])} | "
+            f"{mb(d['wire_per_step']['gcd'])} | {mb(st['node']) if st else 'n/a (stock)'} | "
+            f"{d['peak_rss_mb']:.0f} | {unshaped} | {exposed} |"
+        )
+    lines += [
+        "",
+        "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes):",
+        "",
+        "| configuration | measured s | predicted s | measured vs ds-zero3 | predicted vs ds-zero3 | "
+        "measured vs ds-zeropp | predicted vs ds-zeropp | node MB/step measured | predicted |",
+        "|" + "---|" * 9,
+    ]
     for n in names:
         m, p = s[n]["median_step_s"], pred[n]["step_s"]
-        lines.append(f"| {n} | {m:.2f} | {p:.2f} | {base3 / m:.2f}x | {p3 / p:.2f}x | {basepp / m:.2f}x | "
-                     f"{ppp / p:.2f}x | {mb(s[n]['wire_per_step']['node'])} | {mb(pred[n]['node_bytes'])} |")
+        lines.append(
+            f"| {n} | {m:.2f} | {p:.2f} | {base3 / m:.2f}x | {p3 / p:.2f}x | {basepp / m:.2f}x | "
+            f"{ppp / p:.2f}x | {mb(s[n]['wire_per_step']['node'])} | {mb(pred[n]['node_bytes'])} |"
+        )
     lines += ["", *meta["notes"]]
     return "\n".join(lines)
 
 
 def bar_chart(summary: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     s = summary["shaped"]
     names = [n for n in ORDER if n in s]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -176,12 +215,19 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", default="zhc")
     ap.add_argument("--gpus-per-node", type=int, default=2, help="packages per node (Frontier: 4)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    ap.add_argument("--prefetch-bucket", type=int, default=0,
-                    help="DeepSpeed stage3_prefetch_bucket_size (elements; reuse distance stays 0 so "
-                         "backward re-gathers); 0 = no prefetch")
-    ap.add_argument("--fair", action="store_true",
-                    help="the fair fight: Frontier's node shape (2 nodes x 4 packages x 2 GCDs = 16 "
-                         "ranks), bf16, prefetch of about one transformer layer")
+    ap.add_argument(
+        "--prefetch-bucket",
+        type=int,
+        default=0,
+        help="DeepSpeed stage3_prefetch_bucket_size (elements; reuse distance stays 0 so "
+        "backward re-gathers); 0 = no prefetch",
+    )
+    ap.add_argument(
+        "--fair",
+        action="store_true",
+        help="the fair fight: Frontier's node shape (2 nodes x 4 packages x 2 GCDs = 16 "
+        "ranks), bf16, prefetch of about one transformer layer",
+    )
     args = ap.parse_args(argv)
     if args.fair:
         args.gpus_per_node, args.dtype = 4, "bf16"
@@ -194,25 +240,36 @@ def main(argv=None) -> int:
         return 2
     spec = ClusterSpec.scaled(node_mbit=args.node_mbit, prefix=args.prefix, gpus_per_node=args.gpus_per_node)
     quant_problem = stock_quantization_problem()
-    plan = {"model": MODEL, "params": params_of(MODEL), "micro_batch": args.micro_batch, "regather": True,
-            "dtype": args.dtype, "prefetch_bucket": args.prefetch_bucket,
-            "warmup": args.warmup, "steps": args.steps, "world": spec.world_size, "node_mbit": args.node_mbit,
-            "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
-            "configs": configs(spec.gcds_per_node, quant_problem is None),
-            "phases": [{"name": "shaped", "rounds": args.rounds}]
-            + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}])}
-    notes = [f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
-             f"per-GCD Mbit/s {spec.per_gcd_mbit()} (Frontier's 16:4:1), gloo over TCP.",
-             f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, {args.dtype}, micro-batch "
-             f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
-             "stage3_max_reuse_distance=0 (backward re-gathers).",
-             f"{args.rounds} rounds x {args.steps} measured steps (+{args.warmup} warm-up) per configuration, "
-             "rotating order; step time = slowest rank; median over rounds and steps.",
-             f"Stock ZeRO++: zero_hpz_partition_size={spec.gcds_per_node} (node size). "
-             + (quant_problem + "." if quant_problem else "qwZ/qgZ on."),
-             "Wire bytes: interface tx counters (TCP/IP headers and ACKs included); comm_stats counts payload "
-             "as a direct algorithm would send it (gloo's flat ring all-gather sends fewer node bytes).",
-             "Peak RSS per rank includes the Python/DeepSpeed baseline of each process."]
+    plan = {
+        "model": MODEL,
+        "params": params_of(MODEL),
+        "micro_batch": args.micro_batch,
+        "regather": True,
+        "dtype": args.dtype,
+        "prefetch_bucket": args.prefetch_bucket,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "world": spec.world_size,
+        "node_mbit": args.node_mbit,
+        "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
+        "configs": configs(spec.gcds_per_node, quant_problem is None),
+        "phases": [{"name": "shaped", "rounds": args.rounds}]
+        + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),
+    }
+    notes = [
+        f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
+        f"per-GCD Mbit/s {spec.per_gcd_mbit()} (Frontier's 16:4:1), gloo over TCP.",
+        f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, {args.dtype}, micro-batch "
+        f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
+        "stage3_max_reuse_distance=0 (backward re-gathers).",
+        f"{args.rounds} rounds x {args.steps} measured steps (+{args.warmup} warm-up) per configuration, "
+        "rotating order; step time = slowest rank; median over rounds and steps.",
+        f"Stock ZeRO++: zero_hpz_partition_size={spec.gcds_per_node} (node size). "
+        + (quant_problem + "." if quant_problem else "qwZ/qgZ on."),
+        "Wire bytes: interface tx counters (TCP/IP headers and ACKs included); comm_stats counts payload "
+        "as a direct algorithm would send it (gloo's flat ring all-gather sends fewer node bytes).",
+        "Peak RSS per rank includes the Python/DeepSpeed baseline of each process.",
+    ]
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     t_start = time.time()
     with Cluster(spec):
@@ -227,8 +284,12 @@ def main(argv=None) -> int:
                 netns.shape(spec)
             print(f"[{time.time() - t_start:6.0f} s] {label}", file=sys.stderr, flush=True)
 
-        results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark,
-                                   log=open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr)
+        results, wire = run_marked(
+            spec,
+            ["-m", "benchmarks.compare_rank", json.dumps(plan)],
+            on_mark=on_mark,
+            log=open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr,
+        )
     summary = summarize(results, wire, plan)
     rates = next(r["quant_rate_per_rank"] for r in results if "quant_rate_per_rank" in r)
     quant_rate = statistics.median(rates)
@@ -237,13 +298,28 @@ def main(argv=None) -> int:
         compute_s = 0.0
         notes.append("No unshaped pass: the planner assumed zero compute time.")
     pred = predictions(plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"]])
-    notes.append(f"Planner inputs: tiers probed on this cluster ({json.dumps({t: round(v['bandwidth'] * 8 / 1e6, 2) for t, v in probe['tiers'].items()})} Mbit/s per GCD), "
-                 f"compute = median unshaped step over all configurations {compute_s:.2f} s, quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank.")
+    probed = json.dumps({t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()})
+    notes.append(
+        f"Planner inputs: tiers probed on this cluster ({probed} Mbit/s per GCD), "
+        f"compute = median unshaped step over all configurations {compute_s:.2f} s, "
+        f"quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank."
+    )
     text = report(summary, pred, {"notes": notes})
     print(text)
     with open(args.out, "w") as f:
-        json.dump({"plan": plan, "summary": summary, "predictions": pred, "probe": probe, "notes": notes,
-                   "quant_rate_per_rank": rates, "wall_s": time.time() - t_start}, f, indent=1)
+        json.dump(
+            {
+                "plan": plan,
+                "summary": summary,
+                "predictions": pred,
+                "probe": probe,
+                "notes": notes,
+                "quant_rate_per_rank": rates,
+                "wall_s": time.time() - t_start,
+            },
+            f,
+            indent=1,
+        )
     bar_chart(summary, args.png)
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
     return 0
@@ -252,11 +328,26 @@ def main(argv=None) -> int:
 def run_probe(spec: ClusterSpec) -> dict:
     """``zeropp-hier probe`` on the cluster: per-tier all-gather bandwidth and latency."""
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "probe.json")
-        run_marked(spec, ["-m", "zeropp_hier.tools.cli", "probe", "--out", out,
-                          "--gcds-per-gpu", str(spec.gcds_per_gpu), "--gpus-per-node", str(spec.gpus_per_node),
-                          "--sizes", "16384,1048576"], port=29512)
+        run_marked(
+            spec,
+            [
+                "-m",
+                "zeropp_hier.tools.cli",
+                "probe",
+                "--out",
+                out,
+                "--gcds-per-gpu",
+                str(spec.gcds_per_gpu),
+                "--gpus-per-node",
+                str(spec.gpus_per_node),
+                "--sizes",
+                "16384,1048576",
+            ],
+            port=29512,
+        )
         with open(out) as f:
             return json.load(f)
 

@@ -8,14 +8,13 @@ machine's load hits every configuration alike. Around the measured steps of each
 rank 0 raises marks ([Note: marks] in benchmarks/cluster/rankside.py) so the driver can read the
 interface counters; per-step times, comm_stats and peak RSS come back as RESULT lines.
 """
+
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
-
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -28,6 +27,7 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
 
     from zeropp_hier.app import training
     from zeropp_hier.testing.models.gpt import GPT
+
     if cfg["kind"] == "stock":
         torch.manual_seed(0)
         model = GPT(model_cfg)
@@ -38,15 +38,22 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
 
 def ds_config_for(cfg: dict, plan: dict) -> dict:
     from zeropp_hier.app import training
+
     topo = plan["topology"]
     dtype, bucket = plan.get("dtype", "fp32"), plan.get("prefetch_bucket", 0)
     if cfg["kind"] == "stock":
         c = training.ds_config(None, micro_batch=plan["micro_batch"], regather=plan["regather"], dtype=dtype)
         c["zero_optimization"].update(cfg.get("zero", {}))
     else:
-        c = training.ds_config(cfg["preset"], micro_batch=plan["micro_batch"], regather=plan["regather"],
-                               compression=cfg.get("compression"), gpus_per_node=topo["gpus_per_node"],
-                               gcds_per_gpu=topo["gcds_per_gpu"], dtype=dtype)
+        c = training.ds_config(
+            cfg["preset"],
+            micro_batch=plan["micro_batch"],
+            regather=plan["regather"],
+            compression=cfg.get("compression"),
+            gpus_per_node=topo["gpus_per_node"],
+            gcds_per_gpu=topo["gcds_per_gpu"],
+            dtype=dtype,
+        )
     if bucket:  # prefetch ahead of use; reuse distance 0 keeps the backward re-gather
         c["zero_optimization"].update(stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0)
     return c
@@ -54,8 +61,9 @@ def ds_config_for(cfg: dict, plan: dict) -> dict:
 
 def forget_hpz_group() -> None:
     """DeepSpeed keeps ZeRO++'s hpZ group in a module global and refuses to create a second one
-    (DESIGN §4); the next stock ZeRO++ engine in this process needs it cleared."""
+    (docs/design.md#deepspeed-hook-points); the next stock ZeRO++ engine in this process needs it cleared."""
     from deepspeed.utils import groups
+
     groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
 
 
@@ -65,6 +73,7 @@ def quant_rate(elems: int = 1 << 20, reps: int = 3) -> float:
     import torch
 
     from zeropp_hier import quant
+
     x = torch.randn(elems)
     quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
     t0 = time.perf_counter()
@@ -79,6 +88,7 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
     import zeropp_hier
     from benchmarks.cluster.rankside import mark, peak_rss_bytes, peak_rss_reset
     from zeropp_hier.app import training
+
     shaped = label.startswith("shaped/")
     if shaped:
         mark(f"{label} build")  # the driver unshapes the links: building moves the whole model
@@ -92,10 +102,11 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
         zeropp_hier.reset_comm_stats(engine)
     times = []
     mark(f"{label} begin")
-    training.train_steps(engine, plan["steps"], start=plan["warmup"],
-                         on_step=lambda s, loss, dt: times.append((dt, loss)))
+    training.train_steps(
+        engine, plan["steps"], start=plan["warmup"], on_step=lambda s, loss, dt: times.append((dt, loss))
+    )
     mark(f"{label} end")
-    out = {"times": [t for t, _ in times], "losses": [l for _, l in times], "peak_rss": peak_rss_bytes()}
+    out = {"times": [t for t, _ in times], "losses": [loss for _, loss in times], "peak_rss": peak_rss_bytes()}
     if ours:
         out["stats"] = zeropp_hier.comm_stats(engine)
     training.release(engine)
@@ -109,15 +120,18 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
 def main() -> int:
     plan = json.loads(sys.argv[1])
     import torch
+
     torch.set_num_threads(1)
     import deepspeed
     from deepspeed.utils import logger
+
     logger.setLevel("ERROR")
     deepspeed.init_distributed(dist_backend="gloo")
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import mark, send_result
     from zeropp_hier.testing.models.gpt import GPTConfig
+
     model_cfg = GPTConfig(**plan["model"])
     rate = quant_rate()
     rates = [None] * dist.get_world_size()

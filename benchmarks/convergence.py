@@ -17,6 +17,7 @@ differences to stock, node-tier bytes one rank sends per step, the sampled relat
 int4 node-stage gradients, and seconds per step (CPU, shared machine: not a speed measurement).
 Writes ``convergence.json`` and ``convergence.png`` to ``--out-dir``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,20 @@ LAST = 20  # final loss = mean of the last 20 steps
 
 
 def model_config(a: dict) -> GPTConfig:
-    return GPTConfig(vocab_size=256, seq_len=a["seq_len"], d_model=a["d_model"], n_heads=a["heads"],
-                     n_layers=a["layers"], tie_embeddings=False)
+    return GPTConfig(
+        vocab_size=256,
+        seq_len=a["seq_len"],
+        d_model=a["d_model"],
+        n_heads=a["heads"],
+        n_layers=a["layers"],
+        tie_embeddings=False,
+    )
 
 
 @functools.lru_cache(maxsize=1)
 def _corpus():
     from zeropp_hier.testing import text
+
     return text.stdlib_corpus()
 
 
@@ -63,14 +71,16 @@ def _held_out_loss(state: dict, model_cfg: GPTConfig, a: dict, rank: int) -> flo
 
     from zeropp_hier.testing import text
     from zeropp_hier.testing.models.gpt import GPT
+
     model = GPT(model_cfg)
     model.load_state_dict(state)
     model.eval()
     total = 0.0
     with torch.no_grad():
         for i in range(a["eval_batches"]):
-            x, y = text.windows(_corpus().held_out, a["micro_batch"], model_cfg.seq_len,
-                                text.batch_seed(a["seed"] + 1, i, rank))
+            x, y = text.windows(
+                _corpus().held_out, a["micro_batch"], model_cfg.seq_len, text.batch_seed(a["seed"] + 1, i, rank)
+            )
             total += float(model(x, y))
     return total / a["eval_batches"]
 
@@ -82,6 +92,7 @@ def train_one(name: str, preset, compression, a: dict) -> dict:
     import zeropp_hier
     from zeropp_hier.app import training
     from zeropp_hier.testing import text
+
     rank = dist.get_rank()
     corpus = _corpus()
     model_cfg = model_config(a)
@@ -109,13 +120,18 @@ def train_one(name: str, preset, compression, a: dict) -> dict:
 def summarize(name: str, per_rank: list, a: dict) -> dict:
     steps = len(per_rank[0]["losses"])
     curve = [sum(r["losses"][s] for r in per_rank) / len(per_rank) for s in range(steps)]
-    row = {"name": name, "curve": curve,
-           "final_loss": sum(curve[-LAST:]) / min(LAST, steps),
-           "held_out_loss": sum(r["held_out_loss"] for r in per_rank) / len(per_rank),
-           "seconds_per_step": max(r["seconds"] for r in per_rank) / steps,
-           "params": per_rank[0]["params"]}
+    row = {
+        "name": name,
+        "curve": curve,
+        "final_loss": sum(curve[-LAST:]) / min(LAST, steps),
+        "held_out_loss": sum(r["held_out_loss"] for r in per_rank) / len(per_rank),
+        "seconds_per_step": max(r["seconds"] for r in per_rank) / steps,
+        "params": per_rank[0]["params"],
+    }
     if "bytes" in per_rank[0]:
-        row["node_bytes_per_step"] = sum(sum(r["bytes"][p]["node"] for p in r["bytes"]) for r in per_rank) / len(per_rank) / steps
+        row["node_bytes_per_step"] = (
+            sum(sum(r["bytes"][p]["node"] for p in r["bytes"]) for r in per_rank) / len(per_rank) / steps
+        )
         rel = [r["numerics"]["relative_error"].get("grad_reduce", {}).get("node") for r in per_rank]
         rel = [x["mean"] for x in rel if x]
         row["grad_node_rel_error"] = sum(rel) / len(rel) if rel else None
@@ -130,14 +146,18 @@ def print_table(rows: list, steps: int) -> None:
     def vs(r, key):
         return f"{100 * (r[key] / stock[key] - 1):+.2f}%" if stock else "-"
 
-    print(f"\n| configuration | final loss (last {LAST} of {steps} steps) | vs stock | held-out loss | vs stock "
-          "| node KB/step/rank | int4 grad error (node) | s/step |")
+    print(
+        f"\n| configuration | final loss (last {LAST} of {steps} steps) | vs stock | held-out loss | vs stock "
+        "| node KB/step/rank | int4 grad error (node) | s/step |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         node = f"{r['node_bytes_per_step'] / 1e3:.1f}" if "node_bytes_per_step" in r else "(stock)"
         err = f"{r['grad_node_rel_error']:.3f}" if r.get("grad_node_rel_error") is not None else "-"
-        print(f"| {r['name']} | {r['final_loss']:.4f} | {vs(r, 'final_loss')} | {r['held_out_loss']:.4f} | "
-              f"{vs(r, 'held_out_loss')} | {node} | {err} | {r['seconds_per_step']:.2f} |")
+        print(
+            f"| {r['name']} | {r['final_loss']:.4f} | {vs(r, 'final_loss')} | {r['held_out_loss']:.4f} | "
+            f"{vs(r, 'held_out_loss')} | {node} | {err} | {r['seconds_per_step']:.2f} |"
+        )
 
 
 def plot(rows: list, path: str) -> None:
@@ -148,11 +168,12 @@ def plot(rows: list, path: str) -> None:
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (full, tail) = plt.subplots(1, 2, figsize=(13, 4.8))
     for r in rows:
         c = r["curve"]
         k = 10  # running mean over 10 steps: per-step losses are noisy
-        smooth = [sum(c[max(0, i - k + 1):i + 1]) / len(c[max(0, i - k + 1):i + 1]) for i in range(len(c))]
+        smooth = [sum(c[max(0, i - k + 1) : i + 1]) / len(c[max(0, i - k + 1) : i + 1]) for i in range(len(c))]
         full.plot(smooth, label=r["name"], lw=1.2)
         start = len(c) // 2
         tail.plot(range(start, len(c)), smooth[start:], label=r["name"], lw=1.2)
@@ -174,16 +195,17 @@ def _previous_rows(path: str, a: dict) -> list:
         prev = json.load(f)
     differ = {k: (prev["args"].get(k), a[k]) for k in _SAME if prev["args"].get(k) != a[k]}
     if differ:
-        raise SystemExit(f"--resume: {path} was made with other settings {differ} (saved, now); "
-                         "rerun without --resume or with the same settings")
+        raise SystemExit(
+            f"--resume: {path} was made with other settings {differ} (saved, now); "
+            "rerun without --resume or with the same settings"
+        )
     return prev["results"]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS),
-                    help=f"names from {list(CONFIGS) + list(OPTIONAL)}")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), help=f"names from {list(CONFIGS) + list(OPTIONAL)}")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--d-model", type=int, default=64)
@@ -193,10 +215,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the configurations already in <out-dir>/convergence.json (same settings) "
-                         "and run only the missing ones: every run is deterministic, so a stopped "
-                         "benchmark can be finished in a new world")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the configurations already in <out-dir>/convergence.json (same settings) "
+        "and run only the missing ones: every run is deterministic, so a stopped "
+        "benchmark can be finished in a new world",
+    )
     args = ap.parse_args(argv)
     known = {**CONFIGS, **OPTIONAL}
     unknown = [n for n in args.configs if n not in known]
@@ -219,19 +244,37 @@ def main(argv=None) -> int:
             per_rank = w.run(train_one, name, preset, compression, a)
             rows.append(summarize(name, per_rank, a))
             r = rows[-1]
-            print(f"[{time.perf_counter() - t_start:7.0f} s] {name}: final loss {r['final_loss']:.4f}, held-out "
-                  f"{r['held_out_loss']:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(
+                f"[{time.perf_counter() - t_start:7.0f} s] {name}: final loss {r['final_loss']:.4f}, held-out "
+                f"{r['held_out_loss']:.4f} ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
             corpus = _corpus()
             with open(out_json, "w") as f:  # after every configuration: a partial run still reports
-                json.dump({"args": a, "model": model_config(a).__dict__, "world": "8 ranks = 2 nodes x 2 GPUs x 2 GCDs",
-                           "corpus": {"python": corpus.python, "files": corpus.files, "sha256": corpus.sha256,
-                                      "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel()},
-                           "configs": {n: {"preset": known[n][0], "compression": known[n][1]} for n in args.configs},
-                           "results": rows}, f, indent=1)
+                json.dump(
+                    {
+                        "args": a,
+                        "model": model_config(a).__dict__,
+                        "world": "8 ranks = 2 nodes x 2 GPUs x 2 GCDs",
+                        "corpus": {
+                            "python": corpus.python,
+                            "files": corpus.files,
+                            "sha256": corpus.sha256,
+                            "train_bytes": corpus.train.numel(),
+                            "held_out_bytes": corpus.held_out.numel(),
+                        },
+                        "configs": {n: {"preset": known[n][0], "compression": known[n][1]} for n in args.configs},
+                        "results": rows,
+                    },
+                    f,
+                    indent=1,
+                )
     rows.sort(key=lambda r: args.configs.index(r["name"]) if r["name"] in args.configs else len(args.configs))
     print_table(rows, args.steps)
-    print(f"\nmodel {model_config(a)}, {rows[0]['params']} parameters; {args.micro_batch} x {args.seq_len} bytes "
-          f"per rank per step; Adam lr {args.lr}; total {time.perf_counter() - t_start:.0f} s; wrote {out_json}")
+    print(
+        f"\nmodel {model_config(a)}, {rows[0]['params']} parameters; {args.micro_batch} x {args.seq_len} bytes "
+        f"per rank per step; Adam lr {args.lr}; total {time.perf_counter() - t_start:.0f} s; wrote {out_json}"
+    )
     plot(rows, os.path.join(args.out_dir, "convergence.png"))
     return 0
 

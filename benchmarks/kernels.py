@@ -24,6 +24,7 @@ does not; on a GPU the caching allocator hides them. To compare like with like t
 re-executes itself with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set so freed memory is
 reused (``--cold-alloc`` keeps glibc's defaults instead).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,10 @@ def run(args) -> dict:
     from zeropp_hier.quant import reference
 
     if quant.backend("cpu") != "cpu-ext":
-        raise SystemExit("benchmarks/kernels.py: the compiled CPU kernels are not available; "
-                         "build them with `pip install --no-build-isolation -e .`")
+        raise SystemExit(
+            "benchmarks/kernels.py: the compiled CPU kernels are not available; "
+            "build them with `pip install --no-build-isolation -e .`"
+        )
     dtype = getattr(torch, args.dtype)
     B, K = args.block_size, args.parts
     load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
@@ -94,71 +97,103 @@ def run(args) -> dict:
         for bits in (8, 4):
             q = quant.quantize(x, bits, B)
             payload = q.nbytes()
-            stacked = quant.Quantized(torch.stack([q.data] * K), torch.stack([q.scales] * K),
-                                      n, bits, B)
-            parts = [quant.Quantized(stacked.data[j], stacked.scales[j], n, bits, B)
-                     for j in range(K)]
+            stacked = quant.Quantized(torch.stack([q.data] * K), torch.stack([q.scales] * K), n, bits, B)
+            parts = [quant.Quantized(stacked.data[j], stacked.scales[j], n, bits, B) for j in range(K)]
             cases = [
-                ("quantize", n * x.element_size(), n,
-                 lambda: quant.quantize(x, bits, B), lambda: reference.quantize(x, bits, B)),
-                ("dequantize", payload, n,
-                 lambda: quant.dequantize(q), lambda: reference.dequantize(q)),
-                (f"dequantize_sum(k={K})", K * payload, K * n,
-                 lambda: quant.dequantize_sum(stacked),
-                 lambda: reference.dequantize_sum(parts)),
-                (f"dequantize_sum_requantize(k={K})", K * payload, K * n,
-                 lambda: quant.dequantize_sum_requantize(stacked, bits, B),
-                 lambda: reference.dequantize_sum_requantize(parts, bits, B)),
+                (
+                    "quantize",
+                    n * x.element_size(),
+                    n,
+                    lambda: quant.quantize(x, bits, B),
+                    lambda: reference.quantize(x, bits, B),
+                ),
+                ("dequantize", payload, n, lambda: quant.dequantize(q), lambda: reference.dequantize(q)),
+                (
+                    f"dequantize_sum(k={K})",
+                    K * payload,
+                    K * n,
+                    lambda: quant.dequantize_sum(stacked),
+                    lambda: reference.dequantize_sum(parts),
+                ),
+                (
+                    f"dequantize_sum_requantize(k={K})",
+                    K * payload,
+                    K * n,
+                    lambda: quant.dequantize_sum_requantize(stacked, bits, B),
+                    lambda: reference.dequantize_sum_requantize(parts, bits, B),
+                ),
             ]
             for name, in_bytes, elems, ext_fn, ref_fn in cases:
                 t_ext = timed(ext_fn, args.reps)
                 t_ref = timed(ref_fn, args.ref_reps)
                 t_copy = min(copy_times[-2:])
-                rows.append({
-                    "op": name, "bits": bits, "numel": n, "input_bytes": in_bytes,
-                    "ext_s": t_ext, "ref_s": t_ref, "copy_s": t_copy,
-                    "ext_in_GBps": in_bytes / t_ext / 1e9, "ref_in_GBps": in_bytes / t_ref / 1e9,
-                    "copy_GBps": n * 4 / t_copy / 1e9,
-                    "speedup_vs_ref": t_ref / t_ext,
-                    "pct_of_copy": 100.0 * (elems / t_ext) / (n / t_copy),
-                })
+                rows.append(
+                    {
+                        "op": name,
+                        "bits": bits,
+                        "numel": n,
+                        "input_bytes": in_bytes,
+                        "ext_s": t_ext,
+                        "ref_s": t_ref,
+                        "copy_s": t_copy,
+                        "ext_in_GBps": in_bytes / t_ext / 1e9,
+                        "ref_in_GBps": in_bytes / t_ref / 1e9,
+                        "copy_GBps": n * 4 / t_copy / 1e9,
+                        "speedup_vs_ref": t_ref / t_ext,
+                        "pct_of_copy": 100.0 * (elems / t_ext) / (n / t_copy),
+                    }
+                )
                 _print_row(rows[-1])
     return {
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(),
-                    "cpu_isa": torch.ops.zeropp_hier.cpu_isa(),
-                    "load_average_1min": [load_before, os.getloadavg()[0]],
-                    "allocator": "cold (glibc defaults)" if args.cold_alloc
-                    else "warm (MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ raised)"},
-        "config": {"input_dtype": args.dtype, "block_size": B, "parts": K,
-                   "reps": args.reps, "ref_reps": args.ref_reps, "timing": "min over reps"},
+        "machine": {
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_isa": torch.ops.zeropp_hier.cpu_isa(),
+            "load_average_1min": [load_before, os.getloadavg()[0]],
+            "allocator": "cold (glibc defaults)"
+            if args.cold_alloc
+            else "warm (MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ raised)",
+        },
+        "config": {
+            "input_dtype": args.dtype,
+            "block_size": B,
+            "parts": K,
+            "reps": args.reps,
+            "ref_reps": args.ref_reps,
+            "timing": "min over reps",
+        },
         "definitions": {
-            "ext_in_GBps": "op input bytes per second (x for quantize; data+scales of every "
-                           "payload otherwise)",
+            "ext_in_GBps": "op input bytes per second (x for quantize; data+scales of every payload otherwise)",
             "pct_of_copy": "elements per second (n, or k*n for the sums) relative to "
-                           "torch.Tensor.copy_ of the fp32 [n] buffer, measured in the same run",
+            "torch.Tensor.copy_ of the fp32 [n] buffer, measured in the same run",
             "speedup_vs_ref": "reference time / kernel time",
         },
         "rows": rows,
     }
 
 
-_HEADER = (f"{'op':34s} {'bits':>4s} {'numel':>6s} | {'ext in GB/s':>11s} {'ref in GB/s':>11s} "
-           f"{'x ref':>7s} | {'copy GB/s':>9s} {'% copy':>7s}")
+_HEADER = (
+    f"{'op':34s} {'bits':>4s} {'numel':>6s} | {'ext in GB/s':>11s} {'ref in GB/s':>11s} "
+    f"{'x ref':>7s} | {'copy GB/s':>9s} {'% copy':>7s}"
+)
 
 
 def _print_row(r: dict) -> None:
     n = r["numel"]
     size = f"{n >> 20}M" if n >= 1 << 20 else str(n)
-    print(f"{r['op']:34s} {r['bits']:>4d} {size:>6s} | {r['ext_in_GBps']:11.2f} "
-          f"{r['ref_in_GBps']:11.3f} {r['speedup_vs_ref']:7.1f} | {r['copy_GBps']:9.2f} "
-          f"{r['pct_of_copy']:6.0f}%", flush=True)
+    print(
+        f"{r['op']:34s} {r['bits']:>4d} {size:>6s} | {r['ext_in_GBps']:11.2f} "
+        f"{r['ref_in_GBps']:11.3f} {r['speedup_vs_ref']:7.1f} | {r['copy_GBps']:9.2f} "
+        f"{r['pct_of_copy']:6.0f}%",
+        flush=True,
+    )
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="1M,4M,16M,64M",
-                   type=lambda s: [_parse_size(v) for v in s.split(",")])
+    p.add_argument("--sizes", default="1M,4M,16M,64M", type=lambda s: [_parse_size(v) for v in s.split(",")])
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -166,8 +201,7 @@ def main(argv=None) -> None:
     p.add_argument("--ref-reps", type=int, default=5)
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement, at most")
     p.add_argument("--cold-alloc", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" /
-                                        "kernels.json"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kernels.json"))
     args = p.parse_args(argv)
     if not args.cold_alloc and any(os.environ.get(k) != v for k, v in _WARM_ENV.items()):
         # glibc reads these at start-up only: re-execute with them set.
@@ -180,9 +214,11 @@ def main(argv=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     m = result["machine"]
-    print(f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
-          f"CPU kernels: {m['cpu_isa']}, allocator: {m['allocator']}, load average "
-          f"{m['load_average_1min'][0]:.1f} -> {m['load_average_1min'][1]:.1f}\nwrote {out}")
+    print(
+        f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
+        f"CPU kernels: {m['cpu_isa']}, allocator: {m['allocator']}, load average "
+        f"{m['load_average_1min'][0]:.1f} -> {m['load_average_1min'][1]:.1f}\nwrote {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ Floating-point flags matter for bit-exactness ([Note: bit-exact arithmetic] in q
 no -ffast-math anywhere, no FMA contraction, no flush-to-zero, IEEE division. The C++
 standard is left to torch (its headers need what it passes, C++20 for torch 2.13).
 """
+
 from __future__ import annotations
 
 import os
@@ -31,10 +32,13 @@ EXT_NAME = "zeropp_hier._C"
 HOST_SOURCES = ("bindings.cpp", "quant_ops.cpp", "quant_cpu.cpp")
 CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 LINK_FLAGS = ["-fopenmp"]
-NVCC_FLAGS = ["-O3", "--fmad=false", "--ftz=false", "--prec-div=true",
-              "--prec-sqrt=true"]
-HIPCC_FLAGS = ["-O3", "-ffp-contract=off", "-fno-gpu-flush-denormals-to-zero",
-               "-fhip-fp32-correctly-rounded-divide-sqrt"]
+NVCC_FLAGS = ["-O3", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"]
+HIPCC_FLAGS = [
+    "-O3",
+    "-ffp-contract=off",
+    "-fno-gpu-flush-denormals-to-zero",
+    "-fhip-fp32-correctly-rounded-divide-sqrt",
+]
 DEFAULT_ROCM_ARCH = "gfx90a"
 
 
@@ -48,7 +52,7 @@ def _source(name: str) -> str:
 
 
 def torch_flavour() -> str:
-    """"rocm", "cuda" or "cpu": which kind of torch is installed (not which devices exist)."""
+    """ "rocm", "cuda" or "cpu": which kind of torch is installed (not which devices exist)."""
     import torch
 
     if getattr(torch.version, "hip", None):
@@ -60,6 +64,7 @@ def torch_flavour() -> str:
 
 class ExtSpec(NamedTuple):
     """What to build for one torch flavour (pure data, so it can be checked anywhere)."""
+
     gpu: bool  # CUDAExtension (with device code) rather than CppExtension
     sources: list
     define_macros: list
@@ -73,15 +78,24 @@ def extension_spec(flavour: str) -> ExtSpec:
     if flavour == "cpu":
         return ExtSpec(False, sources, [], list(CXX_FLAGS), [])
     if flavour == "cuda":
-        return ExtSpec(True, sources + [_source("quant_kernels_cuda.cu")],
-                       [("ZEROPP_WITH_GPU", "1")], list(CXX_FLAGS), list(NVCC_FLAGS))
+        return ExtSpec(
+            True,
+            sources + [_source("quant_kernels_cuda.cu")],
+            [("ZEROPP_WITH_GPU", "1")],
+            list(CXX_FLAGS),
+            list(NVCC_FLAGS),
+        )
     if flavour == "rocm":
         device_flags = list(HIPCC_FLAGS)
         if not os.environ.get("PYTORCH_ROCM_ARCH"):
             device_flags.append(f"--offload-arch={DEFAULT_ROCM_ARCH}")
-        return ExtSpec(True, sources + [_source("quant_kernels.hip")],
-                       [("ZEROPP_WITH_GPU", "1"), ("ZEROPP_GPU_HIP", "1")], list(CXX_FLAGS),
-                       device_flags)
+        return ExtSpec(
+            True,
+            sources + [_source("quant_kernels.hip")],
+            [("ZEROPP_WITH_GPU", "1"), ("ZEROPP_GPU_HIP", "1")],
+            list(CXX_FLAGS),
+            device_flags,
+        )
     raise ValueError(f"flavour must be 'cpu', 'cuda' or 'rocm', got {flavour!r}")
 
 
@@ -92,10 +106,23 @@ def extension_modules() -> list:
     spec = extension_spec(torch_flavour())
     include_dirs = [str(HERE)]
     if not spec.gpu:
-        return [cpp_extension.CppExtension(
-            EXT_NAME, spec.sources, include_dirs=include_dirs, define_macros=spec.define_macros,
-            extra_compile_args={"cxx": spec.cxx_flags}, extra_link_args=LINK_FLAGS)]
-    return [cpp_extension.CUDAExtension(
-        EXT_NAME, spec.sources, include_dirs=include_dirs, define_macros=spec.define_macros,
-        extra_compile_args={"cxx": spec.cxx_flags, "nvcc": spec.device_flags},
-        extra_link_args=LINK_FLAGS)]
+        return [
+            cpp_extension.CppExtension(
+                EXT_NAME,
+                spec.sources,
+                include_dirs=include_dirs,
+                define_macros=spec.define_macros,
+                extra_compile_args={"cxx": spec.cxx_flags},
+                extra_link_args=LINK_FLAGS,
+            )
+        ]
+    return [
+        cpp_extension.CUDAExtension(
+            EXT_NAME,
+            spec.sources,
+            include_dirs=include_dirs,
+            define_macros=spec.define_macros,
+            extra_compile_args={"cxx": spec.cxx_flags, "nvcc": spec.device_flags},
+            extra_link_args=LINK_FLAGS,
+        )
+    ]

@@ -31,12 +31,12 @@ namespace cpu {
 const char* isa_name();
 
 // x [numel] -> data [nblocks*B (bits 8) or nblocks*B/2 (bits 4)], scales [nblocks]
-void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size,
-              void* data, float* scales);
+void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size, void* data,
+              float* scales);
 
 // data, scales as above -> out [numel] of out_dtype
-void dequantize(const void* data, const float* scales, int64_t numel, int bits,
-                int64_t block_size, void* out, DType out_dtype);
+void dequantize(const void* data, const float* scales, int64_t numel, int bits, int64_t block_size,
+                void* out, DType out_dtype);
 
 // sum over parts in order 0..k-1, in fp32 -> out [numel] of out_dtype
 void dequantize_sum(const Parts& parts, void* out, DType out_dtype);

@@ -127,8 +127,8 @@ __global__ void quantize_blocks(Source src, int64_t nblocks, int bits, int block
 }
 
 template <typename T>
-__global__ void dequantize_elems(const uint8_t* data, const float* scales, int64_t numel,
-                                 int bits, int log2_block, T* out) {
+__global__ void dequantize_elems(const uint8_t* data, const float* scales, int64_t numel, int bits,
+                                 int log2_block, T* out) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < numel;
        e += int64_t(gridDim.x) * blockDim.x) {
     out[e] = from_f32<T>(load_dequantized(data, scales, bits, log2_block, e));
@@ -154,9 +154,9 @@ const char* launch_quantize(const Source& src, int64_t numel, int bits, int64_t 
   const int64_t nblocks = num_blocks(numel, block_size);
   const int64_t groups = block_size < kThreads ? kThreads / block_size : 1;
   const size_t shmem = size_t(block_size < kThreads ? kThreads : block_size) * sizeof(float);
-  quantize_blocks<Source><<<dim3(unsigned(grid_for(nblocks, groups))), dim3(kThreads), shmem,
-                            stream>>>(src, nblocks, bits, int(block_size),
-                                      static_cast<uint8_t*>(data), scales);
+  quantize_blocks<Source>
+      <<<dim3(unsigned(grid_for(nblocks, groups))), dim3(kThreads), shmem, stream>>>(
+          src, nblocks, bits, int(block_size), static_cast<uint8_t*>(data), scales);
   return launch_status();
 }
 
@@ -171,8 +171,9 @@ const char* launch_dequantize(const void* data, const float* scales, int64_t num
 
 template <typename T>
 const char* launch_dequantize_sum(const Parts& parts, void* out, hipStream_t stream) {
-  dequantize_sum_elems<T><<<dim3(unsigned(grid_for(parts.numel, kThreads))), dim3(kThreads), 0,
-                            stream>>>(parts, log2_of(parts.block_size), static_cast<T*>(out));
+  dequantize_sum_elems<T>
+      <<<dim3(unsigned(grid_for(parts.numel, kThreads))), dim3(kThreads), 0, stream>>>(
+          parts, log2_of(parts.block_size), static_cast<T*>(out));
   return launch_status();
 }
 
@@ -183,8 +184,8 @@ const char* quantize(const void* x, DType x_dtype, int64_t numel, int bits, int6
   hipStream_t s = static_cast<hipStream_t>(stream);
   switch (x_dtype) {
     case DType::kF32:
-      return launch_quantize(TensorSource<float>{static_cast<const float*>(x), numel}, numel,
-                             bits, block_size, data, scales, s);
+      return launch_quantize(TensorSource<float>{static_cast<const float*>(x), numel}, numel, bits,
+                             block_size, data, scales, s);
     case DType::kF16:
       return launch_quantize(TensorSource<half_bits>{static_cast<const half_bits*>(x), numel},
                              numel, bits, block_size, data, scales, s);
@@ -224,9 +225,8 @@ const char* dequantize_sum(const Parts& parts, void* out, DType out_dtype, void*
 
 const char* dequantize_sum_requantize(const Parts& parts, int out_bits, int64_t out_block_size,
                                       void* out_data, float* out_scales, void* stream) {
-  return launch_quantize(PartsSumSource{parts, log2_of(parts.block_size)}, parts.numel,
-                         out_bits, out_block_size, out_data, out_scales,
-                         static_cast<hipStream_t>(stream));
+  return launch_quantize(PartsSumSource{parts, log2_of(parts.block_size)}, parts.numel, out_bits,
+                         out_block_size, out_data, out_scales, static_cast<hipStream_t>(stream));
 }
 
 }  // namespace gpu

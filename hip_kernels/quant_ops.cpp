@@ -68,8 +68,8 @@ void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::Scala
 // The quantized payload of a single tensor (stacked == false): data [bytes], scales [nblocks];
 // of k stacked tensors (stacked == true): data [k, bytes], scales [k, nblocks], rows
 // contiguous (the rows may be views into a larger receive buffer). Returns the Parts view.
-Parts check_payload(const char* op, const at::Tensor& data, const at::Tensor& scales,
-                    int64_t numel, int64_t bits, int64_t block_size, Where where, bool stacked) {
+Parts check_payload(const char* op, const at::Tensor& data, const at::Tensor& scales, int64_t numel,
+                    int64_t bits, int64_t block_size, Where where, bool stacked) {
   check_bits(op, "bits", bits);
   check_block_size(op, "block_size", block_size);
   TORCH_CHECK_VALUE(numel >= 0, op, ": argument 'numel' must be >= 0, got ", numel);
@@ -97,9 +97,9 @@ Parts check_payload(const char* op, const at::Tensor& data, const at::Tensor& sc
   TORCH_CHECK_VALUE(data.size(rank - 1) == bytes, op, ": argument 'data' must hold ", bytes,
                     " bytes per payload for numel=", numel, ", bits=", bits,
                     ", block_size=", block_size, ", got ", data.size(rank - 1));
-  TORCH_CHECK_VALUE(scales.size(rank - 1) == nblocks, op, ": argument 'scales' must hold ",
-                    nblocks, " blocks per payload for numel=", numel,
-                    ", block_size=", block_size, ", got ", scales.size(rank - 1));
+  TORCH_CHECK_VALUE(scales.size(rank - 1) == nblocks, op, ": argument 'scales' must hold ", nblocks,
+                    " blocks per payload for numel=", numel, ", block_size=", block_size, ", got ",
+                    scales.size(rank - 1));
   const int64_t k = stacked ? data.size(0) : 1;
   if (stacked) {
     TORCH_CHECK_VALUE(k >= 1, op, ": argument 'data' must stack at least one payload, got 0");
@@ -155,9 +155,9 @@ std::tuple<at::Tensor, at::Tensor> quantize_on(Where where, const at::Tensor& x,
 #ifdef ZEROPP_WITH_GPU
   else {
     const c10::cuda::CUDAGuard guard(x.device());
-    check_launch(op, gpu::quantize(x.data_ptr(), dtype, x.numel(), int(bits), block_size,
-                                   data.data_ptr(), scales.data_ptr<float>(),
-                                   current_stream(x.device())));
+    check_launch(
+        op, gpu::quantize(x.data_ptr(), dtype, x.numel(), int(bits), block_size, data.data_ptr(),
+                          scales.data_ptr<float>(), current_stream(x.device())));
   }
 #endif
   return {data, scales};
@@ -176,8 +176,8 @@ at::Tensor dequantize_on(Where where, const at::Tensor& data, const at::Tensor& 
 #ifdef ZEROPP_WITH_GPU
   else {
     const c10::cuda::CUDAGuard guard(data.device());
-    check_launch(op, gpu::dequantize(p.data, p.scales, numel, p.bits, block_size,
-                                     out.data_ptr(), out_dtype, current_stream(data.device())));
+    check_launch(op, gpu::dequantize(p.data, p.scales, numel, p.bits, block_size, out.data_ptr(),
+                                     out_dtype, current_stream(data.device())));
   }
 #endif
   return out;
@@ -197,8 +197,8 @@ at::Tensor dequantize_sum_on(Where where, const at::Tensor& data, const at::Tens
 #ifdef ZEROPP_WITH_GPU
   else {
     const c10::cuda::CUDAGuard guard(data.device());
-    check_launch(op, gpu::dequantize_sum(p, out.data_ptr(), out_dtype,
-                                         current_stream(data.device())));
+    check_launch(op,
+                 gpu::dequantize_sum(p, out.data_ptr(), out_dtype, current_stream(data.device())));
   }
 #endif
   return out;
@@ -220,10 +220,9 @@ std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_on(
 #ifdef ZEROPP_WITH_GPU
   else {
     const c10::cuda::CUDAGuard guard(data.device());
-    check_launch(op, gpu::dequantize_sum_requantize(p, int(out_bits), out_block_size,
-                                                    out_data.data_ptr(),
-                                                    out_scales.data_ptr<float>(),
-                                                    current_stream(data.device())));
+    check_launch(op, gpu::dequantize_sum_requantize(
+                         p, int(out_bits), out_block_size, out_data.data_ptr(),
+                         out_scales.data_ptr<float>(), current_stream(data.device())));
   }
 #endif
   return {out_data, out_scales};
@@ -249,8 +248,8 @@ at::Tensor dequantize_sum_cpu(const at::Tensor& data, const at::Tensor& scales, 
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_cpu(
     const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
     int64_t block_size, int64_t out_bits, int64_t out_block_size) {
-  return dequantize_sum_requantize_on(Where::kCpu, data, scales, numel, bits, block_size,
-                                      out_bits, out_block_size);
+  return dequantize_sum_requantize_on(Where::kCpu, data, scales, numel, bits, block_size, out_bits,
+                                      out_block_size);
 }
 
 #ifdef ZEROPP_WITH_GPU
@@ -272,8 +271,8 @@ at::Tensor dequantize_sum_gpu(const at::Tensor& data, const at::Tensor& scales, 
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_gpu(
     const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
     int64_t block_size, int64_t out_bits, int64_t out_block_size) {
-  return dequantize_sum_requantize_on(Where::kGpu, data, scales, numel, bits, block_size,
-                                      out_bits, out_block_size);
+  return dequantize_sum_requantize_on(Where::kGpu, data, scales, numel, bits, block_size, out_bits,
+                                      out_block_size);
 }
 #endif
 

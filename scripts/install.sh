@@ -12,11 +12,13 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 else
   echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
 fi
-"$PY" -m pip install setuptools wheel ninja pytest hypothesis >/dev/null
-# The Hydra app, its progress bar, the Frontier sweep launcher and the Hugging Face integration
-# test. With torch already present none of these installs another torch.
-"$PY" -m pip install "hydra-core>=1.3" tqdm hydra-submitit-launcher transformers accelerate >/dev/null
-"$PY" -m pip install --no-build-isolation -e . 2>&1 | tail -n 2
+# Build tools first (the build runs without isolation, so they must be here already); the
+# linters that .ci/run runs (ruff, mypy) beside them.
+"$PY" -m pip install setuptools wheel ninja ruff mypy >/dev/null
+# The package with its dependencies as pyproject.toml lists them (the one list), plus the test
+# extra (pytest, hypothesis, the Hugging Face integration test) and the Frontier extra (the
+# Hydra submitit launcher). With torch already present none of these installs another torch.
+"$PY" -m pip install --no-build-isolation -e ".[test,frontier]" 2>&1 | tail -n 2
 # torch is present, so the kernels must have been built: a silent fallback to the reference
 # implementation would hide a broken build until the kernel tests (or a slow run) showed it.
 "$PY" - <<'PYEOF'

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec "${PYTHON:-python}" -m zeropp_hier.app.train "$@"
+exec "${PYTHON:-python}" -m zeropp_hier train "$@"

@@ -1,8 +1,8 @@
 """Assertion helpers shared by the distributed tests."""
+
 import math
 
 import pytest
-import torch
 
 from zeropp_hier.detect.hardware import cpu_summary
 
@@ -11,6 +11,7 @@ def _fp16_refused() -> str | None:
     """Why DeepSpeed will refuse fp16 in this machine's CPU ranks, or None. Asks DeepSpeed's CPU
     accelerator itself: the question its ``_do_sanity_check`` asks before refusing."""
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
     if CPU_Accelerator().is_fp16_supported():
         return None
     return f"no fp16 on this CPU: DeepSpeed's CPU accelerator refuses it (oneDNN lacks fp16; {cpu_summary()})"

@@ -6,6 +6,7 @@ pyproject.toml), set by that directory's conftest.py.
     python -m pytest -m system tests # system: Slurm, the emulated cluster, compilers, whole jobs
     python -m pytest tests           # everything
 """
+
 from pathlib import Path
 
 import pytest

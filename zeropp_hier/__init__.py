@@ -9,11 +9,33 @@ Layers: ``core`` (pure model of the job) < ``comm`` (process groups, collectives
 ``deepspeed`` (the integration); ``detect`` (topology auto-detection), ``tools`` (planner, CLI),
 ``app`` (the main job), ``testing`` (local CPU worlds, a small GPT), ``quant`` (kernels).
 """
+
 from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The one version is pyproject.toml's; installed, it is in the package metadata. A
+    checkout used without installing (PYTHONPATH) reads pyproject.toml itself."""
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if pyproject.is_file():  # a checkout: its own version, even if another copy is installed
+        import re
+
+        m = re.search(r'(?m)^version = "([^"]+)"', pyproject.read_text())
+        if m:
+            return m.group(1)
+    try:
+        from importlib.metadata import version
+
+        return version("zeropp-hier")
+    except Exception:
+        return "unknown"
+
+
+__version__ = _version()
 
 # public name -> module that defines it
 _LAZY = {
@@ -67,8 +89,10 @@ def comm_stats(engine) -> dict:
     """
     rt = getattr(engine, "hier_runtime", None)
     if rt is None:
-        raise ValueError("comm_stats needs an engine from zeropp_hier.initialize with an enabled "
-                         "zeropp_hier section; this engine is stock DeepSpeed")
+        raise ValueError(
+            "comm_stats needs an engine from zeropp_hier.initialize with an enabled "
+            "zeropp_hier section; this engine is stock DeepSpeed"
+        )
     return {**rt.stats.snapshot(), "numerics": rt.numerics.snapshot()}
 
 
@@ -77,7 +101,22 @@ def reset_comm_stats(engine) -> None:
     engine.hier_runtime.numerics.reset_stats()
 
 
-__all__ = ["initialize", "Init", "comm_stats", "reset_comm_stats", "patch_deepspeed", "unpatch_deepspeed",
-           "is_patched", "HierConfig", "parse_section", "HierConfigError", "HierTopologyError",
-           "HierNonFiniteError", "DeepSpeedVersionError", "HierEngine", "Topology", "HierCommError",
-           "HierCheckpointError"]
+__all__ = [
+    "initialize",
+    "Init",
+    "comm_stats",
+    "reset_comm_stats",
+    "patch_deepspeed",
+    "unpatch_deepspeed",
+    "is_patched",
+    "HierConfig",
+    "parse_section",
+    "HierConfigError",
+    "HierTopologyError",
+    "HierNonFiniteError",
+    "DeepSpeedVersionError",
+    "HierEngine",
+    "Topology",
+    "HierCommError",
+    "HierCheckpointError",
+]

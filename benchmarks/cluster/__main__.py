@@ -2,6 +2,7 @@
 (root required). The uplink commands disturb a running cluster's node ``--node`` ([Note: failing
 links] in spec.py): take its uplink down, drop ``--loss-percent`` of its packets each way, or stop
 dropping."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,23 +14,31 @@ from .spec import DEFAULT_NODE_MBIT, ClusterSpec, wire_bytes
 
 
 def spec_from_args(args) -> ClusterSpec:
-    return ClusterSpec.scaled(node_mbit=args.node_mbit, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                              gcds_per_gpu=args.gcds_per_gpu, prefix=args.prefix)
+    return ClusterSpec.scaled(
+        node_mbit=args.node_mbit,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gcds_per_gpu=args.gcds_per_gpu,
+        prefix=args.prefix,
+    )
 
 
 def add_spec_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--node-mbit", type=float, default=DEFAULT_NODE_MBIT,
-                    help="node-tier rate per GCD in Mbit/s; gpu and gcd follow Frontier's 4x and 16x")
+    ap.add_argument(
+        "--node-mbit",
+        type=float,
+        default=DEFAULT_NODE_MBIT,
+        help="node-tier rate per GCD in Mbit/s; gpu and gcd follow Frontier's 4x and 16x",
+    )
     ap.add_argument("--prefix", default="zhc", help="namespace name prefix (teardown removes <prefix>-*)")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cluster", description=__doc__)
-    ap.add_argument("command", choices=("setup", "teardown", "status", "uplink-down", "uplink-loss",
-                                        "uplink-clear"))
+    ap.add_argument("command", choices=("setup", "teardown", "status", "uplink-down", "uplink-loss", "uplink-clear"))
     add_spec_args(ap)
     ap.add_argument("--node", type=int, default=1, help="uplink-*: which node's uplink")
     ap.add_argument("--loss-percent", type=float, default=5.0, help="uplink-loss: packets dropped, per cent")
@@ -41,9 +50,11 @@ def main(argv=None) -> int:
     spec = spec_from_args(args)
     if args.command == "setup":
         netns.setup(spec)
-        print(f"emulated cluster up: {spec.nodes} nodes x {spec.gpus_per_node} packages x "
-              f"{spec.gcds_per_gpu} GCDs; per-GCD Mbit/s {spec.per_gcd_mbit()}; namespaces "
-              f"{spec.namespaces()}")
+        print(
+            f"emulated cluster up: {spec.nodes} nodes x {spec.gpus_per_node} packages x "
+            f"{spec.gcds_per_gpu} GCDs; per-GCD Mbit/s {spec.per_gcd_mbit()}; namespaces "
+            f"{spec.namespaces()}"
+        )
         return 0
     if args.command.startswith("uplink-"):
         if args.command == "uplink-down":
@@ -61,9 +72,16 @@ def main(argv=None) -> int:
             return 1
         print(f"removed every {args.prefix}-* namespace (and their links, qdiscs, processes)")
         return 0
-    print(json.dumps({"leftovers_or_live": netns.leftovers(args.prefix),
-                      "qdiscs": {f"{k[0]}/{k[1]}": v for k, v in netns.qdiscs(spec).items()},
-                      "wire_bytes": wire_bytes(netns.tx_bytes(spec), spec)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "leftovers_or_live": netns.leftovers(args.prefix),
+                "qdiscs": {f"{k[0]}/{k[1]}": v for k, v in netns.qdiscs(spec).items()},
+                "wire_bytes": wire_bytes(netns.tx_bytes(spec), spec),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

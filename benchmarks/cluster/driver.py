@@ -1,4 +1,5 @@
 """The driver side of [Note: marks]: run ranks, snapshot counters at each mark, collect results."""
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,30 @@ class RankFailure(RuntimeError):
     last lines each rank wrote on stderr), ``exit_at`` (``time.monotonic()`` when the driver saw
     each rank end) and ``killed`` (ranks the driver ended itself) say what every rank did."""
 
-    def __init__(self, message: str, returncodes: dict | None = None, tails: dict | None = None,
-                 exit_at: dict | None = None, killed: list | None = None):
+    def __init__(
+        self,
+        message: str,
+        returncodes: dict | None = None,
+        tails: dict | None = None,
+        exit_at: dict | None = None,
+        killed: list | None = None,
+    ):
         super().__init__(message)
         self.returncodes, self.tails = returncodes or {}, tails or {}
         self.exit_at, self.killed = exit_at or {}, killed or []
 
 
-def run_marked(spec: ClusterSpec, argv: list[str], on_mark: Callable[[str, dict], None] | None = None,
-               port: int = 29511, timeout: float = 3600.0, log=sys.stderr,
-               on_event: Callable[[str], None] | None = None, failure_grace_s: float = 0.0,
-               extra_env: dict | None = None) -> tuple[list, dict]:
+def run_marked(
+    spec: ClusterSpec,
+    argv: list[str],
+    on_mark: Callable[[str, dict], None] | None = None,
+    port: int = 29511,
+    timeout: float = 3600.0,
+    log=sys.stderr,
+    on_event: Callable[[str], None] | None = None,
+    failure_grace_s: float = 0.0,
+    extra_env: dict | None = None,
+) -> tuple[list, dict]:
     """Run ``python argv`` on every rank; return (rank 0's RESULT objects, {label: wire bytes
     since the previous mark}). Rank output other than marks, events and results goes to ``log``;
     any rank exiting non-zero fails the run (its stderr tail is in the error).
@@ -36,8 +50,15 @@ def run_marked(spec: ClusterSpec, argv: list[str], on_mark: Callable[[str, dict]
     ranks go on: to disturb the network at a chosen point of a run. ``failure_grace_s``: after a
     rank fails, the others are ended once no rank has ended for this long (0: at once); a test
     that wants to see every rank end on its own gives them the time their own timeouts need."""
-    procs = runner.launch(spec, argv, port=port, extra_env=extra_env, stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs = runner.launch(
+        spec,
+        argv,
+        port=port,
+        extra_env=extra_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     tails: dict[int, list[str]] = {r: [] for r in range(len(procs))}
 
     def drain(r, stream):
@@ -107,10 +128,13 @@ def run_marked(spec: ClusterSpec, argv: list[str], on_mark: Callable[[str, dict]
         if bad:
             # the first to fail is the one that exited on its own (not signalled by us)
             r = min(bad, key=lambda k: (bad[k] < 0, k))
-            raise RankFailure(f"ranks exited non-zero {bad}; rank {r} said:\n" + "".join(tails[r][-25:]),
-                              returncodes={i: p.returncode for i, p in enumerate(procs)},
-                              tails={i: "".join(t) for i, t in tails.items()}, exit_at=dict(exit_at),
-                              killed=sorted(killed))
+            raise RankFailure(
+                f"ranks exited non-zero {bad}; rank {r} said:\n" + "".join(tails[r][-25:]),
+                returncodes={i: p.returncode for i, p in enumerate(procs)},
+                tails={i: "".join(t) for i, t in tails.items()},
+                exit_at=dict(exit_at),
+                killed=sorted(killed),
+            )
         return results, by_label
     finally:
         netns.end_processes([p.pid for p in procs if p.poll() is None])

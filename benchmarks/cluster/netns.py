@@ -5,11 +5,13 @@ it also removes what an earlier run left (a killed driver, a failed setup half-w
 
 [Note: teardown order]
 A namespace that still holds a live process survives ``ip netns delete`` (the name goes, the
-namespace and its veths stay while the process lives; DESIGN §7). So teardown first ends every
+namespace and its veths stay while the process lives; docs/benchmarks.md#emulated-cluster-notes).
+So teardown first ends every
 process inside each namespace by PID (``ip netns pids``: SIGTERM, a grace period, SIGKILL), then
 deletes the namespaces, which removes their veths, bridges and qdiscs with them. Finally it checks
 that nothing with the prefix is left and says what is, rather than pretending.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +32,10 @@ def root_problem(euid: int | None = None) -> str | None:
     """Why this process cannot build the cluster, or None. Pure given ``euid``."""
     euid = os.geteuid() if euid is None else euid
     if euid != 0:
-        return (f"the emulated cluster needs root (network namespaces, veth, tc); running as uid "
-                f"{euid}. Run as root, e.g. `sudo python -m benchmarks.cluster setup`.")
+        return (
+            f"the emulated cluster needs root (network namespaces, veth, tc); running as uid "
+            f"{euid}. Run as root, e.g. `sudo python -m benchmarks.cluster setup`."
+        )
     return None
 
 

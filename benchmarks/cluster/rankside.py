@@ -7,6 +7,7 @@ wait in barriers on both sides, so no rank's collective traffic straddles a snap
 come back as one ``RESULT <json>`` line from rank 0. ``EVENT <label>`` lines from rank 0 do not
 block: the driver acts on them while the ranks run on (a failing link, [Note: failing links]).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import sys
 
 def mark(label: str) -> None:
     import torch.distributed as dist
+
     dist.barrier()
     if dist.get_rank() == 0:
         print(f"MARK {label}", flush=True)
@@ -28,6 +30,7 @@ def event(label: str) -> None:
     """Rank 0 tells the driver that ``label`` happened, and goes on at once (no barrier, no
     answer): the driver acts on it (e.g. takes a link down) while the ranks keep running."""
     import torch.distributed as dist
+
     if dist.get_rank() == 0:
         print(f"EVENT {label}", flush=True)
 

@@ -7,6 +7,7 @@ signals into an exception so the ``finally`` path runs). Ranks are started with
 driver killed with SIGKILL, which no handler can catch, leaves no rank running; the namespaces
 such a driver leaves are removed by ``python -m benchmarks.cluster teardown`` or the next setup.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -39,23 +40,47 @@ def _die_with_parent() -> None:
 def rank_env(spec: ClusterSpec, rank: int, port: int, extra: dict | None = None) -> dict:
     p = spec.place(rank)
     env = dict(os.environ)
-    env.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(p.local_rank),
-               LOCAL_SIZE=str(spec.gcds_per_gpu), MASTER_ADDR=spec.master_address,
-               MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=p.ifname, DS_ACCELERATOR="cpu",
-               OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_RANK=str(p.local_rank),
+        LOCAL_SIZE=str(spec.gcds_per_gpu),
+        MASTER_ADDR=spec.master_address,
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME=p.ifname,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env.update(extra or {})
     return env
 
 
-def launch(spec: ClusterSpec, argv: Sequence[str], port: int = 29511, extra_env: dict | None = None,
-           stdin=None, stdout=None, stderr=None) -> list[subprocess.Popen]:
+def launch(
+    spec: ClusterSpec,
+    argv: Sequence[str],
+    port: int = 29511,
+    extra_env: dict | None = None,
+    stdin=None,
+    stdout=None,
+    stderr=None,
+) -> list[subprocess.Popen]:
     """Start ``python argv...`` once per rank in its package namespace."""
     procs = []
     for rank in range(spec.world_size):
         cmd = ["ip", "netns", "exec", spec.place(rank).namespace, sys.executable, *argv]
-        procs.append(subprocess.Popen(cmd, env=rank_env(spec, rank, port, extra_env), cwd=REPO,
-                                      stdin=stdin, stdout=stdout, stderr=stderr,
-                                      preexec_fn=_die_with_parent, text=True))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=rank_env(spec, rank, port, extra_env),
+                cwd=REPO,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                preexec_fn=_die_with_parent,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -69,7 +94,7 @@ class Cluster:
         self._old = {}
         self.left: dict | None = None
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         netns.require_root()
         for s in self.SIGNALS:
             self._old[s] = signal.signal(s, _raise_interrupted)

@@ -7,7 +7,8 @@ layout without root and the benchmark and the planner share one source of the ra
 
 [Note: emulated layout]
 One namespace per GPU package (``<p>-n<node>g<gpu>``); the GCD ranks of a package run inside it
-and share its one address, so GCD-to-GCD traffic stays on the package's ``lo`` (DESIGN §7).
+and share its one address, so GCD-to-GCD traffic stays on the package's ``lo``
+(docs/benchmarks.md#emulated-cluster-notes).
 Each node has a switch namespace (``<p>-sw<node>``) whose bridge joins its packages' veths; a core
 namespace (``<p>-core``) bridges the switches' uplinks. Everything is one flat subnet, so no
 routing is needed. Shaping (tbf) sits on *both* ends of every veth, i.e. on each direction:
@@ -18,16 +19,17 @@ routing is needed. Shaping (tbf) sits on *both* ends of every veth, i.e. on each
 
 A message between packages of one node crosses two package veths; between nodes it also
 crosses two node uplinks; so each tier's per-GCD rate is what a GCD gets when all GCDs of its
-enclosure send at once, as on Frontier (per-GCD ratios gcd:gpu:node = 200:50:12.5, DESIGN §1).
+enclosure send at once, as on Frontier (per-GCD ratios gcd:gpu:node = 200:50:12.5, docs/design.md#hardware-tiers).
 Nothing is created in the root namespace: deleting the namespaces removes every veth and qdisc
-with them. No interface is named ``up`` (it breaks ``ip link`` parsing, DESIGN §7).
+with them. No interface is named ``up`` (it breaks ``ip link`` parsing, docs/benchmarks.md#emulated-cluster-notes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# Frontier's per-GCD link ratios (DESIGN §1): 200 : 50 : 12.5 GB/s.
+# Frontier's per-GCD link ratios (docs/design.md#hardware-tiers): 200 : 50 : 12.5 GB/s.
 FRONTIER_RATIO = {"gcd": 16.0, "gpu": 4.0, "node": 1.0}
 DEFAULT_NODE_MBIT = 10.0  # per GCD; low enough that communication dominates on a 2-core CPU
 SUBNET = "10.213.0"  # private test subnet, only ever configured inside our namespaces
@@ -44,6 +46,7 @@ class RankPlace(NamedTuple):
 
 class Link(NamedTuple):
     """One veth pair: end a in namespace a, end b in namespace b, both shaped to ``mbit``."""
+
     ns_a: str
     if_a: str
     ns_b: str
@@ -77,10 +80,14 @@ class ClusterSpec:
             raise ValueError(f"prefix must be 1-8 letters/digits, got {self.prefix!r}")
 
     @classmethod
-    def scaled(cls, node_mbit: float = DEFAULT_NODE_MBIT, **kw) -> "ClusterSpec":
+    def scaled(cls, node_mbit: float = DEFAULT_NODE_MBIT, **kw) -> ClusterSpec:
         """Frontier's per-GCD ratios, scaled so the node tier gets ``node_mbit`` per GCD."""
-        return cls(node_mbit=node_mbit, gpu_mbit=node_mbit * FRONTIER_RATIO["gpu"],
-                   gcd_mbit=node_mbit * FRONTIER_RATIO["gcd"], **kw)
+        return cls(
+            node_mbit=node_mbit,
+            gpu_mbit=node_mbit * FRONTIER_RATIO["gpu"],
+            gcd_mbit=node_mbit * FRONTIER_RATIO["gcd"],
+            **kw,
+        )
 
     # -- shape ----------------------------------------------------------------------------------
     @property
@@ -144,10 +151,19 @@ class ClusterSpec:
         out = []
         for n in range(self.nodes):
             for g in range(self.gpus_per_node):
-                out.append(Link(self.package_ns(n, g), PKG_IF, self.switch_ns(n), f"p{g}",
-                                self.gcds_per_gpu * self.gpu_mbit, "gpu"))
-            out.append(Link(self.switch_ns(n), NIC_IF, self.core_ns, f"n{n}",
-                            self.gcds_per_node * self.node_mbit, "node"))
+                out.append(
+                    Link(
+                        self.package_ns(n, g),
+                        PKG_IF,
+                        self.switch_ns(n),
+                        f"p{g}",
+                        self.gcds_per_gpu * self.gpu_mbit,
+                        "gpu",
+                    )
+                )
+            out.append(
+                Link(self.switch_ns(n), NIC_IF, self.core_ns, f"n{n}", self.gcds_per_node * self.node_mbit, "node")
+            )
         return out
 
     def lo_mbit(self) -> float:
@@ -159,8 +175,18 @@ class ClusterSpec:
         bridges = [self.core_ns] + [self.switch_ns(n) for n in range(self.nodes)]
         for ns in self.namespaces():
             # IPv6 would add its own chatter (neighbour discovery) to the counters
-            cmds.append(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
-                         "net.ipv6.conf.default.disable_ipv6=1"])
+            cmds.append(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ]
+            )
             cmds.append(["ip", "-n", ns, "link", "set", "lo", "up"])
         for ns in bridges:
             cmds.append(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
@@ -168,8 +194,23 @@ class ClusterSpec:
         for lk in self.links():
             # both ends are created directly inside their namespaces: names need only be
             # unique per namespace, and nothing ever appears in the root namespace
-            cmds.append(["ip", "link", "add", lk.if_a, "netns", lk.ns_a, "type", "veth",
-                         "peer", "name", lk.if_b, "netns", lk.ns_b])
+            cmds.append(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    lk.if_a,
+                    "netns",
+                    lk.ns_a,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    lk.if_b,
+                    "netns",
+                    lk.ns_b,
+                ]
+            )
             for ns, ifname in ((lk.ns_a, lk.if_a), (lk.ns_b, lk.if_b)):
                 cmds.append(tbf_command(ns, ifname, lk.mbit))
                 if ns in bridges:
@@ -208,9 +249,11 @@ class ClusterSpec:
     def counter_interfaces(self) -> dict[str, list[tuple[str, str]]]:
         """(namespace, interface) whose tx bytes make up each tier ([Note: wire bytes])."""
         pk = [(self.package_ns(n, g), PKG_IF) for n in range(self.nodes) for g in range(self.gpus_per_node)]
-        return {"node": [(self.switch_ns(n), NIC_IF) for n in range(self.nodes)],
-                "package_out": pk,
-                "gcd": [(ns, LO_IF) for ns, _ in pk]}
+        return {
+            "node": [(self.switch_ns(n), NIC_IF) for n in range(self.nodes)],
+            "package_out": pk,
+            "gcd": [(ns, LO_IF) for ns, _ in pk],
+        }
 
 
 # [Note: wire bytes]
@@ -233,8 +276,23 @@ def tbf_command(ns: str, ifname: str, mbit: float) -> list[str]:
     rate_bytes = mbit * 1e6 / 8
     burst = max(int(rate_bytes * 0.002), 8 * 1024)
     limit = max(int(rate_bytes * 0.2), 64 * 1024)
-    return ["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{mbit:g}mbit",
-            "burst", str(burst), "limit", str(limit)]
+    return [
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "add",
+        "dev",
+        ifname,
+        "root",
+        "tbf",
+        "rate",
+        f"{mbit:g}mbit",
+        "burst",
+        str(burst),
+        "limit",
+        str(limit),
+    ]
 
 
 # [Note: small buckets]
@@ -266,20 +324,40 @@ def loss_bytecode(percent: float) -> str:
     program that returns TC_ACT_SHOT for ``percent`` % of packets, chosen at random."""
     if not 0 < percent <= 100:
         raise ValueError(f"loss percent must be in (0, 100], got {percent!r}")
-    threshold = min(int(round((1 - percent / 100) * 2 ** 32)), 2 ** 32 - 1)
-    prog = [(0x20, 0, 0, SKF_AD_RANDOM),  # ld [rand]           (BPF_LD | BPF_W | BPF_ABS)
-            (0x35, 0, 1, threshold),  # jge #threshold, next, pass (BPF_JMP | BPF_JGE | BPF_K)
-            (0x06, 0, 0, TC_ACT_SHOT),  # ret #SHOT
-            (0x06, 0, 0, TC_ACT_OK)]  # ret #OK
+    threshold = min(int(round((1 - percent / 100) * 2**32)), 2**32 - 1)
+    prog = [
+        (0x20, 0, 0, SKF_AD_RANDOM),  # ld [rand]           (BPF_LD | BPF_W | BPF_ABS)
+        (0x35, 0, 1, threshold),  # jge #threshold, next, pass (BPF_JMP | BPF_JGE | BPF_K)
+        (0x06, 0, 0, TC_ACT_SHOT),  # ret #SHOT
+        (0x06, 0, 0, TC_ACT_OK),
+    ]  # ret #OK
     return ",".join([str(len(prog))] + [f"{c} {jt} {jf} {k}" for c, jt, jf, k in prog])
 
 
 def loss_commands(ns: str, ifname: str, percent: float) -> list[list[str]]:
     """Drop ``percent`` % of what ``ifname`` sends ([Note: failing links]); ``replace`` keeps it
     idempotent, so the rate can be changed by running it again."""
-    return [["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "clsact"],
-            ["tc", "-n", ns, "filter", "replace", "dev", ifname, "egress", "pref", "1", "handle", "1",
-             "bpf", "da", "bytecode", loss_bytecode(percent)]]
+    return [
+        ["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "clsact"],
+        [
+            "tc",
+            "-n",
+            ns,
+            "filter",
+            "replace",
+            "dev",
+            ifname,
+            "egress",
+            "pref",
+            "1",
+            "handle",
+            "1",
+            "bpf",
+            "da",
+            "bytecode",
+            loss_bytecode(percent),
+        ],
+    ]
 
 
 def clear_loss_command(ns: str, ifname: str) -> list[str]:

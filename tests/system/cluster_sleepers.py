@@ -2,6 +2,7 @@
 from the repository root): build a small emulated cluster, start sleeping processes inside it
 (ranks with PR_SET_PDEATHSIG, and one detached process that outlives its launcher), print their
 pids, then wait to be killed."""
+
 import subprocess
 import sys
 import time
@@ -15,8 +16,9 @@ def main() -> None:
     with Cluster(spec):
         ranks = launch(spec, ["-c", "import time; time.sleep(600)"])
         # not our child once its launcher exits, no death signal: only teardown can end it
-        detached = subprocess.Popen(["ip", "netns", "exec", spec.package_ns(1, 0), "sleep", "600"],
-                                    start_new_session=True)
+        detached = subprocess.Popen(
+            ["ip", "netns", "exec", spec.package_ns(1, 0), "sleep", "600"], start_new_session=True
+        )
         print("READY " + " ".join(str(p.pid) for p in ranks + [detached]), flush=True)
         time.sleep(600)
 

@@ -9,10 +9,10 @@ losses and step times (rank 0: ``RESULT``). With ``event_step`` set, rank 0 prin
 ``EVENT step <n>`` in the forward pass of that step, inside the first block, and goes on: the
 driver breaks the network in the middle of the step.
 """
+
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -24,24 +24,29 @@ warnings.filterwarnings("ignore", category=UserWarning)
 def main() -> int:
     plan = json.loads(sys.argv[1])
     import torch
+
     torch.set_num_threads(1)
     import deepspeed
     from deepspeed.utils import logger
+
     logger.setLevel("ERROR")
     deepspeed.init_distributed(dist_backend="gloo")
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import event, mark, send_result
     from zeropp_hier.app import training
+
     rank = dist.get_rank()
     for label in plan["runs"]:
         mark(label)
         engine = training.build_engine(plan["config"])
         if plan.get("event_step") is not None:
+
             def hook(module, inputs, step=plan["event_step"]):
                 if engine.global_steps == step and not getattr(hook, "done", False):
                     hook.done = True
                     event(f"step {step}")
+
             engine.module.blocks[0].register_forward_pre_hook(hook)
         times: list[float] = []
         t0 = time.perf_counter()
@@ -62,6 +67,7 @@ if __name__ == "__main__":
         code = main()
     except Exception:
         import traceback
+
         traceback.print_exc()
         # when it raised (wall clock), after the traceback so the driver's tail keeps both
         print(f"FAILED_AT {time.time():.3f}", file=sys.stderr, flush=True)

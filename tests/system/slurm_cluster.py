@@ -1,10 +1,11 @@
 """A real one-node Slurm cluster for the tests: Debian's slurm-wlm, slurmctld + slurmd on this
 host, with a private munged, all state under a temporary directory, every daemon started here
-in the foreground and stopped by its PID (DESIGN.md §10).
+in the foreground and stopped by its PID (docs/frontier.md#the-one-node-slurm-test-cluster).
 
 Installs slurm-wlm and munge with apt-get when they are missing (CI runs as root); if that
 fails the test fails with the apt output, it is never skipped.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,49 +29,54 @@ def ensure_installed() -> None:
     if all(shutil.which(x) for x in ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")):
         return
     if os.geteuid() != 0:
-        raise SlurmError("slurm-wlm and munge are not installed and this is not root: run "
-                         "`apt-get install -y slurm-wlm munge` as root")
+        raise SlurmError(
+            "slurm-wlm and munge are not installed and this is not root: run "
+            "`apt-get install -y slurm-wlm munge` as root"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", *PACKAGES]):
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         if p.returncode != 0:
-            raise SlurmError(f"`{' '.join(cmd)}` failed (is the Debian mirror reachable?):\n"
-                             f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+            raise SlurmError(
+                f"`{' '.join(cmd)}` failed (is the Debian mirror reachable?):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+            )
 
 
 def slurm_conf(host: str, d: Path, ctld_port: int, slurmd_port: int, cpus: int, munge_socket: Path) -> str:
     """slurm.conf of a one-node cluster rooted at ``d`` (pure)."""
-    return "\n".join([
-        "ClusterName=zeropphier",
-        f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={ctld_port}",
-        f"SlurmdPort={slurmd_port}",
-        "SlurmUser=root",
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
-        f"AuthInfo=socket={munge_socket}",
-        f"StateSaveLocation={d}/state",
-        f"SlurmdSpoolDir={d}/spool",
-        f"SlurmctldPidFile={d}/slurmctld.pid",
-        f"SlurmdPidFile={d}/slurmd.pid",
-        f"SlurmctldLogFile={d}/slurmctld.log",
-        f"SlurmdLogFile={d}/slurmd.log",
-        # the node declares more CPUs than this machine has (8 tasks on 2 cores)
-        "SlurmdParameters=config_overrides",
-        "MpiDefault=none",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_CPU",
-        "AccountingStorageType=accounting_storage/none",
-        "JobCompType=jobcomp/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "ReturnToService=2",
-        "SlurmdTimeout=300",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 State=UNKNOWN",
-        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ])
+    return "\n".join(
+        [
+            "ClusterName=zeropphier",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "SlurmUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={munge_socket}",
+            f"StateSaveLocation={d}/state",
+            f"SlurmdSpoolDir={d}/spool",
+            f"SlurmctldPidFile={d}/slurmctld.pid",
+            f"SlurmdPidFile={d}/slurmd.pid",
+            f"SlurmctldLogFile={d}/slurmctld.log",
+            f"SlurmdLogFile={d}/slurmd.log",
+            # the node declares more CPUs than this machine has (8 tasks on 2 cores)
+            "SlurmdParameters=config_overrides",
+            "MpiDefault=none",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "ReturnToService=2",
+            "SlurmdTimeout=300",
+            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 State=UNKNOWN",
+            f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
 
 
 class LocalSlurm:
@@ -93,25 +99,39 @@ class LocalSlurm:
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.root / f"{name}.stdout", "w")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
 
     def _start(self) -> None:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         # a private munged (own key, socket, pid file): nothing shared with a system one
-        self._spawn("munged", ["munged", "--foreground", "--force", f"--socket={self.munge_socket}",
-                               f"--key-file={key}", f"--pid-file={self.root}/munge/munged.pid",
-                               f"--log-file={self.root}/munge/munged.log",
-                               f"--seed-file={self.root}/munge/munged.seed"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={self.root}/munge/munged.pid",
+                f"--log-file={self.root}/munge/munged.log",
+                f"--seed-file={self.root}/munge/munged.seed",
+            ],
+        )
         self._wait(lambda: self.munge_socket.exists(), 30, "munged socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self._wait(lambda: self._ok(["scontrol", "ping"], "UP"), 60, "slurmctld")
         self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf)])
         self._wait(lambda: self._ok(["sinfo", "-h", "-N", "-o", "%N %T"], self.host), 60, "slurmd registration")
-        subprocess.run(["scontrol", "update", f"nodename={self.host}", "state=resume"], env=self.env,
-                       capture_output=True, text=True)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={self.host}", "state=resume"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
         self._wait(lambda: self._ok(["sinfo", "-h", "-N", "-o", "%T"], "idle"), 60, "node idle")
 
     def _ok(self, cmd: list[str], want: str) -> bool:
@@ -135,19 +155,17 @@ class LocalSlurm:
             out.append(f"--- {f.name} ---\n" + f.read_text(errors="replace")[-3000:])
         return "\n".join(out)
 
-    def sbatch_wait(self, script: Path, args: list[str], cwd: Path, env: dict, timeout: float
-                    ) -> tuple[int, str, str]:
+    def sbatch_wait(self, script: Path, args: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str, str]:
         """Submit, wait for the end of the job; (exit code, job id, job output)."""
         out_file = cwd / "job-%j.out"
         cmd = ["sbatch", "--parsable", "--wait", "-D", str(cwd), "-o", str(out_file), str(script), *args]
-        p = subprocess.Popen(cmd, env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+        p = subprocess.Popen(cmd, env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stdout, stderr = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             p.kill()
             subprocess.run(["scancel", "--user=root"], env=self.env)
-            raise SlurmError(f"job did not finish within {timeout} s:\n{self._job_output(cwd)}\n{self.logs()}")
+            raise SlurmError(f"job did not finish within {timeout} s:\n{self._job_output(cwd)}\n{self.logs()}") from e
         job = stdout.strip().split(";")[0]
         if not job.isdigit():
             raise SlurmError(f"sbatch failed ({p.returncode}): {stdout}\n{stderr}\n{self.logs()}")

@@ -5,6 +5,7 @@ The teardown tests build real namespaces, veths and tbf qdiscs (root, as in CI),
 processes inside them, kill the driver half-way (SIGKILL: no handler runs; SIGTERM: the
 driver's own handler tears down) and check that nothing with the test's prefix survives.
 """
+
 import json
 import os
 import select
@@ -25,10 +26,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_non_root_gets_a_clear_error_and_nonzero_exit():
     assert "needs root" in netns.root_problem(euid=1000)
     assert netns.root_problem(euid=0) is None
-    res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                          "-m", "benchmarks.cluster", "setup", "--prefix", "ztnobody"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": REPO})
+    res = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "benchmarks.cluster",
+            "setup",
+            "--prefix",
+            "ztnobody",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert res.returncode == 2, res.stderr
     assert "needs root" in res.stderr and "uid 65534" in res.stderr
     assert not [ns for ns in netns.list_namespaces() if ns.startswith("ztnobody-")]
@@ -36,8 +52,9 @@ def test_non_root_gets_a_clear_error_and_nonzero_exit():
 
 # -- teardown after a run killed half-way -------------------------------------------------------
 def _start_driver(prefix):
-    proc = subprocess.Popen([sys.executable, "-m", "tests.system.cluster_sleepers", prefix],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.system.cluster_sleepers", prefix], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     ready, _, _ = select.select([proc.stdout], [], [], 600)  # a loaded machine starts slowly
     line = proc.stdout.readline() if ready else ""
     if not line.startswith("READY"):
@@ -74,8 +91,13 @@ def test_teardown_after_driver_killed_with_sigkill():
     proc.wait(timeout=30)
     assert _gone(pids[:-1]), "ranks did not die with their launcher (PR_SET_PDEATHSIG)"
     assert netns.leftovers(prefix)["namespaces"], "expected leftovers after SIGKILL"
-    res = subprocess.run([sys.executable, "-m", "benchmarks.cluster", "teardown", "--prefix", prefix],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cluster", "teardown", "--prefix", prefix],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert netns.leftovers(prefix) == {"namespaces": [], "processes": [], "links": []}
     assert _gone(pids), "a process inside a namespace survived teardown"
@@ -96,13 +118,16 @@ def test_driver_tears_down_itself_on_sigterm():
 def test_failing_rank_ends_the_run_and_teardown_leaves_nothing(tmp_path):
     from benchmarks.cluster.driver import RankFailure, run_marked
     from benchmarks.cluster.runner import Cluster
+
     prefix = f"ztf{os.getpid() % 10000}"
     spec = ClusterSpec.scaled(prefix=prefix, nodes=2, gpus_per_node=1, gcds_per_gpu=1)
     script = tmp_path / "rank.py"
     # rank 1 fails while rank 0 waits on it forever: the run must end with rank 1's error
-    script.write_text("import os, sys, time\n"
-                      "if os.environ['RANK'] == '1':\n    sys.exit('rank 1 broke on purpose')\n"
-                      "time.sleep(600)\n")
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n    sys.exit('rank 1 broke on purpose')\n"
+        "time.sleep(600)\n"
+    )
     with pytest.raises(RankFailure, match="rank 1 broke on purpose"):
         with Cluster(spec):
             run_marked(spec, [str(script)], timeout=300)

@@ -4,6 +4,7 @@ Runs hip_kernels/check_compile.sh, the same script CI runs. It installs Debian's
 missing (as root); nvcc must be on PATH. No GPU is needed. The build spec of each torch flavour:
 tests/unit/test_kernel_build.py.
 """
+
 import subprocess
 from pathlib import Path
 
@@ -11,8 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "hip_kernels" / "check_compile.sh
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=900)
 
 
 def test_kernels_compile_for_gfx90a_and_sm80():
@@ -29,8 +29,7 @@ def test_kernels_compile_for_gfx90a_and_sm80():
 
 def test_a_compile_error_fails_the_check(tmp_path):
     broken = tmp_path / "broken.hip"
-    broken.write_text('#include "gpu_runtime.h"\n'
-                      "__global__ void k(float* out) { out[0] = not_declared; }\n")
+    broken.write_text('#include "gpu_runtime.h"\n__global__ void k(float* out) { out[0] = not_declared; }\n')
     res = _run(str(broken))
     assert res.returncode != 0
     assert "check_compile: FAIL" in res.stderr and "not_declared" in res.stderr

@@ -11,11 +11,11 @@ two nodes and a tier below the node), one process per GCD inside its package's n
 
 Needs root (network namespaces, veth, tc), like tests/test_cluster.py.
 """
+
 import json
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 
@@ -23,8 +23,8 @@ import pytest
 
 from benchmarks.cluster import netns
 from benchmarks.cluster.spec import SKF_AD_RANDOM, ClusterSpec, loss_bytecode
-from zeropp_hier.core.topology import Topology
 from zeropp_hier.app.training import ds_config
+from zeropp_hier.core.topology import Topology
 
 from ..dist.test_failures import parse_error
 
@@ -40,8 +40,10 @@ TIMEOUT_S = 20.0  # collective_timeout_s of these runs
 BOUND_S = TIMEOUT_S + 30.0
 LOSS_PCT = 10.0
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: builds network namespaces, "
-                                "veth pairs and tc qdiscs (run the suite as root, as CI does)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="needs root: builds network namespaces, veth pairs and tc qdiscs (run the suite as root, as CI does)",
+)
 
 
 def _config():
@@ -103,9 +105,9 @@ def _run_bytecode(code: str, rand: int) -> int:
 def test_loss_filter_drops_the_given_fraction():
     for pct in (0.5, 5, 10, 50, 100):
         code = loss_bytecode(pct)
-        dropped = sum(_run_bytecode(code, r) == 2 for r in range(0, 2 ** 32, 2 ** 20))  # 4096 samples
+        dropped = sum(_run_bytecode(code, r) == 2 for r in range(0, 2**32, 2**20))  # 4096 samples
         assert abs(dropped / 4096 - pct / 100) <= 1 / 4096, (pct, dropped)
-        assert {_run_bytecode(code, 0), _run_bytecode(code, 2 ** 32 - 1)} <= {0, 2}
+        assert {_run_bytecode(code, 0), _run_bytecode(code, 2**32 - 1)} <= {0, 2}
     for bad in (0, -1, 101, float("nan")):
         with pytest.raises(ValueError, match="loss percent"):
             loss_bytecode(bad)
@@ -121,8 +123,10 @@ def test_uplink_commands_touch_only_that_uplink():
     assert [(c[2], c[6]) for c in loss] == [("zt-sw1", "nic")] * 2 + [("zt-core", "n1")] * 2
     assert all(c[:2] == ["tc", "-n"] and "root" not in c for c in loss)  # the root tbf stays
     assert loss[1][-2:] == ["bytecode", loss_bytecode(5)] and "da" in loss[1]
-    assert spec.uplink_clear_loss_commands(1) == [["tc", "-n", "zt-sw1", "qdisc", "del", "dev", "nic", "clsact"],
-                                                  ["tc", "-n", "zt-core", "qdisc", "del", "dev", "n1", "clsact"]]
+    assert spec.uplink_clear_loss_commands(1) == [
+        ["tc", "-n", "zt-sw1", "qdisc", "del", "dev", "nic", "clsact"],
+        ["tc", "-n", "zt-core", "qdisc", "del", "dev", "n1", "clsact"],
+    ]
     with pytest.raises(ValueError, match="node 2"):
         spec.uplink(2)
 
@@ -132,6 +136,7 @@ def test_uplink_commands_touch_only_that_uplink():
 def test_uplink_down_mid_step_fails_every_rank_with_named_tier_and_peers():
     from benchmarks.cluster.driver import RankFailure, run_marked
     from benchmarks.cluster.runner import Cluster
+
     spec = ClusterSpec.scaled(prefix=f"ztd{os.getpid() % 10000}", **SHAPE)
     topo = Topology(spec.nodes, spec.gpus_per_node, spec.gcds_per_gpu)
     mark = f"ZEROPP_NETFAIL_RUN={uuid.uuid4().hex}"
@@ -150,8 +155,14 @@ def test_uplink_down_mid_step_fails_every_rank_with_named_tier_and_peers():
         with Cluster(spec):
             # the driver ends a rank only after TIMEOUT_S + 15 s without any rank ending: each
             # rank must end on its own
-            run_marked(spec, [*RANK_SCRIPT, json.dumps(plan)], on_event=on_event, timeout=600,
-                       failure_grace_s=TIMEOUT_S + 15, extra_env={mark.split("=")[0]: mark.split("=")[1]})
+            run_marked(
+                spec,
+                [*RANK_SCRIPT, json.dumps(plan)],
+                on_event=on_event,
+                timeout=600,
+                failure_grace_s=TIMEOUT_S + 15,
+                extra_env={mark.split("=")[0]: mark.split("=")[1]},
+            )
     err = info.value
     total = time.monotonic() - t0
     _assert_nothing_left(spec, mark)
@@ -165,8 +176,10 @@ def test_uplink_down_mid_step_fails_every_rank_with_named_tier_and_peers():
         assert p is not None, f"rank {rank} did not end with a HierCommError:\n{err.tails[rank]}"
         raised = [float(x) for x in re.findall(r"FAILED_AT ([\d.]+)", err.tails[rank])] or [float("nan")]
         after = err.exit_at[rank] - down["at"]
-        report.append(f"rank {rank}: tier {p['tier']} peers {p['peers']} raised "
-                      f"{raised[-1] - down['wall']:.1f} s, ended {after:.1f} s after the link went down")
+        report.append(
+            f"rank {rank}: tier {p['tier']} peers {p['peers']} raised "
+            f"{raised[-1] - down['wall']:.1f} s, ended {after:.1f} s after the link went down"
+        )
         assert after <= BOUND_S, report[-1]
         # the named peers are exactly the other members of that tier's group around this rank
         assert p["rank"] == rank and p["peers"] == [r for r in topo.peers(rank, p["axes"]) if r != rank], p
@@ -198,6 +211,7 @@ def test_uplink_down_mid_step_fails_every_rank_with_named_tier_and_peers():
 def test_lossy_uplink_slows_the_run_and_leaves_every_loss_unchanged():
     from benchmarks.cluster.driver import run_marked
     from benchmarks.cluster.runner import Cluster
+
     spec = ClusterSpec.scaled(prefix=f"ztl{os.getpid() % 10000}", **SHAPE)
     mark = f"ZEROPP_NETFAIL_RUN={uuid.uuid4().hex}"
     plan = {"config": _config(), "runs": ["reference", "lossy"], "steps": 4}
@@ -210,16 +224,27 @@ def test_lossy_uplink_slows_the_run_and_leaves_every_loss_unchanged():
             netns.uplink_loss(spec, 1, LOSS_PCT)
             lk = spec.uplink(1)
             seen["qdiscs"] = netns.qdiscs(spec)
-            seen["filters"] = [subprocess.run(["tc", "-n", ns, "filter", "show", "dev", dev, "egress"],
-                                              capture_output=True, text=True, check=True).stdout
-                               for ns, dev in ((lk.ns_a, lk.if_a), (lk.ns_b, lk.if_b))]
+            seen["filters"] = [
+                subprocess.run(
+                    ["tc", "-n", ns, "filter", "show", "dev", dev, "egress"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                for ns, dev in ((lk.ns_a, lk.if_a), (lk.ns_b, lk.if_b))
+            ]
         elif label == "done":
             netns.uplink_clear_loss(spec, 1)
 
     t0 = time.monotonic()
     with Cluster(spec):
-        results, _ = run_marked(spec, [*RANK_SCRIPT, json.dumps(plan)], on_mark=on_mark, timeout=600,
-                                extra_env={mark.split("=")[0]: mark.split("=")[1]})
+        results, _ = run_marked(
+            spec,
+            [*RANK_SCRIPT, json.dumps(plan)],
+            on_mark=on_mark,
+            timeout=600,
+            extra_env={mark.split("=")[0]: mark.split("=")[1]},
+        )
     total = time.monotonic() - t0
     _assert_nothing_left(spec, mark)
 
@@ -232,9 +257,11 @@ def test_lossy_uplink_slows_the_run_and_leaves_every_loss_unchanged():
     # the loss reached the ranks' connections: TCP retransmitted many more segments
     ref_retrans, lossy_retrans = retrans["lossy"] - retrans["reference"], retrans["done"] - retrans["lossy"]
     ref_wall, lossy_wall = max(p["wall"] for p in ref), max(p["wall"] for p in lossy)
-    print(f"\n{LOSS_PCT:g} % loss on node 1's uplink: {plan['steps']} steps took {lossy_wall:.2f} s "
-          f"(undisturbed {ref_wall:.2f} s), TCP retransmits {lossy_retrans} (undisturbed "
-          f"{ref_retrans}); whole test {total:.0f} s")
+    print(
+        f"\n{LOSS_PCT:g} % loss on node 1's uplink: {plan['steps']} steps took {lossy_wall:.2f} s "
+        f"(undisturbed {ref_wall:.2f} s), TCP retransmits {lossy_retrans} (undisturbed "
+        f"{ref_retrans}); whole test {total:.0f} s"
+    )
     assert lossy_retrans > ref_retrans + 10, retrans
     # slower, never wrong: every rank's every loss is bit-identical to the undisturbed run's
     for rank in range(spec.world_size):

@@ -10,6 +10,7 @@ lacks, so a variant of the CPU kernels that ran on the wrong CPU kills the proce
 it would on real hardware. The build machine's own CPU does not matter: the extension is the one
 built for this checkout, the emulated CPU is chosen by name.
 """
+
 import json
 import os
 import shutil
@@ -29,8 +30,12 @@ NO_AVX512, NO_AVX2 = "Haswell-v4", "Nehalem"
 def qemu() -> str:
     exe = shutil.which("qemu-x86_64")
     if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user",
-                       shell=True, capture_output=True, timeout=900)
+        subprocess.run(
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user",
+            shell=True,
+            capture_output=True,
+            timeout=900,
+        )
         exe = shutil.which("qemu-x86_64")
     if exe is None:
         pytest.skip("this machine lacks qemu-x86_64 (Debian package qemu-user) and cannot install it")
@@ -52,19 +57,31 @@ def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot mo
     return "\n".join(ln for ln in text.splitlines() if not ln.startswith("qemu-x86_64: warning"))
 
 
-_KERNEL_TESTS = ("import sys, torch, pytest, zeropp_hier.quant as q; "
-                 "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
-                 "flush=True); sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py']))")
+_KERNEL_TESTS = (
+    "import sys, torch, pytest, zeropp_hier.quant as q; "
+    "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
+    "flush=True); sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py']))"
+)
 
 
 def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
     # both CPUs at once: one emulated process per core
-    procs = {cpu: subprocess.Popen(_emulated(qemu, cpu, "-c", _KERNEL_TESTS), cwd=ROOT, env=_env(),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cpu in (NO_AVX512, NO_AVX2)}
+    procs = {
+        cpu: subprocess.Popen(
+            _emulated(qemu, cpu, "-c", _KERNEL_TESTS),
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for cpu in (NO_AVX512, NO_AVX2)
+    }
     outs = {cpu: p.communicate(timeout=1200)[0] for cpu, p in procs.items()}
-    for cpu, want_capability, want_kernels in ((NO_AVX512, "AVX2", "cpu-ext/avx2"),
-                                               (NO_AVX2, "DEFAULT", "cpu-ext/default")):
+    for cpu, want_capability, want_kernels in (
+        (NO_AVX512, "AVX2", "cpu-ext/avx2"),
+        (NO_AVX2, "DEFAULT", "cpu-ext/default"),
+    ):
         out = _clean(outs[cpu])
         assert procs[cpu].returncode == 0, f"{cpu}: exit {procs[cpu].returncode}\n{out[-3000:]}"
         # the emulation took: torch sees the narrower CPU and so does the kernels' dispatch
@@ -73,9 +90,14 @@ def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
 
 
 def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(qemu, tmp_path):
-    res = subprocess.run(_emulated(qemu, NO_AVX512, "-m", "zeropp_hier.train", "dtype=fp16", "steps=1",
-                                   f"hydra.run.dir={tmp_path}"),
-                         cwd=ROOT, env=_env(HYDRA_FULL_ERROR="0"), capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        _emulated(qemu, NO_AVX512, "-m", "zeropp_hier.train", "dtype=fp16", "steps=1", f"hydra.run.dir={tmp_path}"),
+        cwd=ROOT,
+        env=_env(HYDRA_FULL_ERROR="0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = _clean(res.stdout + res.stderr)
     assert res.returncode != 0, out
     assert "zeropp_hier config error at 'dtype': got 'fp16'" in out, out[-3000:]
@@ -92,13 +114,26 @@ def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
     cpus = {6: NO_AVX512, 7: NO_AVX2}
     procs = []
     for rank in range(8):
-        args = ["-m", "zeropp_hier.train", "steps=2", "progress=off", f"hydra.run.dir={tmp_path}",
-                "hydra.output_subdir=null"]
+        args = [
+            "-m",
+            "zeropp_hier.train",
+            "steps=2",
+            "progress=off",
+            f"hydra.run.dir={tmp_path}",
+            "hydra.output_subdir=null",
+        ]
         cmd = _emulated(qemu, cpus[rank], *args) if rank in cpus else [sys.executable, *args]
-        env = _env(RANK=str(rank), WORLD_SIZE="8", LOCAL_RANK=str(rank), LOCAL_SIZE="8",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        env = _env(
+            RANK=str(rank),
+            WORLD_SIZE="8",
+            LOCAL_RANK=str(rank),
+            LOCAL_SIZE="8",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     try:
         outs = [_clean(p.communicate(timeout=1500)[0]) for p in procs]
     finally:

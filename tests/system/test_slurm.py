@@ -1,6 +1,7 @@
 """The Slurm batch scripts: the CPU variant runs as a real 8-task job on a real one-node Slurm
 cluster started here; the Frontier variant is rendered (RENDER_ONLY=1) and its srun line and
 environment are checked — it is not executed (no Frontier here)."""
+
 import json
 import os
 import re
@@ -29,8 +30,9 @@ def _job_env():
 
 
 def test_cpu_batch_job_detects_topology_and_reports_bytes_per_tier(slurm, tmp_path):
-    rc, job, out = slurm.sbatch_wait(FRONTIER / "train_cpu.sbatch", [f"steps={STEPS}"], tmp_path,
-                                     _job_env(), timeout=1500)
+    rc, job, out = slurm.sbatch_wait(
+        FRONTIER / "train_cpu.sbatch", [f"steps={STEPS}"], tmp_path, _job_env(), timeout=1500
+    )
     assert rc == 0, f"job {job} failed:\n{out[-6000:]}\n{slurm.logs()}"
     # MASTER_ADDR came from the job's node list (scontrol show hostnames)
     assert f"MASTER_ADDR={slurm.host}" in out
@@ -57,12 +59,27 @@ def test_cpu_batch_job_detects_topology_and_reports_bytes_per_tier(slurm, tmp_pa
 
 
 def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path) -> str:
-    env = {**os.environ, "RENDER_ONLY": "1", "SLURM_JOB_ID": "777", "SLURM_NNODES": str(nnodes),
-           "SLURM_JOB_NODELIST": nodelist, "SLURM_CONF": str(slurm.conf), "USER": "alice",
-           "AWS_OFI_RCCL_DIR": "/opt/aws-ofi-rccl", "ZEROPP_HIER_ROOT": str(ROOT), "PYTHONPATH": str(ROOT),
-           "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz"}
-    p = subprocess.run(["bash", str(FRONTIER / "train.sbatch"), "preset=zeropp"], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "RENDER_ONLY": "1",
+        "SLURM_JOB_ID": "777",
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_CONF": str(slurm.conf),
+        "USER": "alice",
+        "AWS_OFI_RCCL_DIR": "/opt/aws-ofi-rccl",
+        "ZEROPP_HIER_ROOT": str(ROOT),
+        "PYTHONPATH": str(ROOT),
+        "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz",
+    }
+    p = subprocess.run(
+        ["bash", str(FRONTIER / "train.sbatch"), "preset=zeropp"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -72,8 +89,10 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
     sruns = [ln for ln in out.splitlines() if ln.startswith("+ srun")]
     train = [ln for ln in sruns if "zeropp_hier.app.train" in ln]
     assert len(train) == 1, out
-    assert train[0] == ("+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest "
-                        "python -m zeropp_hier.app.train launcher=srun topology=auto preset=zeropp")
+    assert train[0] == (
+        "+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest "
+        "python -m zeropp_hier.app.train launcher=srun topology=auto preset=zeropp"
+    )
     env = dict(ln.split("=", 1) for ln in out.splitlines() if re.match(r"^[A-Z_]+=", ln))
     assert env["MASTER_ADDR"] == "frontier08001"  # first host of the node list, via scontrol
     assert env["NCCL_SOCKET_IFNAME"] == "hsn0"

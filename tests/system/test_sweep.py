@@ -1,6 +1,7 @@
-"""A two-point Hydra sweep of the main job (``python -m zeropp_hier.app.train -m``, a real
+"""A two-point Hydra sweep of the main job (``python -m zeropp_hier train -m``, a real
 subprocess), then the ``zeropp_hier.tools.sweep_report`` command's ``main`` over it: both runs trained
 on real 4-rank worlds and the aggregated table has one row per run, in markdown and CSV."""
+
 import csv
 import json
 import os
@@ -16,14 +17,27 @@ STEPS = 2
 
 def _run(args, cwd, timeout):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, not another installed copy
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_two_point_sweep_and_report(tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    p = _run(["zeropp_hier.app.train", "-m", "preset=zero3,frontier", "topology=sim_1x2x2", f"steps={STEPS}",
-              "progress=off", f"hydra.sweep.dir={sweep}"], tmp_path, timeout=1500)
+    p = _run(
+        [
+            "zeropp_hier",
+            "train",
+            "-m",
+            "preset=zero3,frontier",
+            "topology=sim_1x2x2",
+            f"steps={STEPS}",
+            "progress=off",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+        timeout=1500,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     for job in ("0", "1"):
         assert len((sweep / job / "metrics.jsonl").read_text().splitlines()) == STEPS

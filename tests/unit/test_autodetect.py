@@ -1,6 +1,7 @@
 """``"topology": "auto"``: parsing of recorded ``rocm-smi --showtopo`` outputs and Slurm
 variable sets (tests/data/), and the topology built from them — including inputs that must be
 refused. Pure: no processes."""
+
 import json
 from pathlib import Path
 
@@ -36,13 +37,16 @@ def test_pcie_only_machine_has_one_gcd_per_package():
     assert packages_from_showtopo(parse_showtopo(smi("pcie_only_4gpu.txt"))) == {0: 0, 1: 1, 2: 2, 3: 3}
 
 
-@pytest.mark.parametrize("name, fragment", [
-    ("refuse_chain.txt", "do not form separate packages"),
-    ("refuse_unequal_packages.txt", "packages of different sizes"),
-    ("refuse_asymmetric.txt", "not symmetric"),
-    ("refuse_truncated.txt", "truncated or garbled"),
-    ("refuse_no_weight_table.txt", "no 'Weight between two GPUs' table"),
-])
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("refuse_chain.txt", "do not form separate packages"),
+        ("refuse_unequal_packages.txt", "packages of different sizes"),
+        ("refuse_asymmetric.txt", "not symmetric"),
+        ("refuse_truncated.txt", "truncated or garbled"),
+        ("refuse_no_weight_table.txt", "no 'Weight between two GPUs' table"),
+    ],
+)
 def test_bad_showtopo_is_refused(name, fragment):
     with pytest.raises(HierTopologyError) as e:
         packages_from_showtopo(parse_showtopo(smi(name)))
@@ -53,7 +57,11 @@ def test_bad_showtopo_is_refused(name, fragment):
 
 def test_hostlist_and_tasks_per_node():
     assert expand_hostlist("frontier[08001-08002,08005],login1") == (
-        "frontier08001", "frontier08002", "frontier08005", "login1")
+        "frontier08001",
+        "frontier08002",
+        "frontier08005",
+        "login1",
+    )
     assert expand_hostlist("cn[1-3]") == ("cn1", "cn2", "cn3")
     assert expand_hostlist("vm") == ("vm",)
     assert parse_tasks_per_node("8(x2),4") == (8, 8, 4)
@@ -63,8 +71,15 @@ def test_hostlist_and_tasks_per_node():
 
 def test_batch_step_is_not_a_task():
     """The batch script itself has SLURM_PROCID but no step id: not one rank of many."""
-    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NNODES": "1", "SLURM_LOCALID": "0",
-           "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "8", "SLURM_JOB_NODELIST": "vm"}
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "8",
+        "SLURM_NNODES": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_TASKS_PER_NODE": "8",
+        "SLURM_JOB_NODELIST": "vm",
+    }
     assert slurm_task(env) is None
     assert slurm_task({**env, "SLURM_STEP_ID": "0"}).ntasks == 8
 
@@ -74,8 +89,9 @@ def _records(case):
     out = []
     for t in case["tasks"]:
         env = {**case["common"], **t}
-        out.append(local_record(int(t["SLURM_PROCID"]), env, "ignored-" + t["SLURMD_NODENAME"],
-                                case["gpu_count"], showtopo))
+        out.append(
+            local_record(int(t["SLURM_PROCID"]), env, "ignored-" + t["SLURMD_NODENAME"], case["gpu_count"], showtopo)
+        )
     return out
 
 
@@ -102,7 +118,7 @@ def test_slurm_variable_sets_give_the_expected_topology(name):
                 assert same_host
             if tier == "gcd" and case["gpu_count"]:
                 assert int(by_rank[r]["ROCR_VISIBLE_DEVICES"]) // 2 == int(by_rank[s]["ROCR_VISIBLE_DEVICES"]) // 2
-    assert "auto topology: %d nodes x %d GPUs x %d GCDs" % t.dims in det.describe()
+    assert "auto topology: {} nodes x {} GPUs x {} GCDs".format(*t.dims) in det.describe()
 
 
 @pytest.mark.parametrize("name", _case_names(True))
@@ -115,7 +131,8 @@ def test_inconsistent_slurm_variable_sets_are_refused(name):
 
 
 def test_cpu_hosts_of_different_shapes_are_refused():
-    recs = [local_record(r, {"LOCAL_RANK": str(r if r < 4 else r - 4)}, "a" if r < 4 else "b", 0, None)
-            for r in range(6)]
+    recs = [
+        local_record(r, {"LOCAL_RANK": str(r if r < 4 else r - 4)}, "a" if r < 4 else "b", 0, None) for r in range(6)
+    ]
     with pytest.raises(HierTopologyError, match="hosts run different numbers of ranks"):
         build_topology(recs)

@@ -1,5 +1,6 @@
 """The emulated cluster's pure layout (benchmarks/cluster/spec.py): names, rates, placement, the
 split of wire bytes by tier; nothing is built (tests/system/test_cluster.py builds it)."""
+
 import pytest
 
 from benchmarks.cluster.spec import FRONTIER_RATIO, ClusterSpec, wire_bytes
@@ -24,6 +25,7 @@ def test_layout_names_rates_and_placement():
     addrs = [spec.place(r).address for r in range(spec.world_size)]
     assert len(set(addrs)) == spec.packages  # the GCDs of a package share its address
     from zeropp_hier.core.topology import Topology
+
     topo = Topology(spec.nodes, spec.gpus_per_node, spec.gcds_per_gpu)
     for r in range(spec.world_size):
         c = topo.coord(r)

@@ -1,4 +1,5 @@
 """Config validation: every invalid input raises HierConfigError naming field, value and fix."""
+
 import pytest
 
 from zeropp_hier.core.config import hier_config_from_ds, parse_section
@@ -13,26 +14,40 @@ def ds(section, **zero):
     return {"zero_optimization": {"stage": 3, **zero}, "zeropp_hier": section}
 
 
-@pytest.mark.parametrize("section, field, fragment", [
-    ({"presett": "frontier"}, "zeropp_hier.presett", "unknown key; allowed keys are ['enabled', 'preset', 'topology', 'compression', 'numerics'"),
-    ({"preset": "zero4"}, "zeropp_hier.preset", "use one of ['zero3', 'zeropp', 'frontier']"),
-    ({"enabled": "yes"}, "zeropp_hier.enabled", "use true or false"),
-    ({"topology": {"gcds_per_gpu": 0}}, "zeropp_hier.topology.gcds_per_gpu", "use a positive integer"),
-    ({"topology": {"gpus_per_node": "4"}}, "zeropp_hier.topology.gpus_per_node", "use a positive integer"),
-    ({"topology": {"gpus": 4}}, "zeropp_hier.topology.gpus", "unknown key"),
-    ({"topology": {"mode": "guess"}}, "zeropp_hier.topology.mode", "use \"auto\""),
-    ({"topology": {"mode": "auto", "rank_map": [0, 1]}}, "zeropp_hier.topology.rank_map", "remove rank_map"),
-    ({"topology": {"mode": "auto", "gcds_per_gpu": 0}}, "zeropp_hier.topology.gcds_per_gpu", "positive integer"),
-    ({"topology": {"rank_map": "0,1"}}, "zeropp_hier.topology.rank_map", "give a list of integers"),
-    ({"compression": {"gradients": {"node": "int3"}}}, "zeropp_hier.compression.gradients.node",
-     "use one of ['none', 'fp16', 'bf16', 'int8', 'int4']"),
-    ({"compression": {"weights": {"rack": "int8"}}}, "zeropp_hier.compression.weights.rack", "unknown key"),
-    ({"compression": {"block_size": 100}}, "zeropp_hier.compression.block_size", "use a power of two from 32 to 4096"),
-    ({"compression": {"block_size": 8192}}, "zeropp_hier.compression.block_size", "power of two"),
-    ({"compression": "int2"}, "zeropp_hier.compression", "use one of"),
-    ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
-    ("frontier", "zeropp_hier", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "section, field, fragment",
+    [
+        (
+            {"presett": "frontier"},
+            "zeropp_hier.presett",
+            "unknown key; allowed keys are ['enabled', 'preset', 'topology', 'compression', 'numerics'",
+        ),
+        ({"preset": "zero4"}, "zeropp_hier.preset", "use one of ['zero3', 'zeropp', 'frontier']"),
+        ({"enabled": "yes"}, "zeropp_hier.enabled", "use true or false"),
+        ({"topology": {"gcds_per_gpu": 0}}, "zeropp_hier.topology.gcds_per_gpu", "use a positive integer"),
+        ({"topology": {"gpus_per_node": "4"}}, "zeropp_hier.topology.gpus_per_node", "use a positive integer"),
+        ({"topology": {"gpus": 4}}, "zeropp_hier.topology.gpus", "unknown key"),
+        ({"topology": {"mode": "guess"}}, "zeropp_hier.topology.mode", 'use "auto"'),
+        ({"topology": {"mode": "auto", "rank_map": [0, 1]}}, "zeropp_hier.topology.rank_map", "remove rank_map"),
+        ({"topology": {"mode": "auto", "gcds_per_gpu": 0}}, "zeropp_hier.topology.gcds_per_gpu", "positive integer"),
+        ({"topology": {"rank_map": "0,1"}}, "zeropp_hier.topology.rank_map", "give a list of integers"),
+        (
+            {"compression": {"gradients": {"node": "int3"}}},
+            "zeropp_hier.compression.gradients.node",
+            "use one of ['none', 'fp16', 'bf16', 'int8', 'int4']",
+        ),
+        ({"compression": {"weights": {"rack": "int8"}}}, "zeropp_hier.compression.weights.rack", "unknown key"),
+        (
+            {"compression": {"block_size": 100}},
+            "zeropp_hier.compression.block_size",
+            "use a power of two from 32 to 4096",
+        ),
+        ({"compression": {"block_size": 8192}}, "zeropp_hier.compression.block_size", "power of two"),
+        ({"compression": "int2"}, "zeropp_hier.compression", "use one of"),
+        ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
+        ("frontier", "zeropp_hier", "expected a JSON object"),
+    ],
+)
 def test_section_errors(section, field, fragment):
     with pytest.raises(HierConfigError) as e:
         parse_section(section)
@@ -41,14 +56,17 @@ def test_section_errors(section, field, fragment):
     assert f"at '{field}': got " in str(e.value)
 
 
-@pytest.mark.parametrize("zero, field", [
-    ({"zero_hpz_partition_size": 8}, "zero_optimization.zero_hpz_partition_size"),
-    ({"zero_quantized_weights": True}, "zero_optimization.zero_quantized_weights"),
-    ({"zero_quantized_gradients": True}, "zero_optimization.zero_quantized_gradients"),
-    ({"zero_quantized_nontrainable_weights": True}, "zero_optimization.zero_quantized_nontrainable_weights"),
-    ({"reduce_scatter": False}, "zero_optimization.reduce_scatter"),
-    ({"offload_param": {"device": "cpu"}}, "zero_optimization.offload_param.device"),
-])
+@pytest.mark.parametrize(
+    "zero, field",
+    [
+        ({"zero_hpz_partition_size": 8}, "zero_optimization.zero_hpz_partition_size"),
+        ({"zero_quantized_weights": True}, "zero_optimization.zero_quantized_weights"),
+        ({"zero_quantized_gradients": True}, "zero_optimization.zero_quantized_gradients"),
+        ({"zero_quantized_nontrainable_weights": True}, "zero_optimization.zero_quantized_nontrainable_weights"),
+        ({"reduce_scatter": False}, "zero_optimization.reduce_scatter"),
+        ({"offload_param": {"device": "cpu"}}, "zero_optimization.offload_param.device"),
+    ],
+)
 def test_conflicting_deepspeed_settings(zero, field):
     with pytest.raises(HierConfigError) as e:
         hier_config_from_ds(ds({"preset": "frontier"}, **zero))
@@ -57,7 +75,7 @@ def test_conflicting_deepspeed_settings(zero, field):
 
 
 def test_stage_must_be_3():
-    with pytest.raises(HierConfigError, match="zero_optimization.stage.*set \"stage\": 3"):
+    with pytest.raises(HierConfigError, match='zero_optimization.stage.*set "stage": 3'):
         hier_config_from_ds({"zero_optimization": {"stage": 2}, "zeropp_hier": {"preset": "frontier"}})
 
 
@@ -101,6 +119,7 @@ def test_initialize_refuses_bad_topology_before_deepspeed(monkeypatch):
     import torch
 
     import zeropp_hier
+
     monkeypatch.setenv("WORLD_SIZE", "6")
     cfg = ds({"preset": "frontier", "topology": {"gpus_per_node": 2, "gcds_per_gpu": 2}})
     with pytest.raises(zeropp_hier.HierTopologyError, match="world size 6 is not a multiple of"):
@@ -111,6 +130,7 @@ def test_initialize_refuses_bad_topology_before_deepspeed(monkeypatch):
 def test_version_check_names_found_and_supported():
     from zeropp_hier.core.errors import DeepSpeedVersionError
     from zeropp_hier.deepspeed._compat import check_deepspeed_version
+
     check_deepspeed_version("0.19.8")
     check_deepspeed_version("0.19.0+cpu")
     for bad in ("0.18.9", "0.20.0", "1.0.0"):

@@ -1,4 +1,5 @@
 """Error feedback and compression telemetry as pure tensor logic (no processes)."""
+
 import math
 
 import pytest
@@ -103,6 +104,7 @@ def test_telemetry_samples_every_nth_call_and_measures_int4_error():
 
 def test_nonfinite_flags_and_verdict():
     from zeropp_hier.comm.numerics import Location, NonFiniteMonitor, Verdict
+
     local, node = Location("grad_reduce", None, "its local gradient"), Location("grad_reduce", "node", "stage 2")
     m = NonFiniteMonitor((local, node))
     m.note(0, torch.ones(4))
@@ -117,7 +119,9 @@ def test_nonfinite_flags_and_verdict():
 
 def test_bf16_residuals_take_half_the_memory_and_are_added_back_in_fp32():
     import torch
+
     from zeropp_hier.comm.error_feedback import ErrorFeedback
+
     torch.manual_seed(0)
     KEY = (("blocks.0.fc.weight",), 0)  # (bucket parameter names, stage)
     sent = torch.randn(4, 256)

@@ -1,5 +1,6 @@
 """The DeepSpeed configs in configs/ are what users copy: each must pass DeepSpeed's own (strict)
 validation and ours, say what it claims, and the CPU one must be the main job's config."""
+
 import json
 from pathlib import Path
 
@@ -21,13 +22,18 @@ def _load(name: str) -> dict:
 
 
 def test_the_examples_exist():
-    assert {f.name for f in FILES} >= {"frontier_bf16.json", "zeropp_baseline_bf16.json",
-                                       "zero3_stock_bf16.json", "cpu_sim_2x2x2.json"}
+    assert {f.name for f in FILES} >= {
+        "frontier_bf16.json",
+        "zeropp_baseline_bf16.json",
+        "zero3_stock_bf16.json",
+        "cpu_sim_2x2x2.json",
+    }
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.name for f in FILES])
 def test_deepspeed_and_zeropp_hier_accept_it(path):
     from deepspeed.runtime.config import DeepSpeedConfig
+
     with open(path) as f:
         cfg = json.load(f)
     ds = DeepSpeedConfig({k: v for k, v in cfg.items() if k != "zeropp_hier"})
@@ -39,11 +45,13 @@ def test_frontier_example_is_the_hybrid_rule_at_384_gcds():
     cfg = hier_config_from_ds(_load("frontier_bf16.json"))
     assert cfg.enabled and cfg.preset == "frontier" and cfg.topology.mode == "auto"
     plan = make_plan(cfg.preset, cfg.compression, FRONTIER_384)
-    assert [(h.axes, h.scheme) for h in plan.forward] == [(("node",), "int8"), (("gpu",), "none"),
-                                                          (("gcd",), "none")]
+    assert [(h.axes, h.scheme) for h in plan.forward] == [(("node",), "int8"), (("gpu",), "none"), (("gcd",), "none")]
     assert [(h.axes, h.scheme) for h in plan.backward] == [(("gcd",), "none")]
     assert [(h.axes, h.scheme, h.error_feedback) for h in plan.reduce] == [
-        (("gcd",), "none", False), (("gpu",), "int8", False), (("node",), "int4", True)]
+        (("gcd",), "none", False),
+        (("gpu",), "int8", False),
+        (("node",), "int4", True),
+    ]
 
 
 def test_zeropp_example_is_the_baseline_and_stock_example_has_no_section():
@@ -51,10 +59,19 @@ def test_zeropp_example_is_the_baseline_and_stock_example_has_no_section():
     assert cfg.enabled and cfg.preset == "zeropp"
     assert not hier_config_from_ds(_load("zero3_stock_bf16.json")).enabled
     # the three Frontier examples differ only in the zeropp_hier section and the scheduler
-    strip = lambda c: {k: v for k, v in c.items() if k not in ("zeropp_hier", "scheduler",  # noqa: E731
-                                                                "wall_clock_breakdown")}
-    frontier, zeropp, stock = (_load(n) for n in ("frontier_bf16.json", "zeropp_baseline_bf16.json",
-                                                  "zero3_stock_bf16.json"))
+    strip = lambda c: {
+        k: v
+        for k, v in c.items()
+        if k
+        not in (
+            "zeropp_hier",
+            "scheduler",  # noqa: E731
+            "wall_clock_breakdown",
+        )
+    }
+    frontier, zeropp, stock = (
+        _load(n) for n in ("frontier_bf16.json", "zeropp_baseline_bf16.json", "zero3_stock_bf16.json")
+    )
     assert strip(zeropp) == strip(stock)
     assert strip(frontier)["optimizer"] == stock["optimizer"] and frontier["bf16"] == stock["bf16"]
 

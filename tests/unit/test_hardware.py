@@ -1,9 +1,11 @@
 """The machine report and the fp16 pre-flight agree with what DeepSpeed itself will do."""
+
 from zeropp_hier.detect.hardware import FLAGS_OF_INTEREST, cpu_fp16_supported, cpu_summary, fp16_unsupported_reason
 
 
 def test_fp16_preflight_asks_deepspeeds_own_question():
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
     ds = CPU_Accelerator()
     assert cpu_fp16_supported() == bool(ds.is_fp16_supported())  # it returns None for "no"
     assert (fp16_unsupported_reason(uses_gpu=False) is None) == bool(ds.is_fp16_supported())

@@ -1,5 +1,4 @@
 """Layout maths against direct, element-by-element constructions (no processes)."""
-import itertools
 
 import pytest
 import torch
@@ -23,12 +22,19 @@ def _simulate_gather(t: Topology, hops, payload=3):
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 2), (3, 1, 2), (1, 2, 2), (2, 3, 2)])
-@pytest.mark.parametrize("hops", [[("node",), ("gpu",), ("gcd",)], [("gcd",), ("node",), ("gpu",)],
-                                  [("node", "gpu", "gcd")], [("node",), ("gpu", "gcd")]])
+@pytest.mark.parametrize(
+    "hops",
+    [
+        [("node",), ("gpu",), ("gcd",)],
+        [("gcd",), ("node",), ("gpu",)],
+        [("node", "gpu", "gcd")],
+        [("node",), ("gpu", "gcd")],
+    ],
+)
 def test_hop_gathers_give_every_chunk_at_its_coordinate(shape, hops):
     t = Topology(*shape)
     bufs, chunks = _simulate_gather(t, hops)
-    for r, buf in bufs.items():
+    for _r, buf in bufs.items():
         assert tuple(buf.shape[:3]) == t.dims
         for rr in range(t.world_size):
             c = t.coord(rr)
@@ -75,7 +81,7 @@ def test_pack_and_unpack_match_deepspeed_chunking():
     for r in range(W):
         mine = layout.unpack_my_chunks(packed.rows[r], [g.numel() for g in grads], packed.chunk, r)
         for g, c, m in zip(grads, packed.chunk, mine):
-            assert torch.equal(m, g[r * c:(r + 1) * c])  # same slice reduce_scatter_coalesced returns
+            assert torch.equal(m, g[r * c : (r + 1) * c])  # same slice reduce_scatter_coalesced returns
 
 
 def test_index_orders_are_inverse():
@@ -94,8 +100,8 @@ def test_aligned_chunks_start_on_block_boundaries_and_unpack_the_same():
     assert all(slot % B == 0 for slot in packed.slots) and packed.rows.shape == (W, sum(packed.slots))
     starts = [sum(packed.slots[:i]) for i in range(len(grads))]
     for r in range(W):
-        for t, (start, c, slot) in enumerate(zip(starts, packed.chunk, packed.slots)):
-            assert torch.count_nonzero(packed.rows[r, start + c:start + slot]) == 0  # padding is zeros
+        for start, c, slot in zip(starts, packed.chunk, packed.slots):
+            assert torch.count_nonzero(packed.rows[r, start + c : start + slot]) == 0  # padding is zeros
         mine = layout.unpack_my_chunks(packed.rows[r], [g.numel() for g in grads], packed.chunk, r, packed.slots)
         for g, c, m in zip(grads, packed.chunk, mine):
-            assert torch.equal(m, g[r * c:(r + 1) * c])
+            assert torch.equal(m, g[r * c : (r + 1) * c])

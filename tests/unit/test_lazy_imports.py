@@ -2,6 +2,7 @@
 the public names still resolve, the DeepSpeed version check still fires on first use, and the old
 ``python -m zeropp_hier.{train,demo,cli}`` commands still reach the moved modules. Each check runs
 in a fresh interpreter: this process has long imported everything."""
+
 import json
 import os
 import subprocess
@@ -12,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # modules that must import without DeepSpeed and without touching torch.distributed's state:
 # all of core/ (listed by the child itself) and the pure modules of the other layers
-PURE = ["zeropp_hier.detect.autodetect", "zeropp_hier.detect.rocm_topo", "zeropp_hier.detect.slurm_env",
-        "zeropp_hier.tools.planner", "zeropp_hier.tools.sweep_report"]
+PURE = [
+    "zeropp_hier.detect.autodetect",
+    "zeropp_hier.detect.rocm_topo",
+    "zeropp_hier.detect.slurm_env",
+    "zeropp_hier.tools.planner",
+    "zeropp_hier.tools.sweep_report",
+]
 
 CHILD = r"""
 import importlib, json, pkgutil, sys
@@ -60,16 +66,21 @@ print("RESULT " + json.dumps(out))
 
 def _python(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, not another installed copy
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_pure_modules_import_without_deepspeed_and_the_public_api_resolves_lazily():
     p = _python("-c", f"PURE = {PURE!r}\n" + CHILD)
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads(p.stdout.split("RESULT ", 1)[1])
-    assert {"zeropp_hier.core.topology", "zeropp_hier.core.config", "zeropp_hier.core.plan",
-            "zeropp_hier.core.layout", "zeropp_hier.core.policy", "zeropp_hier.core.errors"} <= set(out["core"])
+    assert {
+        "zeropp_hier.core.topology",
+        "zeropp_hier.core.config",
+        "zeropp_hier.core.plan",
+        "zeropp_hier.core.layout",
+        "zeropp_hier.core.policy",
+        "zeropp_hier.core.errors",
+    } <= set(out["core"])
     assert out["after_pure"] == [] and not out["pg_after_pure"]
     assert out["after_cheap_names"] == []
     # the version check fires when the first DeepSpeed-dependent name is used
@@ -86,3 +97,23 @@ def test_old_module_commands_are_aliases_of_the_moved_ones():
     # Hydra prints the composed config and exits without running the job
     train = _python("-m", "zeropp_hier.train", "--cfg", "job", "steps=3")
     assert train.returncode == 0 and "steps: 3" in train.stdout, train.stderr[-2000:]
+
+
+def test_one_command_dispatches_to_each_tool():
+    top = _python("-m", "zeropp_hier", "--help")
+    assert top.returncode == 0, top.stderr[-2000:]
+    for sub in ("train", "plan", "probe", "report", "checkpoint", "cluster"):
+        assert sub in top.stdout
+    # "train" hands its arguments to Hydra unchanged: Hydra prints the composed job and exits
+    train = _python("-m", "zeropp_hier", "train", "--cfg", "job", "preset=zeropp", "steps=5")
+    assert train.returncode == 0 and "steps: 5" in train.stdout and "name: zeropp" in train.stdout, train.stderr[
+        -2000:
+    ]
+    plan = _python("-m", "zeropp_hier", "plan", "--params", "3.4M", "--cluster", "emulated", "--json")
+    assert plan.returncode == 0 and '"name": "frontier"' in plan.stdout, plan.stderr[-2000:]
+    ckpt = _python("-m", "zeropp_hier", "checkpoint", "--help")
+    assert ckpt.returncode == 0 and "to-universal" in ckpt.stdout, ckpt.stderr[-2000:]
+    cluster = _python("-m", "zeropp_hier", "cluster", "--help")
+    assert cluster.returncode == 0 and "teardown" in cluster.stdout, cluster.stderr[-2000:]
+    bad = _python("-m", "zeropp_hier", "trian")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

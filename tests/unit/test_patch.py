@@ -1,5 +1,6 @@
 """``patch_deepspeed`` / ``unpatch_deepspeed`` on the deepspeed module, without a world
 (tests/dist/test_integrations.py trains through the patch)."""
+
 import deepspeed
 
 import zeropp_hier

@@ -1,6 +1,7 @@
 """The planner: pure checks of its traffic model and memory rules, its predictions against the
 measurements recorded by benchmarks/compare.py on the emulated cluster, and the `plan` command
 for a 20B GPT on 48 Frontier nodes."""
+
 import io
 import json
 import os
@@ -16,7 +17,7 @@ from zeropp_hier.tools.cli import main as cli_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDED = os.path.join(REPO, "benchmarks", "results", "compare.json")
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def _wire(coll, topo, library, payload):
@@ -76,7 +77,7 @@ def test_memory_refuses_what_does_not_fit_and_says_what_to_relax():
     assert preds[0].memory.fits and not preds[-1].memory.fits  # refused ones rank last
     text = "\n".join(P.explain(preds, cl))
     assert "does not fit: frontier" in text and "tertiary" in text and "zeropp" in text
-    # DESIGN §3 arithmetic for the fitting 20B case
+    # docs/design.md#memory-per-gcd arithmetic for the fitting 20B case
     m = P.memory(by["ds-zero3"].candidate, cl, P.Workload(params=20e9, tokens_per_gcd=1))
     assert m.parts["primary"] == pytest.approx(2 * 20e9 / 384)
     assert m.parts["optimizer"] == pytest.approx(12 * 20e9 / 384)
@@ -94,9 +95,13 @@ def _predict_recorded(rec):
     quant_rate = sorted(rec["quant_rate_per_rank"])[len(rec["quant_rate_per_rank"]) // 2]
     cl = P.with_probed_tiers(P.emulated(node_mbit=plan["node_mbit"], compute_s=compute, quant_rate=quant_rate), probe)
     m = plan["model"]
-    wl = P.Workload(params=plan["params"], tokens_per_gcd=plan["micro_batch"] * m["seq_len"], weight_bytes=4,
-                    gathers_per_pass=6 * m["n_layers"] + 3,
-                    largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]))
+    wl = P.Workload(
+        params=plan["params"],
+        tokens_per_gcd=plan["micro_batch"] * m["seq_len"],
+        weight_bytes=4,
+        gathers_per_pass=6 * m["n_layers"] + 3,
+        largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]),
+    )
     return {p.candidate.name: p for p in P.rank(cl, wl)}
 
 
@@ -142,6 +147,7 @@ def test_plan_command_20b_on_48_frontier_nodes():
 
 def test_memory_counts_error_feedback_residuals_and_gradient_staging():
     from zeropp_hier.tools import planner as P
+
     cl = P.frontier(nodes=48)
     wl = P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8)
     frontier = next(c for c in P.default_candidates(cl) if c.name == "frontier")

@@ -1,5 +1,6 @@
 """The compression policy: per tier and per kind of traffic, block sizes, error feedback, numerics;
 backward compatibility of the earlier keys; every bad value named with its fix."""
+
 import pytest
 
 from zeropp_hier.core.config import hier_config_from_ds, parse_section
@@ -25,17 +26,28 @@ def test_weights_apply_to_both_gathers_unless_overridden():
 
 
 def test_per_kind_schemes_reach_the_plan():
-    c = comp({"forward_weights": {"node": "int4"}, "backward_weights": {"gcd": "int8"},
-              "gradients": {"gcd": "bf16"}, "block_size": {"node": 64, "gcd": 1024}})
+    c = comp(
+        {
+            "forward_weights": {"node": "int4"},
+            "backward_weights": {"gcd": "int8"},
+            "gradients": {"gcd": "bf16"},
+            "block_size": {"node": 64, "gcd": 1024},
+        }
+    )
     p = make_plan("frontier", c, Topology(2, 2, 2))
     assert [(h.tier, h.scheme, h.block_size) for h in p.forward] == [
-        ("node", "int4", 64), ("gpu", "none", 256), ("gcd", "none", 1024)]
+        ("node", "int4", 64),
+        ("gpu", "none", 256),
+        ("gcd", "none", 1024),
+    ]
     assert [(h.tier, h.scheme, h.block_size) for h in p.backward] == [("gcd", "int8", 1024)]
     assert [(h.tier, h.scheme) for h in p.reduce] == [("gcd", "bf16"), ("gpu", "int8"), ("node", "int4")]
     # a flat hop takes its slowest tier's scheme, block size and feedback flag
     z = make_plan("zeropp", comp({"block_size": {"gpu": 128}, "error_feedback": True}, "zeropp"), Topology(2, 2, 2))
     assert [(h.axes, h.block_size, h.error_feedback) for h in z.reduce] == [
-        (("gpu", "gcd"), 128, True), (("node",), 256, True)]
+        (("gpu", "gcd"), 128, True),
+        (("node",), 256, True),
+    ]
 
 
 def test_block_size_int_or_per_tier():
@@ -60,19 +72,25 @@ def test_error_feedback_resolution():
     assert comp("int4").error_feedback.gcd  # int4 everywhere: auto feeds back everywhere
 
 
-@pytest.mark.parametrize("compression, field, fragment", [
-    ({"forward_weights": {"node": "int2"}}, "zeropp_hier.compression.forward_weights.node", "use one of"),
-    ({"backward_weights": "fp8"}, "zeropp_hier.compression.backward_weights", "use one of"),
-    ({"backward_weight": "int8"}, "zeropp_hier.compression.backward_weight", "unknown key"),
-    ({"block_size": {"node": 100}}, "zeropp_hier.compression.block_size.node", "power of two"),
-    ({"block_size": {"rack": 64}}, "zeropp_hier.compression.block_size.rack", "unknown key"),
-    ({"block_size": "256"}, "zeropp_hier.compression.block_size", "power of two"),
-    ({"error_feedback": "on"}, "zeropp_hier.compression.error_feedback", "use true, false or \"auto\""),
-    ({"error_feedback": 1}, "zeropp_hier.compression.error_feedback", "use true, false"),
-    ({"error_feedback": {"node": "yes"}}, "zeropp_hier.compression.error_feedback.node", "use true, false"),
-    ({"error_feedback": {"gcd": True}}, "zeropp_hier.compression.error_feedback.gcd",
-     "gradients on the gcd tier are not compressed"),
-])
+@pytest.mark.parametrize(
+    "compression, field, fragment",
+    [
+        ({"forward_weights": {"node": "int2"}}, "zeropp_hier.compression.forward_weights.node", "use one of"),
+        ({"backward_weights": "fp8"}, "zeropp_hier.compression.backward_weights", "use one of"),
+        ({"backward_weight": "int8"}, "zeropp_hier.compression.backward_weight", "unknown key"),
+        ({"block_size": {"node": 100}}, "zeropp_hier.compression.block_size.node", "power of two"),
+        ({"block_size": {"rack": 64}}, "zeropp_hier.compression.block_size.rack", "unknown key"),
+        ({"block_size": "256"}, "zeropp_hier.compression.block_size", "power of two"),
+        ({"error_feedback": "on"}, "zeropp_hier.compression.error_feedback", 'use true, false or "auto"'),
+        ({"error_feedback": 1}, "zeropp_hier.compression.error_feedback", "use true, false"),
+        ({"error_feedback": {"node": "yes"}}, "zeropp_hier.compression.error_feedback.node", "use true, false"),
+        (
+            {"error_feedback": {"gcd": True}},
+            "zeropp_hier.compression.error_feedback.gcd",
+            "gradients on the gcd tier are not compressed",
+        ),
+    ],
+)
 def test_compression_errors(compression, field, fragment):
     with pytest.raises(HierConfigError) as e:
         comp(compression)
@@ -85,17 +103,24 @@ def test_numerics_section():
     assert (n.nonfinite, n.sample_every) == ("skip", 16)
     n = parse_section({"numerics": {"nonfinite": "raise", "sample_every": 0}}).numerics
     assert (n.nonfinite, n.sample_every) == ("raise", 0)
-    for bad, field in (({"nonfinite": "ignore"}, "nonfinite"), ({"sample_every": -1}, "sample_every"),
-                       ({"sample_every": 2.5}, "sample_every"), ({"nan": "skip"}, "nan")):
+    for bad, field in (
+        ({"nonfinite": "ignore"}, "nonfinite"),
+        ({"sample_every": -1}, "sample_every"),
+        ({"sample_every": 2.5}, "sample_every"),
+        ({"nan": "skip"}, "nan"),
+    ):
         with pytest.raises(HierConfigError) as e:
             parse_section({"numerics": bad})
         assert e.value.field == f"zeropp_hier.numerics.{field}"
 
 
 def test_raise_is_refused_with_fp16_loss_scaling():
-    cfg = {"zero_optimization": {"stage": 3}, "fp16": {"enabled": True},
-           "zeropp_hier": {"numerics": {"nonfinite": "raise"}}}
-    with pytest.raises(HierConfigError, match="use \"skip\" with fp16") as e:
+    cfg = {
+        "zero_optimization": {"stage": 3},
+        "fp16": {"enabled": True},
+        "zeropp_hier": {"numerics": {"nonfinite": "raise"}},
+    }
+    with pytest.raises(HierConfigError, match='use "skip" with fp16') as e:
         hier_config_from_ds(cfg)
     assert e.value.field == "zeropp_hier.numerics.nonfinite"
     cfg["fp16"]["enabled"] = False

@@ -4,6 +4,7 @@ Needs the extension built (`pip install --no-build-isolation -e .`); without it 
 rather than skip. Every instruction-set variant of the CPU loops this machine runs is checked
 (ZEROPP_HIER_CPU_ISA selects one per call).
 """
+
 import logging
 
 import pytest
@@ -22,8 +23,9 @@ BITS = (8, 4)
 @pytest.fixture(scope="module")
 def ops():
     st = _ext.status()
-    assert st.loaded, (f"compiled kernels missing ({st.reason}); build them with "
-                       "`pip install --no-build-isolation -e .`")
+    assert st.loaded, (
+        f"compiled kernels missing ({st.reason}); build them with `pip install --no-build-isolation -e .`"
+    )
     assert quant.backend("cpu") == "cpu-ext"
     return torch.ops.zeropp_hier
 
@@ -31,6 +33,7 @@ def ops():
 def _isas():
     """The distinct CPU loop variants this machine can run."""
     import os
+
     found = []
     saved = os.environ.get("ZEROPP_HIER_CPU_ISA")
     try:
@@ -54,6 +57,7 @@ def isa(request, ops, monkeypatch):
 
 
 # ---- inputs that exercise every branch of the format ---------------------------------------
+
 
 def _regime_block(kind: int, b: int, dtype, g) -> torch.Tensor:
     """One block of b values of ``dtype`` in one of 9 regimes."""
@@ -79,7 +83,7 @@ def _regime_block(kind: int, b: int, dtype, g) -> torch.Tensor:
         v = torch.randn(b, generator=g)
         v[1], v[b - 1] = float("inf"), float("-inf")
     elif kind == 6:  # exact ties of x / scale (scale 1 for int8, absmax 127)
-        v = (torch.randint(-254, 255, (b,), generator=g).float() / 2)
+        v = torch.randint(-254, 255, (b,), generator=g).float() / 2
         v[0] = 127.0
     elif kind == 7:  # wide dynamic range inside one block
         v = torch.exp(torch.randn(b, generator=g) * 8).clamp(max=fi.max / 2) * sign
@@ -116,6 +120,7 @@ def assert_values_equal(got: torch.Tensor, want: torch.Tensor):
 
 # ---- quantize / dequantize ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", BLOCKS)
 def test_quantize_and_dequantize_match_reference(isa, ops, dtype, block):
@@ -126,8 +131,9 @@ def test_quantize_and_dequantize_match_reference(isa, ops, dtype, block):
             data, scales = ops.quantize(x, bits, block)
             assert_payload_equal(data, scales, want)
             for out_dtype in DTYPES:
-                assert_values_equal(ops.dequantize(data, scales, n, bits, block, out_dtype),
-                                    R.dequantize(want, out_dtype))
+                assert_values_equal(
+                    ops.dequantize(data, scales, n, bits, block, out_dtype), R.dequantize(want, out_dtype)
+                )
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -136,17 +142,15 @@ def test_random_bytes_dequantize_like_reference(isa, ops, bits):
     g = torch.Generator().manual_seed(bits)
     n, block = 5000, 64
     nb = -(-n // block)
-    data = torch.randint(0, 256, (R.num_blocks(n, block) * block * bits // 8,), generator=g,
-                         dtype=torch.uint8)
+    data = torch.randint(0, 256, (R.num_blocks(n, block) * block * bits // 8,), generator=g, dtype=torch.uint8)
     if bits == 8:
         data = data.view(torch.int8)
-    scales = torch.randint(0, 2 ** 31 - 1, (nb,), generator=g, dtype=torch.int32)
+    scales = torch.randint(0, 2**31 - 1, (nb,), generator=g, dtype=torch.int32)
     scales = scales.view(torch.float32).clone()
     scales[:4] = torch.tensor([float("nan"), -0.0, 3.0e38, 1e-45])
     q = R.Quantized(data, scales, n, bits, block)
     for out_dtype in DTYPES:
-        assert_values_equal(ops.dequantize(data, scales, n, bits, block, out_dtype),
-                            R.dequantize(q, out_dtype))
+        assert_values_equal(ops.dequantize(data, scales, n, bits, block, out_dtype), R.dequantize(q, out_dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -163,8 +167,7 @@ def test_roundtrip_error_within_half_a_scale(ops, dtype, bits):
         deq = quant.dequantize(q, out_dtype).float()
         # scale/2, plus fp32 rounding of x/scale and q*scale, plus rounding to out_dtype
         fi = torch.finfo(out_dtype)
-        bound = (scale * (0.5 + 2.0 ** -16) + deq.abs() * (2.0 ** -22 + fi.eps / 2)
-                 + fi.smallest_normal * fi.eps / 2)
+        bound = scale * (0.5 + 2.0**-16) + deq.abs() * (2.0**-22 + fi.eps / 2) + fi.smallest_normal * fi.eps / 2
         assert ((x.float() - deq).abs() <= bound).all(), out_dtype
 
 
@@ -188,9 +191,9 @@ def test_public_api_flattens_non_contiguous_input(ops):
 
 # ---- fused dequantize-sum(-requantize) -----------------------------------------------------
 
+
 def _parts(k: int, n: int, bits: int, block: int, seed: int):
-    return [R.quantize(torture_input(n, block, torch.float32, seed * 31 + j), bits, block)
-            for j in range(k)]
+    return [R.quantize(torture_input(n, block, torch.float32, seed * 31 + j), bits, block) for j in range(k)]
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -202,14 +205,13 @@ def test_dequantize_sum_matches_reference(isa, ops, bits, block, k):
         data = torch.stack([p.data for p in parts])
         scales = torch.stack([p.scales for p in parts])
         for out_dtype in DTYPES:
-            assert_values_equal(ops.dequantize_sum(data, scales, n, bits, block, out_dtype),
-                                R.dequantize_sum(parts, out_dtype))
+            assert_values_equal(
+                ops.dequantize_sum(data, scales, n, bits, block, out_dtype), R.dequantize_sum(parts, out_dtype)
+            )
         for out_bits in BITS:
             for out_block in (32, block, 1024):
-                got_d, got_s = ops.dequantize_sum_requantize(data, scales, n, bits, block,
-                                                             out_bits, out_block)
-                assert_payload_equal(got_d, got_s,
-                                     R.dequantize_sum_requantize(parts, out_bits, out_block))
+                got_d, got_s = ops.dequantize_sum_requantize(data, scales, n, bits, block, out_bits, out_block)
+                assert_payload_equal(got_d, got_s, R.dequantize_sum_requantize(parts, out_bits, out_block))
 
 
 def test_fused_sum_reads_rows_of_a_receive_buffer_in_place(ops):
@@ -221,8 +223,9 @@ def test_fused_sum_reads_rows_of_a_receive_buffer_in_place(ops):
     for j, p in enumerate(parts):
         buf[j, : p.data.numel()] = p.data
         sbuf[j, : p.scales.numel()] = p.scales
-    views = [R.Quantized(buf[j, : p.data.numel()], sbuf[j, : p.scales.numel()], n, 8, block)
-             for j, p in enumerate(parts)]
+    views = [
+        R.Quantized(buf[j, : p.data.numel()], sbuf[j, : p.scales.numel()], n, 8, block) for j, p in enumerate(parts)
+    ]
     stacked = quant._rows([v.data for v in views])
     assert stacked.data_ptr() == buf.data_ptr() and stacked.stride() == (buf.shape[1], 1)
     assert_values_equal(quant.dequantize_sum(views), R.dequantize_sum(parts))
@@ -243,6 +246,7 @@ def test_fused_sum_overflow_and_nan_propagate(ops):
 
 # ---- argument checks ----------------------------------------------------------------------
 
+
 def test_op_argument_errors_name_the_argument(ops):
     x = torch.randn(100)
     d, s = ops.quantize(x, 8, 64)
@@ -252,20 +256,26 @@ def test_op_argument_errors_name_the_argument(ops):
         (lambda: ops.quantize(x, 3, 64), ValueError, "'bits' must be 8 or 4"),
         (lambda: ops.quantize(x, 8, 48), ValueError, "'block_size' must be a power of two"),
         (lambda: ops.quantize(x, 8, 8192), ValueError, "'block_size'"),
-        (lambda: ops.dequantize(d.view(torch.uint8), s, 100, 8, 64, torch.float32), TypeError,
-         "'data' must have dtype"),
-        (lambda: ops.dequantize(d, s.double(), 100, 8, 64, torch.float32), TypeError,
-         "'scales' must have dtype"),
-        (lambda: ops.dequantize(d, s, 200, 8, 64, torch.float32), ValueError,
-         "'data' must hold 256 bytes"),
+        (
+            lambda: ops.dequantize(d.view(torch.uint8), s, 100, 8, 64, torch.float32),
+            TypeError,
+            "'data' must have dtype",
+        ),
+        (lambda: ops.dequantize(d, s.double(), 100, 8, 64, torch.float32), TypeError, "'scales' must have dtype"),
+        (lambda: ops.dequantize(d, s, 200, 8, 64, torch.float32), ValueError, "'data' must hold 256 bytes"),
         (lambda: ops.dequantize(d, s, -1, 8, 64, torch.float32), ValueError, "'numel'"),
         (lambda: ops.dequantize(d, s, 100, 8, 64, torch.int32), TypeError, "'dtype'"),
-        (lambda: ops.dequantize_sum(d, s, 100, 8, 64, torch.float32), ValueError,
-         "'data' must be 2-D"),
-        (lambda: ops.dequantize_sum(torch.stack([d, d]), s.view(1, -1), 100, 8, 64,
-                                    torch.float32), ValueError, "'scales' must stack 2"),
-        (lambda: ops.dequantize_sum_requantize(d.view(1, -1), s.view(1, -1), 100, 8, 64, 8, 20),
-         ValueError, "'out_block_size'"),
+        (lambda: ops.dequantize_sum(d, s, 100, 8, 64, torch.float32), ValueError, "'data' must be 2-D"),
+        (
+            lambda: ops.dequantize_sum(torch.stack([d, d]), s.view(1, -1), 100, 8, 64, torch.float32),
+            ValueError,
+            "'scales' must stack 2",
+        ),
+        (
+            lambda: ops.dequantize_sum_requantize(d.view(1, -1), s.view(1, -1), 100, 8, 64, 8, 20),
+            ValueError,
+            "'out_block_size'",
+        ),
     ]
     for call, exc, text in cases:
         with pytest.raises(exc, match=text):
@@ -294,6 +304,7 @@ def test_public_api_errors_are_typed_and_named():
 
 
 # ---- fake implementations ------------------------------------------------------------------
+
 
 def test_fake_impls_give_shapes_without_running(ops):
     with FakeTensorMode():
@@ -329,6 +340,7 @@ def test_opcheck(ops):
 
 
 # ---- fallback ------------------------------------------------------------------------------
+
 
 def test_missing_build_is_reported_with_the_fix():
     st = _ext.load("zeropp_hier._C_not_built")

@@ -1,5 +1,6 @@
 """The PyTorch reference defines the quantization format: pin its layout, rounding and edge
 cases (see [Note: quantization format] in zeropp_hier/quant/reference.py)."""
+
 import math
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from zeropp_hier.quant import reference as R
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-TINY = 2.0 ** -149  # smallest fp32 subnormal
+TINY = 2.0**-149  # smallest fp32 subnormal
 
 
 def f32_bits(t: torch.Tensor) -> torch.Tensor:
@@ -19,7 +20,7 @@ def roundtrip_bound(scale_per_elem: torch.Tensor, deq: torch.Tensor, dtype) -> t
     """|x - dequantize(quantize(x))| may reach scale/2, plus the fp32 rounding of x/scale and of
     q*scale (a few ulps), plus the rounding of the output to ``dtype``."""
     deq = deq.float().abs()
-    bound = scale_per_elem * (0.5 + 2.0 ** -16) + deq * 2.0 ** -22
+    bound = scale_per_elem * (0.5 + 2.0**-16) + deq * 2.0**-22
     if dtype != torch.float32:
         fi = torch.finfo(dtype)
         bound = bound + deq * fi.eps + fi.smallest_normal * fi.eps
@@ -161,7 +162,7 @@ def test_roundtrip_error_within_half_a_scale(dtype, bits, block):
 
 def test_dequantize_sum_is_fp32_in_list_order():
     g = torch.Generator().manual_seed(3)
-    parts = [R.quantize(torch.randn(300, generator=g) * 10 ** k, 8, 64) for k in range(4)]
+    parts = [R.quantize(torch.randn(300, generator=g) * 10**k, 8, 64) for k in range(4)]
     acc = torch.zeros(300)
     for p in parts:
         acc = acc + R.dequantize(p)

@@ -1,5 +1,6 @@
 """The sweep_report command on a directory without finished runs (tests/system/test_sweep.py
 runs a real sweep and reports it)."""
+
 from zeropp_hier.tools import sweep_report
 
 

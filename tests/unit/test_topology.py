@@ -1,4 +1,5 @@
 """Topology maths, exhaustively over small shapes (no processes)."""
+
 import itertools
 
 import pytest

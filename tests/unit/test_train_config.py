@@ -1,4 +1,5 @@
 """The Hydra app's config groups and the launcher detection, without starting ranks."""
+
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
@@ -18,6 +19,33 @@ def test_defaults_are_the_readme_demo():
     assert spec.preset == "frontier" and spec.compression is None and spec.steps == 30
     assert spec.local_world == 8 and spec.topology == {"gpus_per_node": 2, "gcds_per_gpu": 2}
     assert (spec.d_model, spec.n_layers, spec.micro_batch) == (64, 4, 4)
+
+
+def test_yaml_defaults_equal_the_typed_spec():
+    """The one typed spec (JobSpec) holds the defaults; the Hydra YAML repeats them only because
+    Hydra composes from files, and must agree field for field, as must the argparse front end."""
+    from dataclasses import fields
+
+    from zeropp_hier.app.demo import parse_args, spec_from_args
+
+    spec = spec_from_config(OmegaConf.to_container(_compose(), resolve=True))
+    assert spec == JobSpec(), {
+        f.name: (getattr(spec, f.name), getattr(JobSpec(), f.name))
+        for f in fields(JobSpec)
+        if getattr(spec, f.name) != getattr(JobSpec(), f.name)
+    }
+    assert spec_from_args(parse_args([])) == JobSpec()
+
+
+def test_yaml_choices_are_the_spec_literals():
+    from typing import get_args, get_type_hints
+
+    from zeropp_hier.app import job
+
+    hints = get_type_hints(JobSpec)
+    assert get_args(hints["preset"]) == job.PRESETS and get_args(hints["dtype"]) == job.DTYPES
+    for preset in job.PRESETS:  # every preset of the spec has its config group option
+        assert spec_from_config(OmegaConf.to_container(_compose([f"preset={preset}"]), resolve=True)).preset == preset
 
 
 def test_groups_select_preset_compression_and_auto_topology():
@@ -55,15 +83,29 @@ def test_srun_launcher_names_the_run_dir_after_the_job(monkeypatch):
     assert cfg.hydra.run.dir == "outputs/slurm-4242.3"
 
 
-SRUN = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "8",
-        "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "cn[07-08]",
-        "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "123456"}
+SRUN = {
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "8",
+    "SLURM_NNODES": "2",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_JOB_NODELIST": "cn[07-08]",
+    "SLURM_STEP_ID": "0",
+    "SLURM_JOB_ID": "123456",
+}
 
 
 def test_launcher_env_under_srun():
     env = launcher_env(SRUN, gpus_visible=0)
-    assert env == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_SIZE": "4",
-                   "MASTER_ADDR": "cn07", "MASTER_PORT": str(20000 + 123456 % 20000)}
+    assert env == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_SIZE": "4",
+        "MASTER_ADDR": "cn07",
+        "MASTER_PORT": str(20000 + 123456 % 20000),
+    }
     # --gpus-per-task=1: the one visible GCD is device 0 for DeepSpeed, whatever the local id
     assert launcher_env(SRUN, gpus_visible=1)["LOCAL_RANK"] == "0"
     assert launcher_env({**SRUN, "MASTER_ADDR": "x"}, 0).get("MASTER_ADDR") is None

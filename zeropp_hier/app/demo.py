@@ -9,30 +9,37 @@ Without a launcher it starts its own ranks (gloo on CPU); under ``srun`` or ``to
 as one rank per process. Rank 0 prints, per step, the loss (mean over ranks), tokens/s and the
 bytes one rank sent over each tier, then a per-phase table. Exit status 0 when the loss fell.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from .job import PRESETS, JobSpec, launch
+from .job import DTYPES, PRESETS, JobSpec, launch
+
+DEFAULT = JobSpec()  # every flag's default comes from the one spec
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=PRESETS, default="frontier")
-    ap.add_argument("--compression", default=None,
-                    help="'none' to switch compression off, or a JSON object for zeropp_hier.compression "
-                         "(default: the preset's own)")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--gpus-per-node", type=int, default=2)
-    ap.add_argument("--gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--out-dir", default=None, help="write metrics.jsonl and summary.json here")
+    d, topo = DEFAULT, DEFAULT.topology
+    ap.add_argument("--preset", choices=PRESETS, default=d.preset)
+    ap.add_argument(
+        "--compression",
+        default=None,
+        help="'none' to switch compression off, or a JSON object for zeropp_hier.compression "
+        "(default: the preset's own)",
+    )
+    ap.add_argument("--steps", type=int, default=d.steps)
+    ap.add_argument("--nodes", type=int, default=d.local_world // (topo["gpus_per_node"] * topo["gcds_per_gpu"]))
+    ap.add_argument("--gpus-per-node", type=int, default=topo["gpus_per_node"])
+    ap.add_argument("--gcds-per-gpu", type=int, default=topo["gcds_per_gpu"])
+    ap.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    ap.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    ap.add_argument("--d-model", type=int, default=d.d_model)
+    ap.add_argument("--layers", type=int, default=d.n_layers)
+    ap.add_argument("--out-dir", default=d.out_dir, help="write metrics.jsonl and summary.json here")
     return ap.parse_args(argv)
 
 
@@ -40,10 +47,18 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     comp = args.compression
     if comp is not None and comp not in ("none", "int8", "int4", "fp16", "bf16"):
         comp = json.loads(comp)
-    return JobSpec(preset=args.preset, compression=comp, steps=args.steps, dtype=args.dtype,
-                   micro_batch=args.micro_batch, d_model=args.d_model, n_layers=args.layers,
-                   topology={"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
-                   local_world=args.nodes * args.gpus_per_node * args.gcds_per_gpu, out_dir=args.out_dir)
+    return JobSpec(
+        preset=args.preset,
+        compression=comp,
+        steps=args.steps,
+        dtype=args.dtype,
+        micro_batch=args.micro_batch,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        topology={"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
+        local_world=args.nodes * args.gpus_per_node * args.gcds_per_gpu,
+        out_dir=args.out_dir,
+    )
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@ write the metrics.
 A ``JobSpec`` is plain, picklable data, so the same spec runs on ranks this process spawns
 (``LocalWorld``) or, under ``srun``/``torchrun``, in this process as one rank of many.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,19 +14,28 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 
-PRESETS = ("frontier", "zeropp", "zero3", "stock")  # stock: DeepSpeed ZeRO-3 without our section
+Preset = Literal["frontier", "zeropp", "zero3", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
+Dtype = Literal["fp32", "bf16", "fp16"]
+Progress = Literal["auto", "on", "off"]
+PRESETS: tuple[str, ...] = get_args(Preset)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+PROGRESS: tuple[str, ...] = get_args(Progress)
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    preset: str = "frontier"
+    """The job, typed, with its defaults in this one place. The Hydra app's YAML defaults
+    (``configs/train.yaml`` and its default groups) are tested equal to these
+    (``tests/unit/test_train_config.py``); the argparse front end takes its defaults from here."""
+
+    preset: Preset = "frontier"
     compression: Any = None  # None: the preset's own; "none"/"int8"/...: every tier; or a dict
     steps: int = 30
-    dtype: str = "fp32"
+    dtype: Dtype = "fp32"
     micro_batch: int = 4
     # GPT (zeropp_hier.testing.models.gpt.GPTConfig)
     vocab_size: int = 256
@@ -40,18 +50,19 @@ class JobSpec:
     lr: float = 3e-3
     seed: int = 0
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
-    progress: str = "auto"  # progress bar: auto (only on a terminal), on, off
+    progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
 
     def check(self) -> None:
         from ..core.errors import HierConfigError
+
         if self.preset not in PRESETS:
             raise HierConfigError("preset", self.preset, f"use one of {list(PRESETS)}")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise HierConfigError("steps", self.steps, "use a positive integer")
-        if self.dtype not in ("fp32", "bf16", "fp16"):
+        if self.dtype not in DTYPES:
             raise HierConfigError("dtype", self.dtype, "use fp32, bf16 or fp16")
-        if self.progress not in ("auto", "on", "off"):
+        if self.progress not in PROGRESS:
             raise HierConfigError("progress", self.progress, "use auto, on or off")
 
 
@@ -65,9 +76,16 @@ def fmt_bytes(n: float) -> str:
 
 def ds_config_for(spec: JobSpec) -> dict:
     from . import training
+
     preset = None if spec.preset == "stock" else spec.preset
-    cfg = training.ds_config(preset, dtype=spec.dtype, micro_batch=spec.micro_batch,
-                             compression=spec.compression, lr=spec.lr, regather=spec.regather)
+    cfg = training.ds_config(
+        preset,
+        dtype=spec.dtype,
+        micro_batch=spec.micro_batch,
+        compression=spec.compression,
+        lr=spec.lr,
+        regather=spec.regather,
+    )
     if preset is not None:
         cfg["zeropp_hier"]["topology"] = spec.topology
     return cfg
@@ -83,9 +101,17 @@ class _Reporter:
         if not enabled:
             return
         from tqdm import tqdm
+
         disable = {"auto": None, "on": False, "off": True}[spec.progress]  # None: only on a TTY
-        self.bar = tqdm(total=spec.steps, desc="train", unit="step", disable=disable, file=sys.stderr,
-                        dynamic_ncols=True, leave=False)
+        self.bar = tqdm(
+            total=spec.steps,
+            desc="train",
+            unit="step",
+            disable=disable,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=False,
+        )
         if spec.out_dir:
             os.makedirs(spec.out_dir, exist_ok=True)
             self.jsonl = open(os.path.join(spec.out_dir, "metrics.jsonl"), "w")
@@ -119,30 +145,30 @@ def numerics_lines(engine) -> list[str]:
     """End-of-run table of the compression error per phase and tier, error-feedback memory and
     skipped steps, from ``comm_stats(engine)["numerics"]`` (this rank)."""
     import zeropp_hier
+
     num = zeropp_hier.comm_stats(engine)["numerics"]
     plan = engine.hier_runtime.plan
     hops = {"forward_gather": plan.forward, "backward_gather": plan.backward, "grad_reduce": plan.reduce}
-    lines = [f"compression error ||x - deq(q(x))|| / ||x|| on rank 0, sampled every {num['sample_every']}th call:",
-             f"  {'phase':16s} {'tier':5s} {'scheme':7s} {'mean':>8s} {'max':>8s} {'samples':>8s}  feedback"]
+    from ..tools.tables import table
+
+    rows = []
     for phase, tiers in num["relative_error"].items():
         for tier, e in tiers.items():
             hop = next((h for h in hops.get(phase, ()) if h.tier == tier), None)
             scheme = hop.scheme if hop else "?"
             fb = "on" if hop is not None and hop.error_feedback else ""
-            lines.append(f"  {phase:16s} {tier:5s} {scheme:7s} {e['mean']:8.4f} {e['max']:8.4f} {e['samples']:8d}  {fb}")
-    if not num["relative_error"]:
+            rows.append([phase, tier, scheme, f"{e['mean']:.4f}", f"{e['max']:.4f}", e["samples"], fb])
+    lines = [f"compression error ||x - deq(q(x))|| / ||x|| on rank 0, sampled every {num['sample_every']}th call:"]
+    if rows:
+        lines += table(["phase", "tier", "scheme", "mean", "max", "samples", "feedback"], rows)
+    else:
         lines.append("  (nothing compressed, or sampling off)")
     ef, nf = num["error_feedback"], num["nonfinite"]
-    lines.append(f"error feedback: {ef['buffers']} residual buffer(s), {fmt_bytes(ef['bytes']).strip()} on rank 0; "
-                 f"skipped steps ({nf['policy']} on non-finite): {nf['skipped_steps'] or 'none'}")
+    lines.append(
+        f"error feedback: {ef['buffers']} residual buffer(s), {fmt_bytes(ef['bytes']).strip()} on rank 0; "
+        f"skipped steps ({nf['policy']} on non-finite): {nf['skipped_steps'] or 'none'}"
+    )
     return lines
-
-
-def _topology_text(topo, mode: str) -> str:
-    rm = "identity" if topo.is_identity_map else list(topo.rank_map)
-    how = "auto-detected" if mode == "auto" else "declared"
-    return (f"topology ({how}): {topo.num_nodes} nodes x {topo.gpus_per_node} GPUs x "
-            f"{topo.gcds_per_gpu} GCDs, rank_map {rm}")
 
 
 def rank_main(spec: JobSpec) -> dict:
@@ -152,8 +178,8 @@ def rank_main(spec: JobSpec) -> dict:
 
     import zeropp_hier
     from zeropp_hier.app import training
-    from zeropp_hier.testing.models.gpt import GPTConfig
     from zeropp_hier.core.topology import TIERS
+    from zeropp_hier.testing.models.gpt import GPTConfig
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
@@ -164,8 +190,13 @@ def rank_main(spec: JobSpec) -> dict:
             log.addHandler(h)
         log.setLevel(logging.INFO)
         log.propagate = False
-    model_cfg = GPTConfig(vocab_size=spec.vocab_size, seq_len=spec.seq_len, d_model=spec.d_model,
-                          n_heads=spec.n_heads, n_layers=spec.n_layers)
+    model_cfg = GPTConfig(
+        vocab_size=spec.vocab_size,
+        seq_len=spec.seq_len,
+        d_model=spec.d_model,
+        n_heads=spec.n_heads,
+        n_layers=spec.n_layers,
+    )
     engine = training.build_engine(ds_config_for(spec), model_cfg, seed=spec.seed)
     rt = getattr(engine, "hier_runtime", None)
     hier = rt is not None
@@ -173,18 +204,27 @@ def rank_main(spec: JobSpec) -> dict:
     n_params = sum(p.ds_numel for p in engine.module.parameters())
     report = _Reporter(spec, rank == 0)
     mode = spec.topology if isinstance(spec.topology, str) else (spec.topology or {}).get("mode", "manual")
-    report.line(f"zeropp-hier: preset={spec.preset} compression={spec.compression or 'preset default'} "
-                f"dtype={spec.dtype} world={world}, GPT {n_params / 1e6:.2f}M params, "
-                f"{tokens_per_step} tokens/step")
+    report.line(
+        f"zeropp-hier: preset={spec.preset} compression={spec.compression or 'preset default'} "
+        f"dtype={spec.dtype} world={world}, GPT {n_params / 1e6:.2f}M params, "
+        f"{tokens_per_step} tokens/step"
+    )
     # which kernels each rank runs (a rank on another CPU may pick another variant)
     from zeropp_hier.quant import kernel_info
+
     kernels: list = [None] * world
     dist.all_gather_object(kernels, kernel_info())
-    report.line("quantization kernels: " + "; ".join(
-        f"{k} on ranks {','.join(str(r) for r in range(world) if kernels[r] == k)}" for k in dict.fromkeys(kernels)))
+    report.line(
+        "quantization kernels: "
+        + "; ".join(
+            f"{k} on ranks {','.join(str(r) for r in range(world) if kernels[r] == k)}" for k in dict.fromkeys(kernels)
+        )
+    )
     if hier:
-        report.line(_topology_text(rt.topo, mode))
-        report.line(f"plan: {rt.plan}")
+        from ..tools import tables
+
+        for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
+            report.line(line)
     history: list[dict] = []
     prev = {t: 0 for t in TIERS}
     skipped = [engine.skipped_steps]
@@ -192,16 +232,14 @@ def rank_main(spec: JobSpec) -> dict:
     def on_step(step: int, loss: float, seconds: float) -> None:
         t = torch.tensor([loss], dtype=torch.float64)
         dist.all_reduce(t)
-        row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds,
-               "seconds": seconds}
+        row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds, "seconds": seconds}
         sent = ""
         if hier:
             snap = zeropp_hier.comm_stats(engine)["bytes"]
             now = {tier: sum(snap[p][tier] for p in snap) for tier in TIERS}
             row["bytes"] = {tier: now[tier] - prev[tier] for tier in TIERS}
             prev.update(now)
-            sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier])}"
-                                               for tier in reversed(TIERS))
+            sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier])}" for tier in reversed(TIERS))
         row["skipped"] = engine.skipped_steps > skipped[0]  # fp16 overflow or non-finite gradient
         skipped[0] = engine.skipped_steps
         mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
@@ -212,24 +250,38 @@ def rank_main(spec: JobSpec) -> dict:
     training.train_steps(engine, spec.steps, on_step=on_step)
     elapsed = time.perf_counter() - t0
     report.close()
-    summary = {"spec": asdict(spec), "world": world, "params": n_params, "tokens_per_step": tokens_per_step,
-               "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
-               "tokens_per_s": tokens_per_step * spec.steps / elapsed, "seconds": elapsed,
-               "kernels": kernels}
+    summary = {
+        "spec": asdict(spec),
+        "world": world,
+        "params": n_params,
+        "tokens_per_step": tokens_per_step,
+        "first_loss": history[0]["loss"],
+        "final_loss": history[-1]["loss"],
+        "tokens_per_s": tokens_per_step * spec.steps / elapsed,
+        "seconds": elapsed,
+        "kernels": kernels,
+    }
     if hier:
         st = zeropp_hier.comm_stats(engine)
-        summary["topology"] = {"dims": list(rt.topo.dims), "mode": mode,
-                               "rank_map": None if rt.topo.is_identity_map else list(rt.topo.rank_map)}
+        summary["topology"] = {
+            "dims": list(rt.topo.dims),
+            "mode": mode,
+            "rank_map": None if rt.topo.is_identity_map else list(rt.topo.rank_map),
+        }
         summary["bytes_per_step"] = {p: {t: v / spec.steps for t, v in per.items()} for p, per in st["bytes"].items()}
         summary["comm_stats"] = st
     if rank == 0:
-        report.line(f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "
-                    f"{summary['final_loss']:.4f} (first {summary['first_loss']:.4f})")
+        report.line(
+            f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "
+            f"{summary['final_loss']:.4f} (first {summary['first_loss']:.4f})"
+        )
         if hier:
-            report.line("bytes sent by rank 0 per step, by phase and tier:")
-            report.line(f"  {'phase':16s} " + " ".join(f"{t:>12s}" for t in reversed(TIERS)))
-            for phase, per in summary["bytes_per_step"].items():
-                report.line(f"  {phase:16s} " + " ".join(f"{fmt_bytes(per[t]):>12s}" for t in reversed(TIERS)))
+            from ..tools import tables
+
+            for line in tables.bytes_lines(
+                summary["bytes_per_step"], "bytes sent by rank 0 per step, by phase and tier:"
+            ):
+                report.line(line)
             for line in numerics_lines(engine):
                 report.line(line)
         if spec.out_dir:
@@ -241,6 +293,7 @@ def rank_main(spec: JobSpec) -> dict:
 
 
 # -- launching ------------------------------------------------------------------------------
+
 
 def launcher_env(env: Mapping[str, str], gpus_visible: int) -> dict | None:
     """Variables torch.distributed and DeepSpeed need, for a process started by a launcher;
@@ -258,9 +311,12 @@ def launcher_env(env: Mapping[str, str], gpus_visible: int) -> dict | None:
         return None
     nodes = task.nodelist or expand_hostlist(env.get("SLURM_JOB_NODELIST", "localhost"))
     job = int(env.get("SLURM_JOB_ID", "0") or 0)
-    out = {"RANK": str(task.procid), "WORLD_SIZE": str(task.ntasks),
-           "LOCAL_RANK": str(0 if gpus_visible == 1 else task.localid),
-           "LOCAL_SIZE": str(task.tasks_per_node[task.nodeid])}
+    out = {
+        "RANK": str(task.procid),
+        "WORLD_SIZE": str(task.ntasks),
+        "LOCAL_RANK": str(0 if gpus_visible == 1 else task.localid),
+        "LOCAL_SIZE": str(task.tasks_per_node[task.nodeid]),
+    }
     if "MASTER_ADDR" not in env:
         out["MASTER_ADDR"] = nodes[0]
     if "MASTER_PORT" not in env:
@@ -273,31 +329,40 @@ def launch(spec: JobSpec) -> dict:
     Returns this process's rank result (rank 0's when it spawned the ranks)."""
     spec.check()
     import torch
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if spec.dtype == "fp16":
         # before any rank starts: otherwise every rank dies in deepspeed.initialize with a
         # ValueError that names neither the CPU feature nor the way out ([Note: fp16 on CPUs])
         from ..core.errors import HierConfigError
         from ..detect.hardware import fp16_unsupported_reason
+
         reason = fp16_unsupported_reason(uses_gpu=gpus > 0)
         if reason:
-            raise HierConfigError("dtype", "fp16", f"{reason}; use dtype=bf16 (same memory and "
-                                  "wire size; no loss scaling needed) or dtype=fp32")
+            raise HierConfigError(
+                "dtype",
+                "fp16",
+                f"{reason}; use dtype=bf16 (same memory and wire size; no loss scaling needed) or dtype=fp32",
+            )
     env = launcher_env(os.environ, gpus)
     if env is not None:
         os.environ.update(env)
         import deepspeed
         from deepspeed.utils import logger as ds_logger
+
         ds_logger.setLevel(logging.WARNING)  # one rank's INFO lines times thousands of ranks
         deepspeed.init_distributed(dist_backend=None if gpus else "gloo")
         if not gpus:
             from ..testing.shm_hygiene import release_deepspeed_shm
+
             release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         out = rank_main(spec)
         import torch.distributed as dist
+
         dist.destroy_process_group()
         return out
     from ..testing.launch import LocalWorld
+
     print(f"starting {spec.local_world} local CPU ranks (gloo)...", flush=True)
     with LocalWorld(spec.local_world, timeout=1800) as w:
         out = w.run(rank_main, spec)

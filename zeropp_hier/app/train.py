@@ -1,15 +1,19 @@
-"""The main job as a Hydra application (config groups in zeropp_hier/app/configs/).
+"""The main job as a Hydra application (config groups in zeropp_hier/app/configs/), run as
+``zeropp-hier train`` (``python -m zeropp_hier.app.train`` is the same):
 
-    python -m zeropp_hier.app.train                              # the README demo: 8 CPU ranks, 2x2x2
-    python -m zeropp_hier.app.train preset=zeropp compression=none steps=50
-    python -m zeropp_hier.app.train -m preset=zero3,frontier compression=preset_default,none
-    python -m zeropp_hier.tools.sweep_report multirun/<date>/<time> # one table for the sweep
+    zeropp-hier train                                   # the README demo: 8 CPU ranks, 2x2x2
+    zeropp-hier train preset=zeropp compression=none steps=50
+    zeropp-hier train -m preset=zero3,frontier compression=preset_default,none
+    zeropp-hier report multirun/<date>/<time>           # one table for the sweep
+
+The defaults are ``JobSpec``'s (job.py); the YAML repeats them and a unit test keeps the two equal.
 
 Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun`` or
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run
 directory). Rank 0 writes ``metrics.jsonl`` (one line per step) and ``summary.json`` into the
 Hydra run directory.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -26,19 +30,38 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     m, d, t = cfg["model"], cfg["data"], cfg["topology"]
     if d.get("kind") != "synthetic":
         from ..core.errors import HierConfigError
-        raise HierConfigError("data.kind", d.get("kind"), "only 'synthetic' exists (data=synthetic); "
-                              "the job generates its tokens on every rank")
-    return JobSpec(preset=cfg["preset"]["name"], compression=cfg["compression"]["spec"],
-                   steps=cfg["steps"], dtype=cfg["dtype"], micro_batch=d["micro_batch"],
-                   vocab_size=m["vocab_size"], seq_len=m["seq_len"], d_model=m["d_model"],
-                   n_heads=m["n_heads"], n_layers=m["n_layers"], topology=t["section"],
-                   local_world=t["local_ranks"], regather=cfg["regather"], lr=cfg["lr"],
-                   seed=cfg["seed"], out_dir=out_dir, progress=cfg["progress"], label=label or {})
+
+        raise HierConfigError(
+            "data.kind",
+            d.get("kind"),
+            "only 'synthetic' exists (data=synthetic); the job generates its tokens on every rank",
+        )
+    return JobSpec(
+        preset=cfg["preset"]["name"],
+        compression=cfg["compression"]["spec"],
+        steps=cfg["steps"],
+        dtype=cfg["dtype"],
+        micro_batch=d["micro_batch"],
+        vocab_size=m["vocab_size"],
+        seq_len=m["seq_len"],
+        d_model=m["d_model"],
+        n_heads=m["n_heads"],
+        n_layers=m["n_layers"],
+        topology=t["section"],
+        local_world=t["local_ranks"],
+        regather=cfg["regather"],
+        lr=cfg["lr"],
+        seed=cfg["seed"],
+        out_dir=out_dir,
+        progress=cfg["progress"],
+        label=label or {},
+    )
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
+
     hc = HydraConfig.get()
     plain = OmegaConf.to_container(cfg, resolve=True)
     label = {"overrides": list(hc.overrides.task), "job_num": hc.job.get("num")}

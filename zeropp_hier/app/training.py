@@ -1,10 +1,10 @@
 """One training run of the small GPT on the current rank: shared by the demo, the benchmarks
 and the tests, so that all of them exercise the same code path."""
+
 from __future__ import annotations
 
 import gc
 import time
-from dataclasses import asdict
 from typing import Any, Callable
 
 import torch
@@ -12,14 +12,27 @@ import torch.distributed as dist
 
 from ..testing.models.gpt import GPT, GPTConfig, synthetic_batch
 
-DTYPE_SECTIONS = {"fp32": {}, "fp16": {"fp16": {"enabled": True, "initial_scale_power": 8}},
-                  "bf16": {"bf16": {"enabled": True}}}
+DTYPE_SECTIONS = {
+    "fp32": {},
+    "fp16": {"fp16": {"enabled": True, "initial_scale_power": 8}},
+    "bf16": {"bf16": {"enabled": True}},
+}
 
 
-def ds_config(preset: str | None, *, dtype: str = "fp32", micro_batch: int = 2, grad_accum: int = 1,
-              compression: Any = None, gpus_per_node: int = 2, gcds_per_gpu: int = 2,
-              lr: float = 3e-3, eps: float = 1e-6, regather: bool = True,
-              extra: dict | None = None) -> dict:
+def ds_config(
+    preset: str | None,
+    *,
+    dtype: str = "fp32",
+    micro_batch: int = 2,
+    grad_accum: int = 1,
+    compression: Any = None,
+    gpus_per_node: int = 2,
+    gcds_per_gpu: int = 2,
+    lr: float = 3e-3,
+    eps: float = 1e-6,
+    regather: bool = True,
+    extra: dict | None = None,
+) -> dict:
     """A DeepSpeed config; ``preset=None`` gives stock ZeRO-3 (no zeropp_hier section).
 
     ``regather`` sets DeepSpeed's prefetch and reuse distance to 0 so that a small model is
@@ -28,13 +41,21 @@ def ds_config(preset: str | None, *, dtype: str = "fp32", micro_batch: int = 2, 
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
     if regather:
         zero.update(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0)
-    cfg = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
-           "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9,
-           "optimizer": {"type": "Adam", "params": {"lr": lr, "eps": eps, "torch_adam": True}},
-           "zero_optimization": zero, **DTYPE_SECTIONS[dtype]}
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": lr, "eps": eps, "torch_adam": True}},
+        "zero_optimization": zero,
+        **DTYPE_SECTIONS[dtype],
+    }
     if preset is not None:
-        section: dict[str, Any] = {"enabled": True, "preset": preset,
-                                   "topology": {"gpus_per_node": gpus_per_node, "gcds_per_gpu": gcds_per_gpu}}
+        section: dict[str, Any] = {
+            "enabled": True,
+            "preset": preset,
+            "topology": {"gpus_per_node": gpus_per_node, "gcds_per_gpu": gcds_per_gpu},
+        }
         if compression is not None:
             section["compression"] = compression
         cfg["zeropp_hier"] = section
@@ -45,6 +66,7 @@ def ds_config(preset: str | None, *, dtype: str = "fp32", micro_batch: int = 2, 
 
 def build_engine(config: dict, model_cfg: GPTConfig = GPTConfig(), seed: int = 0):
     import zeropp_hier
+
     torch.manual_seed(seed)
     model = GPT(model_cfg)
     engine, *_ = zeropp_hier.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -54,14 +76,19 @@ def build_engine(config: dict, model_cfg: GPTConfig = GPTConfig(), seed: int = 0
 def gathered_state(engine) -> dict[str, torch.Tensor]:
     """Full fp32 copies of every parameter (collective: every rank must call it)."""
     import deepspeed
+
     params = dict(engine.module.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values())):
         return {n: p.detach().float().clone() for n, p in params.items()}
 
 
-def train_steps(engine, steps: int, start: int = 0,
-                on_step: Callable[[int, float, float], None] | None = None,
-                batch_fn: Callable[[int, int, int], tuple] | None = None) -> list[float]:
+def train_steps(
+    engine,
+    steps: int,
+    start: int = 0,
+    on_step: Callable[[int, float, float], None] | None = None,
+    batch_fn: Callable[[int, int, int], tuple] | None = None,
+) -> list[float]:
     """Run ``steps`` optimizer steps; returns this rank's loss per step (mean over micro-batches).
     ``batch_fn(index, batch, rank) -> (inputs, targets)`` gives the ``index``-th micro-batch
     (index = step * accumulation + micro); the default is the model's synthetic sequences."""
@@ -93,10 +120,10 @@ def release(engine) -> None:
     gc.collect()
 
 
-def run(config: dict, steps: int, model_cfg: GPTConfig = GPTConfig(), seed: int = 0,
-        want_state: bool = True) -> dict:
+def run(config: dict, steps: int, model_cfg: GPTConfig = GPTConfig(), seed: int = 0, want_state: bool = True) -> dict:
     """Build, train, report: losses, final weights and comm stats for this rank."""
     import zeropp_hier
+
     engine = build_engine(config, model_cfg, seed)
     losses = train_steps(engine, steps)
     out = {"losses": losses}

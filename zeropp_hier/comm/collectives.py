@@ -5,6 +5,7 @@ Thin wrappers: layouts come from ``layout``, groups from ``groups``, (de)quantiz
 Every collective is an ``all_gather_into_tensor`` or ``all_to_all_single`` (both work on gloo,
 RCCL and NCCL); coalescing managers are avoided because they fail on gloo and poison the group.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,6 +36,7 @@ def _nbytes(t: torch.Tensor) -> int:
 # highest, per bucket and per layer). Both travel as one byte buffer instead: the data bytes,
 # then the scales' bytes. The data length is a multiple of 4 (a block holds at least 32
 # elements), so the scales stay 4-byte aligned and are read back with a view, not a conversion.
+
 
 def _pack(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """[k, d] data bytes and [k, s] fp32 scales (k rows, one per destination) -> [k, d + 4 s] bytes."""
@@ -67,8 +69,14 @@ class HierCollectives:
 
     def _guard(self, hg: HopGroup, phase: str):
         """A dead or stuck peer ends the collective with a HierCommError naming it."""
-        return collective_guard(rank=self.stats.rank, phase=phase, tier=slowest_tier(self.topo, hg.axes),
-                                axes=hg.axes, peers=hg.peers, timeout_s=hg.timeout_s)
+        return collective_guard(
+            rank=self.stats.rank,
+            phase=phase,
+            tier=slowest_tier(self.topo, hg.axes),
+            axes=hg.axes,
+            peers=hg.peers,
+            timeout_s=hg.timeout_s,
+        )
 
     # -- gather --------------------------------------------------------------------------------
     def _gather_blocks(self, local: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
@@ -80,8 +88,7 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(local))
         return self._peer_order(out.view(k, -1), hg)
 
-    def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str,
-                   hook=None) -> torch.Tensor:
+    def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str, hook=None) -> torch.Tensor:
         """One gather hop. buf: [n, p, g, S] (canonical layout); returns the buffer with the hop's
         axes filled in. Compressed hops gather the packed payload and dequantize every block,
         this rank's own included, so all ranks end with the same values. ``hook``
@@ -98,8 +105,9 @@ class HierCollectives:
             packed = self._gather_blocks(_pack(q.data.view(1, -1), q.scales.view(1, -1)).view(-1), hg, phase)
             data, scales = _unpack(packed, q.data.numel() * q.data.element_size(), q.data.dtype)
             # every block's padded length is the same, so the k payloads form one valid payload
-            allq = quant.Quantized(data.reshape(-1), scales.reshape(-1),
-                                   k * scales.shape[1] * block_size, q.bits, block_size)
+            allq = quant.Quantized(
+                data.reshape(-1), scales.reshape(-1), k * scales.shape[1] * block_size, q.bits, block_size
+            )
             flat = quant.dequantize(allq, buf.dtype).view(k, -1)[:, : local.numel()]
         elif hop.scheme in _CAST:
             wire = local.to(_CAST[hop.scheme])
@@ -108,8 +116,7 @@ class HierCollectives:
             flat = self._gather_blocks(wire, hg, phase).to(buf.dtype)
         else:
             flat = self._gather_blocks(local.contiguous(), hg, phase)
-        return layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes),
-                                     payload)
+        return layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes), payload)
 
     # -- reduce-scatter ------------------------------------------------------------------------
     def _exchange(self, send: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
@@ -121,8 +128,15 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(send[0]))
         return self._peer_order(recv, hg)
 
-    def reduce_stage(self, buf: torch.Tensor, hop: Hop, block_size: int, wire_dtype: torch.dtype,
-                     phase: str = "grad_reduce", hook=None) -> torch.Tensor:
+    def reduce_stage(
+        self,
+        buf: torch.Tensor,
+        hop: Hop,
+        block_size: int,
+        wire_dtype: torch.dtype,
+        phase: str = "grad_reduce",
+        hook=None,
+    ) -> torch.Tensor:
         """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
         returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
         dequantization, never in the wire format. ``hook`` (numerics.ReduceHook) may adjust the

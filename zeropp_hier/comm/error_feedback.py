@@ -36,6 +36,7 @@ step and bounded by one quantization step, instead of accumulating in the weight
   the layout; a checkpoint from another world, topology or plan starts with empty residuals
   (logged), since the residuals' shapes and meaning depend on all three.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,9 +63,11 @@ class ErrorFeedback:
         if r is None:
             return send
         if r.shape != send.shape:
-            raise RuntimeError(f"zeropp_hier: error-feedback residual for bucket {list(key[0][:3])}... stage "
-                               f"{key[1]} has shape {tuple(r.shape)} but the send buffer has "
-                               f"{tuple(send.shape)}; the same parameters must give the same buffer")
+            raise RuntimeError(
+                f"zeropp_hier: error-feedback residual for bucket {list(key[0][:3])}... stage "
+                f"{key[1]} has shape {tuple(r.shape)} but the send buffer has "
+                f"{tuple(send.shape)}; the same parameters must give the same buffer"
+            )
         return send + r if loss_scale == 1.0 else torch.add(send, r, alpha=loss_scale)
 
     def record(self, key: Key, sent: torch.Tensor, decoded: torch.Tensor, loss_scale: float) -> None:
@@ -91,9 +94,14 @@ class ErrorFeedback:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "signature": dict(self.signature),
-                "entries": [{"bucket": list(ids), "stage": stage, "residual": r.detach().cpu().clone()}
-                            for (ids, stage), r in sorted(self.residuals.items())]}
+        return {
+            "format": STATE_FORMAT,
+            "signature": dict(self.signature),
+            "entries": [
+                {"bucket": list(ids), "stage": stage, "residual": r.detach().cpu().clone()}
+                for (ids, stage), r in sorted(self.residuals.items())
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any] | None, device: torch.device | str = "cpu") -> str | None:
         """Replace the residuals by the checkpoint's. Returns None when loaded, else why not (the
@@ -107,6 +115,7 @@ class ErrorFeedback:
         if saved != self.signature:
             return f"the checkpoint's layout {saved} differs from this engine's {self.signature}"
         for e in state["entries"]:
-            self.residuals[(tuple(str(n) for n in e["bucket"]), int(e["stage"]))] = \
-                e["residual"].to(device=device, dtype=self.dtype)
+            self.residuals[(tuple(str(n) for n in e["bucket"]), int(e["stage"]))] = e["residual"].to(
+                device=device, dtype=self.dtype
+            )
         return None

@@ -18,6 +18,7 @@ on the same hop groups. Two rules keep that safe and overlapped:
 With ``overlap`` off (``zeropp_hier.overlap: false``) the same calls run inline on the caller,
 one after another: the behaviour before overlap existed, kept for comparison and debugging.
 """
+
 from __future__ import annotations
 
 import queue

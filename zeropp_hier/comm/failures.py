@@ -29,6 +29,7 @@ the timeout reason says that a peer may be cut off. Every rank ends within about
 On RCCL/NCCL (not verified here) the same group timeout drives torch's watchdog, which aborts
 the process instead of raising; the bound is the same, the message is torch's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,15 +44,16 @@ from ..core.topology import AXES, Topology
 
 # gloo's transport messages (torch 2.x) for a lost peer and for a timeout; NCCL raises
 # DistBackendError subclasses, matched by type below.
-_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Socket closed",
-                        re.IGNORECASE)
+_PEER_LOST = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Socket closed", re.IGNORECASE
+)
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _COMM = re.compile(r"gloo|Connection (closed|reset)|Timed out waiting|Broken pipe|c10d", re.IGNORECASE)
 
 _REASONS = {
     "peer_lost": "a peer closed its connection (its process died, or exited after its own failure)",
     "timeout": "no progress within collective_timeout_s = {timeout:g} s (a peer is stuck, died "
-               "without closing its connection, is cut off by a failed link, or waits on one that is)",
+    "without closing its connection, is cut off by a failed link, or waits on one that is)",
     "error": "the collective raised an error",
 }
 
@@ -65,8 +67,18 @@ class HierCommError(RuntimeError):
     ranks in it), ``kind`` (``peer_lost``, ``timeout``, ``error``) and ``timeout_s``.
     """
 
-    def __init__(self, *, rank: int, phase: str, tier: str, axes: Sequence[str], peers: Sequence[int],
-                 kind: str, timeout_s: float | None, cause: str):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        phase: str,
+        tier: str,
+        axes: Sequence[str],
+        peers: Sequence[int],
+        kind: str,
+        timeout_s: float | None,
+        cause: str,
+    ):
         self.rank, self.phase, self.tier, self.axes = rank, phase, tier, tuple(axes)
         self.peers, self.kind, self.timeout_s, self.cause = tuple(peers), kind, timeout_s, cause
         reason = _REASONS[kind].format(timeout=timeout_s if timeout_s is not None else float("nan"))
@@ -75,7 +87,8 @@ class HierCommError(RuntimeError):
             f"zeropp_hier collective failed on rank {rank} in {phase}, tier '{tier}' "
             f"(group over {'+'.join(self.axes)}), waiting on peer ranks {list(self.peers)}: {reason}. "
             f"This job cannot continue; restart it and resume from the last complete checkpoint "
-            f"(engine.load_checkpoint(save_dir) reads 'latest'). Cause: {first}")
+            f"(engine.load_checkpoint(save_dir) reads 'latest'). Cause: {first}"
+        )
 
 
 def classify(exc: BaseException) -> str | None:
@@ -100,8 +113,16 @@ def slowest_tier(topo: Topology, axes: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
-def collective_guard(*, rank: int, phase: str, tier: str, axes: Sequence[str], peers: Sequence[int],
-                     timeout_s: float | None, any_runtime_error: bool = True) -> Iterator[None]:
+def collective_guard(
+    *,
+    rank: int,
+    phase: str,
+    tier: str,
+    axes: Sequence[str],
+    peers: Sequence[int],
+    timeout_s: float | None,
+    any_runtime_error: bool = True,
+) -> Iterator[None]:
     """Re-raise a failure of the collective(s) inside as ``HierCommError``.
 
     ``any_runtime_error``: the block is one collective, so any RuntimeError from it is a
@@ -118,15 +139,29 @@ def collective_guard(*, rank: int, phase: str, tier: str, axes: Sequence[str], p
             if not any_runtime_error:
                 raise
             kind = "error"
-        raise HierCommError(rank=rank, phase=phase, tier=tier, axes=axes,
-                            peers=[p for p in peers if p != rank], kind=kind, timeout_s=timeout_s,
-                            cause=str(e)) from e
+        raise HierCommError(
+            rank=rank,
+            phase=phase,
+            tier=tier,
+            axes=axes,
+            peers=[p for p in peers if p != rank],
+            kind=kind,
+            timeout_s=timeout_s,
+            cause=str(e),
+        ) from e
 
 
 def world_guard(topo: Topology, rank: int, phase: str, timeout_s: float | None):
     """Guard for DeepSpeed's own collectives, which span every rank (its data-parallel group)."""
-    return collective_guard(rank=rank, phase=phase, tier=slowest_tier(topo, AXES), axes=AXES,
-                            peers=range(topo.world_size), timeout_s=timeout_s, any_runtime_error=False)
+    return collective_guard(
+        rank=rank,
+        phase=phase,
+        tier=slowest_tier(topo, AXES),
+        axes=AXES,
+        peers=range(topo.world_size),
+        timeout_s=timeout_s,
+        any_runtime_error=False,
+    )
 
 
 # Creating a group is a rendezvous of every member, paced by the slowest rank's start-up (imports,

@@ -3,6 +3,7 @@
 One function, ``build_hop_groups``, creates every group every rank needs, in the same order on
 every rank (``torch.distributed.new_group`` must be entered by all ranks for every group).
 """
+
 from __future__ import annotations
 
 from typing import Iterable, NamedTuple
@@ -10,8 +11,8 @@ from typing import Iterable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .failures import as_timedelta, set_group_timeout, setup_timeout
 from ..core.topology import Topology, normalize_axes
+from .failures import as_timedelta, set_group_timeout, setup_timeout
 
 
 class HopGroup(NamedTuple):
@@ -26,8 +27,9 @@ class HopGroup(NamedTuple):
     timeout_s: float | None = None  # the group's collective timeout ([Note: failure detection])
 
 
-def build_hop_groups(topo: Topology, axes_sets: Iterable[Iterable[str]], rank: int,
-                     timeout_s: float | None = None) -> dict[tuple[str, ...], HopGroup]:
+def build_hop_groups(
+    topo: Topology, axes_sets: Iterable[Iterable[str]], rank: int, timeout_s: float | None = None
+) -> dict[tuple[str, ...], HopGroup]:
     wanted = []
     for axes in axes_sets:
         axes = normalize_axes(axes)

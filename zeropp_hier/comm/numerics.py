@@ -28,6 +28,7 @@ decision:
 - bf16/fp32, "raise": HierNonFiniteError on every rank, before the optimizer runs.
 A skipped step also drops the error-feedback residuals ([Note: error feedback]).
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,6 +49,7 @@ log = logging.getLogger("zeropp_hier")
 
 
 # -- telemetry -------------------------------------------------------------------------------
+
 
 def relative_error(x: torch.Tensor, decoded: torch.Tensor) -> float | None:
     """||x - decoded|| / ||x|| in fp32; None when x is zero or either side is not finite."""
@@ -125,8 +127,12 @@ class Telemetry:
         self.flush()
         out: dict[str, dict] = {}
         for (phase, tier), a in sorted(self._acc.items()):
-            out.setdefault(phase, {})[tier] = {"mean": a.total / a.samples, "max": a.max,
-                                               "last": a.last, "samples": a.samples}
+            out.setdefault(phase, {})[tier] = {
+                "mean": a.total / a.samples,
+                "max": a.max,
+                "last": a.last,
+                "samples": a.samples,
+            }
         return out
 
     def reset(self) -> None:
@@ -137,6 +143,7 @@ class Telemetry:
 
 # -- non-finite gradients --------------------------------------------------------------------
 
+
 class Location(NamedTuple):
     phase: str
     tier: str | None  # None: the rank's local gradient, before any reduction
@@ -146,13 +153,15 @@ class Location(NamedTuple):
 def reduce_locations(plan: CommPlan) -> tuple[Location, ...]:
     locs = [Location("grad_reduce", None, "its local gradient, before the reduction")]
     for i, hop in enumerate(plan.reduce):
-        locs.append(Location("grad_reduce", hop.tier,
-                             f"the sum after reduce stage {i} ({'+'.join(hop.axes)}, {hop.scheme})"))
+        locs.append(
+            Location("grad_reduce", hop.tier, f"the sum after reduce stage {i} ({'+'.join(hop.axes)}, {hop.scheme})")
+        )
     return tuple(locs)
 
 
 class Verdict(NamedTuple):
     """Where non-finite gradients were seen this step, agreed by every rank."""
+
     seen: tuple[tuple[Location, tuple[int, ...]], ...]  # (location, ranks), locations in order
 
     @property
@@ -164,8 +173,7 @@ class Verdict(NamedTuple):
         return loc, ranks[0]
 
     def as_list(self) -> list[dict]:
-        return [{"phase": loc.phase, "tier": loc.tier or "local", "ranks": list(ranks)}
-                for loc, ranks in self.seen]
+        return [{"phase": loc.phase, "tier": loc.tier or "local", "ranks": list(ranks)} for loc, ranks in self.seen]
 
 
 class NonFiniteMonitor:
@@ -179,7 +187,7 @@ class NonFiniteMonitor:
     def note(self, index: int, t: torch.Tensor) -> None:
         if self.flags is None or self.flags.device != t.device:
             self.flags = torch.zeros(len(self.locations), dtype=torch.bool, device=t.device)
-        self.flags[index:index + 1].logical_or_(~torch.isfinite(t).all().view(1))
+        self.flags[index : index + 1].logical_or_(~torch.isfinite(t).all().view(1))
 
     def agree(self, rank: int, world: int, device: torch.device | str = "cpu") -> Verdict:
         """Collective (every rank of the default group): combine every rank's flags."""
@@ -203,11 +211,13 @@ class NonFiniteMonitor:
 
 # -- hooks -----------------------------------------------------------------------------------
 
+
 class ReduceHook:
     """One reduce-scatter stage of one bucket."""
+
     __slots__ = ("num", "key", "stage", "hop", "loss_scale")
 
-    def __init__(self, num: "Numerics", key: tuple[str, ...] | None, stage: int, hop: Hop, loss_scale: float):
+    def __init__(self, num: Numerics, key: tuple[str, ...] | None, stage: int, hop: Hop, loss_scale: float):
         self.num, self.key, self.stage, self.hop, self.loss_scale = num, key, stage, hop, loss_scale
 
     def _feedback(self) -> bool:
@@ -238,9 +248,10 @@ class ReduceHook:
 class GatherHook:
     """One compressed gather hop: telemetry only (a gather starts from exact weights each time,
     so there is no error to feed back)."""
+
     __slots__ = ("num", "phase", "hop")
 
-    def __init__(self, num: "Numerics", phase: str, hop: Hop):
+    def __init__(self, num: Numerics, phase: str, hop: Hop):
         self.num, self.phase, self.hop = num, phase, hop
 
     def encoded(self, sent: torch.Tensor, decode: Callable[[], torch.Tensor]) -> None:
@@ -249,6 +260,7 @@ class GatherHook:
 
 
 # -- per-engine facade -----------------------------------------------------------------------
+
 
 @dataclass
 class StepReport:
@@ -263,10 +275,16 @@ class Numerics:
         self.rank = rank
         self.world = topo.world_size
         ef_stages = [(i, h) for i, h in enumerate(plan.reduce) if h.error_feedback]
-        self.error_feedback = ErrorFeedback({
-            "world": topo.world_size, "dims": tuple(topo.dims), "rank_map": topo.rank_map, "rank": rank,
-            "stages": tuple((i, h.axes, h.scheme, h.block_size) for i, h in ef_stages)},
-            dtype=torch.bfloat16 if cfg.residual_dtype == "bf16" else torch.float32)
+        self.error_feedback = ErrorFeedback(
+            {
+                "world": topo.world_size,
+                "dims": tuple(topo.dims),
+                "rank_map": topo.rank_map,
+                "rank": rank,
+                "stages": tuple((i, h.axes, h.scheme, h.block_size) for i, h in ef_stages),
+            },
+            dtype=torch.bfloat16 if cfg.residual_dtype == "bf16" else torch.float32,
+        )
         self.telemetry = Telemetry(cfg.sample_every)
         self.monitor = NonFiniteMonitor(reduce_locations(plan))
         self.report = StepReport()
@@ -308,8 +326,7 @@ class Numerics:
         """The error to raise for ``verdict``; the step's residuals are dropped as for a skip."""
         self.error_feedback.reset()
         loc, rank = verdict.first()
-        return HierNonFiniteError(self.current_step(), rank, loc.phase, loc.tier, loc.where,
-                                  verdict.as_list())
+        return HierNonFiniteError(self.current_step(), rank, loc.phase, loc.tier, loc.where, verdict.as_list())
 
     def finish_step(self, verdict: Verdict, applied: bool, fp16: bool) -> None:
         self.telemetry.flush()  # the step's samples, in one copy to the host
@@ -318,9 +335,11 @@ class Numerics:
         if applied:
             if verdict.any:  # must not happen: DeepSpeed applied non-finite gradients
                 loc, rank = verdict.first()
-                raise RuntimeError(f"zeropp_hier: step {step} was applied although a non-finite "
-                                   f"gradient was seen on rank {rank} in {loc.where}; the weights "
-                                   "are no longer trustworthy (DeepSpeed did not skip the step)")
+                raise RuntimeError(
+                    f"zeropp_hier: step {step} was applied although a non-finite "
+                    f"gradient was seen on rank {rank} in {loc.where}; the weights "
+                    "are no longer trustworthy (DeepSpeed did not skip the step)"
+                )
             return
         self.error_feedback.reset()  # [Note: error feedback], skipped steps
         if verdict.any:
@@ -329,8 +348,7 @@ class Numerics:
         else:
             cause = "DeepSpeed's overflow check (the gradient norm was not finite)"
         self.report.skipped_steps.append(step)
-        self.report.events.append({"step": step, "action": "skipped", "cause": cause,
-                                   "seen": verdict.as_list()})
+        self.report.events.append({"step": step, "action": "skipped", "cause": cause, "seen": verdict.as_list()})
         if self.rank == 0:
             msg = f"zeropp_hier: step {step} skipped, weights unchanged: {cause}"
             # fp16 overflow is routine (the loss scaler is searching); elsewhere it is news
@@ -342,15 +360,20 @@ class Numerics:
             log.warning(f"zeropp_hier: error-feedback residuals start from zero after this load: {why}")
 
     def snapshot(self) -> dict:
-        return {"relative_error": self.telemetry.snapshot(),
-                "sample_every": self.telemetry.every,
-                "error_feedback": {"stages": [{"axes": list(h.axes), "scheme": h.scheme}
-                                              for h in self.plan.reduce if h.error_feedback],
-                                   "buffers": len(self.error_feedback.residuals),
-                                   "bytes": self.error_feedback.nbytes()},
-                "nonfinite": {"policy": self.cfg.nonfinite,
-                              "skipped_steps": list(self.report.skipped_steps),
-                              "events": [dict(e) for e in self.report.events]}}
+        return {
+            "relative_error": self.telemetry.snapshot(),
+            "sample_every": self.telemetry.every,
+            "error_feedback": {
+                "stages": [{"axes": list(h.axes), "scheme": h.scheme} for h in self.plan.reduce if h.error_feedback],
+                "buffers": len(self.error_feedback.residuals),
+                "bytes": self.error_feedback.nbytes(),
+            },
+            "nonfinite": {
+                "policy": self.cfg.nonfinite,
+                "skipped_steps": list(self.report.skipped_steps),
+                "events": [dict(e) for e in self.report.events],
+            },
+        }
 
     def reset_stats(self) -> None:
         self.telemetry.reset()

@@ -7,6 +7,7 @@ for that peer, under the slowest tier between the two ranks (``Topology.tier_bet
 what a direct (non-relayed) algorithm puts on each link, independent of the library's ring or
 tree choice. A collective is counted once, under the slowest tier it spans.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -39,8 +40,10 @@ class CommStats:
 
     def snapshot(self) -> dict:
         """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present."""
-        return {kind: {p: {t: int(getattr(self, kind)[p][t]) for t in TIERS} for p in PHASES}
-                for kind in ("bytes", "calls")}
+        return {
+            kind: {p: {t: int(getattr(self, kind)[p][t]) for t in TIERS} for p in PHASES}
+            for kind in ("bytes", "calls")
+        }
 
     def reset(self) -> None:
         for p in PHASES:

@@ -5,16 +5,28 @@ section through untouched, so ours lives at the top level and is validated here,
 process group or collective exists. Every error is a ``HierConfigError`` naming the field, the
 value and the fix.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import HierConfigError
+
 # Compression and numerics live in policy.py; re-exported here, where they used to be defined.
-from .policy import (DEFAULT_BLOCK_SIZE, MAX_BLOCK, MIN_BLOCK, PRESET_COMPRESSION, SCHEMES,  # noqa: F401
-                     CompressionConfig, NumericsConfig, TierSchemes, check_numerics_against_deepspeed,
-                     parse_compression, parse_numerics)
+from .policy import (  # noqa: F401
+    DEFAULT_BLOCK_SIZE,
+    MAX_BLOCK,
+    MIN_BLOCK,
+    PRESET_COMPRESSION,
+    SCHEMES,
+    CompressionConfig,
+    NumericsConfig,
+    TierSchemes,
+    check_numerics_against_deepspeed,
+    parse_compression,
+    parse_numerics,
+)
 
 SECTION = "zeropp_hier"
 PRESETS = ("zero3", "zeropp", "frontier")
@@ -24,8 +36,16 @@ PRESETS = ("zero3", "zeropp", "frontier")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S = 1.0, 86400.0
 
-_SECTION_KEYS = ("enabled", "preset", "topology", "compression", "numerics", "collective_timeout_s",
-                 "deepspeed_group_timeout_s", "overlap")
+_SECTION_KEYS = (
+    "enabled",
+    "preset",
+    "topology",
+    "compression",
+    "numerics",
+    "collective_timeout_s",
+    "deepspeed_group_timeout_s",
+    "overlap",
+)
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
 
@@ -78,26 +98,33 @@ def _parse_topology(v: Any) -> TopologyConfig:
     _check_keys(d, _TOPOLOGY_KEYS, field)
     mode = d.get("mode", "manual")
     if mode not in ("manual", "auto"):
-        raise HierConfigError(f"{field}.mode", mode, "use \"auto\" (detect at initialize) or \"manual\"")
+        raise HierConfigError(f"{field}.mode", mode, 'use "auto" (detect at initialize) or "manual"')
     if mode == "auto" and d.get("rank_map") is not None:
-        raise HierConfigError(f"{field}.rank_map", d["rank_map"], "auto mode works out the rank map "
-                              "itself; remove rank_map or remove \"mode\": \"auto\"")
-    vals = {}
+        raise HierConfigError(
+            f"{field}.rank_map",
+            d["rank_map"],
+            'auto mode works out the rank map itself; remove rank_map or remove "mode": "auto"',
+        )
+    vals: dict[str, int | None] = {}
     for k in ("gcds_per_gpu", "gpus_per_node"):
         x = d.get(k, None if mode == "auto" else getattr(TopologyConfig, k))
         if x is None and mode == "auto":  # not declared: detected
             vals[k] = None
             continue
         if not _is_int(x) or x < 1:
-            raise HierConfigError(f"{field}.{k}", x, "use a positive integer (Frontier: gcds_per_gpu=2, "
-                                  "gpus_per_node=4)")
+            raise HierConfigError(
+                f"{field}.{k}", x, "use a positive integer (Frontier: gcds_per_gpu=2, gpus_per_node=4)"
+            )
         vals[k] = x
     rank_map = d.get("rank_map")
     if rank_map is not None:
         if not isinstance(rank_map, (list, tuple)) or not all(_is_int(r) for r in rank_map):
-            raise HierConfigError(f"{field}.rank_map", rank_map,
-                                  "give a list of integers: rank_map[i] is the rank at position i "
-                                  "(position = gcd + gcds_per_gpu*(gpu + gpus_per_node*node))")
+            raise HierConfigError(
+                f"{field}.rank_map",
+                rank_map,
+                "give a list of integers: rank_map[i] is the rank at position i "
+                "(position = gcd + gcds_per_gpu*(gpu + gpus_per_node*node))",
+            )
         rank_map = tuple(rank_map)
     return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map, mode)
 
@@ -116,27 +143,44 @@ def parse_section(section: Any) -> HierConfig:
         raise HierConfigError(f"{SECTION}.preset", preset, f"use one of {list(PRESETS)}")
     timeout = d.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
     if not (_is_int(timeout) or isinstance(timeout, float)) or not (
-            MIN_COLLECTIVE_TIMEOUT_S <= timeout <= MAX_COLLECTIVE_TIMEOUT_S):
-        raise HierConfigError(f"{SECTION}.collective_timeout_s", timeout,
-                              f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to "
-                              f"{MAX_COLLECTIVE_TIMEOUT_S:g} (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long "
-                              "a rank waits in one collective for a dead or stuck peer before failing")
+        MIN_COLLECTIVE_TIMEOUT_S <= timeout <= MAX_COLLECTIVE_TIMEOUT_S
+    ):
+        raise HierConfigError(
+            f"{SECTION}.collective_timeout_s",
+            timeout,
+            f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to "
+            f"{MAX_COLLECTIVE_TIMEOUT_S:g} (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long "
+            "a rank waits in one collective for a dead or stuck peer before failing",
+        )
     ds_timeout = d.get("deepspeed_group_timeout_s")
-    if ds_timeout is not None and (not (_is_int(ds_timeout) or isinstance(ds_timeout, float)) or not (
-            MIN_COLLECTIVE_TIMEOUT_S <= ds_timeout <= MAX_COLLECTIVE_TIMEOUT_S)):
-        raise HierConfigError(f"{SECTION}.deepspeed_group_timeout_s", ds_timeout,
-                              f"use null (default: DeepSpeed's groups keep their own timeout) or a number of "
-                              f"seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g}")
+    if ds_timeout is not None and (
+        not (_is_int(ds_timeout) or isinstance(ds_timeout, float))
+        or not (MIN_COLLECTIVE_TIMEOUT_S <= ds_timeout <= MAX_COLLECTIVE_TIMEOUT_S)
+    ):
+        raise HierConfigError(
+            f"{SECTION}.deepspeed_group_timeout_s",
+            ds_timeout,
+            f"use null (default: DeepSpeed's groups keep their own timeout) or a number of "
+            f"seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g}",
+        )
     overlap = d.get("overlap", True)
     if not isinstance(overlap, bool):
-        raise HierConfigError(f"{SECTION}.overlap", overlap, "use true (default: gathers overlap compute "
-                              "through DeepSpeed's prefetch) or false (every collective inline)")
-    return HierConfig(enabled=enabled, preset=preset, overlap=overlap,
-                      topology=_parse_topology(d.get("topology", {})),
-                      compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
-                      numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
-                      collective_timeout_s=float(timeout),
-                      deepspeed_group_timeout_s=None if ds_timeout is None else float(ds_timeout))
+        raise HierConfigError(
+            f"{SECTION}.overlap",
+            overlap,
+            "use true (default: gathers overlap compute "
+            "through DeepSpeed's prefetch) or false (every collective inline)",
+        )
+    return HierConfig(
+        enabled=enabled,
+        preset=preset,
+        overlap=overlap,
+        topology=_parse_topology(d.get("topology", {})),
+        compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
+        numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
+        collective_timeout_s=float(timeout),
+        deepspeed_group_timeout_s=None if ds_timeout is None else float(ds_timeout),
+    )
 
 
 # DeepSpeed settings that would run a second, conflicting hierarchy or compression beside ours.
@@ -154,38 +198,52 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
         return
     zero = ds_config.get("zero_optimization", {}) or {}
     if not isinstance(zero, Mapping):
-        raise HierConfigError("zero_optimization", zero, "expected a JSON object with \"stage\": 3")
+        raise HierConfigError("zero_optimization", zero, 'expected a JSON object with "stage": 3')
     stage = zero.get("stage", 0)
     if stage != 3:
-        raise HierConfigError("zero_optimization.stage", stage,
-                              "zeropp_hier extends ZeRO stage 3: set \"stage\": 3, or set "
-                              "zeropp_hier.enabled to false")
+        raise HierConfigError(
+            "zero_optimization.stage",
+            stage,
+            'zeropp_hier extends ZeRO stage 3: set "stage": 3, or set zeropp_hier.enabled to false',
+        )
     for key, conflicts in _CONFLICTING_ZERO_KEYS.items():
         if key in zero and conflicts(zero[key]):
-            raise HierConfigError(f"zero_optimization.{key}", zero[key],
-                                  "remove it: zeropp_hier replaces DeepSpeed's hpZ/qwZ/qgZ; choose "
-                                  "the layout with zeropp_hier.preset and compression with "
-                                  "zeropp_hier.compression")
+            raise HierConfigError(
+                f"zero_optimization.{key}",
+                zero[key],
+                "remove it: zeropp_hier replaces DeepSpeed's hpZ/qwZ/qgZ; choose "
+                "the layout with zeropp_hier.preset and compression with "
+                "zeropp_hier.compression",
+            )
     if zero.get("reduce_scatter", True) is False:
-        raise HierConfigError("zero_optimization.reduce_scatter", False,
-                              "remove it (or set true): the hierarchical gradient reduction replaces "
-                              "DeepSpeed's reduce-scatter path, which this setting bypasses")
+        raise HierConfigError(
+            "zero_optimization.reduce_scatter",
+            False,
+            "remove it (or set true): the hierarchical gradient reduction replaces "
+            "DeepSpeed's reduce-scatter path, which this setting bypasses",
+        )
     offload_param = zero.get("offload_param") or {}
     if not isinstance(offload_param, Mapping):
-        raise HierConfigError("zero_optimization.offload_param", offload_param,
-                              "expected a JSON object; parameter offload is not supported with "
-                              "zeropp_hier, so remove offload_param")
+        raise HierConfigError(
+            "zero_optimization.offload_param",
+            offload_param,
+            "expected a JSON object; parameter offload is not supported with zeropp_hier, so remove offload_param",
+        )
     offload = offload_param.get("device", "none")
     if offload not in (None, "none"):
-        raise HierConfigError("zero_optimization.offload_param.device", offload,
-                              "parameter offload is not supported with zeropp_hier; remove "
-                              "offload_param (optimizer offload is fine)")
+        raise HierConfigError(
+            "zero_optimization.offload_param.device",
+            offload,
+            "parameter offload is not supported with zeropp_hier; remove offload_param (optimizer offload is fine)",
+        )
     check_parallelism_against_deepspeed(ds_config)
     check_numerics_against_deepspeed(cfg.numerics, ds_config, f"{SECTION}.numerics")
     if (ds_config.get("gradient_predivide_factor", 1.0) or 1.0) != 1.0:
-        raise HierConfigError("gradient_predivide_factor", ds_config["gradient_predivide_factor"],
-                              "remove it: the hierarchical reduction averages in fp32, so "
-                              "pre-division is not needed")
+        raise HierConfigError(
+            "gradient_predivide_factor",
+            ds_config["gradient_predivide_factor"],
+            "remove it: the hierarchical reduction averages in fp32, so pre-division is not needed",
+        )
 
 
 # [Note: data parallelism over the whole world]
@@ -195,9 +253,11 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
 # Such setups are refused (here for DeepSpeed config keys, at initialize for an ``mpu``, a
 # pipeline module or MoE layers) rather than supported by building hops inside the
 # data-parallel group: nothing here has been verified with model parallelism.
-MODEL_PARALLEL_FIX = ("zeropp_hier needs ZeRO data parallelism over the whole world; tensor, "
-                       "sequence, pipeline and expert parallelism are not supported: remove it, or "
-                       "set zeropp_hier.enabled to false")
+MODEL_PARALLEL_FIX = (
+    "zeropp_hier needs ZeRO data parallelism over the whole world; tensor, "
+    "sequence, pipeline and expert parallelism are not supported: remove it, or "
+    "set zeropp_hier.enabled to false"
+)
 
 
 def check_parallelism_against_deepspeed(ds_config: Mapping) -> None:

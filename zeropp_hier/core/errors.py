@@ -1,5 +1,6 @@
 """Errors raised on bad user input (each names the field, the value found and the fix), and on
 non-finite training numerics (naming the step, the rank and where the value was seen)."""
+
 from __future__ import annotations
 
 
@@ -44,4 +45,5 @@ class HierNonFiniteError(FloatingPointError):
             f"zeropp_hier: non-finite gradient at step {step}, first seen on rank {rank} in {where} "
             f"(phase '{phase}', tier '{tier or 'local'}'). The weights were not updated. Find the "
             "cause on that rank (inputs, loss, learning rate), or set zeropp_hier.numerics.nonfinite "
-            "to \"skip\" to skip such steps and keep training")
+            'to "skip" to skip such steps and keep training'
+        )

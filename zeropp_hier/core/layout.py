@@ -8,6 +8,7 @@ coordinates along the hop's axes (``Topology.peers``), so after an all-gather th
 blocks are reshaped to the hop axes and interleaved into the axes they fill. Global ranks
 appear only at the two ends, through ``Topology.rank_of_index``.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -23,8 +24,9 @@ def hop_dims(topo: Topology, axes: Sequence[str]) -> tuple[int, int, int]:
     return tuple(topo.axis_size(a) if a in axes else 1 for a in AXES)  # type: ignore[return-value]
 
 
-def merge_gathered(out: torch.Tensor, have: tuple[int, int, int], hop: tuple[int, int, int],
-                   payload: int) -> torch.Tensor:
+def merge_gathered(
+    out: torch.Tensor, have: tuple[int, int, int], hop: tuple[int, int, int], payload: int
+) -> torch.Tensor:
     """Interleave an all-gather result into the canonical layout.
 
     out: [k * prod(have) * payload], k = prod(hop), blocks in peer order.
@@ -32,8 +34,7 @@ def merge_gathered(out: torch.Tensor, have: tuple[int, int, int], hop: tuple[int
     hop/have is 1 (an axis is gathered once).
     """
     x = out.view(*hop, *have, payload)
-    return x.permute(0, 3, 1, 4, 2, 5, 6).reshape(hop[0] * have[0], hop[1] * have[1],
-                                                  hop[2] * have[2], payload)
+    return x.permute(0, 3, 1, 4, 2, 5, 6).reshape(hop[0] * have[0], hop[1] * have[1], hop[2] * have[2], payload)
 
 
 def split_for_stage(buf: torch.Tensor, stage_axes: Sequence[str]) -> torch.Tensor:
@@ -121,8 +122,9 @@ class GradRows(NamedTuple):
     slots: tuple[int, ...] | None = None  # per-tensor slot width in a row (None: = chunk)
 
 
-def pack_grad_rows(grads: Sequence[torch.Tensor], world: int, pad_to: int = 1,
-                   scale: float = 1.0, align_chunks: bool = False) -> GradRows:
+def pack_grad_rows(
+    grads: Sequence[torch.Tensor], world: int, pad_to: int = 1, scale: float = 1.0, align_chunks: bool = False
+) -> GradRows:
     """Lay out gradients as DeepSpeed's reduce-scatter does (tensor t is cut into ``world``
     chunks of ceil(numel/world); rank r owns chunk r of every tensor), one row per rank, with
     the row padded to a multiple of ``pad_to`` (so quantization blocks never straddle rows) and,
@@ -139,18 +141,19 @@ def pack_grad_rows(grads: Sequence[torch.Tensor], world: int, pad_to: int = 1,
         flat = g.reshape(-1)
         full_rows = flat.numel() // c if c else 0
         if full_rows:
-            rows[:full_rows, off:off + c].copy_(flat[: full_rows * c].view(full_rows, c))
+            rows[:full_rows, off : off + c].copy_(flat[: full_rows * c].view(full_rows, c))
         tail = flat.numel() - full_rows * c
         if tail:
-            rows[full_rows, off:off + tail].copy_(flat[full_rows * c:])
+            rows[full_rows, off : off + tail].copy_(flat[full_rows * c :])
         off += slot
     if scale != 1.0:
         rows.mul_(scale)
     return GradRows(rows, chunks, width, slots if align_chunks else None)
 
 
-def unpack_my_chunks(row: torch.Tensor, grads_numel: Sequence[int], chunk: Sequence[int],
-                     rank: int, slots: Sequence[int] | None = None) -> list[torch.Tensor]:
+def unpack_my_chunks(
+    row: torch.Tensor, grads_numel: Sequence[int], chunk: Sequence[int], rank: int, slots: Sequence[int] | None = None
+) -> list[torch.Tensor]:
     """This rank's reduced chunk of every tensor, cut from its reduced row. Sizes match
     DeepSpeed's ``reduce_scatter_coalesced`` (a rank past the end of a tensor gets 0 elements)."""
     out, off = [], 0

@@ -4,9 +4,10 @@ A *hop* is one collective over the ranks that differ only along some axes (see
 ``Topology.peers``). The traffic of a hop crosses the slowest tier among its axes, so that
 tier's compression scheme applies to it ([Note: hop compression]).
 """
+
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, TierBlocks, TierFlags, TierSchemes
 from .topology import AXES, Topology, normalize_axes
@@ -37,8 +38,13 @@ class CommPlan(NamedTuple):
     block_size: int  # the default; each hop carries its tier's own
 
 
-def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes, blocks: TierBlocks,
-          feedback: TierFlags = TierFlags()) -> tuple[Hop, ...]:
+def _hops(
+    topo: Topology,
+    groups: Sequence[tuple[str, ...]],
+    schemes: TierSchemes,
+    blocks: TierBlocks,
+    feedback: TierFlags = TierFlags(),
+) -> tuple[Hop, ...]:
     out = []
     for axes in groups:
         axes = normalize_axes(axes)
@@ -51,6 +57,10 @@ def _hops(topo: Topology, groups: list[tuple[str, ...]], schemes: TierSchemes, b
 
 def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> CommPlan:
     c = compression
+    fwd: list[tuple[str, ...]]
+    bwd: list[tuple[str, ...]]
+    red: list[tuple[str, ...]]
+    kept: tuple[str, ...] | None
     if preset == "zero3":
         fwd, kept, bwd, red = [AXES], None, [], [AXES]
     elif preset == "zeropp":
@@ -68,6 +78,11 @@ def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> Co
         red = [("gcd",), ("gpu",), ("node",)]
     else:
         raise ValueError(f"unknown preset {preset!r}")
-    return CommPlan(preset, _hops(topo, fwd, c.forward_weights, c.block_sizes), kept,
-                    _hops(topo, bwd, c.backward_weights, c.block_sizes),
-                    _hops(topo, red, c.gradients, c.block_sizes, c.error_feedback), c.block_size)
+    return CommPlan(
+        preset,
+        _hops(topo, fwd, c.forward_weights, c.block_sizes),
+        kept,
+        _hops(topo, bwd, c.backward_weights, c.block_sizes),
+        _hops(topo, red, c.gradients, c.block_sizes, c.error_feedback),
+        c.block_size,
+    )

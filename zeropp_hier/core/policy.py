@@ -13,6 +13,7 @@ parsers, ``plan.py`` turns the result into hops.
     },
     "numerics": {"nonfinite": "skip", "sample_every": 16}
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,9 @@ DEFAULT_SAMPLE_EVERY = 16
 # - ``zeropp`` mirrors ZeRO++ (qwZ int8 weights, qgZ int4 gradients on both of its stages) and,
 #   like ZeRO++, runs without error feedback, so that it stays a faithful baseline; switch it
 #   on with ``"error_feedback": "auto"``. ``zero3`` compresses nothing.
-# benchmarks/convergence.py measures the consequence on real text (README, "Compression and
-# convergence"): frontier's default within 1% of uncompressed ZeRO-3, int4 everywhere not.
+# benchmarks/convergence.py measures the consequence on real text
+# (docs/benchmarks.md#convergence-on-real-text): frontier's default within 1% of uncompressed
+# ZeRO-3, int4 everywhere not.
 PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
     "zero3": {"weights": {}, "gradients": {}},
     "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
@@ -54,14 +56,14 @@ PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
 }
 PRESET_ERROR_FEEDBACK: dict[str, Any] = {"zero3": "auto", "zeropp": False, "frontier": "auto"}
 
-_COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size",
-                     "error_feedback")
+_COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size", "error_feedback")
 _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype")
 
 
 @dataclass(frozen=True)
 class TierSchemes:
     """Compression scheme for one kind of traffic, per tier."""
+
     gcd: str = "none"
     gpu: str = "none"
     node: str = "none"
@@ -73,6 +75,7 @@ class TierSchemes:
 @dataclass(frozen=True)
 class TierBlocks:
     """Quantization block size per tier (elements per fp32 scale)."""
+
     gcd: int = DEFAULT_BLOCK_SIZE
     gpu: int = DEFAULT_BLOCK_SIZE
     node: int = DEFAULT_BLOCK_SIZE
@@ -151,8 +154,9 @@ def _merge_schemes(base: Mapping[str, str], v: Any, field: str) -> dict[str, str
 
 def _check_block(v: Any, field: str) -> int:
     if not _is_int(v) or v < MIN_BLOCK or v > MAX_BLOCK or v & (v - 1):
-        raise HierConfigError(field, v, f"use a power of two from {MIN_BLOCK} to {MAX_BLOCK} "
-                              f"(default {DEFAULT_BLOCK_SIZE})")
+        raise HierConfigError(
+            field, v, f"use a power of two from {MIN_BLOCK} to {MAX_BLOCK} (default {DEFAULT_BLOCK_SIZE})"
+        )
     return v
 
 
@@ -167,8 +171,7 @@ def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
     return b, TierBlocks(b, b, b)
 
 
-_EF_FIX = ("use true, false or \"auto\" (on where gradients are int4), or an object per tier, "
-           "e.g. {\"node\": true}")
+_EF_FIX = 'use true, false or "auto" (on where gradients are int4), or an object per tier, e.g. {"node": true}'
 
 
 def _ef_value(v: Any, field: str) -> Any:
@@ -193,10 +196,13 @@ def _parse_error_feedback(v: Any, grads: Mapping[str, str], default: Any, field:
     for t in TIERS:
         scheme = grads[t]
         if per[t] is True and scheme == "none" and t in explicit:
-            raise HierConfigError(f"{field}.{t}", True,
-                                  f"gradients on the {t} tier are not compressed (compression."
-                                  f"gradients.{t} is 'none'), so there is no error to feed back; "
-                                  "compress them or remove this entry")
+            raise HierConfigError(
+                f"{field}.{t}",
+                True,
+                f"gradients on the {t} tier are not compressed (compression."
+                f"gradients.{t} is 'none'), so there is no error to feed back; "
+                "compress them or remove this entry",
+            )
         flags[t] = scheme != "none" and (per[t] is True or (per[t] == "auto" and scheme == "int4"))
     return TierFlags(**flags)
 
@@ -207,8 +213,7 @@ def parse_compression(v: Any, preset: str, field: str) -> CompressionConfig:
         v = {}
     if isinstance(v, str):  # "none" / "int8" ...: the same scheme on every tier and kind
         if v not in SCHEMES:
-            raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object with "
-                                  f"{list(_COMPRESSION_KEYS)}")
+            raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object with {list(_COMPRESSION_KEYS)}")
         v = {"weights": v, "gradients": v}
     d = _check_mapping(v, field)
     _check_keys(d, _COMPRESSION_KEYS, field)
@@ -217,11 +222,17 @@ def parse_compression(v: Any, preset: str, field: str) -> CompressionConfig:
     fwd = _merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
     bwd = _merge_schemes(weights, d.get("backward_weights"), f"{field}.backward_weights")
     grads = _merge_schemes(defaults["gradients"], d.get("gradients"), f"{field}.gradients")
-    ef = _parse_error_feedback(d.get("error_feedback"), grads, PRESET_ERROR_FEEDBACK[preset],
-                               f"{field}.error_feedback")
-    return CompressionConfig(forward_weights=TierSchemes(**fwd), backward_weights=TierSchemes(**bwd),
-                             gradients=TierSchemes(**grads), block_size=block, block_sizes=blocks,
-                             error_feedback=ef)
+    ef = _parse_error_feedback(
+        d.get("error_feedback"), grads, PRESET_ERROR_FEEDBACK[preset], f"{field}.error_feedback"
+    )
+    return CompressionConfig(
+        forward_weights=TierSchemes(**fwd),
+        backward_weights=TierSchemes(**bwd),
+        gradients=TierSchemes(**grads),
+        block_size=block,
+        block_sizes=blocks,
+        error_feedback=ef,
+    )
 
 
 def parse_numerics(v: Any, field: str) -> NumericsConfig:
@@ -231,28 +242,39 @@ def parse_numerics(v: Any, field: str) -> NumericsConfig:
     _check_keys(d, _NUMERICS_KEYS, field)
     nonfinite = d.get("nonfinite", "skip")
     if nonfinite not in NONFINITE_POLICIES:
-        raise HierConfigError(f"{field}.nonfinite", nonfinite,
-                              "use \"skip\" (skip the step, keep the weights, report it in "
-                              "comm_stats(engine)['numerics']) or \"raise\" (stop with "
-                              "HierNonFiniteError naming the step, rank and stage)")
+        raise HierConfigError(
+            f"{field}.nonfinite",
+            nonfinite,
+            'use "skip" (skip the step, keep the weights, report it in '
+            "comm_stats(engine)['numerics']) or \"raise\" (stop with "
+            "HierNonFiniteError naming the step, rank and stage)",
+        )
     every = d.get("sample_every", DEFAULT_SAMPLE_EVERY)
     if not _is_int(every) or every < 0:
-        raise HierConfigError(f"{field}.sample_every", every,
-                              f"use a non-negative integer: sample the compression error every N-th "
-                              f"collective (0 = never; default {DEFAULT_SAMPLE_EVERY})")
+        raise HierConfigError(
+            f"{field}.sample_every",
+            every,
+            f"use a non-negative integer: sample the compression error every N-th "
+            f"collective (0 = never; default {DEFAULT_SAMPLE_EVERY})",
+        )
     residual_dtype = d.get("residual_dtype", "fp32")
     if residual_dtype not in ("fp32", "bf16"):
-        raise HierConfigError(f"{field}.residual_dtype", residual_dtype,
-                              "use \"fp32\" (default) or \"bf16\" (half the memory of the "
-                              "error-feedback residuals)")
+        raise HierConfigError(
+            f"{field}.residual_dtype",
+            residual_dtype,
+            'use "fp32" (default) or "bf16" (half the memory of the error-feedback residuals)',
+        )
     return NumericsConfig(nonfinite=nonfinite, sample_every=every, residual_dtype=residual_dtype)
 
 
 def check_numerics_against_deepspeed(numerics: NumericsConfig, ds_config: Mapping, field: str) -> None:
     fp16 = ds_config.get("fp16") or {}
     if numerics.nonfinite == "raise" and fp16.get("enabled", False):
-        raise HierConfigError(f"{field}.nonfinite", "raise",
-                              "fp16 training skips every overflowing step and lowers the loss scale "
-                              "(DeepSpeed's loss scaler; such steps are reported in "
-                              "comm_stats(engine)['numerics']): use \"skip\" with fp16, \"raise\" "
-                              "with bf16 or fp32")
+        raise HierConfigError(
+            f"{field}.nonfinite",
+            "raise",
+            "fp16 training skips every overflowing step and lowers the loss scale "
+            "(DeepSpeed's loss scaler; such steps are reported in "
+            'comm_stats(engine)[\'numerics\']): use "skip" with fp16, "raise" '
+            "with bf16 or fp32",
+        )

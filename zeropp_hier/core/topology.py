@@ -9,6 +9,7 @@ A *coordinate index* is the row-major index of a rank's (node, gpu, gcd) in a
 ``[num_nodes, gpus_per_node, gcds_per_gpu]`` array; layouts in ``zeropp_hier.core.layout`` are
 expressed in that order, and ``rank_of_index`` translates back to global ranks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,8 +55,9 @@ class Topology:
         w = self.world_size
         if self.rank_map is not None:
             if sorted(self.rank_map) != list(range(w)):
-                raise HierTopologyError("topology.rank_map", list(self.rank_map),
-                                        f"give a permutation of 0..{w - 1} (one entry per rank)")
+                raise HierTopologyError(
+                    "topology.rank_map", list(self.rank_map), f"give a permutation of 0..{w - 1} (one entry per rank)"
+                )
             inv = [0] * w
             for i, r in enumerate(self.rank_map):
                 inv[r] = i
@@ -64,20 +66,28 @@ class Topology:
             object.__setattr__(self, "_index_of_rank", tuple(range(w)))
 
     @classmethod
-    def for_world(cls, world_size: int, gpus_per_node: int, gcds_per_gpu: int,
-                  rank_map: Sequence[int] | None = None) -> "Topology":
+    def for_world(
+        cls, world_size: int, gpus_per_node: int, gcds_per_gpu: int, rank_map: Sequence[int] | None = None
+    ) -> Topology:
         """Derive the node count from the world size; refuse a world the enclosures do not divide."""
         per_node = gpus_per_node * gcds_per_gpu
         if per_node < 1 or world_size % per_node != 0:
             raise HierTopologyError(
-                "topology", {"gpus_per_node": gpus_per_node, "gcds_per_gpu": gcds_per_gpu},
+                "topology",
+                {"gpus_per_node": gpus_per_node, "gcds_per_gpu": gcds_per_gpu},
                 f"world size {world_size} is not a multiple of gpus_per_node*gcds_per_gpu = "
-                f"{per_node}; launch a multiple of {per_node} ranks or change the topology")
+                f"{per_node}; launch a multiple of {per_node} ranks or change the topology",
+            )
         if rank_map is not None and len(rank_map) != world_size:
-            raise HierTopologyError("topology.rank_map", list(rank_map),
-                                    f"give exactly {world_size} entries, one per rank")
-        return cls(world_size // per_node, gpus_per_node, gcds_per_gpu,
-                   None if rank_map is None else tuple(int(r) for r in rank_map))
+            raise HierTopologyError(
+                "topology.rank_map", list(rank_map), f"give exactly {world_size} entries, one per rank"
+            )
+        return cls(
+            world_size // per_node,
+            gpus_per_node,
+            gcds_per_gpu,
+            None if rank_map is None else tuple(int(r) for r in rank_map),
+        )
 
     # -- sizes ------------------------------------------------------------------------------
     @property

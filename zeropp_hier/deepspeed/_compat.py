@@ -1,9 +1,10 @@
 """The DeepSpeed versions whose internals this package hooks into.
 
 The stage-3 subclass overrides private, name-mangled methods and replaces the per-parameter
-gather (DESIGN.md §4); those move between DeepSpeed releases. A version outside the range
+gather (docs/design.md#deepspeed-hook-points); those move between DeepSpeed releases. A version outside the range
 gets a clear error at import, not a traceback from deep inside a training step.
 """
+
 from __future__ import annotations
 
 from ..core.errors import DeepSpeedVersionError
@@ -26,7 +27,8 @@ def check_deepspeed_version(version: str) -> None:
     if not (lo <= v[:2] < hi):
         raise DeepSpeedVersionError(
             f"zeropp_hier supports DeepSpeed {SUPPORTED_TEXT} but found DeepSpeed {version}; "
-            f"install a supported version: pip install 'deepspeed{SUPPORTED_TEXT}'")
+            f"install a supported version: pip install 'deepspeed{SUPPORTED_TEXT}'"
+        )
 
 
 def require_supported_deepspeed() -> None:
@@ -35,5 +37,6 @@ def require_supported_deepspeed() -> None:
     except ImportError as e:  # pragma: no cover - exercised only without DeepSpeed installed
         raise DeepSpeedVersionError(
             f"zeropp_hier needs DeepSpeed {SUPPORTED_TEXT}, which is not installed: "
-            f"pip install 'deepspeed{SUPPORTED_TEXT}'") from e
+            f"pip install 'deepspeed{SUPPORTED_TEXT}'"
+        ) from e
     check_deepspeed_version(deepspeed.__version__)

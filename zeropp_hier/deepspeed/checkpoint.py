@@ -26,6 +26,7 @@ weights) and ``ds_to_universal`` (``to_universal`` below wraps it, for loading o
 number of ranks). Checkpoints must live on a file system every rank sees (DeepSpeed's
 ``use_node_local_storage`` and decoupled/async checkpoint engines are refused).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,7 @@ class HierCheckpointError(RuntimeError):
 
 
 # -- pure file helpers (no torch.distributed) ----------------------------------------------------
+
 
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -102,8 +104,7 @@ def complete_tags(root: str) -> list[str]:
     """Tags under ``root`` that have a manifest (committed saves), oldest first."""
     if not os.path.isdir(root):
         return []
-    tags = [t for t in os.listdir(root) if not t.startswith(".")
-            and os.path.isfile(os.path.join(root, t, MANIFEST))]
+    tags = [t for t in os.listdir(root) if not t.startswith(".") and os.path.isfile(os.path.join(root, t, MANIFEST))]
     return sorted(tags, key=lambda t: os.path.getmtime(os.path.join(root, t, MANIFEST)))
 
 
@@ -118,12 +119,16 @@ def check_files(tag_dir: str, manifest: dict, names: Iterable[str]) -> list[tupl
             continue
         size = os.path.getsize(path)
         if size != want["bytes"]:
-            problems.append((path, f"{size} bytes, but {want['bytes']} were written at save: the file "
-                                   "is truncated or was overwritten"))
+            problems.append(
+                (
+                    path,
+                    f"{size} bytes, but {want['bytes']} were written at save: the file "
+                    "is truncated or was overwritten",
+                )
+            )
             continue
         if file_digest(path)["sha256"] != want["sha256"]:
-            problems.append((path, "contents differ from the sha256 recorded at save: the file is "
-                                   "corrupted"))
+            problems.append((path, "contents differ from the sha256 recorded at save: the file is corrupted"))
     return problems
 
 
@@ -133,8 +138,11 @@ def read_manifest(tag_dir: str) -> tuple[dict | None, tuple[str, str] | None]:
     if not os.path.isdir(tag_dir):
         return None, (tag_dir, "no such checkpoint directory")
     if not os.path.isfile(path):
-        return None, (path, "missing: this tag was not committed by zeropp_hier (its save was "
-                            "interrupted, or it was written by stock DeepSpeed)")
+        return None, (
+            path,
+            "missing: this tag was not committed by zeropp_hier (its save was "
+            "interrupted, or it was written by stock DeepSpeed)",
+        )
     try:
         with open(path) as f:
             m = json.load(f)
@@ -151,8 +159,10 @@ def read_manifest(tag_dir: str) -> tuple[dict | None, tuple[str, str] | None]:
 def _fix_text(root: str, tag: str | None) -> str:
     tags = [t for t in complete_tags(root) if t != tag]
     hint = f"complete tags in '{root}': {tags}" if tags else f"no other complete tag in '{root}'"
-    return (f"load another tag with engine.load_checkpoint(dir, tag=...) ({hint}), or pass "
-            "verify=False to load it unchecked at your own risk")
+    return (
+        f"load another tag with engine.load_checkpoint(dir, tag=...) ({hint}), or pass "
+        "verify=False to load it unchecked at your own risk"
+    )
 
 
 def verify_tag(root: str, tag: str, rank: int = 0, world: int = 1) -> list[tuple[str, str]]:
@@ -175,8 +185,9 @@ def resolve_tag(root: str, tag: Any, latest_name: str = "latest") -> str | None:
         return f.read().strip()
 
 
-def commit(root: str, tmp_dir: str, tag: str, files: dict, meta: dict, save_latest: bool,
-           latest_name: str = "latest") -> None:
+def commit(
+    root: str, tmp_dir: str, tag: str, files: dict, meta: dict, save_latest: bool, latest_name: str = "latest"
+) -> None:
     """Rank 0's part of a save: manifest into ``tmp_dir`` (a directory on the same file system),
     rename it to ``<root>/<tag>``, then ``latest`` (in that order)."""
     final = os.path.join(root, tag)
@@ -196,14 +207,22 @@ def commit(root: str, tmp_dir: str, tag: str, files: dict, meta: dict, save_late
 
 
 def check_tag_name(tag: str) -> None:
-    if (not tag or tag.startswith(".") or os.sep in tag or (os.altsep and os.altsep in tag)
-            or tag in ("latest", "latest_universal")):
-        raise HierCheckpointError(tag, "not a valid checkpoint tag",
-                                  "use a plain directory name that does not start with '.' and is "
-                                  "not 'latest' (default: global_step<N>)")
+    if (
+        not tag
+        or tag.startswith(".")
+        or os.sep in tag
+        or (os.altsep and os.altsep in tag)
+        or tag in ("latest", "latest_universal")
+    ):
+        raise HierCheckpointError(
+            tag,
+            "not a valid checkpoint tag",
+            "use a plain directory name that does not start with '.' and is not 'latest' (default: global_step<N>)",
+        )
 
 
 # -- the engine's save and load ------------------------------------------------------------------
+
 
 def _dp_group(engine):
     return getattr(engine.optimizer, "dp_process_group", None)
@@ -211,22 +230,36 @@ def _dp_group(engine):
 
 def _guard(engine, phase: str):
     from ..comm.failures import world_guard
+
     rt = engine.hier_runtime
     # these collectives run on DeepSpeed's data-parallel group: report the timeout it runs with
     return world_guard(rt.topo, rt.rank, phase, getattr(engine, "ds_group_timeout_s", None))
 
 
-def save(engine, ds_save: Callable, save_dir: str, tag: Any = None, client_state: dict | None = None,
-         save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+def save(
+    engine,
+    ds_save: Callable,
+    save_dir: str,
+    tag: Any = None,
+    client_state: dict | None = None,
+    save_latest: bool = True,
+    exclude_frozen_parameters: bool = False,
+) -> bool:
     """``engine.save_checkpoint`` as a transaction ([Note: atomic checkpoint])."""
     if not save_dir:
         raise HierCheckpointError(str(save_dir), "empty save_dir", "give the checkpoint directory")
     if engine.use_node_local_storage():
-        raise HierCheckpointError(save_dir, "checkpoint.use_node_local_storage is set",
-                                  "remove it: atomic checkpoints need a file system every rank sees")
+        raise HierCheckpointError(
+            save_dir,
+            "checkpoint.use_node_local_storage is set",
+            "remove it: atomic checkpoints need a file system every rank sees",
+        )
     if engine.checkpoint_engine.is_decoupled():
-        raise HierCheckpointError(save_dir, f"{type(engine.checkpoint_engine).__name__} writes "
-                                  "asynchronously", "use DeepSpeed's default (torch) checkpoint engine")
+        raise HierCheckpointError(
+            save_dir,
+            f"{type(engine.checkpoint_engine).__name__} writes asynchronously",
+            "use DeepSpeed's default (torch) checkpoint engine",
+        )
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     check_tag_name(tag)
     rank, world, group = dist.get_rank(), dist.get_world_size(), _dp_group(engine)
@@ -236,8 +269,13 @@ def save(engine, ds_save: Callable, save_dir: str, tag: Any = None, client_state
             os.makedirs(save_dir, exist_ok=True)
             shutil.rmtree(os.path.join(save_dir, tmp_tag), ignore_errors=True)  # an earlier crash's
         dist.barrier(group=group)
-        ds_save(save_dir, tmp_tag, client_state=client_state if client_state is not None else {},
-                save_latest=False, exclude_frozen_parameters=exclude_frozen_parameters)
+        ds_save(
+            save_dir,
+            tmp_tag,
+            client_state=client_state if client_state is not None else {},
+            save_latest=False,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+        )
         tmp_dir = os.path.join(save_dir, tmp_tag)
         listing = [list_files(tmp_dir) if rank == 0 else None]
         dist.broadcast_object_list(listing, src=0, group=group)
@@ -248,8 +286,12 @@ def save(engine, ds_save: Callable, save_dir: str, tag: Any = None, client_state
         if rank == 0:
             files = {k: v for part in gathered for k, v in part.items()}
             rt = engine.hier_runtime
-            meta = {"world_size": world, "preset": rt.cfg.preset, "topology": list(rt.topo.dims),
-                    "global_steps": int(engine.global_steps)}
+            meta = {
+                "world_size": world,
+                "preset": rt.cfg.preset,
+                "topology": list(rt.topo.dims),
+                "global_steps": int(engine.global_steps),
+            }
             commit(save_dir, tmp_dir, tag, files, meta, save_latest)
         dist.barrier(group=group)  # nobody returns before the tag is committed
     return True
@@ -277,6 +319,7 @@ def verify_for_load(engine, load_dir: str, tag: Any) -> str | None:
 
 # -- resharding ----------------------------------------------------------------------------------
 
+
 def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) -> str:
     """Convert ``<src_dir>/<tag>`` (default: ``latest``) into DeepSpeed's universal format in
     ``<out_dir>/<tag>``, for loading on another number of ranks or another preset/topology
@@ -295,9 +338,15 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) 
     os.makedirs(out_dir, exist_ok=True)
     scratch = os.path.join(out_dir, TMP_PREFIX + tag)  # ds_to_universal also writes beside its output
     shutil.rmtree(scratch, ignore_errors=True)
-    args = argparse.Namespace(input_folder=os.path.join(src_dir, tag), output_folder=os.path.join(scratch, tag),
-                              num_extract_workers=workers, num_merge_workers=workers,
-                              keep_temp_folder=False, strict=True, inject_missing_state=False)
+    args = argparse.Namespace(
+        input_folder=os.path.join(src_dir, tag),
+        output_folder=os.path.join(scratch, tag),
+        num_extract_workers=workers,
+        num_merge_workers=workers,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=False,
+    )
     ds_to_universal.main(args)
     converted = os.path.join(scratch, tag)
     files = {rel: file_digest(os.path.join(converted, rel), sync=True) for rel in list_files(converted)}
@@ -310,14 +359,17 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) 
     return os.path.join(out_dir, tag)
 
 
-def main(argv=None) -> int:
-    """``python -m zeropp_hier.deepspeed.checkpoint verify DIR [--tag T]`` / ``universal SRC OUT [--tag T]``."""
-    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.deepspeed.checkpoint", description=main.__doc__)
+def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") -> int:
+    """``zeropp-hier checkpoint verify DIR [--tag T]`` / ``to-universal SRC OUT [--tag T]``
+    (``universal`` is the same as ``to-universal``)."""
+    ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="check every file of a tag against its manifest")
     v.add_argument("dir")
     v.add_argument("--tag", default=None)
-    u = sub.add_parser("universal", help="convert a tag for loading on another number of ranks")
+    u = sub.add_parser(
+        "to-universal", aliases=["universal"], help="convert a tag for loading on another number of ranks"
+    )
     u.add_argument("src")
     u.add_argument("out")
     u.add_argument("--tag", default=None)

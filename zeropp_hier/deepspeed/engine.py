@@ -7,6 +7,7 @@ registry for either. We rebind each name for the duration of the one call that u
 (``_rebound``), and restore it in ``finally`` even when construction fails, so stock DeepSpeed
 engines built before or after are untouched.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,12 +16,12 @@ import os
 from typing import Any
 
 import deepspeed
-import deepspeed.runtime.zero.stage3 as _ds_stage3
-from deepspeed.runtime.engine import DeepSpeedEngine
 
 # DeepSpeed's engine imports this module while choosing a stage-3 class; import it first so
-# that its own import cannot capture our temporarily rebound name (DESIGN.md §4).
+# that its own import cannot capture our temporarily rebound name (docs/design.md#deepspeed-hook-points).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
+import deepspeed.runtime.zero.stage3 as _ds_stage3
+from deepspeed.runtime.engine import DeepSpeedEngine
 
 from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
@@ -61,17 +62,21 @@ class HierEngine(DeepSpeedEngine):
         if runtime is None:
             runtime = HierRuntime.create(self.hier_config)
         elif runtime.cfg != self.hier_config:
-            raise RuntimeError("zeropp_hier: the model was built under zeropp_hier.Init with a "
-                               "different zeropp_hier section than the one passed to initialize; "
-                               "use the same config for both")
+            raise RuntimeError(
+                "zeropp_hier: the model was built under zeropp_hier.Init with a "
+                "different zeropp_hier section than the one passed to initialize; "
+                "use the same config for both"
+            )
         self.hier_runtime = runtime
         runtime.numerics.bind_step_counter(self)  # numerics reports steps as global_steps
         factory = functools.partial(HierZeroOptimizer_Stage3, hier_runtime=runtime)
         with _rebound(_ds_stage3, "DeepSpeedZeroOptimizer_Stage3", factory):
             opt = super()._configure_zero_optimizer(optimizer)
         if not isinstance(opt, HierZeroOptimizer_Stage3):
-            raise RuntimeError(f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
-                               "hierarchical stage 3 (super_offload is not supported)")
+            raise RuntimeError(
+                f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
+                "hierarchical stage 3 (super_offload is not supported)"
+            )
         # DeepSpeed's own collectives (the gradient-norm all-reduce of every step, checkpoint
         # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
         # init_distributed was given) unless deepspeed_group_timeout_s asks for another
@@ -117,12 +122,21 @@ class HierEngine(DeepSpeedEngine):
             self.hier_runtime.close()
         return out
 
-    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
-                        exclude_frozen_parameters=False):
+    def save_checkpoint(
+        self, save_dir, tag=None, client_state=None, save_latest=True, exclude_frozen_parameters=False
+    ):
         """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
         written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
-        return checkpoint.save(self, super().save_checkpoint, save_dir, tag, client_state=client_state,
-                               save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
+        client_state = {} if client_state is None else client_state  # DeepSpeed's default, not shared
+        return checkpoint.save(
+            self,
+            super().save_checkpoint,
+            save_dir,
+            tag,
+            client_state=client_state,
+            save_latest=save_latest,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+        )
 
     def load_checkpoint(self, load_dir, tag=None, *args, verify: bool = True, **kwargs):
         """DeepSpeed's load, after every file is checked against the manifest written at save
@@ -144,19 +158,24 @@ def model_parallel_refusal(mpu: Any, model: Any, mesh_param: Any = None) -> Hier
     Reads group sizes, so torch.distributed must be initialised when an ``mpu`` is given."""
     if mpu is not None:
         import torch.distributed as dist
+
         dp = dist.get_world_size(group=mpu.get_data_parallel_group())
         world = dist.get_world_size()
         if dp != world:
-            return HierConfigError("initialize(mpu=...)", f"data-parallel group of {dp} of {world} ranks",
-                                   MODEL_PARALLEL_FIX + " (an mpu whose data-parallel group is the "
-                                   "whole world is fine)")
+            return HierConfigError(
+                "initialize(mpu=...)",
+                f"data-parallel group of {dp} of {world} ranks",
+                MODEL_PARALLEL_FIX + " (an mpu whose data-parallel group is the whole world is fine)",
+            )
     if mesh_param is not None and tuple(mesh_param)[1:] not in ((), (1,)):
         return HierConfigError("initialize(mesh_param=...)", mesh_param, MODEL_PARALLEL_FIX)
     if model is not None:
         from deepspeed.pipe import PipelineModule
+
         if isinstance(model, PipelineModule):
             return HierConfigError("initialize(model=...)", type(model).__name__, MODEL_PARALLEL_FIX)
         from deepspeed.moe.utils import has_moe_layers
+
         moe, experts = has_moe_layers(model)
         if moe:
             return HierConfigError("initialize(model=...)", f"MoE layers ({experts} experts)", MODEL_PARALLEL_FIX)
@@ -165,6 +184,7 @@ def model_parallel_refusal(mpu: Any, model: Any, mesh_param: Any = None) -> Hier
 
 def _world_size_hint() -> int | None:
     import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     ws = os.environ.get("WORLD_SIZE")
@@ -184,8 +204,9 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
     if not cfg.enabled:
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
-    refusal = model_parallel_refusal(kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None),
-                                     kwargs.get("mesh_param"))
+    refusal = model_parallel_refusal(
+        kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None), kwargs.get("mesh_param")
+    )
     if refusal is not None:
         raise refusal
     world = _world_size_hint()

@@ -3,9 +3,10 @@
 DeepSpeed gives every partitioned parameter an ``all_gather_coalesced`` closure
 (``Init._convert_to_deepspeed_param``); no class-level hook exists for it, so this subclass
 rebinds that one attribute to ``HierRuntime.all_gather_coalesced`` right after DeepSpeed made
-it (DESIGN.md §4). Everything else (primary partitioning, release, ``GatheredParameters``) is
+it (docs/design.md#deepspeed-hook-points). Everything else (primary partitioning, release, ``GatheredParameters``) is
 DeepSpeed's own.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,6 +29,7 @@ def _load_ds_config(config_dict_or_path: Any, config: Any) -> dict:
     if isinstance(cfg, dict):
         return cfg
     import json
+
     with open(cfg) as f:
         return json.load(f)
 
@@ -50,10 +52,12 @@ def refuse_foreign_storage(param, name: str) -> None:
         what = "quantized storage (zero_quantized_weights / zero_quantized_nontrainable_weights)"
     if what is not None:
         raise HierConfigError(
-            f"parameter '{name}'", f"partitioned by deepspeed.zero.Init with {what}",
+            f"parameter '{name}'",
+            f"partitioned by deepspeed.zero.Init with {what}",
             "build the model under zeropp_hier.Init(config_dict_or_path=ds_config) with the same "
             "config you pass to zeropp_hier.initialize, or under a deepspeed.zero.Init without "
-            "zero_hpz_partition_size / zero_quantized_* (zeropp_hier replaces them)")
+            "zero_hpz_partition_size / zero_quantized_* (zeropp_hier replaces them)",
+        )
 
 
 def bind(param, runtime: HierRuntime) -> None:
@@ -98,8 +102,9 @@ def bind(param, runtime: HierRuntime) -> None:
     def partition(param_list=None, hierarchy=0, has_been_updated=False, free_data=True):
         if has_been_updated:
             runtime.drop_shards(param_list if param_list is not None else [param])
-        return ds_partition(param_list=param_list, hierarchy=hierarchy,
-                            has_been_updated=has_been_updated, free_data=free_data)
+        return ds_partition(
+            param_list=param_list, hierarchy=hierarchy, has_been_updated=has_been_updated, free_data=free_data
+        )
 
     partition.zeropp_hier_runtime = runtime
     param.partition = partition
@@ -146,9 +151,15 @@ class HierOffload(DeepSpeedZeRoOffload):
         params = list(module.parameters())
         fresh = [p for p in params if not is_zero_param(p)]
         if fresh and len(fresh) == len(params):
-            Init(module=module, dtype=self.dtype, config_dict_or_path=ds_config,
-                 remote_device=self.offload_device, pin_memory=self.offload_param_pin_memory,
-                 mpu=mpu, hier_runtime=self.hier_runtime)
+            Init(
+                module=module,
+                dtype=self.dtype,
+                config_dict_or_path=ds_config,
+                remote_device=self.offload_device,
+                pin_memory=self.offload_param_pin_memory,
+                mpu=mpu,
+                hier_runtime=self.hier_runtime,
+            )
         else:
             # Some parameters were partitioned before (zeropp_hier.Init or deepspeed.zero.Init):
             # convert the rest the way DeepSpeed does, then route every gather through us.
@@ -157,8 +168,10 @@ class HierOffload(DeepSpeedZeRoOffload):
             refuse_foreign_storage(p, name)
             owner = runtime_of(p)
             if owner is not None and owner is not self.hier_runtime:
-                raise RuntimeError("zeropp_hier: the model was built under a zeropp_hier.Init of "
-                                   "another engine; build it under the same config you pass to "
-                                   "zeropp_hier.initialize")
+                raise RuntimeError(
+                    "zeropp_hier: the model was built under a zeropp_hier.Init of "
+                    "another engine; build it under the same config you pass to "
+                    "zeropp_hier.initialize"
+                )
             self.hier_runtime.check_partition_world(p.ds_zero_partition_world_size)
             bind(p, self.hier_runtime)

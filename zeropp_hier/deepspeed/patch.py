@@ -10,6 +10,7 @@ The patch keeps no state of its own: the wrapper carries the original function
 (``__wrapped__``), so patching twice is a no-op and ``unpatch_deepspeed`` restores exactly what
 was there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,7 +32,9 @@ def patch_deepspeed() -> None:
 
     @functools.wraps(original)
     def initialize(*args, **kwargs):
-        from .engine import _rebound, initialize as hier_initialize
+        from .engine import _rebound
+        from .engine import initialize as hier_initialize
+
         # zeropp_hier.initialize ends in deepspeed.initialize: give it the original, not us
         with _rebound(deepspeed, "initialize", original):
             return hier_initialize(*args, **kwargs)

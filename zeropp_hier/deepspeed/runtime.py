@@ -5,6 +5,7 @@ One ``HierRuntime`` per engine; nothing lives in module globals. DeepSpeed's par
 parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpeed's closure by
 ``zeropp_hier.deepspeed.partition.Init``), and the stage-3 subclass calls ``reduce_scatter``.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -30,6 +31,7 @@ def topology_for(cfg: HierConfig, world_size: int) -> Topology:
     t = cfg.topology
     if t.mode == "auto":  # collective: every rank gets here (HierRuntime.create)
         from ..detect.probe import detect
+
         return detect(t.gcds_per_gpu, t.gpus_per_node).topology
     return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
 
@@ -68,13 +70,15 @@ class HierRuntime:
         # slot granularity of gathered partitions: the largest block of any quantizing gather hop
         # (block sizes are powers of two, so it is a multiple of every one); 1 when all are exact
         self._exact_forward = tuple(h._replace(scheme="none") for h in self.plan.forward)
-        self._gather_align = max((h.block_size for h in (*self.plan.forward, *self.plan.backward)
-                                  if h.scheme in QUANTIZED), default=1)
+        self._gather_align = max(
+            (h.block_size for h in (*self.plan.forward, *self.plan.backward) if h.scheme in QUANTIZED), default=1
+        )
         axes_sets = [h.axes for h in (*self.plan.forward, *self.plan.backward, *self.plan.reduce)]
         self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
         from deepspeed.accelerator import get_accelerator
+
         # where tensors that our collectives (and the agreed non-finite check) send must live: the
         # accelerator's current device (the CPU on the CPU accelerator), whatever DeepSpeed's
         # optimizer device is (the CPU under offload_optimizer)
@@ -104,7 +108,7 @@ class HierRuntime:
         self.groups.clear()
 
     @classmethod
-    def create(cls, cfg: HierConfig) -> "HierRuntime":
+    def create(cls, cfg: HierConfig) -> HierRuntime:
         world = dist.get_world_size()
         topo = topology_for(cfg, world)
         return cls(cfg, topo, dist.get_rank())
@@ -112,20 +116,22 @@ class HierRuntime:
     def check_partition_world(self, world: int) -> None:
         if world != self.topo.world_size:
             raise HierTopologyError(
-                "topology", self.topo.dims,
+                "topology",
+                self.topo.dims,
                 f"parameters are partitioned over {world} ranks but the topology spans "
                 f"{self.topo.world_size}; zeropp_hier needs ZeRO partitioning over the whole world "
-                "(no model-parallel mpu)")
+                "(no model-parallel mpu)",
+            )
 
     # -- gathers -------------------------------------------------------------------------------
-    def all_gather_coalesced(self, params: Iterable[torch.nn.Parameter], safe_mode: bool = False,
-                             quantize: bool = False) -> _GatheredHandle:
+    def all_gather_coalesced(
+        self, params: Iterable[torch.nn.Parameter], safe_mode: bool = False, quantize: bool = False
+    ) -> _GatheredHandle:
         """Replacement for DeepSpeed's per-parameter ``all_gather_coalesced`` closure."""
         params = sorted(params, key=lambda p: p.ds_id)  # same order on every rank
         for p in params:
             if p.ds_status != ZeroParamStatus.NOT_AVAILABLE:
-                raise RuntimeError(f"zeropp_hier: gather of a parameter that is not partitioned: "
-                                   f"{p.ds_summary()}")
+                raise RuntimeError(f"zeropp_hier: gather of a parameter that is not partitioned: {p.ds_summary()}")
             p.ds_status = ZeroParamStatus.INFLIGHT
         # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
         # take different hops, and a buffer holds one dtype. The source is decided now, on the
@@ -136,8 +142,10 @@ class HierRuntime:
         use_shards = self.phase != "other_gather"
         for p in params:
             buckets.setdefault((use_shards and p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
-        work = [(ps, from_shard, [self.shards[p.ds_id] for p in ps] if from_shard else None)
-                for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))]
+        work = [
+            (ps, from_shard, [self.shards[p.ds_id] for p in ps] if from_shard else None)
+            for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+        ]
         phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
 
         def gather_all() -> dict[int, torch.Tensor]:
@@ -165,8 +173,7 @@ class HierRuntime:
             buf = self._primary_buffer(ps, sizes, slots).view(1, 1, 1, -1)
             hops = self._exact_forward if exact else self.plan.forward
         for hop in hops:
-            buf = self.coll.gather_hop(buf, hop, hop.block_size, phase,
-                                       hook=self.numerics.gather_hook(phase, hop))
+            buf = self.coll.gather_hop(buf, hop, hop.block_size, phase, hook=self.numerics.gather_hook(phase, hop))
         # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
         # the next steps): gathers outside the step (engine construction, GatheredParameters,
         # persistent re-gathers) keep nothing, so a weight changed between steps by any route
@@ -176,7 +183,7 @@ class HierRuntime:
             off = 0
             for p, slot in zip(ps, slots):
                 if not getattr(p, "ds_persist", False):  # persistent ones are never re-gathered
-                    self.shards[p.ds_id] = kept[..., off:off + slot].contiguous()
+                    self.shards[p.ds_id] = kept[..., off : off + slot].contiguous()
                     if not p.requires_grad:
                         self._frozen[p.ds_id] = p
                 off += slot
@@ -185,7 +192,7 @@ class HierRuntime:
             rows = rows.index_select(0, self._perms.get("rank", self._rank_order, rows.device))  # global rank order
         out, off = {}, 0
         for p, n, slot in zip(ps, sizes, slots):
-            flat = rows[:, off:off + n].reshape(-1)[: p.ds_numel]
+            flat = rows[:, off : off + n].reshape(-1)[: p.ds_numel]
             out[p.ds_id] = flat.view(p.ds_shape).to(p.ds_tensor.dtype)
             off += slot
         return out
@@ -204,9 +211,9 @@ class HierRuntime:
         for p, n, slot in zip(ps, sizes, slots):
             valid = max(0, min(n, p.ds_numel - self.rank * n))
             if slots != sizes:
-                buf[off:off + valid].copy_(p.ds_tensor.data.reshape(-1)[:valid])
+                buf[off : off + valid].copy_(p.ds_tensor.data.reshape(-1)[:valid])
             elif valid < n:
-                buf[off + valid:off + n].zero_()
+                buf[off + valid : off + n].zero_()
             off += slot
         return buf
 
@@ -237,16 +244,22 @@ class HierRuntime:
         return sum(t.numel() * t.element_size() for t in self.shards.values())
 
     # -- gradient reduction --------------------------------------------------------------------
-    def reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype,
-                       key: tuple[str, ...] | None = None, loss_scale: float = 1.0) -> list[torch.Tensor]:
+    def reduce_scatter(
+        self,
+        grads: Sequence[torch.Tensor],
+        wire_dtype: torch.dtype,
+        key: tuple[str, ...] | None = None,
+        loss_scale: float = 1.0,
+    ) -> list[torch.Tensor]:
         """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
         sizes DeepSpeed's ``reduce_scatter_coalesced`` returns. ``key`` names the bucket (its
         parameter names) for error feedback; ``loss_scale`` is the one the gradients carry (fp16)."""
         # behind any gather in flight, on the same executor: one order per hop group
         return self.executor.run(lambda: self._reduce_scatter(grads, wire_dtype, key, loss_scale))
 
-    def _reduce_scatter(self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype,
-                        key: tuple[str, ...] | None, loss_scale: float) -> list[torch.Tensor]:
+    def _reduce_scatter(
+        self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype, key: tuple[str, ...] | None, loss_scale: float
+    ) -> list[torch.Tensor]:
         world = self.topo.world_size
         # rows padded to every quantized stage's block size (powers of two: the largest), so
         # that no quantization block straddles two destinations
@@ -258,7 +271,8 @@ class HierRuntime:
             buf = buf.index_select(0, self._perms.get("index", self._index_order, buf.device))  # rows by coordinate
         buf = buf.view(*self.topo.dims, -1)
         for i, hop in enumerate(self.plan.reduce):
-            buf = self.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype,
-                                         hook=self.numerics.reduce_hook(key, i, hop, loss_scale))
+            buf = self.coll.reduce_stage(
+                buf, hop, hop.block_size, wire_dtype, hook=self.numerics.reduce_hook(key, i, hop, loss_scale)
+            )
         row = buf.reshape(-1)
         return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank, packed.slots)

@@ -2,6 +2,7 @@
 points — the parameter manager (gathers), the gradient averaging (reduce-scatter), and the
 invalidation of kept shards whenever the primary shards change — and the numerics around the
 optimizer step: the agreed non-finite check and the error-feedback state in checkpoints."""
+
 from __future__ import annotations
 
 from typing import List
@@ -16,7 +17,6 @@ ERROR_FEEDBACK_KEY = "zeropp_hier_error_feedback"
 
 
 class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
-
     def __init__(self, *args, hier_runtime: HierRuntime, **kwargs):
         # set before DeepSpeed's constructor: it builds the parameter manager, which needs it
         self.hier_runtime = hier_runtime
@@ -40,17 +40,18 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
 
     # DeepSpeed's private ``__avg_scatter_grads`` (name-mangled, so overridden by its mangled
     # name): it receives the bucket's parameters and returns this rank's averaged chunk of each.
-    def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(self, params_to_reduce: List[torch.nn.Parameter],
-                                                          communication_data_type: torch.dtype
-                                                          ) -> List[torch.Tensor]:
+    def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(
+        self, params_to_reduce: List[torch.nn.Parameter], communication_data_type: torch.dtype
+    ) -> List[torch.Tensor]:
         self._assert_same_partition_group(params_to_reduce)
         grads = [p.grad for p in params_to_reduce]
         # The bucket's parameter names (DeepSpeed sorted it by ds_id) name it for error
         # feedback: unlike ds_ids, which count up across every engine a process builds, names
         # are the same in the engine that saves a checkpoint and in the one that loads it.
         key = tuple(self.param_names.get(p, f"ds_id:{p.ds_id}") for p in params_to_reduce)
-        parts = self.hier_runtime.reduce_scatter(grads, communication_data_type, key=key,
-                                                 loss_scale=float(self.loss_scale))
+        parts = self.hier_runtime.reduce_scatter(
+            grads, communication_data_type, key=key, loss_scale=float(self.loss_scale)
+        )
         world = self.hier_runtime.topo.world_size
         averaging = self._gradient_averaging_world_size(params_to_reduce, world)
         if averaging != world:  # expert-parallel parameters average over another group size

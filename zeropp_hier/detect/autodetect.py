@@ -31,6 +31,7 @@ permutation. Numbered by their lowest rank, the same placement is the identity m
 share a package are still grouped by what the hardware says, but the hop groups, and so the
 collectives, are the same.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Sequence
@@ -62,29 +63,38 @@ class Detected(NamedTuple):
         t = self.topology
         hosts = ", ".join(self.hosts[:4]) + (", ..." if len(self.hosts) > 4 else "")
         rm = "identity" if t.is_identity_map else list(t.rank_map)
-        return (f"auto topology: {t.num_nodes} nodes x {t.gpus_per_node} GPUs x {t.gcds_per_gpu} GCDs "
-                f"on {len(self.hosts)} host(s) [{hosts}]; packages from {self.source}; rank_map {rm}")
+        return (
+            f"auto topology: {t.num_nodes} nodes x {t.gpus_per_node} GPUs x {t.gcds_per_gpu} GCDs "
+            f"on {len(self.hosts)} host(s) [{hosts}]; packages from {self.source}; rank_map {rm}"
+        )
 
 
 def _device_index(dev: str, var_value) -> int:
     if not dev.isdigit():
-        raise HierTopologyError("ROCR_VISIBLE_DEVICES", var_value,
-                                "auto topology needs device indices (as Slurm's --gpus-per-task sets "
-                                "them), not UUIDs; use indices or give the topology explicitly")
+        raise HierTopologyError(
+            "ROCR_VISIBLE_DEVICES",
+            var_value,
+            "auto topology needs device indices (as Slurm's --gpus-per-task sets "
+            "them), not UUIDs; use indices or give the topology explicitly",
+        )
     return int(dev)
 
 
-def local_record(rank: int, env: Mapping[str, str], hostname: str, gpu_count: int,
-                 showtopo_text: str | None) -> RankRecord:
+def local_record(
+    rank: int, env: Mapping[str, str], hostname: str, gpu_count: int, showtopo_text: str | None
+) -> RankRecord:
     """This rank's record, from its environment, host name, visible GPU count and (optionally)
     the text of ``rocm-smi --showtopo``."""
     task = slurm_task(env)
     if task is not None:
         check_uniform(task)
         if task.procid != rank:
-            raise HierTopologyError("SLURM_PROCID", task.procid,
-                                    f"differs from the torch.distributed rank {rank}; set RANK from "
-                                    "SLURM_PROCID (zeropp_hier.app.train does) or give the topology explicitly")
+            raise HierTopologyError(
+                "SLURM_PROCID",
+                task.procid,
+                f"differs from the torch.distributed rank {rank}; set RANK from "
+                "SLURM_PROCID (zeropp_hier.app.train does) or give the topology explicitly",
+            )
     local_rank = task.localid if task is not None else int(env.get("LOCAL_RANK", rank))
     host = env.get("SLURMD_NODENAME") or hostname
     device = package = None
@@ -97,19 +107,22 @@ def local_record(rank: int, env: Mapping[str, str], hostname: str, gpu_count: in
         if showtopo_text is not None:
             packages = packages_from_showtopo(parse_showtopo(showtopo_text))
             if device not in packages:
-                raise HierTopologyError("rocm-smi --showtopo", sorted(packages),
-                                        f"does not list GPU{device}, the device of rank {rank}")
+                raise HierTopologyError(
+                    "rocm-smi --showtopo", sorted(packages), f"does not list GPU{device}, the device of rank {rank}"
+                )
             package = packages[device]
-    return RankRecord(rank, host, local_rank, device, package,
-                      task.ntasks if task else None, task.nnodes if task else None)
+    return RankRecord(
+        rank, host, local_rank, device, package, task.ntasks if task else None, task.nnodes if task else None
+    )
 
 
 def _field(name: str) -> str:
     return f"zeropp_hier.topology.{name}"
 
 
-def build_topology(records: Sequence[RankRecord], gcds_per_gpu: int | None = None,
-                   gpus_per_node: int | None = None) -> Detected:
+def build_topology(
+    records: Sequence[RankRecord], gcds_per_gpu: int | None = None, gpus_per_node: int | None = None
+) -> Detected:
     """Every rank's record -> the topology ([Note: auto topology rules])."""
     world = len(records)
     records = sorted(records, key=lambda r: r.rank)
@@ -117,9 +130,11 @@ def build_topology(records: Sequence[RankRecord], gcds_per_gpu: int | None = Non
         raise HierTopologyError("topology", [r.rank for r in records], f"records must cover ranks 0..{world - 1}")
     for r in records:
         if r.slurm_ntasks is not None and r.slurm_ntasks != world:
-            raise HierTopologyError("SLURM_NTASKS", r.slurm_ntasks,
-                                    f"the Slurm step has {r.slurm_ntasks} tasks but {world} ranks joined; "
-                                    "launch one rank per task")
+            raise HierTopologyError(
+                "SLURM_NTASKS",
+                r.slurm_ntasks,
+                f"the Slurm step has {r.slurm_ntasks} tasks but {world} ranks joined; launch one rank per task",
+            )
     hosts: list[str] = []
     by_host: dict[str, list[RankRecord]] = {}
     for r in records:  # hosts in order of their lowest rank
@@ -129,41 +144,63 @@ def build_topology(records: Sequence[RankRecord], gcds_per_gpu: int | None = Non
         by_host[r.host].append(r)
     nnodes = {r.slurm_nnodes for r in records if r.slurm_nnodes is not None}
     if nnodes and nnodes != {len(hosts)}:
-        raise HierTopologyError("SLURM_NNODES", sorted(nnodes), f"but ranks report {len(hosts)} distinct "
-                                f"host names {hosts[:8]}; check the host names (SLURMD_NODENAME)")
+        raise HierTopologyError(
+            "SLURM_NNODES",
+            sorted(nnodes),
+            f"but ranks report {len(hosts)} distinct host names {hosts[:8]}; check the host names (SLURMD_NODENAME)",
+        )
     counts = {h: len(rs) for h, rs in by_host.items()}
     if len(set(counts.values())) > 1:
-        raise HierTopologyError("topology", counts, "hosts run different numbers of ranks; launch the "
-                                "same number of ranks on every node (--ntasks-per-node)")
+        raise HierTopologyError(
+            "topology",
+            counts,
+            "hosts run different numbers of ranks; launch the same number of ranks on every node (--ntasks-per-node)",
+        )
     has_gpu = {r.device is not None for r in records}
     if len(has_gpu) > 1:
-        raise HierTopologyError("topology", {r.rank: r.device for r in records},
-                                "some ranks see a GPU and others do not; check --gpus-per-task")
+        raise HierTopologyError(
+            "topology",
+            {r.rank: r.device for r in records},
+            "some ranks see a GPU and others do not; check --gpus-per-task",
+        )
     if has_gpu == {True}:
         packages_per_host, source = _gpu_packages(by_host, hosts, gcds_per_gpu)
     else:
         packages_per_host, source = _cpu_packages(by_host, hosts, gcds_per_gpu)
     sizes = {len(p) for pk in packages_per_host for p in pk}
     if len(sizes) > 1:
-        raise HierTopologyError("topology", {h: [len(p) for p in pk] for h, pk in zip(hosts, packages_per_host)},
-                                "packages hold different numbers of ranks (e.g. one GCD of a package "
-                                "unused); use every GCD of each package you use, or give the topology "
-                                "explicitly")
+        raise HierTopologyError(
+            "topology",
+            {h: [len(p) for p in pk] for h, pk in zip(hosts, packages_per_host)},
+            "packages hold different numbers of ranks (e.g. one GCD of a package "
+            "unused); use every GCD of each package you use, or give the topology "
+            "explicitly",
+        )
     g = sizes.pop()
     per_host = len(packages_per_host[0])
     if gcds_per_gpu is not None and gcds_per_gpu != g:
-        raise HierTopologyError(_field("gcds_per_gpu"), gcds_per_gpu, f"the ranks found {g} GCDs per "
-                                f"package ({source}); remove the setting or set {g}")
+        raise HierTopologyError(
+            _field("gcds_per_gpu"),
+            gcds_per_gpu,
+            f"the ranks found {g} GCDs per package ({source}); remove the setting or set {g}",
+        )
     if has_gpu == {True} or gpus_per_node is None:
         p = per_host
         if gpus_per_node is not None and gpus_per_node != p:
-            raise HierTopologyError(_field("gpus_per_node"), gpus_per_node, f"the ranks found {p} GPU "
-                                    f"packages per node; remove the setting or set {p}")
+            raise HierTopologyError(
+                _field("gpus_per_node"),
+                gpus_per_node,
+                f"the ranks found {p} GPU packages per node; remove the setting or set {p}",
+            )
     else:  # CPU: cut each host into simulated nodes of gpus_per_node packages
         p = gpus_per_node
         if per_host % p:
-            raise HierTopologyError(_field("gpus_per_node"), p, f"each host has {per_host} packages of "
-                                    f"{g} ranks, not a multiple of {p}; choose a divisor of {per_host}")
+            raise HierTopologyError(
+                _field("gpus_per_node"),
+                p,
+                f"each host has {per_host} packages of "
+                f"{g} ranks, not a multiple of {p}; choose a divisor of {per_host}",
+            )
     rank_map = [r for pk in packages_per_host for pkg in pk for r in pkg]
     topo = Topology.for_world(world, p, g, None if rank_map == list(range(world)) else rank_map)
     return Detected(topo, tuple(hosts), source)
@@ -182,10 +219,12 @@ def _gpu_packages(by_host, hosts, gcds_hint):
         pk: dict[int, list[RankRecord]] = {}
         for r in by_host[h]:
             if r.device in seen:
-                raise HierTopologyError("topology", {"host": h, "device": r.device,
-                                                     "ranks": [seen[r.device], r.rank]},
-                                        "two ranks drive the same GCD; launch one rank per GCD "
-                                        "(srun --gpus-per-task=1 --gpu-bind=closest)")
+                raise HierTopologyError(
+                    "topology",
+                    {"host": h, "device": r.device, "ranks": [seen[r.device], r.rank]},
+                    "two ranks drive the same GCD; launch one rank per GCD "
+                    "(srun --gpus-per-task=1 --gpu-bind=closest)",
+                )
             seen[r.device] = r.rank
             key = r.package if from_smi else r.device // g
             pk.setdefault(key, []).append(r)
@@ -202,11 +241,18 @@ def _cpu_packages(by_host, hosts, gcds_hint):
     for h in hosts:
         rs = sorted(by_host[h], key=lambda r: r.local_rank)
         if len({r.local_rank for r in rs}) != len(rs):
-            raise HierTopologyError("LOCAL_RANK", [r.local_rank for r in by_host[h]],
-                                    f"ranks on host {h} repeat a local rank; set LOCAL_RANK (or run under srun)")
+            raise HierTopologyError(
+                "LOCAL_RANK",
+                [r.local_rank for r in by_host[h]],
+                f"ranks on host {h} repeat a local rank; set LOCAL_RANK (or run under srun)",
+            )
         if len(rs) % g:
-            raise HierTopologyError(_field("gcds_per_gpu"), g, f"host {h} runs {len(rs)} ranks, not a "
-                                    f"multiple of {g}; launch a multiple of {g} ranks per node or set "
-                                    "gcds_per_gpu to a divisor")
-        out.append([[r.rank for r in rs[i:i + g]] for i in range(0, len(rs), g)])
+            raise HierTopologyError(
+                _field("gcds_per_gpu"),
+                g,
+                f"host {h} runs {len(rs)} ranks, not a "
+                f"multiple of {g}; launch a multiple of {g} ranks per node or set "
+                "gcds_per_gpu to a divisor",
+            )
+        out.append([[r.rank for r in rs[i : i + g]] for i in range(0, len(rs), g)])
     return out, f"no GPU: runs of {g} consecutive local ranks"

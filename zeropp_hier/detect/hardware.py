@@ -10,6 +10,7 @@ Rapids and newer); elsewhere ``deepspeed.initialize`` raises
 a user gets one error that names the missing capability and the alternative, and the tests turn
 the same answer into a visible skip. GPUs (CUDA, ROCm) are never refused here.
 """
+
 from __future__ import annotations
 
 import platform
@@ -44,6 +45,7 @@ def cpu_summary() -> str:
 def cpu_fp16_supported() -> bool:
     """DeepSpeed's own test for fp16 on its CPU accelerator ([Note: fp16 on CPUs])."""
     import torch
+
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
     except (AttributeError, RuntimeError):
@@ -54,5 +56,7 @@ def fp16_unsupported_reason(uses_gpu: bool) -> str | None:
     """None if DeepSpeed will train in fp16 here; otherwise why not, naming the capability."""
     if uses_gpu or cpu_fp16_supported():
         return None
-    return ("DeepSpeed's CPU accelerator refuses fp16 on this CPU: oneDNN's fp16 kernels need "
-            f"AVX512-FP16 (Intel Sapphire Rapids or newer), which it lacks ({cpu_summary()})")
+    return (
+        "DeepSpeed's CPU accelerator refuses fp16 on this CPU: oneDNN's fp16 kernels need "
+        f"AVX512-FP16 (Intel Sapphire Rapids or newer), which it lacks ({cpu_summary()})"
+    )

@@ -6,6 +6,7 @@ A rank that cannot describe itself does not raise before the exchange: the other
 the collective forever. It sends its error instead, and every rank raises the same error after
 the exchange.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,8 @@ import subprocess
 import torch
 import torch.distributed as dist
 
-from .autodetect import Detected, build_topology, local_record
 from ..core.errors import HierTopologyError
+from .autodetect import Detected, build_topology, local_record
 
 logger = logging.getLogger("zeropp_hier")
 ROCM_SMI_TIMEOUT_S = 60
@@ -31,11 +32,17 @@ def _showtopo() -> str | None:
     try:
         out = subprocess.run([exe, "--showtopo"], capture_output=True, text=True, timeout=ROCM_SMI_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise HierTopologyError("rocm-smi --showtopo", f"no answer in {ROCM_SMI_TIMEOUT_S} s",
-                                "check the GPU driver, or give the topology explicitly") from None
+        raise HierTopologyError(
+            "rocm-smi --showtopo",
+            f"no answer in {ROCM_SMI_TIMEOUT_S} s",
+            "check the GPU driver, or give the topology explicitly",
+        ) from None
     if out.returncode != 0:
-        raise HierTopologyError("rocm-smi --showtopo", out.stderr.strip()[-300:],
-                                "rocm-smi failed; check the GPU driver, or give the topology explicitly")
+        raise HierTopologyError(
+            "rocm-smi --showtopo",
+            out.stderr.strip()[-300:],
+            "rocm-smi failed; check the GPU driver, or give the topology explicitly",
+        )
     return out.stdout
 
 

@@ -20,6 +20,7 @@ that weight to exactly the other members of its group, all groups the same size)
 guessing a package wrong puts the "fast" tier on a slow link. GPUs with no XGMI link at all
 (a PCIe-only machine) are packages of one GCD each.
 """
+
 from __future__ import annotations
 
 import re
@@ -56,15 +57,19 @@ def _sections(text: str) -> dict[str, list[str]]:
 
 def _matrix(lines: list[str], title: str) -> tuple[tuple[int, ...], list[list[str]]]:
     if not lines:
-        raise HierTopologyError(_FIELD, title, "the table is empty; run `rocm-smi --showtopo` on the "
-                                "node and check that it lists every GPU")
+        raise HierTopologyError(
+            _FIELD,
+            title,
+            "the table is empty; run `rocm-smi --showtopo` on the node and check that it lists every GPU",
+        )
     header = lines[0].split()
     cols = []
     for h in header:
         m = _GPU.match(h)
         if not m:
-            raise HierTopologyError(_FIELD, lines[0].strip(), f"unreadable header of '{title}'; expected "
-                                    "GPU0 GPU1 ...")
+            raise HierTopologyError(
+                _FIELD, lines[0].strip(), f"unreadable header of '{title}'; expected GPU0 GPU1 ..."
+            )
         cols.append(int(m.group(1)))
     rows: dict[int, list[str]] = {}
     for line in lines[1:]:
@@ -73,12 +78,19 @@ def _matrix(lines: list[str], title: str) -> tuple[tuple[int, ...], list[list[st
         if not m:
             continue  # not a matrix row (a note or footer line)
         if len(parts) - 1 != len(cols):
-            raise HierTopologyError(_FIELD, line.strip(), f"row of '{title}' has {len(parts) - 1} "
-                                    f"entries for {len(cols)} GPUs; the output is truncated or garbled")
+            raise HierTopologyError(
+                _FIELD,
+                line.strip(),
+                f"row of '{title}' has {len(parts) - 1} "
+                f"entries for {len(cols)} GPUs; the output is truncated or garbled",
+            )
         rows[int(m.group(1))] = parts[1:]
     if sorted(rows) != sorted(cols):
-        raise HierTopologyError(_FIELD, sorted(rows), f"'{title}' has rows for GPUs {sorted(rows)} but "
-                                f"columns for {cols}; the output is truncated or garbled")
+        raise HierTopologyError(
+            _FIELD,
+            sorted(rows),
+            f"'{title}' has rows for GPUs {sorted(rows)} but columns for {cols}; the output is truncated or garbled",
+        )
     return tuple(cols), [rows[g] for g in cols]
 
 
@@ -87,9 +99,12 @@ def parse_showtopo(text: str) -> ShowTopo:
     sec = _sections(text)
     wkey = next((k for k in sec if k.lower().startswith("weight between")), None)
     if wkey is None:
-        raise HierTopologyError(_FIELD, (text.strip().splitlines() or [""])[0][:80],
-                                "no 'Weight between two GPUs' table found; pass the output of "
-                                "`rocm-smi --showtopo` (ROCm 5 or 6), or give the topology explicitly")
+        raise HierTopologyError(
+            _FIELD,
+            (text.strip().splitlines() or [""])[0][:80],
+            "no 'Weight between two GPUs' table found; pass the output of "
+            "`rocm-smi --showtopo` (ROCm 5 or 6), or give the topology explicitly",
+        )
     gpus, cells = _matrix(sec[wkey], wkey)
     try:
         weights = tuple(tuple(int(c) for c in row) for row in cells)
@@ -100,8 +115,11 @@ def parse_showtopo(text: str) -> ShowTopo:
     if lkey is not None:
         lgpus, lcells = _matrix(sec[lkey], lkey)
         if lgpus != gpus:
-            raise HierTopologyError(_FIELD, lgpus, f"link-type table lists GPUs {list(lgpus)}, the weight "
-                                    f"table {list(gpus)}; the output is garbled")
+            raise HierTopologyError(
+                _FIELD,
+                lgpus,
+                f"link-type table lists GPUs {list(lgpus)}, the weight table {list(gpus)}; the output is garbled",
+            )
         link_types = tuple(tuple(c.upper() for c in row) for row in lcells)
     return ShowTopo(gpus, weights, link_types)
 
@@ -114,10 +132,12 @@ def packages_from_showtopo(topo: ShowTopo) -> dict[int, int]:
     for i in range(n):
         for j in range(n):
             if w[i][j] != w[j][i]:
-                raise HierTopologyError(_FIELD, {"GPU%d-GPU%d" % (topo.gpus[i], topo.gpus[j]): w[i][j],
-                                                 "GPU%d-GPU%d" % (topo.gpus[j], topo.gpus[i]): w[j][i]},
-                                        "the weight matrix is not symmetric; the output is garbled or "
-                                        "the node is misconfigured: give the topology explicitly")
+                raise HierTopologyError(
+                    _FIELD,
+                    {f"GPU{topo.gpus[i]}-GPU{topo.gpus[j]}": w[i][j], f"GPU{topo.gpus[j]}-GPU{topo.gpus[i]}": w[j][i]},
+                    "the weight matrix is not symmetric; the output is garbled or "
+                    "the node is misconfigured: give the topology explicitly",
+                )
 
     def is_xgmi(i: int, j: int) -> bool:
         return topo.link_types is None or topo.link_types[i][j] == "XGMI"
@@ -135,13 +155,18 @@ def packages_from_showtopo(topo: ShowTopo) -> dict[int, int]:
             if groups[j] != groups[i]:
                 names = lambda s: sorted(topo.gpus[k] for k in s)  # noqa: E731
                 raise HierTopologyError(
-                    _FIELD, {f"GPU{topo.gpus[i]}": names(groups[i]), f"GPU{topo.gpus[j]}": names(groups[j])},
+                    _FIELD,
+                    {f"GPU{topo.gpus[i]}": names(groups[i]), f"GPU{topo.gpus[j]}": names(groups[j])},
                     f"GPUs joined at the smallest XGMI weight ({closest}) do not form separate packages "
                     "(a chain or overlapping groups); give the topology explicitly (gcds_per_gpu, "
-                    "gpus_per_node, rank_map)")
+                    "gpus_per_node, rank_map)",
+                )
     sizes = {len(g) for g in groups}
     if len(sizes) != 1:
-        raise HierTopologyError(_FIELD, sorted({tuple(sorted(topo.gpus[k] for k in g)) for g in groups}),
-                                f"packages of different sizes {sorted(sizes)}; zeropp_hier needs every "
-                                "package to hold the same number of GCDs: give the topology explicitly")
+        raise HierTopologyError(
+            _FIELD,
+            sorted({tuple(sorted(topo.gpus[k] for k in g)) for g in groups}),
+            f"packages of different sizes {sorted(sizes)}; zeropp_hier needs every "
+            "package to hold the same number of GCDs: give the topology explicitly",
+        )
     return {topo.gpus[i]: min(topo.gpus[k] for k in groups[i]) for i in range(n)}

@@ -3,6 +3,7 @@
 Also a tiny command line for the batch scripts (``python -m zeropp_hier.detect.slurm_env hostnames
 'frontier[08001-08002]'``), used when ``scontrol`` cannot run (rendering a script off-cluster).
 """
+
 from __future__ import annotations
 
 import re
@@ -75,8 +76,11 @@ def parse_tasks_per_node(spec: str) -> tuple[int, ...]:
 def _int(env: Mapping[str, str], name: str) -> int:
     v = env.get(name)
     if v is None or not v.strip().isdigit():
-        raise HierTopologyError(name, v, "expected a non-negative integer set by Slurm; run the job "
-                                "with srun, or give the topology explicitly")
+        raise HierTopologyError(
+            name,
+            v,
+            "expected a non-negative integer set by Slurm; run the job with srun, or give the topology explicitly",
+        )
     return int(v)
 
 
@@ -92,30 +96,44 @@ def slurm_task(env: Mapping[str, str]) -> SlurmTask | None:
     tpn = parse_tasks_per_node(env.get(tpn_var, str(ntasks // max(nnodes, 1))))
     nl_var = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in env else "SLURM_JOB_NODELIST"
     nodelist = expand_hostlist(env.get(nl_var, env.get("SLURM_NODELIST", "")))
-    task = SlurmTask(_int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"), ntasks, nnodes,
-                     _int(env, "SLURM_NODEID"), tpn, nodelist)
+    task = SlurmTask(
+        _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"), ntasks, nnodes, _int(env, "SLURM_NODEID"), tpn, nodelist
+    )
     if len(tpn) != nnodes:
-        raise HierTopologyError(tpn_var, env.get(tpn_var), f"lists {len(tpn)} nodes but the step has "
-                                f"{nnodes} (SLURM_NNODES); the variables come from different steps")
+        raise HierTopologyError(
+            tpn_var,
+            env.get(tpn_var),
+            f"lists {len(tpn)} nodes but the step has "
+            f"{nnodes} (SLURM_NNODES); the variables come from different steps",
+        )
     if sum(tpn) != ntasks:
-        raise HierTopologyError(tpn_var, env.get(tpn_var), f"adds up to {sum(tpn)} tasks but the step has "
-                                f"{ntasks}; the variables come from different steps")
+        raise HierTopologyError(
+            tpn_var,
+            env.get(tpn_var),
+            f"adds up to {sum(tpn)} tasks but the step has {ntasks}; the variables come from different steps",
+        )
     if nodelist and len(nodelist) != nnodes:
-        raise HierTopologyError(nl_var, env.get(nl_var), f"names {len(nodelist)} hosts but the step has "
-                                f"{nnodes} nodes")
+        raise HierTopologyError(
+            nl_var, env.get(nl_var), f"names {len(nodelist)} hosts but the step has {nnodes} nodes"
+        )
     if not (task.procid < ntasks and task.nodeid < nnodes and task.localid < tpn[task.nodeid]):
-        raise HierTopologyError("SLURM_PROCID", {"SLURM_PROCID": task.procid, "SLURM_NODEID": task.nodeid,
-                                                 "SLURM_LOCALID": task.localid},
-                                f"outside the step ({ntasks} tasks on {nnodes} nodes)")
+        raise HierTopologyError(
+            "SLURM_PROCID",
+            {"SLURM_PROCID": task.procid, "SLURM_NODEID": task.nodeid, "SLURM_LOCALID": task.localid},
+            f"outside the step ({ntasks} tasks on {nnodes} nodes)",
+        )
     return task
 
 
 def check_uniform(task: SlurmTask) -> None:
     """Every node must run the same number of tasks: a node is one enclosure of the hierarchy."""
     if len(set(task.tasks_per_node)) > 1:
-        raise HierTopologyError("SLURM_TASKS_PER_NODE", list(task.tasks_per_node),
-                                "every node must run the same number of tasks; launch with "
-                                "--ntasks-per-node=8 (Frontier) or a task count the node count divides")
+        raise HierTopologyError(
+            "SLURM_TASKS_PER_NODE",
+            list(task.tasks_per_node),
+            "every node must run the same number of tasks; launch with "
+            "--ntasks-per-node=8 (Frontier) or a task count the node count divides",
+        )
 
 
 def visible_devices(env: Mapping[str, str]) -> tuple[str, ...] | None:

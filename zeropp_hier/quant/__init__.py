@@ -8,6 +8,7 @@ logged warning saying why and how to build. Both paths give the same bytes.
 Non-finite input is never hidden: a block holding NaN/Inf gets a NaN scale and dequantizes to
 NaN; ``nonfinite_blocks`` reports which blocks they are.
 """
+
 from __future__ import annotations
 
 from typing import Sequence, Union
@@ -22,9 +23,20 @@ from .reference import QMAX, Quantized, num_blocks, unpack_int4
 # and scales [k, nblocks] (e.g. an all-to-all receive buffer, passed without copies).
 Parts = Union[Sequence[Quantized], Quantized]
 
-__all__ = ["Quantized", "quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
-           "nonfinite_blocks", "backend", "num_blocks", "unpack_int4", "QMAX",
-           "QuantArgumentError", "QuantDtypeError"]
+__all__ = [
+    "Quantized",
+    "quantize",
+    "dequantize",
+    "dequantize_sum",
+    "dequantize_sum_requantize",
+    "nonfinite_blocks",
+    "backend",
+    "num_blocks",
+    "unpack_int4",
+    "QMAX",
+    "QuantArgumentError",
+    "QuantDtypeError",
+]
 
 
 def backend(device: Union[torch.device, str, None] = None) -> str:
@@ -77,8 +89,9 @@ def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor
     _checks.check_float_dtype("dtype", dtype)
     if not _use_ext(q.data.device):
         return reference.dequantize(q, dtype)
-    return torch.ops.zeropp_hier.dequantize(q.data.contiguous(), q.scales.contiguous(), q.numel,
-                                            q.bits, q.block_size, dtype)
+    return torch.ops.zeropp_hier.dequantize(
+        q.data.contiguous(), q.scales.contiguous(), q.numel, q.bits, q.block_size, dtype
+    )
 
 
 def dequantize_sum(parts: Parts, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -88,8 +101,7 @@ def dequantize_sum(parts: Parts, dtype: torch.dtype = torch.float32) -> torch.Te
     data, scales, like = _stacked(parts)
     if not _use_ext(data.device):
         return reference.dequantize_sum(_unstacked(data, scales, like), dtype)
-    return torch.ops.zeropp_hier.dequantize_sum(data, scales, like.numel, like.bits,
-                                                like.block_size, dtype)
+    return torch.ops.zeropp_hier.dequantize_sum(data, scales, like.numel, like.bits, like.block_size, dtype)
 
 
 def dequantize_sum_requantize(parts: Parts, bits: int, block_size: int) -> Quantized:
@@ -99,10 +111,10 @@ def dequantize_sum_requantize(parts: Parts, bits: int, block_size: int) -> Quant
     _checks.check_block_size("block_size", block_size)
     data, scales, like = _stacked(parts)
     if not _use_ext(data.device):
-        return reference.dequantize_sum_requantize(_unstacked(data, scales, like), bits,
-                                                   block_size)
+        return reference.dequantize_sum_requantize(_unstacked(data, scales, like), bits, block_size)
     out_data, out_scales = torch.ops.zeropp_hier.dequantize_sum_requantize(
-        data, scales, like.numel, like.bits, like.block_size, bits, block_size)
+        data, scales, like.numel, like.bits, like.block_size, bits, block_size
+    )
     return Quantized(out_data, out_scales, like.numel, bits, block_size)
 
 
@@ -115,6 +127,7 @@ def nonfinite_blocks(q: Quantized) -> torch.Tensor:
 
 # ---- helpers ------------------------------------------------------------------------------
 
+
 def _check_quantized(arg: str, q) -> None:
     if not isinstance(q, Quantized):
         raise QuantDtypeError(f"argument '{arg}' must be a Quantized, got {type(q).__name__}")
@@ -124,25 +137,28 @@ def _stacked(parts: Parts) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
     """parts -> (data [k, bytes], scales [k, nblocks], first part as the shape template),
     checked. Rows already evenly spaced in one buffer are viewed, not copied."""
     if isinstance(parts, Quantized):
-        _checks.check_payload("parts", parts.data, parts.scales, parts.numel, parts.bits,
-                              parts.block_size, stacked=True)
+        _checks.check_payload(
+            "parts", parts.data, parts.scales, parts.numel, parts.bits, parts.block_size, stacked=True
+        )
         return parts.data, parts.scales, parts
     if not isinstance(parts, (list, tuple)) or not parts:
-        raise QuantArgumentError("argument 'parts' must be a non-empty list of Quantized or one "
-                                 f"stacked Quantized, got {parts!r:.80}")
+        raise QuantArgumentError(
+            f"argument 'parts' must be a non-empty list of Quantized or one stacked Quantized, got {parts!r:.80}"
+        )
     first = parts[0]
     for i, p in enumerate(parts):
         _check_quantized(f"parts[{i}]", p)
-        _checks.check_payload(f"parts[{i}]", p.data, p.scales, p.numel, p.bits, p.block_size,
-                              stacked=False)
+        _checks.check_payload(f"parts[{i}]", p.data, p.scales, p.numel, p.bits, p.block_size, stacked=False)
         if (p.numel, p.bits, p.block_size) != (first.numel, first.bits, first.block_size):
             raise QuantArgumentError(
                 f"argument 'parts[{i}]' has (numel, bits, block_size) = "
                 f"{(p.numel, p.bits, p.block_size)} but parts[0] has "
-                f"{(first.numel, first.bits, first.block_size)}")
+                f"{(first.numel, first.bits, first.block_size)}"
+            )
         if p.data.device != first.data.device:
-            raise QuantArgumentError(f"argument 'parts[{i}]' is on {p.data.device} but parts[0] "
-                                     f"on {first.data.device}")
+            raise QuantArgumentError(
+                f"argument 'parts[{i}]' is on {p.data.device} but parts[0] on {first.data.device}"
+            )
     data = _rows([p.data for p in parts])
     scales = _rows([p.scales for p in parts])
     return data, scales, first
@@ -157,13 +173,13 @@ def _rows(ts: list[torch.Tensor]) -> torch.Tensor:
     if all(t.is_contiguous() for t in ts):
         base = first.untyped_storage().data_ptr()
         step = ts[1].storage_offset() - first.storage_offset()
-        if step >= 0 and all(t.untyped_storage().data_ptr() == base
-                             and t.storage_offset() == first.storage_offset() + i * step
-                             for i, t in enumerate(ts)):
+        if step >= 0 and all(
+            t.untyped_storage().data_ptr() == base and t.storage_offset() == first.storage_offset() + i * step
+            for i, t in enumerate(ts)
+        ):
             return first.as_strided((len(ts), first.numel()), (step, 1))
     return torch.stack([t.contiguous() for t in ts])
 
 
 def _unstacked(data: torch.Tensor, scales: torch.Tensor, like: Quantized) -> list[Quantized]:
-    return [Quantized(data[j], scales[j], like.numel, like.bits, like.block_size)
-            for j in range(data.shape[0])]
+    return [Quantized(data[j], scales[j], like.numel, like.bits, like.block_size) for j in range(data.shape[0])]

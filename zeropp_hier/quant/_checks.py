@@ -3,6 +3,7 @@
 Every error names the argument, the value and what is allowed, and is a ValueError or TypeError
 subclass so callers can catch either the specific or the built-in type.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,7 @@ def check_tensor(arg: str, t) -> None:
 
 def check_float_dtype(arg: str, dtype) -> None:
     if dtype not in SUPPORTED_INPUT_DTYPES:
-        raise QuantDtypeError(f"argument '{arg}' must be one of {_dtype_names(SUPPORTED_INPUT_DTYPES)}"
-                              f", got {dtype}")
+        raise QuantDtypeError(f"argument '{arg}' must be one of {_dtype_names(SUPPORTED_INPUT_DTYPES)}, got {dtype}")
 
 
 def check_bits(arg: str, bits) -> None:
@@ -41,11 +41,16 @@ def check_bits(arg: str, bits) -> None:
 
 
 def check_block_size(arg: str, block_size) -> None:
-    ok = (isinstance(block_size, int) and not isinstance(block_size, bool)
-          and MIN_BLOCK <= block_size <= MAX_BLOCK and block_size & (block_size - 1) == 0)
+    ok = (
+        isinstance(block_size, int)
+        and not isinstance(block_size, bool)
+        and MIN_BLOCK <= block_size <= MAX_BLOCK
+        and block_size & (block_size - 1) == 0
+    )
     if not ok:
-        raise QuantArgumentError(f"argument '{arg}' must be a power of two from {MIN_BLOCK} to "
-                                 f"{MAX_BLOCK}, got {block_size!r}")
+        raise QuantArgumentError(
+            f"argument '{arg}' must be a power of two from {MIN_BLOCK} to {MAX_BLOCK}, got {block_size!r}"
+        )
 
 
 def payload_bytes(numel: int, bits: int, block_size: int) -> int:
@@ -54,8 +59,9 @@ def payload_bytes(numel: int, bits: int, block_size: int) -> int:
     return padded if bits == 8 else padded // 2
 
 
-def check_payload(arg: str, data: torch.Tensor, scales: torch.Tensor, numel: int, bits: int,
-                  block_size: int, stacked: bool) -> None:
+def check_payload(
+    arg: str, data: torch.Tensor, scales: torch.Tensor, numel: int, bits: int, block_size: int, stacked: bool
+) -> None:
     """data [bytes] / scales [nblocks] (or [k, bytes] / [k, nblocks] when stacked) must hold a
     payload of numel elements in the (bits, block_size) format."""
     check_bits(f"{arg}.bits", bits)
@@ -66,24 +72,24 @@ def check_payload(arg: str, data: torch.Tensor, scales: torch.Tensor, numel: int
         raise QuantArgumentError(f"argument '{arg}.numel' must be an int >= 0, got {numel!r}")
     want = torch.int8 if bits == 8 else torch.uint8
     if data.dtype != want:
-        raise QuantDtypeError(f"argument '{arg}.data' must have dtype {want} for bits={bits}, "
-                              f"got {data.dtype}")
+        raise QuantDtypeError(f"argument '{arg}.data' must have dtype {want} for bits={bits}, got {data.dtype}")
     if scales.dtype != torch.float32:
-        raise QuantDtypeError(f"argument '{arg}.scales' must have dtype torch.float32, "
-                              f"got {scales.dtype}")
+        raise QuantDtypeError(f"argument '{arg}.scales' must have dtype torch.float32, got {scales.dtype}")
     if data.device != scales.device:
-        raise QuantArgumentError(f"argument '{arg}': data is on {data.device} but scales on "
-                                 f"{scales.device}")
+        raise QuantArgumentError(f"argument '{arg}': data is on {data.device} but scales on {scales.device}")
     rank = 2 if stacked else 1
     nbytes, nblocks = payload_bytes(numel, bits, block_size), num_blocks(numel, block_size)
     if data.dim() != rank or data.shape[-1] != nbytes:
         raise QuantArgumentError(
             f"argument '{arg}.data' must have shape {'[k, ' if stacked else '['}{nbytes}] for "
-            f"numel={numel}, bits={bits}, block_size={block_size}, got {list(data.shape)}")
+            f"numel={numel}, bits={bits}, block_size={block_size}, got {list(data.shape)}"
+        )
     if scales.dim() != rank or scales.shape[-1] != nblocks:
         raise QuantArgumentError(
             f"argument '{arg}.scales' must have shape {'[k, ' if stacked else '['}{nblocks}] for "
-            f"numel={numel}, block_size={block_size}, got {list(scales.shape)}")
+            f"numel={numel}, block_size={block_size}, got {list(scales.shape)}"
+        )
     if stacked and scales.shape[0] != data.shape[0]:
-        raise QuantArgumentError(f"argument '{arg}': data stacks {data.shape[0]} payloads but "
-                                 f"scales {scales.shape[0]}")
+        raise QuantArgumentError(
+            f"argument '{arg}': data stacks {data.shape[0]} payloads but scales {scales.shape[0]}"
+        )

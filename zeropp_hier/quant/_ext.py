@@ -5,6 +5,7 @@ shared library whose static initialisers register the ``torch.ops.zeropp_hier`` 
 hip_kernels/bindings.cpp); it has no Python module init, so it is loaded with
 ``torch.ops.load_library`` from wherever the import system would find ``zeropp_hier._C``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,10 @@ from .reference import num_blocks
 log = logging.getLogger("zeropp_hier.quant")
 
 EXT_MODULE = "zeropp_hier._C"
-BUILD_HINT = ("build them with `pip install --no-build-isolation -e .` in the repository root "
-              "(a CPU torch builds the CPU kernels; a ROCm or CUDA torch adds the GPU ones)")
+BUILD_HINT = (
+    "build them with `pip install --no-build-isolation -e .` in the repository root "
+    "(a CPU torch builds the CPU kernels; a ROCm or CUDA torch adds the GPU ones)"
+)
 
 
 class ExtStatus(NamedTuple):
@@ -34,14 +37,14 @@ class ExtStatus(NamedTuple):
 _LOAD_LOCK = threading.Lock()  # fake impls may be registered only once per process
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def status() -> ExtStatus:
     """Loads the extension once per process."""
     with _LOAD_LOCK:
         return _load_and_register()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_and_register() -> ExtStatus:
     st = load(EXT_MODULE)
     if st.loaded:
@@ -73,7 +76,7 @@ def has_kernels_for(device: torch.device) -> bool:
     return device.type == "cuda" and st.build_info in ("cpu+hip", "cpu+cuda")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def warn_fallback(device_type: str) -> None:
     """One warning per process and device type: the fallback is slow and must not be silent."""
     st = status()
@@ -81,16 +84,21 @@ def warn_fallback(device_type: str) -> None:
         why = f"{EXT_MODULE} was built without kernels for {device_type} tensors ({st.build_info})"
     else:
         why = st.reason
-    log.warning("zeropp_hier.quant: using the pure-PyTorch reference quantization for %s tensors "
-                "(much slower): %s; %s.", device_type, why, BUILD_HINT)
+    log.warning(
+        "zeropp_hier.quant: using the pure-PyTorch reference quantization for %s tensors (much slower): %s; %s.",
+        device_type,
+        why,
+        BUILD_HINT,
+    )
 
 
 def _register_fakes() -> None:
     """Output shapes without running kernels (meta tensors, FakeTensorMode, torch.compile)."""
 
     def empty_payload(like: torch.Tensor, numel: int, bits: int, block_size: int):
-        data = like.new_empty(_checks.payload_bytes(numel, bits, block_size),
-                              dtype=torch.int8 if bits == 8 else torch.uint8)
+        data = like.new_empty(
+            _checks.payload_bytes(numel, bits, block_size), dtype=torch.int8 if bits == 8 else torch.uint8
+        )
         return data, like.new_empty(num_blocks(numel, block_size), dtype=torch.float32)
 
     @torch.library.register_fake("zeropp_hier::quantize")
@@ -113,8 +121,7 @@ def _register_fakes() -> None:
         return data.new_empty(numel, dtype=dtype)
 
     @torch.library.register_fake("zeropp_hier::dequantize_sum_requantize")
-    def _dequantize_sum_requantize_fake(data, scales, numel, bits, block_size, out_bits,
-                                        out_block_size):
+    def _dequantize_sum_requantize_fake(data, scales, numel, bits, block_size, out_bits, out_block_size):
         _checks.check_payload("parts", data, scales, numel, bits, block_size, stacked=True)
         _checks.check_bits("out_bits", out_bits)
         _checks.check_block_size("out_block_size", out_block_size)

@@ -27,6 +27,7 @@ same bytes.
   order, starting from +0.0; the requantizing variant quantizes that fp32 sum (any block size /
   bits), so a NaN/Inf in any part, or an fp32 overflow of the sum, marks the output block.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -67,11 +68,11 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> Quantized:
     absmax = safe.abs().amax(dim=1, keepdim=True)
     scale = absmax / qmax
     undershoot = (scale < FLT_MIN) & (scale * qmax < absmax)
-    scale = torch.where(undershoot, torch.nextafter(scale, torch.full_like(scale, float("inf"))),
-                        scale)
+    scale = torch.where(undershoot, torch.nextafter(scale, torch.full_like(scale, float("inf"))), scale)
     nonzero = scale > 0
-    q = torch.where(nonzero, torch.round(safe / torch.where(nonzero, scale, torch.ones_like(scale))),
-                    torch.zeros_like(safe))
+    q = torch.where(
+        nonzero, torch.round(safe / torch.where(nonzero, scale, torch.ones_like(scale))), torch.zeros_like(safe)
+    )
     q = q.clamp_(-qmax, qmax).to(torch.int8)
     scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
     if bits == 4:

@@ -15,9 +15,11 @@ such event is stuck, and is terminated with whatever else is left. ``WorldError`
 every rank's report, when each rank exited and which ranks had to be terminated. With the
 default grace of 0 the launcher terminates everything at the first failure.
 """
+
 from __future__ import annotations
 
 import ctypes
+import multiprocessing as mp
 import os
 import queue
 import signal
@@ -28,8 +30,6 @@ import traceback
 import uuid
 from datetime import timedelta
 from typing import Any, Callable
-
-import multiprocessing as mp
 
 
 def free_port() -> int:
@@ -50,24 +50,34 @@ def _die_with_parent() -> None:
 def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_timeout_s: float | None) -> None:
     _die_with_parent()
     os.environ.update(env)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(world),
+    )
     import warnings
+
     # DeepSpeed calls torch.distributed functions that torch 2.13 marks deprecated, once per
     # collective: thousands of identical lines that would bury the training output.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
     try:
         import torch
+
         torch.set_num_threads(1)
         import deepspeed
         from deepspeed.utils import logger
+
         logger.setLevel("ERROR")
         if pg_timeout_s is None:
             deepspeed.init_distributed(dist_backend="gloo")
         else:
             deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=pg_timeout_s))
         from .shm_hygiene import release_deepspeed_shm
+
         release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         results.put((rank, "ready", None))
     except BaseException:
@@ -94,6 +104,7 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_time
             os._exit(1)
     try:
         import torch.distributed as dist
+
         dist.destroy_process_group()
     except Exception:
         pass
@@ -104,8 +115,9 @@ class WorldError(RuntimeError):
     ``exit_after_s``: rank -> seconds from the first failure until its process ended on its
     own; ``killed``: ranks the launcher had to terminate."""
 
-    def __init__(self, message: str, failures: dict | None = None, exit_after_s: dict | None = None,
-                 killed: list | None = None):
+    def __init__(
+        self, message: str, failures: dict | None = None, exit_after_s: dict | None = None, killed: list | None = None
+    ):
         super().__init__(message)
         self.failures = failures or {}
         self.exit_after_s = exit_after_s or {}
@@ -131,8 +143,14 @@ class LocalWorld:
     ``failure_grace_s``: after a failure, how long a quiet spell (no rank failing or exiting)
     ends the wait for the others to fail on their own ([Note: a failed world])."""
 
-    def __init__(self, world_size: int, timeout: float = 600.0, env: dict | None = None,
-                 pg_timeout_s: float | None = None, failure_grace_s: float = 0.0):
+    def __init__(
+        self,
+        world_size: int,
+        timeout: float = 600.0,
+        env: dict | None = None,
+        pg_timeout_s: float | None = None,
+        failure_grace_s: float = 0.0,
+    ):
         self.world_size = world_size
         self.timeout = timeout
         self.failure_grace_s = failure_grace_s
@@ -145,13 +163,17 @@ class LocalWorld:
         # runs, and DeepSpeed picks its accelerator at import.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
-        self.procs = [ctx.Process(target=_worker, args=(r, world_size, port, self.tasks[r],
-                                                        self.results, env, pg_timeout_s), daemon=True)
-                      for r in range(world_size)]
+        self.procs = [
+            ctx.Process(
+                target=_worker, args=(r, world_size, port, self.tasks[r], self.results, env, pg_timeout_s), daemon=True
+            )
+            for r in range(world_size)
+        ]
         # A mark in the children's initial environment (visible in /proc/<pid>/environ, inherited
         # by anything they start) lets a caller prove that no process of this world survives it.
         # The resource tracker is started first so that it does not carry the mark.
         from multiprocessing import resource_tracker
+
         resource_tracker.ensure_running()
         self.world_id = uuid.uuid4().hex
         previous = os.environ.get("ZEROPP_HIER_WORLD_ID")
@@ -208,8 +230,9 @@ class LocalWorld:
                     break
             elif now - start >= self.timeout:
                 self.close(force=True)
-                raise WorldError(f"{what}: no answer from every rank within {self.timeout:.0f} s; "
-                                 f"ranks answered: {sorted(answers)}")
+                raise WorldError(
+                    f"{what}: no answer from every rank within {self.timeout:.0f} s; ranks answered: {sorted(answers)}"
+                )
         for _ in range(2 * world):  # reports that arrived while we decided
             self._drain(answers, failures, 0)
         for r in failures:
@@ -219,11 +242,15 @@ class LocalWorld:
         self.close(force=True)
         exit_after = {r: t - first_failure for r, t in exited.items()}
         first = min(failures, key=lambda r: (failed_at[r], r))
-        summary = "\n".join(f"  rank {r}: {_last_line(failures.get(r, 'no report'))}"
-                             + (" [terminated by the launcher]" if r in killed else "")
-                             for r in range(world) if r in failures or r in killed)
-        raise WorldError(f"{what} failed on rank {first}:\n{failures[first]}\nall ranks:\n{summary}",
-                         failures, exit_after, killed)
+        summary = "\n".join(
+            f"  rank {r}: {_last_line(failures.get(r, 'no report'))}"
+            + (" [terminated by the launcher]" if r in killed else "")
+            for r in range(world)
+            if r in failures or r in killed
+        )
+        raise WorldError(
+            f"{what} failed on rank {first}:\n{failures[first]}\nall ranks:\n{summary}", failures, exit_after, killed
+        )
 
     @property
     def healthy(self) -> bool:

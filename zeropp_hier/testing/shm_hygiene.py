@@ -9,6 +9,7 @@ project's test machine a day of runs filled it and the OOM killer took training 
 Once every rank has mapped every buffer (a barrier after initialisation), each rank unlinks
 its own name: the mappings stay valid until the processes exit, and the memory is then freed.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,9 +26,11 @@ def release_deepspeed_shm(shm_dir: str = "/dev/shm") -> bool:
     """Collective over the default group: unlink this rank's buffer once every peer mapped it.
     Returns whether a buffer was unlinked (False off the CPU accelerator: no buffer exists)."""
     import torch.distributed as dist
+
     dist.barrier()  # every rank returned from init_distributed: all buffers are mapped
-    name = buffer_name(os.getuid(), os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""),
-                       dist.get_rank())
+    name = buffer_name(
+        os.getuid(), os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), dist.get_rank()
+    )
     try:
         os.unlink(os.path.join(shm_dir, name))
         return True

@@ -6,6 +6,7 @@ in sorted path order, the test suites and ``site-packages`` left out; every 20th
 out for evaluation. Batches are random windows drawn from a generator seeded by (seed, step,
 micro-batch, rank), so every configuration of a comparison sees the same data in the same order.
 """
+
 from __future__ import annotations
 
 import hashlib

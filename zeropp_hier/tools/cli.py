@@ -10,6 +10,7 @@
 torch.distributed world (env:// variables as set by torchrun, srun wrappers or our emulated
 cluster) over each tier's groups and reports per-GCD bandwidth and latency.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,7 @@ def _tier_bw(text: str) -> dict[str, float]:
 
 def build_plan_inputs(args):
     from . import planner as P
+
     if args.cluster == "frontier":
         cluster = P.frontier(args.nodes)
     elif args.cluster == "emulated":
@@ -77,22 +79,52 @@ def build_plan_inputs(args):
 
 def cmd_plan(args) -> int:
     from . import planner as P
+
     cluster, wl, (layers, d) = build_plan_inputs(args)
     preds = P.rank(cluster, wl)
     if args.json:
-        print(json.dumps([{"name": p.candidate.name, "step_s": p.step_s, "fits": p.memory.fits,
-                           "memory_gb": p.memory.total / 1e9, "phase_s": p.phase_s, "tier_s": p.tier_s,
-                           "tier_bytes": p.tier_bytes} for p in preds], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": p.candidate.name,
+                        "step_s": p.step_s,
+                        "fits": p.memory.fits,
+                        "memory_gb": p.memory.total / 1e9,
+                        "phase_s": p.phase_s,
+                        "tier_s": p.tier_s,
+                        "tier_bytes": p.tier_bytes,
+                    }
+                    for p in preds
+                ],
+                indent=1,
+            )
+        )
         return 0
-    print(f"PREDICTION (analytical model, not a measurement) for a {wl.params / 1e9:.3g}B-parameter GPT "
-          f"({layers} layers, d_model {d}, {wl.tokens_per_gcd} tokens per GCD per step, "
-          f"{wl.weight_bytes}-byte weights) on {cluster.name}")
+    print(
+        f"PREDICTION (analytical model, not a measurement) for a {wl.params / 1e9:.3g}B-parameter GPT "
+        f"({layers} layers, d_model {d}, {wl.tokens_per_gcd} tokens per GCD per step, "
+        f"{wl.weight_bytes}-byte weights) on {cluster.name}"
+    )
     bw = ", ".join(f"{t} {cluster.tiers[t].bandwidth / 1e9:.3g} GB/s" for t in ("gcd", "gpu", "node"))
     print(f"per-GCD link rates: {bw}; {cluster.source}\n")
     print("\n".join(P.table(preds)))
     print()
     for line in P.explain(preds, cluster):
         print(line)
+    if args.hops:
+        from ..core.plan import make_plan
+        from .tables import plan_lines, topology_lines
+
+        print()
+        for line in topology_lines(cluster.topology):
+            print(line)
+        for cand in P.default_candidates(cluster):
+            if not cand.stock and cand.name == cand.preset:  # each preset with its own compression
+                print()
+                topo = cluster.topology
+                for line in plan_lines(make_plan(cand.preset, cand.compression, topo), topo):
+                    print(line)
     by = {p.candidate.name: p for p in preds}
     if "ds-zeropp" in by and "frontier" in by and cluster.library != "gloo":
         print()
@@ -103,43 +135,61 @@ def cmd_plan(args) -> int:
 def published_comparison(cluster, wl, preds) -> str:
     """Predicted ratios beside the published ones, and what moves them."""
     from . import planner as P
+
     f_zpp = P.ratio(preds, "ds-zeropp", "frontier")
     zpp_z3 = P.ratio(preds, "ds-zero3", "ds-zeropp")
-    lines = ["| ratio | predicted | published (384 GCDs) |", "|---|---|---|",
-             f"| frontier over stock ZeRO++ | {f_zpp:.2f}x | {PUBLISHED['frontier/zeropp']:.2f}x |",
-             f"| stock ZeRO++ over stock ZeRO-3 | {zpp_z3:.2f}x | ~{PUBLISHED['zeropp/zero3']:.1f}x |", ""]
+    lines = [
+        "| ratio | predicted | published (384 GCDs) |",
+        "|---|---|---|",
+        f"| frontier over stock ZeRO++ | {f_zpp:.2f}x | {PUBLISHED['frontier/zeropp']:.2f}x |",
+        f"| stock ZeRO++ over stock ZeRO-3 | {zpp_z3:.2f}x | ~{PUBLISHED['zeropp/zero3']:.1f}x |",
+        "",
+    ]
     by = {p.candidate.name: p for p in preds}
     comp = by["frontier"].compute_s / by["frontier"].step_s
     lines.append("Where and why the prediction differs:")
-    lines.append(f"- compute is {comp:.0%} of frontier's predicted step (assumed {cluster.device_flops / 1e12:.0f} "
-                 f"TFLOP/s per GCD, {wl.tokens_per_gcd} tokens/GCD, no overlap of communication with compute); every "
-                 "ratio shrinks toward 1 as compute grows, and grows as it shrinks:")
+    lines.append(
+        f"- compute is {comp:.0%} of frontier's predicted step (assumed {cluster.device_flops / 1e12:.0f} "
+        f"TFLOP/s per GCD, {wl.tokens_per_gcd} tokens/GCD, no overlap of communication with compute); every "
+        "ratio shrinks toward 1 as compute grows, and grows as it shrinks:"
+    )
     for tokens in sorted({max(1, wl.tokens_per_gcd // 4), wl.tokens_per_gcd, wl.tokens_per_gcd * 4}):
         pr = P.rank(cluster, replace(wl, tokens_per_gcd=tokens))
-        lines.append(f"    {tokens:>6} tokens/GCD: frontier/ZeRO++ {P.ratio(pr, 'ds-zeropp', 'frontier'):.2f}x, "
-                     f"ZeRO++/ZeRO-3 {P.ratio(pr, 'ds-zero3', 'ds-zeropp'):.2f}x")
+        lines.append(
+            f"    {tokens:>6} tokens/GCD: frontier/ZeRO++ {P.ratio(pr, 'ds-zeropp', 'frontier'):.2f}x, "
+            f"ZeRO++/ZeRO-3 {P.ratio(pr, 'ds-zero3', 'ds-zeropp'):.2f}x"
+        )
     z3, zpp = by["ds-zero3"], by["ds-zeropp"]
-    lines.append(f"- stock ZeRO-3's node traffic is a flat ring, which crosses each node's links about once per "
-                 f"collective: {P.fmt_bytes(z3.tier_bytes['node'])} vs ZeRO++'s "
-                 f"{P.fmt_bytes(zpp.tier_bytes['node'])} per step. The model charges rings at the link rates of "
-                 "DESIGN §1; if the real inter-node rings get much less than 12.5 GB/s per GCD (congestion, "
-                 "fewer NICs per ring), ZeRO-3 suffers more and ZeRO++/ZeRO-3 approaches the published ~1.4x.")
-    lines.append(f"- ZeRO++'s remaining cost is its flat int8 forward gather over all {cluster.world_size} GCDs "
-                 f"({zpp.phase_s['forward_gather']:.3g} s, ring latency {cluster.tiers['node'].latency * 1e6:.0f} us "
-                 f"per step assumed) and its node-wide backward gather over the package links "
-                 f"({zpp.phase_s['backward_gather']:.3g} s); frontier replaces both by hops of {cluster.nodes}, "
-                 f"{cluster.gpus_per_node} and {cluster.gcds_per_gpu} ranks "
-                 f"and a backward gather over the 200 GB/s in-package link ({by['frontier'].phase_s['backward_gather']:.3g} s).")
+    lines.append(
+        f"- stock ZeRO-3's node traffic is a flat ring, which crosses each node's links about once per "
+        f"collective: {P.fmt_bytes(z3.tier_bytes['node'])} vs ZeRO++'s "
+        f"{P.fmt_bytes(zpp.tier_bytes['node'])} per step. The model charges rings at the link rates of "
+        "docs/design.md#hardware-tiers; if the real inter-node rings get much less than 12.5 GB/s "
+        "per GCD (congestion, fewer NICs per ring), ZeRO-3 suffers more and ZeRO++/ZeRO-3 "
+        "approaches the published ~1.4x."
+    )
+    lines.append(
+        f"- ZeRO++'s remaining cost is its flat int8 forward gather over all {cluster.world_size} GCDs "
+        f"({zpp.phase_s['forward_gather']:.3g} s, ring latency {cluster.tiers['node'].latency * 1e6:.0f} us "
+        f"per step assumed) and its node-wide backward gather over the package links "
+        f"({zpp.phase_s['backward_gather']:.3g} s); frontier replaces both by hops of {cluster.nodes}, "
+        f"{cluster.gpus_per_node} and {cluster.gcds_per_gpu} ranks "
+        f"and a backward gather over the 200 GB/s in-package link ({by['frontier'].phase_s['backward_gather']:.3g} s)."
+    )
     lat = cluster.tiers["node"].latency
-    lines.append(f"- {zpp.latency_s:.3g} s of ZeRO++'s and {by['frontier'].latency_s:.3g} s of frontier's step are "
-                 f"collective latency (alpha x ring steps x {wl.gathers_per_pass} gathers per pass), an assumption; "
-                 "with another node-tier alpha:")
+    lines.append(
+        f"- {zpp.latency_s:.3g} s of ZeRO++'s and {by['frontier'].latency_s:.3g} s of frontier's step are "
+        f"collective latency (alpha x ring steps x {wl.gathers_per_pass} gathers per pass), an assumption; "
+        "with another node-tier alpha:"
+    )
     for a in (lat / 4, lat * 2):
         tiers = dict(cluster.tiers)
         tiers["node"] = P.TierLink(tiers["node"].bandwidth, a)
         pr = P.rank(replace(cluster, tiers=tiers), wl)
-        lines.append(f"    alpha {a * 1e6:>4.0f} us: frontier/ZeRO++ {P.ratio(pr, 'ds-zeropp', 'frontier'):.2f}x, "
-                     f"ZeRO++/ZeRO-3 {P.ratio(pr, 'ds-zero3', 'ds-zeropp'):.2f}x")
+        lines.append(
+            f"    alpha {a * 1e6:>4.0f} us: frontier/ZeRO++ {P.ratio(pr, 'ds-zeropp', 'frontier'):.2f}x, "
+            f"ZeRO++/ZeRO-3 {P.ratio(pr, 'ds-zero3', 'ds-zeropp'):.2f}x"
+        )
     lines.append("- unverified on hardware: these are predictions from link rates, not GPU measurements.")
     return "\n".join(lines)
 
@@ -154,6 +204,7 @@ def cmd_probe(args) -> int:
 
     from ..comm.groups import build_hop_groups
     from ..core.topology import TIERS, Topology
+
     if not dist.is_initialized():
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -163,8 +214,12 @@ def cmd_probe(args) -> int:
     topo = Topology.for_world(world, args.gpus_per_node, args.gcds_per_gpu)
     groups = build_hop_groups(topo, [(t,) for t in TIERS], rank)
     sizes = [int(s) for s in args.sizes.split(",")]
-    out = {"world": world, "topology": {"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
-           "backend": dist.get_backend(), "tiers": {}}
+    out = {
+        "world": world,
+        "topology": {"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
+        "backend": dist.get_backend(),
+        "tiers": {},
+    }
 
     def timed(fn) -> float:
         fn()  # warm-up (connections, buffers)
@@ -193,8 +248,13 @@ def cmd_probe(args) -> int:
         slope = (ag[hi] - ag[lo]) / ((k - 1) * (hi - lo))
         bw = 1 / slope if slope > 0 else float("inf")
         alpha = max(0.0, (ag[lo] - (k - 1) * lo / bw) / (k - 1)) if math.isfinite(bw) else ag[lo]
-        out["tiers"][tier] = {"bandwidth": bw, "latency": alpha, "group_size": k,
-                              "all_gather_s": {str(s): t for s, t in ag.items()}, "all_to_all_s": a2a}
+        out["tiers"][tier] = {
+            "bandwidth": bw,
+            "latency": alpha,
+            "group_size": k,
+            "all_gather_s": {str(s): t for s, t in ag.items()},
+            "all_to_all_s": a2a,
+        }
     if rank == 0:
         text = json.dumps(out, indent=1)
         if args.out:
@@ -202,16 +262,19 @@ def cmd_probe(args) -> int:
                 f.write(text)
         if not args.quiet:
             for t, v in out["tiers"].items():
-                print(f"{t:>4}: {v['bandwidth'] * 8 / 1e6:10.2f} Mbit/s per GCD ({v['bandwidth'] / 1e9:.4g} GB/s), "
-                      f"latency {v['latency'] * 1e6:8.1f} us, group of {v['group_size']}")
+                print(
+                    f"{t:>4}: {v['bandwidth'] * 8 / 1e6:10.2f} Mbit/s per GCD ({v['bandwidth'] / 1e9:.4g} GB/s), "
+                    f"latency {v['latency'] * 1e6:8.1f} us, group of {v['group_size']}"
+                )
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="zeropp-hier", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="zeropp-hier", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="rank layouts and compression for a model and cluster (prediction)")
     p.add_argument("--cluster", default="frontier", help="frontier | emulated")
@@ -229,6 +292,11 @@ def main(argv=None) -> int:
     p.add_argument("--tier-bw", type=_tier_bw, help="per-GCD GB/s per direction, e.g. gcd=200,gpu=50,node=12.5")
     p.add_argument("--probe", help="JSON written by `zeropp-hier probe --out`")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--hops",
+        action="store_true",
+        help="also print the topology and each preset's hops, as the training job prints them",
+    )
     p.set_defaults(fn=cmd_plan)
     q = sub.add_parser("probe", help="time all_gather / all_to_all per tier in the current world")
     q.add_argument("--gpus-per-node", type=int, default=4)

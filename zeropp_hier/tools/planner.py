@@ -14,7 +14,7 @@ time is ``max over links (bytes on the link / (capacity * efficiency)) + latency
   gcds_per_gpu * gcd rate), each package's links to the rest of its node (out and in,
   gcds_per_gpu * gpu rate) and each node's network links (out and in, gcds_per_node * node rate).
   Rates are per GCD and per direction — what one GCD gets when every GCD of its enclosure sends,
-  which is how DESIGN §1 states Frontier's numbers and how ``zeropp-hier probe`` measures them.
+  which is how docs/design.md#hardware-tiers states Frontier's numbers and how ``zeropp-hier probe`` measures them.
 * the bytes on each link follow the algorithm the library uses: ring all-gather and
   reduce-scatter over the group in rank order (NCCL/RCCL; gloo's reduce-scatter sends as much as
   a ring all-reduce, measured on the emulated cluster), direct all-to-all. A flat ring crosses a
@@ -24,12 +24,13 @@ time is ``max over links (bytes on the link / (capacity * efficiency)) + latency
 * quantized hops add (de)quantization time at the device's rate; payloads are counted at their
   packed size plus one fp32 scale per block.
 
-Memory per GCD follows DESIGN §3: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
+Memory per GCD follows docs/design.md#memory-per-gcd: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
 ZeRO++, tertiary 2M/gcds_per_gpu for frontier) + optimizer 12M/W + gradient partition 2M/W
 (bytes for 16-bit weights; other widths scale), plus the error-feedback residuals (one per
 compressed stage that feeds back, the size of that stage's send buffer; fp32 or bf16), the fp32
 staging of one reduce bucket, two gathered layers and activations.
 """
+
 from __future__ import annotations
 
 import functools
@@ -99,16 +100,27 @@ class Workload:
         return 8 + (4 if self.weight_bytes < 4 else 0)
 
 
-def gpt_workload(params: float, layers: int, d_model: int, seq_len: int, micro_batch: int,
-                 weight_bytes: int = 2, activation_checkpointing: bool = True,
-                 vocab: int = 50257) -> Workload:
+def gpt_workload(
+    params: float,
+    layers: int,
+    d_model: int,
+    seq_len: int,
+    micro_batch: int,
+    weight_bytes: int = 2,
+    activation_checkpointing: bool = True,
+    vocab: int = 50257,
+) -> Workload:
     """A GPT as the planner sees it: 6 parameter groups per layer (ln1, qkv, proj, ln2, fc, out)
     plus embeddings and final norm; activations ~ 34*s*b*d*L bytes (2*s*b*d*L with checkpointing)."""
     per_layer_act = (2 if activation_checkpointing else 34) * seq_len * micro_batch * d_model
-    return Workload(params=params, tokens_per_gcd=seq_len * micro_batch, weight_bytes=weight_bytes,
-                    gathers_per_pass=6 * layers + 3,
-                    largest_layer_params=max(4 * d_model * d_model, vocab * d_model),
-                    activation_bytes=per_layer_act * layers * weight_bytes / 2)
+    return Workload(
+        params=params,
+        tokens_per_gcd=seq_len * micro_batch,
+        weight_bytes=weight_bytes,
+        gathers_per_pass=6 * layers + 3,
+        largest_layer_params=max(4 * d_model * d_model, vocab * d_model),
+        activation_bytes=per_layer_act * layers * weight_bytes / 2,
+    )
 
 
 class Candidate(NamedTuple):
@@ -119,8 +131,9 @@ class Candidate(NamedTuple):
     note: str = ""
 
 
-def _compression(preset: str, override: str | None = None, block: int = 256,
-                 schemes: dict | None = None) -> CompressionConfig:
+def _compression(
+    preset: str, override: str | None = None, block: int = 256, schemes: dict | None = None
+) -> CompressionConfig:
     """The compression the runtime would resolve for this preset (same parser as the config)."""
     section: dict = {"block_size": block}
     if override is not None:
@@ -144,9 +157,14 @@ def default_candidates(cluster: ClusterModel) -> list[Candidate]:
         Candidate("zeropp/none", False, "zeropp", _compression("zeropp", "none")),
         Candidate("frontier", False, "frontier", _compression("frontier")),
         Candidate("frontier/none", False, "frontier", _compression("frontier", "none")),
-        Candidate("frontier/int8", False, "frontier",
-                  _compression("frontier", schemes={"weights": {"node": "int8"},
-                                                    "gradients": {"gpu": "int8", "node": "int8"}})),
+        Candidate(
+            "frontier/int8",
+            False,
+            "frontier",
+            _compression(
+                "frontier", schemes={"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int8"}}
+            ),
+        ),
     ]
 
 
@@ -274,8 +292,7 @@ class CollectiveCost(NamedTuple):
     latency_seconds: float
 
 
-def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int,
-                    calls: int) -> CollectiveCost:
+def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int) -> CollectiveCost:
     topo = cluster.topology
     payload = coll.send_elems * bytes_per_elem(coll.scheme, width, block)
     loads = link_loads(coll, topo, cluster.library, payload)
@@ -311,8 +328,7 @@ class Memory(NamedTuple):
 
 def memory(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Memory:
     w, m, b = cluster.world_size, wl.params, wl.weight_bytes
-    parts = {"primary": b * m / w, "optimizer": wl.optimizer_bytes_per_param * m / w,
-             "gradients": b * m / w}
+    parts = {"primary": b * m / w, "optimizer": wl.optimizer_bytes_per_param * m / w, "gradients": b * m / w}
     plan = make_plan(cand.preset, cand.compression, cluster.topology)
     if plan.kept_axes is not None:
         name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
@@ -380,12 +396,12 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         for t in TIERS:
             tier_bytes[t] += cost.tier_bytes[t]
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
-    return Prediction(cand, compute + sum(phase_s.values()), compute, phase_s, tier_s, tier_bytes,
-                      memory(cand, cluster, wl), costs)
+    return Prediction(
+        cand, compute + sum(phase_s.values()), compute, phase_s, tier_s, tier_bytes, memory(cand, cluster, wl), costs
+    )
 
 
-def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None
-         ) -> list[Prediction]:
+def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:
     """Every candidate, fitting ones first, fastest first."""
     preds = [predict(c, cluster, wl) for c in (candidates or default_candidates(cluster))]
     return sorted(preds, key=lambda p: (not p.memory.fits, p.step_s))
@@ -396,33 +412,45 @@ def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
     lines = []
     fitting = [p for p in preds if p.memory.fits]
     if not fitting:
-        lines.append(f"nothing fits in {cluster.memory_per_gcd / GB:.0f} GB per GCD: add nodes (primary, "
-                     "optimizer and gradient partitions shrink with the world) or reduce activations")
+        lines.append(
+            f"nothing fits in {cluster.memory_per_gcd / GB:.0f} GB per GCD: add nodes (primary, "
+            "optimizer and gradient partitions shrink with the world) or reduce activations"
+        )
     else:
         best = fitting[0]
         comm_share = best.comm_s / best.step_s
-        lines.append(f"best: {best.candidate.name} at {best.step_s:.3g} s/step ({comm_share:.0%} communication; "
-                     f"the {best.dominant_tier} tier takes {best.tier_s[best.dominant_tier]:.3g} s of it)")
+        lines.append(
+            f"best: {best.candidate.name} at {best.step_s:.3g} s/step ({comm_share:.0%} communication; "
+            f"the {best.dominant_tier} tier takes {best.tier_s[best.dominant_tier]:.3g} s of it)"
+        )
         for p in fitting[1:3]:
-            lines.append(f"  {p.candidate.name}: {p.step_s / best.step_s:.2f}x slower; its {p.dominant_tier} "
-                         f"tier takes {p.tier_s[p.dominant_tier]:.3g} s, node bytes/step "
-                         f"{fmt_bytes(p.tier_bytes['node'])} vs {fmt_bytes(best.tier_bytes['node'])}")
+            lines.append(
+                f"  {p.candidate.name}: {p.step_s / best.step_s:.2f}x slower; its {p.dominant_tier} "
+                f"tier takes {p.tier_s[p.dominant_tier]:.3g} s, node bytes/step "
+                f"{fmt_bytes(p.tier_bytes['node'])} vs {fmt_bytes(best.tier_bytes['node'])}"
+            )
         if comm_share < 0.2:
-            lines.append("  compute dominates: layouts differ little here; hierarchy pays off with fewer "
-                         "tokens per GCD or slower links (the 'no speedup from ZeRO++' case)")
+            lines.append(
+                "  compute dominates: layouts differ little here; hierarchy pays off with fewer "
+                "tokens per GCD or slower links (the 'no speedup from ZeRO++' case)"
+            )
     for p in preds:
         if not p.memory.fits:
             big = max(p.memory.parts, key=p.memory.parts.get)
-            lines.append(f"does not fit: {p.candidate.name} needs {p.memory.total / GB:.1f} GB per GCD of "
-                         f"{cluster.memory_per_gcd / GB:.0f} GB; largest part: {big} "
-                         f"{p.memory.parts[big] / GB:.1f} GB. " + _relax(p))
+            lines.append(
+                f"does not fit: {p.candidate.name} needs {p.memory.total / GB:.1f} GB per GCD of "
+                f"{cluster.memory_per_gcd / GB:.0f} GB; largest part: {big} "
+                f"{p.memory.parts[big] / GB:.1f} GB. " + _relax(p)
+            )
     return lines
 
 
 def _relax(p: Prediction) -> str:
     if p.candidate.preset == "frontier":
-        return ("Relax the kept shard from the package to the node (preset zeropp: a node-sized "
-                "secondary shard, 1/4 of it on Frontier), or drop it (zero3).")
+        return (
+            "Relax the kept shard from the package to the node (preset zeropp: a node-sized "
+            "secondary shard, 1/4 of it on Frontier), or drop it (zero3)."
+        )
     if p.candidate.preset == "zeropp":
         return "Drop the secondary shard (zero3), or add nodes."
     return "Add nodes, or enable activation checkpointing / optimizer offload."
@@ -431,33 +459,55 @@ def _relax(p: Prediction) -> str:
 # --------------------------------------------------------------------------------------------
 # built-in clusters
 def frontier(nodes: int = 48) -> ClusterModel:
-    """Frontier as DESIGN §1 states it (per-GCD, per-direction link rates); latencies and the
+    """Frontier as docs/design.md#hardware-tiers states it (per-GCD, per-direction link rates); latencies and the
     achieved FLOP rate are assumptions, printed with every prediction."""
     return ClusterModel(
-        name=f"Frontier ({nodes} nodes, {nodes * 8} GCDs)", nodes=nodes, gpus_per_node=4, gcds_per_gpu=2,
-        tiers={"gcd": TierLink(200 * GB, 5e-6), "gpu": TierLink(50 * GB, 10e-6),
-               "node": TierLink(12.5 * GB, 20e-6)},
-        memory_per_gcd=64 * GB, device_flops=70e12, quant_rate=2e11, library="rccl",
-        source="DESIGN.md §1 link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
-               "MI250X GCD's 191.5 bf16 peak), alpha 5/10/20 us, no compute/communication overlap")
+        name=f"Frontier ({nodes} nodes, {nodes * 8} GCDs)",
+        nodes=nodes,
+        gpus_per_node=4,
+        gcds_per_gpu=2,
+        tiers={"gcd": TierLink(200 * GB, 5e-6), "gpu": TierLink(50 * GB, 10e-6), "node": TierLink(12.5 * GB, 20e-6)},
+        memory_per_gcd=64 * GB,
+        device_flops=70e12,
+        quant_rate=2e11,
+        library="rccl",
+        source="docs/design.md#hardware-tiers link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
+        "MI250X GCD's 191.5 bf16 peak), alpha 5/10/20 us, no compute/communication overlap",
+    )
 
 
-def emulated(node_mbit: float = 10.0, nodes: int = 2, gpus_per_node: int = 2, gcds_per_gpu: int = 2,
-             efficiency: float = 0.75, compute_s: float | None = None, quant_rate: float = 2e7,
-             device_flops: float = 1.5e9) -> ClusterModel:
+def emulated(
+    node_mbit: float = 10.0,
+    nodes: int = 2,
+    gpus_per_node: int = 2,
+    gcds_per_gpu: int = 2,
+    efficiency: float = 0.75,
+    compute_s: float | None = None,
+    quant_rate: float = 2e7,
+    device_flops: float = 1.5e9,
+) -> ClusterModel:
     """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
     gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
-    gpu tiers in ``zeropp-hier probe`` runs here (DESIGN §7 saw 62-67% with other settings);
+    gpu tiers in ``zeropp-hier probe`` runs here (62-67% with other settings,
+    docs/benchmarks.md#emulated-cluster-notes);
     probed tiers replace it. Compute on 2 shared CPU cores is a
     measurement (``compute_s``) whenever one is available."""
     bps = node_mbit * 1e6 / 8
     return ClusterModel(
         name=f"emulated {nodes}x{gpus_per_node}x{gcds_per_gpu} (node {node_mbit:g} Mbit/s per GCD)",
-        nodes=nodes, gpus_per_node=gpus_per_node, gcds_per_gpu=gcds_per_gpu,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        gcds_per_gpu=gcds_per_gpu,
         tiers={"gcd": TierLink(16 * bps, 2e-4), "gpu": TierLink(4 * bps, 5e-4), "node": TierLink(bps, 1e-3)},
-        memory_per_gcd=24 * GB / (nodes * gpus_per_node * gcds_per_gpu), device_flops=device_flops,
-        quant_rate=quant_rate, library="gloo", efficiency=efficiency, stock_quantization=False,
-        compute_s=compute_s, source="tbf rates of benchmarks/cluster; gloo algorithms measured there")
+        memory_per_gcd=24 * GB / (nodes * gpus_per_node * gcds_per_gpu),
+        device_flops=device_flops,
+        quant_rate=quant_rate,
+        library="gloo",
+        efficiency=efficiency,
+        stock_quantization=False,
+        compute_s=compute_s,
+        source="tbf rates of benchmarks/cluster; gloo algorithms measured there",
+    )
 
 
 def with_probed_tiers(cluster: ClusterModel, probe: Mapping) -> ClusterModel:
@@ -482,17 +532,39 @@ def fmt_bytes(x: float) -> str:
 
 
 def table(preds: Sequence[Prediction]) -> list[str]:
-    rows = ["| rank | configuration | step s | compute s | fwd s | bwd s | grad s | node bytes/step | "
-            "gpu bytes/step | dominant tier | memory/GCD | fits |", "|" + "---|" * 12]
+    rows = [
+        "| rank | configuration | step s | compute s | fwd s | bwd s | grad s | node bytes/step | "
+        "gpu bytes/step | dominant tier | memory/GCD | fits |",
+        "|" + "---|" * 12,
+    ]
     for i, p in enumerate(preds, 1):
         ph = p.phase_s
-        rows.append(f"| {i} | {p.candidate.name} | {p.step_s:.3g} | {p.compute_s:.3g} | "
-                    f"{ph['forward_gather']:.3g} | {ph['backward_gather']:.3g} | {ph['grad_reduce']:.3g} | "
-                    f"{fmt_bytes(p.tier_bytes['node'])} | {fmt_bytes(p.tier_bytes['gpu'])} | "
-                    f"{p.dominant_tier} | {p.memory.total / GB:.1f} GB | {'yes' if p.memory.fits else 'NO'} |")
+        rows.append(
+            f"| {i} | {p.candidate.name} | {p.step_s:.3g} | {p.compute_s:.3g} | "
+            f"{ph['forward_gather']:.3g} | {ph['backward_gather']:.3g} | {ph['grad_reduce']:.3g} | "
+            f"{fmt_bytes(p.tier_bytes['node'])} | {fmt_bytes(p.tier_bytes['gpu'])} | "
+            f"{p.dominant_tier} | {p.memory.total / GB:.1f} GB | {'yes' if p.memory.fits else 'NO'} |"
+        )
     return rows
 
 
-__all__ = ["TierLink", "ClusterModel", "Workload", "Candidate", "Prediction", "gpt_workload",
-           "default_candidates", "predict", "rank", "explain", "frontier", "emulated",
-           "with_probed_tiers", "ratio", "table", "collectives", "link_loads", "memory"]
+__all__ = [
+    "TierLink",
+    "ClusterModel",
+    "Workload",
+    "Candidate",
+    "Prediction",
+    "gpt_workload",
+    "default_candidates",
+    "predict",
+    "rank",
+    "explain",
+    "frontier",
+    "emulated",
+    "with_probed_tiers",
+    "ratio",
+    "table",
+    "collectives",
+    "link_loads",
+    "memory",
+]

@@ -6,6 +6,7 @@ Reads every job directory's ``summary.json`` (written by rank 0 of each run) and
 overrides, prints a markdown table, and writes ``sweep_report.md`` and ``sweep_report.csv``
 into the sweep directory. Bytes are what one rank sent per step over each tier, all phases.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,22 @@ from pathlib import Path
 
 from ..core.topology import TIERS
 
-COLUMNS = ("job", "overrides", "preset", "compression", "world", "topology", "steps", "first_loss",
-           "final_loss", "tokens_per_s", "node_bytes_per_step", "gpu_bytes_per_step",
-           "gcd_bytes_per_step", "backward_node_bytes_per_step")
+COLUMNS = (
+    "job",
+    "overrides",
+    "preset",
+    "compression",
+    "world",
+    "topology",
+    "steps",
+    "first_loss",
+    "final_loss",
+    "tokens_per_s",
+    "node_bytes_per_step",
+    "gpu_bytes_per_step",
+    "gcd_bytes_per_step",
+    "backward_node_bytes_per_step",
+)
 
 
 class ReportError(ValueError):
@@ -32,12 +46,20 @@ def row_from_summary(job: str, summary: dict) -> dict:
     bps = summary.get("bytes_per_step")  # absent for the stock preset: no per-tier counters
     overrides = summary.get("spec", {}).get("label", {}).get("overrides", [])
     comp = spec["compression"]
-    row = {"job": job, "overrides": " ".join(overrides), "preset": spec["preset"],
-           "compression": "preset default" if comp is None else (comp if isinstance(comp, str) else json.dumps(comp, sort_keys=True)),
-           "world": summary["world"],
-           "topology": "x".join(map(str, summary["topology"]["dims"])) if "topology" in summary else "",
-           "steps": spec["steps"], "first_loss": summary["first_loss"], "final_loss": summary["final_loss"],
-           "tokens_per_s": summary["tokens_per_s"]}
+    row = {
+        "job": job,
+        "overrides": " ".join(overrides),
+        "preset": spec["preset"],
+        "compression": "preset default"
+        if comp is None
+        else (comp if isinstance(comp, str) else json.dumps(comp, sort_keys=True)),
+        "world": summary["world"],
+        "topology": "x".join(map(str, summary["topology"]["dims"])) if "topology" in summary else "",
+        "steps": spec["steps"],
+        "first_loss": summary["first_loss"],
+        "final_loss": summary["final_loss"],
+        "tokens_per_s": summary["tokens_per_s"],
+    }
     for tier in reversed(TIERS):
         row[f"{tier}_bytes_per_step"] = None if bps is None else sum(per[tier] for per in bps.values())
     row["backward_node_bytes_per_step"] = None if bps is None else bps["backward_gather"]["node"]
@@ -47,10 +69,14 @@ def row_from_summary(job: str, summary: dict) -> dict:
 def collect(sweep_dir: Path) -> list[dict]:
     """Rows for every job of a sweep directory, in job order."""
     if not sweep_dir.is_dir():
-        raise ReportError(f"sweep directory {sweep_dir} does not exist; pass the directory Hydra printed "
-                          "for the multirun (multirun/<date>/<time>)")
-    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                  key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+        raise ReportError(
+            f"sweep directory {sweep_dir} does not exist; pass the directory Hydra printed "
+            "for the multirun (multirun/<date>/<time>)"
+        )
+    jobs = sorted(
+        (p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
+    )
     rows, missing = [], []
     for job in jobs:
         f = job / "summary.json"
@@ -59,8 +85,9 @@ def collect(sweep_dir: Path) -> list[dict]:
             continue
         rows.append(row_from_summary(job.name, json.loads(f.read_text())))
     if not rows:
-        raise ReportError(f"no summary.json under {sweep_dir} (job directories: {[j.name for j in jobs]}); "
-                          "did the runs finish?")
+        raise ReportError(
+            f"no summary.json under {sweep_dir} (job directories: {[j.name for j in jobs]}); did the runs finish?"
+        )
     if missing:
         print(f"sweep_report: jobs without summary.json (failed or running): {missing}", file=sys.stderr)
     return rows
@@ -89,7 +116,7 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="zeropp-hier report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--sort", choices=COLUMNS, default=None, help="sort rows by this column")
     args = ap.parse_args(argv)

@@ -2,9 +2,9 @@
 multi-head causal attention and a GELU MLP, biases everywhere. Default sizes are chosen so that
 most parameter sizes are *not* divisible by 8 (the workhorse world size), which exercises the
 padding of every shard layout."""
+
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +79,7 @@ class GPT(nn.Module):
 
     @staticmethod
     def flops_per_token(c: GPTConfig) -> float:
-        n = c.n_layers * 12 * c.d_model ** 2 + c.vocab_size * c.d_model
+        n = c.n_layers * 12 * c.d_model**2 + c.vocab_size * c.d_model
         return 6.0 * n + 12 * c.n_layers * c.d_model * c.seq_len
 
 
