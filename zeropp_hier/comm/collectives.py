@@ -94,7 +94,7 @@ class HierCollectives:
         this rank's own included, so all ranks end with the same values. ``hook``
         (numerics.GatherHook) sees this rank's payload and a lazy decoder of it."""
         hg = self.groups[hop.axes]
-        have = tuple(buf.shape[:3])
+        have = (buf.shape[0], buf.shape[1], buf.shape[2])
         payload = buf.shape[3]
         local = buf.reshape(-1)
         k = len(hg.peers)
@@ -165,4 +165,6 @@ class HierCollectives:
             summed = recv.to(torch.float32).sum(0)
         if hook is not None:
             hook.reduced(summed)
-        return summed.view(*layout.dims_after_stage(tuple(buf.shape[:3]), hop.axes), buf.shape[3])
+        return summed.view(
+            *layout.dims_after_stage((buf.shape[0], buf.shape[1], buf.shape[2]), hop.axes), buf.shape[3]
+        )

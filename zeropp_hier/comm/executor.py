@@ -83,7 +83,9 @@ class CommExecutor:
         self.outstanding -= 1
         done: _Done = fut.result()
         if done.event is not None:
-            self._cuda.current_stream(self.device).wait_event(done.event)
+            cuda = self._cuda
+            assert cuda is not None  # events exist only on a device executor
+            cuda.current_stream(self.device).wait_event(done.event)
         return done.value
 
     def run(self, fn: Callable[[], Any]) -> Any:
@@ -111,14 +113,15 @@ class CommExecutor:
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                if self._stream is None:
+                stream, cuda = self._stream, self._cuda
+                if stream is None or cuda is None:
                     fut.set_result(_Done(fn(), None))
                     continue
-                with self._cuda.stream(self._stream):
-                    self._stream.wait_event(ready)
+                with cuda.stream(stream):
+                    stream.wait_event(ready)
                     value = fn()
-                    event = self._cuda.Event()
-                    event.record(self._stream)
+                    event = cuda.Event()
+                    event.record(stream)
                 fut.set_result(_Done(value, event))
             except BaseException as e:  # noqa: B036 - the waiter re-raises it
                 fut.set_exception(e)

@@ -224,7 +224,7 @@ class ReduceHook:
         return self.hop.error_feedback and self.key is not None
 
     def prepare(self, send: torch.Tensor) -> torch.Tensor:
-        if not self._feedback():
+        if self.key is None or not self._feedback():
             return send
         return self.num.error_feedback.compensate((self.key, self.stage), send, self.loss_scale)
 
@@ -236,7 +236,7 @@ class ReduceHook:
         if not (feedback or sample):
             return
         decoded = decode()
-        if feedback:
+        if feedback and self.key is not None:
             self.num.error_feedback.record((self.key, self.stage), sent, decoded, self.loss_scale)
         if sample:
             self.num.telemetry.record("grad_reduce", self.hop.tier, sent, decoded)
