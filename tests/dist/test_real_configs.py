@@ -241,3 +241,52 @@ def test_model_parallel_config_keys_are_refused(section, field):
     cfg = {**_cfg("frontier"), **section}
     with pytest.raises(HierConfigError, match=f"'{field}'.*data parallelism over the whole world"):
         hier_config_from_ds(cfg)
+
+
+def no_optimizer_and_args_keyword(cfg_path: str) -> dict:
+    """An engine without an optimizer (evaluation / inference), beside stock; and the config
+    passed as ``args=namespace`` by keyword, as DeepSpeed's own examples do."""
+    import argparse
+
+    import deepspeed
+    import torch
+
+    import zeropp_hier
+    from zeropp_hier.deepspeed.partition import HierOffload
+    from zeropp_hier.testing.models.gpt import GPT, GPTConfig, synthetic_batch
+
+    out = {}
+    cfg = _cfg("frontier", compression="none")
+    stock_cfg = _cfg(None)
+    for c in (cfg, stock_cfg):  # no optimizer anywhere: DeepSpeed builds its parameter manager alone
+        del c["optimizer"]
+    x, _ = synthetic_batch(GPTConfig(), 2, step=0, rank=0)
+    for name, init, c in (("stock", deepspeed.initialize, stock_cfg), ("ours", zeropp_hier.initialize, cfg)):
+        torch.manual_seed(0)
+        engine, *_ = init(model=GPT(GPTConfig()), config=c)
+        with torch.no_grad():
+            logits = engine(x)
+        out[name] = {"logits": logits.detach().float().clone(), "optimizer": type(engine.optimizer).__name__}
+        if name == "ours":
+            out[name]["hier_offload"] = isinstance(engine.optimizer, HierOffload)
+            out[name]["fwd_bytes"] = zeropp_hier.comm_stats(engine)["bytes"]["forward_gather"]["node"]
+        engine.destroy()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig())
+    ns = argparse.Namespace(deepspeed_config=cfg_path, local_rank=int(__import__("os").environ["LOCAL_RANK"]))
+    engine, *_ = zeropp_hier.initialize(args=ns, model=model, model_parameters=model.parameters())
+    out["args_keyword_engine"] = type(engine).__name__
+    engine.destroy()
+    return out
+
+
+def test_engine_without_optimizer_and_config_from_args_keyword(world4, tmp_path):
+    import json
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(_cfg("frontier")))
+    for r in world4.run(no_optimizer_and_args_keyword, str(path)):
+        assert r["ours"]["hier_offload"], r["ours"]["optimizer"]  # not refused, and hierarchical
+        assert r["ours"]["fwd_bytes"] > 0
+        assert float((r["ours"]["logits"] - r["stock"]["logits"]).abs().max()) <= 1e-5
+        assert r["args_keyword_engine"] == "HierEngine"

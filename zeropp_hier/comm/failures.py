@@ -90,6 +90,23 @@ class HierCommError(RuntimeError):
             f"(engine.load_checkpoint(save_dir) reads 'latest'). Cause: {first}"
         )
 
+    def __reduce__(self):  # keyword-only constructor: rebuilt through _rebuild_comm_error
+        fields = dict(
+            rank=self.rank,
+            phase=self.phase,
+            tier=self.tier,
+            axes=self.axes,
+            peers=self.peers,
+            kind=self.kind,
+            timeout_s=self.timeout_s,
+            cause=self.cause,
+        )
+        return (_rebuild_comm_error, (type(self), fields))
+
+
+def _rebuild_comm_error(cls, fields: dict) -> "HierCommError":
+    return cls(**fields)
+
 
 def classify(exc: BaseException) -> str | None:
     """``peer_lost`` / ``timeout`` / ``error`` for a communication failure, None otherwise."""

@@ -17,6 +17,11 @@ class HierConfigError(ValueError):
         self.fix = fix
         super().__init__(f"zeropp_hier config error at '{field}': got {value!r}; {fix}")
 
+    # Exceptions cross process boundaries (a multiprocessing pool's result, a launcher's report):
+    # rebuilt from the constructor's arguments, not from the message alone.
+    def __reduce__(self):
+        return (type(self), (self.field, self.value, self.fix))
+
 
 class HierTopologyError(HierConfigError):
     """The declared topology does not fit the world that was actually launched."""
@@ -41,9 +46,13 @@ class HierNonFiniteError(FloatingPointError):
         self.phase = phase
         self.tier = tier
         self.seen = seen
+        self.where = where
         super().__init__(
             f"zeropp_hier: non-finite gradient at step {step}, first seen on rank {rank} in {where} "
             f"(phase '{phase}', tier '{tier or 'local'}'). The weights were not updated. Find the "
             "cause on that rank (inputs, loss, learning rate), or set zeropp_hier.numerics.nonfinite "
             'to "skip" to skip such steps and keep training'
         )
+
+    def __reduce__(self):
+        return (type(self), (self.step, self.rank, self.phase, self.tier, self.where, self.seen))

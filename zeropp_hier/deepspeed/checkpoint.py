@@ -52,6 +52,9 @@ class HierCheckpointError(RuntimeError):
         self.path, self.problem, self.fix = path, problem, fix
         super().__init__(f"zeropp_hier checkpoint error at '{path}': {problem}; {fix}")
 
+    def __reduce__(self):  # picklable across processes, like the other errors
+        return (type(self), (self.path, self.problem, self.fix))
+
 
 # -- pure file helpers (no torch.distributed) ----------------------------------------------------
 

@@ -20,6 +20,7 @@ import deepspeed
 # DeepSpeed's engine imports this module while choosing a stage-3 class; import it first so
 # that its own import cannot capture our temporarily rebound name (docs/design.md#deepspeed-hook-points).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
+import deepspeed.runtime.engine as _ds_engine_module
 import deepspeed.runtime.zero.stage3 as _ds_stage3
 from deepspeed.runtime.engine import DeepSpeedEngine
 
@@ -27,7 +28,7 @@ from ..comm.failures import bound_groups, group_timeout, restore_groups, world_g
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
 from ..core.errors import HierConfigError
 from . import checkpoint
-from .partition import _load_ds_config, runtime_of
+from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
 from .stage3 import HierZeroOptimizer_Stage3
 
@@ -70,9 +71,15 @@ class HierEngine(DeepSpeedEngine):
         self.hier_runtime = runtime
         runtime.numerics.bind_step_counter(self)  # numerics reports steps as global_steps
         factory = functools.partial(HierZeroOptimizer_Stage3, hier_runtime=runtime)
-        with _rebound(_ds_stage3, "DeepSpeedZeroOptimizer_Stage3", factory):
+        # Without an optimizer (evaluation, inference) DeepSpeed builds its parameter manager
+        # alone, by the engine module's name for it: ours, so the gathers still take the hops.
+        offload = functools.partial(HierOffload, hier_runtime=runtime)
+        with (
+            _rebound(_ds_stage3, "DeepSpeedZeroOptimizer_Stage3", factory),
+            _rebound(_ds_engine_module, "DeepSpeedZeRoOffload", offload),
+        ):
             opt = super()._configure_zero_optimizer(optimizer)
-        if not isinstance(opt, HierZeroOptimizer_Stage3):
+        if not isinstance(opt, (HierZeroOptimizer_Stage3, HierOffload)):
             raise RuntimeError(
                 f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
                 "hierarchical stage 3 (super_offload is not supported)"
@@ -81,11 +88,12 @@ class HierEngine(DeepSpeedEngine):
         # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
         # init_distributed was given) unless deepspeed_group_timeout_s asks for another
         # ([Note: failure detection]); the guard around them reports the one in force.
-        ds_groups = [opt.dp_process_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
+        dp_group = getattr(opt, "dp_process_group", None)  # none without an optimizer
+        ds_groups = [dp_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
         wanted = self.hier_config.deepspeed_group_timeout_s
         if wanted is not None:
             self._ds_group_timeouts = bound_groups(ds_groups, wanted)
-        current = group_timeout(opt.dp_process_group)
+        current = group_timeout(dp_group) if dp_group is not None else None
         self.ds_group_timeout_s = wanted if current is None else current.total_seconds()
         return opt
 
@@ -199,8 +207,10 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     before any process group or collective is created.
     """
     ds_config = config if config is not None else config_params
-    if ds_config is None and args and getattr(args[0], "deepspeed_config", None):
-        ds_config = args[0].deepspeed_config
+    # DeepSpeed's first parameter, ``args`` (an argparse namespace), positional or by keyword
+    ns = args[0] if args else kwargs.get("args")
+    if ds_config is None and getattr(ns, "deepspeed_config", None):
+        ds_config = ns.deepspeed_config
     cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
     if not cfg.enabled:
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
