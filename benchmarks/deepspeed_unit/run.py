@@ -200,7 +200,8 @@ def ids_for(config: str, selected: list[str], work: str) -> list[str]:
             and stock[n].get("marks", {}).get("stage3")]
 
 
-_CLOSENESS = ("not close", "allclose", "assert_close", "Greatest absolute difference", "assert_equal")
+_CLOSENESS = ("not close", "allclose", "assert_close", "Greatest absolute difference", "assert_equal",
+              "max-abs-diff")
 
 
 def signature(rec: dict) -> str:
