@@ -17,6 +17,7 @@ a markdown table is printed. DeepSpeed's tests are not part of this repository: 
 one ``get_ds_tests.sh`` extracts. The zeropp_hier under test is this checkout's (its root goes
 first on PYTHONPATH), not whatever ``pip`` installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -123,8 +124,18 @@ def env_for(config: str, work: str, results: str) -> dict:
 
 
 def pytest_cmd(ds_tests: str, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "zeropp_peer_plugin",
-            "-o", "console_output_style=classic", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "zeropp_peer_plugin",
+        "-o",
+        "console_output_style=classic",
+        *extra,
+    ]
 
 
 def collect(ds_tests: str, work: str) -> list[dict]:
@@ -132,8 +143,14 @@ def collect(ds_tests: str, work: str) -> list[dict]:
     if not os.path.exists(out):
         env = env_for("stock", work, os.devnull)
         env["ZEROPP_HIER_PEER_COLLECT"] = out
-        subprocess.run(pytest_cmd(ds_tests, ["--collect-only", *DIRS]), cwd=ds_tests, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(
+            pytest_cmd(ds_tests, ["--collect-only", *DIRS]),
+            cwd=ds_tests,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
     with open(out) as f:
         return [json.loads(line) for line in f]
 
@@ -168,8 +185,14 @@ def run_file(config: str, f: str, file_ids: list[str], ds_tests: str, work: str,
         print(f"[{time.strftime('%H:%M:%S')}] [{config}] {f}: {len(todo)} tests", flush=True)
         with open(log, "w") as lf:
             # its own session, so that ranks left behind by a killed pytest can be ended with it
-            proc = subprocess.Popen(pytest_cmd(ds_tests, [f"--junitxml={junit}", *todo]), cwd=ds_tests, env=env,
-                                    stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                pytest_cmd(ds_tests, [f"--junitxml={junit}", *todo]),
+                cwd=ds_tests,
+                env=env,
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 proc.wait(timeout=file_timeout)
             except subprocess.TimeoutExpired:
@@ -180,15 +203,19 @@ def run_file(config: str, f: str, file_ids: list[str], ds_tests: str, work: str,
                 pass
             proc.wait()
         done = load(results)
-        print(f"[{time.strftime('%H:%M:%S')}] [{config}] {f}: {len(done) - n0} recorded in "
-              f"{time.time() - t0:.0f}s", flush=True)
+        print(
+            f"[{time.strftime('%H:%M:%S')}] [{config}] {f}: {len(done) - n0} recorded in {time.time() - t0:.0f}s",
+            flush=True,
+        )
         if len(done) == n0:  # nothing ran (collection error, crash): record and move on
             with open(log) as lf:
                 tail = lf.read()[-3000:]
             with open(results, "a") as rf:
                 for i in todo:
-                    rf.write(json.dumps({"nodeid": i, "outcome": "not-run", "duration": 0,
-                                         "text": tail, "marks": {}}) + "\n")
+                    rf.write(
+                        json.dumps({"nodeid": i, "outcome": "not-run", "duration": 0, "text": tail, "marks": {}})
+                        + "\n"
+                    )
             return
 
 
@@ -196,12 +223,14 @@ def ids_for(config: str, selected: list[str], work: str) -> list[str]:
     if config == "stock":
         return selected
     stock = load(os.path.join(work, "stock.jsonl"))
-    return [n for n in selected if n in stock and stock[n]["outcome"] == "passed"
-            and stock[n].get("marks", {}).get("stage3")]
+    return [
+        n
+        for n in selected
+        if n in stock and stock[n]["outcome"] == "passed" and stock[n].get("marks", {}).get("stage3")
+    ]
 
 
-_CLOSENESS = ("not close", "allclose", "assert_close", "Greatest absolute difference", "assert_equal",
-              "max-abs-diff")
+_CLOSENESS = ("not close", "allclose", "assert_close", "Greatest absolute difference", "assert_equal", "max-abs-diff")
 
 
 def signature(rec: dict) -> str:
@@ -224,9 +253,13 @@ def classify(config: str, rec: dict, uncompressed: dict | None = None) -> str:
         return o
     if o in ("failed", "error", "hang") and by_design(rec):
         return "refused-by-design"
-    if (o == "failed" and CONFIGS[config][1] != "none" and uncompressed is not None
-            and uncompressed.get(rec["nodeid"], {}).get("outcome") == "passed"
-            and any(k in rec.get("text", "") for k in _CLOSENESS)):
+    if (
+        o == "failed"
+        and CONFIGS[config][1] != "none"
+        and uncompressed is not None
+        and uncompressed.get(rec["nodeid"], {}).get("outcome") == "passed"
+        and any(k in rec.get("text", "") for k in _CLOSENESS)
+    ):
         return "tolerance-under-compression"
     m = rec.get("marks", {})
     if o == "passed" and m.get("injected") and not any(e.get("hier") for e in m.get("engines", [])):
@@ -243,27 +276,45 @@ def summarise(selected, pruned, results: dict[str, dict[str, dict]], meta: dict)
         groups = collections.defaultdict(list)
         for nodeid, rec in sorted(recs.items()):
             groups[classify(config, rec, uncompressed)].append(nodeid)
-        entry = {"tests": len(recs), "counts": {k: len(v) for k, v in sorted(groups.items())},
-                 "ids": {k: v for k, v in sorted(groups.items())}}
+        entry = {
+            "tests": len(recs),
+            "counts": {k: len(v) for k, v in sorted(groups.items())},
+            "ids": {k: v for k, v in sorted(groups.items())},
+        }
         if config == "stock":
-            entry["stage3_passed"] = sorted(n for n, r in recs.items()
-                                            if r["outcome"] == "passed" and r.get("marks", {}).get("stage3"))
-            entry["not_passed"] = {n: signature(recs[n]) for k in ("failed", "error", "hang", "not-run", "skipped")
-                                   for n in groups.get(k, [])}
+            entry["stage3_passed"] = sorted(
+                n for n, r in recs.items() if r["outcome"] == "passed" and r.get("marks", {}).get("stage3")
+            )
+            entry["not_passed"] = {
+                n: signature(recs[n])
+                for k in ("failed", "error", "hang", "not-run", "skipped")
+                for n in groups.get(k, [])
+            }
         else:
             entry["refusals"] = {n: by_design(recs[n]) for n in groups.get("refused-by-design", [])}
             entry["tolerance"] = {n: signature(recs[n]) for n in groups.get("tolerance-under-compression", [])}
-            entry["failures"] = {n: signature(recs[n]) for k in ("failed", "error", "hang", "not-run")
-                                 for n in groups.get(k, [])}
-            entry["failure_texts"] = {n: recs[n]["text"][-1500:] for k in ("failed", "error", "hang", "not-run")
-                                      for n in groups.get(k, [])}
+            entry["failures"] = {
+                n: signature(recs[n]) for k in ("failed", "error", "hang", "not-run") for n in groups.get(k, [])
+            }
+            entry["failure_texts"] = {
+                n: recs[n]["text"][-1500:] for k in ("failed", "error", "hang", "not-run") for n in groups.get(k, [])
+            }
         out["configs"][config] = entry
     return out
 
 
 def table(summary: dict) -> str:
-    cols = ["passed", "failed", "error", "hang", "skipped", "refused-by-design", "tolerance-under-compression",
-            "passed-not-hier", "not-run"]
+    cols = [
+        "passed",
+        "failed",
+        "error",
+        "hang",
+        "skipped",
+        "refused-by-design",
+        "tolerance-under-compression",
+        "passed-not-hier",
+        "not-run",
+    ]
     lines = ["| configuration | ran / planned | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for config, e in summary["configs"].items():
         c = e["counts"]
@@ -274,21 +325,38 @@ def table(summary: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ds-tests", default=os.environ.get("DS_TESTS_DIR", "/tmp/ds_src/tests"),
-                    help="the tests/ folder of a DeepSpeed checkout (see get_ds_tests.sh)")
-    ap.add_argument("--work", default=os.environ.get("ZEROPP_DS_UNIT_WORK", "/tmp/zeropp_ds_unit"),
-                    help="per-test records, logs, junit XML (resumable)")
-    ap.add_argument("--configs", default="stock,frontier-none,frontier-default;zeropp-none,zeropp-default",
-                    help="configurations: ',' inside a group, ';' between groups; 'stock' must come "
-                         "first (the others run the tests that passed stock and built a stage-3 engine)")
+    ap.add_argument(
+        "--ds-tests",
+        default=os.environ.get("DS_TESTS_DIR", "/tmp/ds_src/tests"),
+        help="the tests/ folder of a DeepSpeed checkout (see get_ds_tests.sh)",
+    )
+    ap.add_argument(
+        "--work",
+        default=os.environ.get("ZEROPP_DS_UNIT_WORK", "/tmp/zeropp_ds_unit"),
+        help="per-test records, logs, junit XML (resumable)",
+    )
+    ap.add_argument(
+        "--configs",
+        default="stock,frontier-none,frontier-default;zeropp-none,zeropp-default",
+        help="configurations: ',' inside a group, ';' between groups; 'stock' must come "
+        "first (the others run the tests that passed stock and built a stage-3 engine)",
+    )
     ap.add_argument("--fresh", action="store_true", help="forget earlier records in --work")
     ap.add_argument("--file-timeout", type=int, default=3 * 3600, help="seconds for one pytest process")
     ap.add_argument("--report-only", action="store_true", help="summarise the records in --work, run nothing")
     ap.add_argument("--select", default="", help="comma-separated substrings: run only node ids holding one")
-    ap.add_argument("--first", default="", help="comma-separated substrings: files holding one run first, "
-                    "in this order (then the rest, small files first)")
-    ap.add_argument("--max-per-file", type=int, default=0,
-                    help="at most this many tests of a file, spread over its parameters (0: all)")
+    ap.add_argument(
+        "--first",
+        default="",
+        help="comma-separated substrings: files holding one run first, "
+        "in this order (then the rest, small files first)",
+    )
+    ap.add_argument(
+        "--max-per-file",
+        type=int,
+        default=0,
+        help="at most this many tests of a file, spread over its parameters (0: all)",
+    )
     ap.add_argument("--out", default=RESULT_JSON)
     args = ap.parse_args()
     try:
@@ -334,8 +402,9 @@ def main() -> None:
                 by_file[f] = keep
         selected = [n for f in by_file for n in by_file[f]]
     first = [x for x in args.first.split(",") if x]
-    files = sorted(by_file, key=lambda f: (next((i for i, x in enumerate(first) if x in f), len(first)),
-                                           len(by_file[f]), f))  # --first, then small files first
+    files = sorted(
+        by_file, key=lambda f: (next((i for i, x in enumerate(first) if x in f), len(first)), len(by_file[f]), f)
+    )  # --first, then small files first
     if not args.report_only:
         for group in groups:
             for f in files:
@@ -351,20 +420,29 @@ def main() -> None:
         planned[config] = len(ids)
     import deepspeed
     import torch
-    meta = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "ds_tests": ds_tests,
-            "ds_tests_source": open(os.path.join(ds_tests, "..", "SOURCE")).read().strip()
-            if os.path.exists(os.path.join(ds_tests, "..", "SOURCE")) else None,
-            "zeropp_hier_commit": subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                                                 text=True).stdout.strip(),
-            "dirs": list(DIRS), "collected": len(tests),
-            "pruned_by_reason": dict(collections.Counter(pruned.values())),
-            "topology": "world 1 -> 1x1, 2 -> 1x1 (2 nodes), 4 -> 2x1 (2 nodes), 8 -> 2x2 (2 nodes)",
-            "injected_configs": {c: {"preset": p, "compression": z} for c, (p, z) in CONFIGS.items()}}
+
+    meta = {
+        "deepspeed": deepspeed.__version__,
+        "torch": torch.__version__,
+        "ds_tests": ds_tests,
+        "ds_tests_source": open(os.path.join(ds_tests, "..", "SOURCE")).read().strip()
+        if os.path.exists(os.path.join(ds_tests, "..", "SOURCE"))
+        else None,
+        "zeropp_hier_commit": subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "dirs": list(DIRS),
+        "collected": len(tests),
+        "pruned_by_reason": dict(collections.Counter(pruned.values())),
+        "topology": "world 1 -> 1x1, 2 -> 1x1 (2 nodes), 4 -> 2x1 (2 nodes), 8 -> 2x2 (2 nodes)",
+        "injected_configs": {c: {"preset": p, "compression": z} for c, (p, z) in CONFIGS.items()},
+    }
     summary = summarise(selected, pruned, results, meta)
     for config, e in summary["configs"].items():
         e["planned"] = planned[config]
-        e["complete"] = e["tests"] == planned[config] and (config == "stock" or summary["configs"].get(
-            "stock", {}).get("complete", False))
+        e["complete"] = e["tests"] == planned[config] and (
+            config == "stock" or summary["configs"].get("stock", {}).get("complete", False)
+        )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1, sort_keys=False)

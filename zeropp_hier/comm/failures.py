@@ -104,7 +104,7 @@ class HierCommError(RuntimeError):
         return (_rebuild_comm_error, (type(self), fields))
 
 
-def _rebuild_comm_error(cls, fields: dict) -> "HierCommError":
+def _rebuild_comm_error(cls, fields: dict) -> HierCommError:
     return cls(**fields)
 
 

@@ -16,11 +16,11 @@ import os
 from typing import Any
 
 import deepspeed
+import deepspeed.runtime.engine as _ds_engine_module
 
 # DeepSpeed's engine imports this module while choosing a stage-3 class; import it first so
 # that its own import cannot capture our temporarily rebound name (docs/design.md#deepspeed-hook-points).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
-import deepspeed.runtime.engine as _ds_engine_module
 import deepspeed.runtime.zero.stage3 as _ds_stage3
 from deepspeed.runtime.engine import DeepSpeedEngine
 

@@ -18,6 +18,7 @@ imported, it wraps ``deepspeed.initialize``:
 The marks are small JSON files in ``ZEROPP_HIER_PEER_MARKS``; the pytest plugin
 (``zeropp_peer_plugin.py``) empties the directory before each test and reads it after.
 """
+
 from __future__ import annotations
 
 import copy
@@ -62,6 +63,7 @@ def _mark(event: str, **fields) -> None:
 def _world() -> int:
     try:
         import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
             return dist.get_world_size()
     except Exception:
@@ -86,8 +88,7 @@ def _stage(cfg) -> int | None:
 
 
 def _section(world: int) -> dict:
-    section = {"enabled": True, "preset": os.environ["ZEROPP_HIER_PEER_PRESET"],
-               "topology": topology_for_world(world)}
+    section = {"enabled": True, "preset": os.environ["ZEROPP_HIER_PEER_PRESET"], "topology": topology_for_world(world)}
     if os.environ.get("ZEROPP_HIER_PEER_COMPRESSION", "default") == "none":
         section["compression"] = "none"
     return section
@@ -124,8 +125,8 @@ def _pickle_shim() -> None:
     if os.environ.get("ZEROPP_HIER_PEER_PICKLE_SHIM", "1") == "0":
         return
     import zeropp_hier
-    for name in ("HierConfigError", "HierTopologyError", "HierNonFiniteError", "HierCommError",
-                 "HierCheckpointError"):
+
+    for name in ("HierConfigError", "HierTopologyError", "HierNonFiniteError", "HierCommError", "HierCheckpointError"):
         cls = getattr(zeropp_hier, name, None)
         if isinstance(cls, type) and issubclass(cls, BaseException):
             cls.__reduce__ = _reduce_exception
@@ -135,6 +136,7 @@ def _wrap(ds) -> None:
     inject = bool(os.environ.get("ZEROPP_HIER_PEER_PRESET"))
     if inject:
         import zeropp_hier
+
         _pickle_shim()
         zeropp_hier.patch_deepspeed()
         _mark("patched", zeropp_hier=os.path.dirname(zeropp_hier.__file__))
@@ -168,17 +170,21 @@ def _wrap(ds) -> None:
         except Exception as e:
             if inject:
                 from zeropp_hier.errors import HierConfigError
+
                 if isinstance(e, HierConfigError) or (isinstance(e, RuntimeError) and "zeropp_hier" in str(e)):
                     _mark("refused", type=type(e).__name__, field=getattr(e, "field", None), msg=str(e)[:2000])
             raise
         finally:
             if restore is not None:
-                setattr(restore[0], "deepspeed_config", restore[1])
+                restore[0].deepspeed_config = restore[1]
         if injected:
             engine = out[0] if isinstance(out, (tuple, list)) and out else out
-            _mark("engine", cls=type(engine).__name__,
-                  optimizer=type(getattr(engine, "optimizer", None)).__name__,
-                  hier=getattr(engine, "hier_runtime", None) is not None)
+            _mark(
+                "engine",
+                cls=type(engine).__name__,
+                optimizer=type(getattr(engine, "optimizer", None)).__name__,
+                hier=getattr(engine, "hier_runtime", None) is not None,
+            )
         return out
 
     initialize.__wrapped__ = inner

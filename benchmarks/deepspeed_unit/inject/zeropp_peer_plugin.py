@@ -9,6 +9,7 @@ the ranks left (stage-3 initialize calls, injections, zeropp_hier refusals, engi
 With ``ZEROPP_HIER_PEER_COLLECT`` set it writes the collected tests there, one JSON
 object a line (node id, parameters, markers, class, class world size).
 """
+
 from __future__ import annotations
 
 import glob
@@ -35,10 +36,18 @@ def _watchdog(seq: int) -> None:
         return
     import faulthandler
     import sys
+
     sys.stderr.write(f"\nzeropp_peer_plugin: {_state['current']} still running after {_TEST_TIMEOUT:.0f}s\n")
     faulthandler.dump_traceback(all_threads=True)
-    _write({"nodeid": _state["current"], "outcome": "hang", "duration": round(time.time() - _state["start"], 2),
-            "text": f"still running after {_TEST_TIMEOUT:.0f}s (plugin watchdog)", "marks": _read_marks()})
+    _write(
+        {
+            "nodeid": _state["current"],
+            "outcome": "hang",
+            "duration": round(time.time() - _state["start"], 2),
+            "text": f"still running after {_TEST_TIMEOUT:.0f}s (plugin watchdog)",
+            "marks": _read_marks(),
+        }
+    )
     sys.stderr.flush()
     os._exit(3)
 
@@ -100,9 +109,18 @@ def pytest_collection_finish(session):
                 cs = getattr(item, "callspec", None)
                 params = {k: repr(v) for k, v in (cs.params.items() if cs else [])}
                 marks = sorted({m.name for m in item.iter_markers()})
-                f.write(json.dumps({"nodeid": item.nodeid, "params": params, "markers": marks,
-                                    "cls": item.cls.__name__ if item.cls else None,
-                                    "world_size": repr(getattr(item.cls, "world_size", None))}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "nodeid": item.nodeid,
+                            "params": params,
+                            "markers": marks,
+                            "cls": item.cls.__name__ if item.cls else None,
+                            "world_size": repr(getattr(item.cls, "world_size", None)),
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -113,6 +131,7 @@ def pytest_runtest_logstart(nodeid, location):
     _state["seq"] += 1
     if _TEST_TIMEOUT > 0:
         import threading
+
         threading.Thread(target=_watchdog, args=(_state["seq"],), daemon=True).start()
 
 
@@ -139,8 +158,15 @@ def _outcome(reports) -> tuple[str, str]:
 
 def pytest_runtest_logfinish(nodeid, location):
     outcome, text = _outcome(_state["reports"])
-    _write({"nodeid": nodeid, "outcome": outcome, "duration": round(time.time() - _state["start"], 2),
-            "text": text, "marks": _read_marks()})
+    _write(
+        {
+            "nodeid": nodeid,
+            "outcome": outcome,
+            "duration": round(time.time() - _state["start"], 2),
+            "text": text,
+            "marks": _read_marks(),
+        }
+    )
     _state["current"] = None
     _state["seq"] += 1
 
@@ -148,7 +174,13 @@ def pytest_runtest_logfinish(nodeid, location):
 def pytest_sessionfinish(session, exitstatus):
     # DeepSpeed's launcher calls pytest.exit("Test hanged") on a timeout: no report is made
     if _state["current"] is not None:
-        _write({"nodeid": _state["current"], "outcome": "hang",
+        _write(
+            {
+                "nodeid": _state["current"],
+                "outcome": "hang",
                 "duration": round(time.time() - _state["start"], 2),
-                "text": f"session ended during the test (exit status {exitstatus})", "marks": _read_marks()})
+                "text": f"session ended during the test (exit status {exitstatus})",
+                "marks": _read_marks(),
+            }
+        )
         _state["current"] = None
