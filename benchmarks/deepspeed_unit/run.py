@@ -46,7 +46,7 @@ PRUNED_FILES = {
     "unit/runtime/zero/test_zero_config.py": "config parsing only: never calls deepspeed.initialize",
     "unit/runtime/zero/test_zero_tiled.py": "TiledLinear under zero.Init only: never calls deepspeed.initialize",
     "unit/runtime/zero/test_zero_allreduce_fetch_params.py": "zero.Init only: never calls deepspeed.initialize",
-    "unit/v1/zero/test_zero_init_pg_contradiction.py": "zero.Init process groups only: never calls deepspeed.initialize",
+    "unit/v1/zero/test_zero_init_pg_contradiction.py": "zero.Init groups only: never calls deepspeed.initialize",
     "unit/v1/zero/test_overlap_comm_record_stream.py": "CUDA stream record_stream: never calls deepspeed.initialize",
     "unit/v1/zero/test_stage2_flatten_on_gpu.py": "ZeRO stage 2 only (and accelerator flattening)",
     "unit/v1/zero/test_zero2_offload_multi_backward.py": "ZeRO stage 2 only",
