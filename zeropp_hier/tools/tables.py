@@ -63,7 +63,11 @@ def topology_lines(topo: Topology, mode: str = "manual") -> list[str]:
             ("gcd", topo.gcds_per_gpu, "GCDs per package"),
         )
     ]
-    return [f"topology ({how}): {topo.world_size} ranks, rank_map {rm}", *table(["tier", "size", "of"], rows)]
+    head = (
+        f"topology ({how}): {topo.num_nodes} nodes x {topo.gpus_per_node} GPUs x {topo.gcds_per_gpu} GCDs"
+        f" = {topo.world_size} ranks, rank_map {rm}"
+    )
+    return [head, *table(["tier", "size", "of"], rows)]
 
 
 def fmt_bytes(n: float) -> str:
