@@ -55,3 +55,24 @@ def set_path(section: dict, path: tuple, value) -> dict:
         node = child
     node[path[-1]] = value
     return out
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Live processes (not zombies) whose initial environment carries ``mark`` (``NAME=value``):
+    how a test proves that nothing it started survives it."""
+    import os
+
+    want = mark.encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(pid))
+    return found

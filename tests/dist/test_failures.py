@@ -10,6 +10,7 @@ from zeropp_hier.core.topology import Topology
 from zeropp_hier.testing.launch import LocalWorld, WorldError
 
 from . import ranks_reliability as rs
+from ..helpers import marked_processes
 
 TIMEOUT_S = 5.0  # collective_timeout_s of these runs
 GRACE_S = 20.0  # a quiet spell this long after the last failure or exit: the rest are stuck
@@ -29,20 +30,7 @@ def parse_error(text: str) -> dict | None:
 
 def processes_of(world: LocalWorld) -> list[int]:
     """Live processes (not zombies) that carry this world's mark in their initial environment."""
-    mark = f"ZEROPP_HIER_WORLD_ID={world.world_id}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if mark not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
+    return marked_processes(f"ZEROPP_HIER_WORLD_ID={world.world_id}")
 
 
 def broken_world(size: int, fn, *args) -> tuple[LocalWorld, WorldError]:

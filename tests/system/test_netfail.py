@@ -27,6 +27,7 @@ from zeropp_hier.app.training import ds_config
 from zeropp_hier.core.topology import Topology
 
 from ..dist.test_failures import parse_error
+from ..helpers import marked_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK_SCRIPT = ["-m", "tests.system.netfail_rank"]  # run from the repository root, as a module
@@ -52,28 +53,11 @@ def _config():
     return cfg
 
 
-def _marked_processes(mark: str) -> list[int]:
-    """Live processes (not zombies) whose initial environment carries ``mark``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if mark.encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
-
-
 def _assert_nothing_left(spec: ClusterSpec, mark: str) -> None:
     assert netns.leftovers(spec.prefix) == {"namespaces": [], "processes": [], "links": []}
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [line for line in listed.splitlines() if line.startswith(spec.prefix + "-")], listed
-    assert _marked_processes(mark) == [], "a rank of the run is still alive"
+    assert marked_processes(mark) == [], "a rank of the run is still alive"
     # every veth, bridge and qdisc lived in the namespaces: none of their names in the root one
     links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True).stdout)
     ours = {"pkg", "nic", "br0"} | {f"n{n}" for n in range(spec.nodes)} | {f"p{g}" for g in range(spec.gpus_per_node)}

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
+from ..tools.tables import fmt_bytes
 
 Preset = Literal["frontier", "zeropp", "zero3", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -64,14 +65,6 @@ class JobSpec:
             raise HierConfigError("dtype", self.dtype, "use fp32, bf16 or fp16")
         if self.progress not in PROGRESS:
             raise HierConfigError("progress", self.progress, "use auto, on or off")
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:7.1f} {unit}"
-        n /= 1000.0
-    return str(n)
 
 
 def ds_config_for(spec: JobSpec) -> dict:
@@ -165,7 +158,7 @@ def numerics_lines(engine) -> list[str]:
         lines.append("  (nothing compressed, or sampling off)")
     ef, nf = num["error_feedback"], num["nonfinite"]
     lines.append(
-        f"error feedback: {ef['buffers']} residual buffer(s), {fmt_bytes(ef['bytes']).strip()} on rank 0; "
+        f"error feedback: {ef['buffers']} residual buffer(s), {fmt_bytes(ef['bytes'])} on rank 0; "
         f"skipped steps ({nf['policy']} on non-finite): {nf['skipped_steps'] or 'none'}"
     )
     return lines
@@ -239,7 +232,9 @@ def rank_main(spec: JobSpec) -> dict:
             now = {tier: sum(snap[p][tier] for p in snap) for tier in TIERS}
             row["bytes"] = {tier: now[tier] - prev[tier] for tier in TIERS}
             prev.update(now)
-            sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier])}" for tier in reversed(TIERS))
+            sent = " | sent/rank " + "  ".join(
+                f"{tier} {fmt_bytes(row['bytes'][tier]):>9s}" for tier in reversed(TIERS)
+            )
         row["skipped"] = engine.skipped_steps > skipped[0]  # fp16 overflow or non-finite gradient
         skipped[0] = engine.skipped_steps
         mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
