@@ -110,20 +110,31 @@ def compute_estimate(summary: dict) -> float | None:
     return statistics.median(samples) if samples else None
 
 
-def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
+def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate: float):
+    """The planner's cluster and workload for a run of this benchmark (also what the planner
+    test re-runs from a recorded JSON)."""
     from zeropp_hier.tools import planner as P
 
     cl = P.emulated(node_mbit=plan["node_mbit"], compute_s=compute_s, quant_rate=quant_rate)
     if probe is not None:
         cl = P.with_probed_tiers(cl, probe)
     m = plan["model"]
-    wl = P.Workload(
-        params=plan["params"],
-        tokens_per_gcd=plan["micro_batch"] * m["seq_len"],
-        weight_bytes=4,
-        gathers_per_pass=6 * m["n_layers"] + 3,
-        largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]),
+    wl = P.gpt_workload(
+        plan["params"],
+        m["n_layers"],
+        m["d_model"],
+        m["seq_len"],
+        plan["micro_batch"],
+        weight_bytes=2 if plan.get("dtype") == "bf16" else 4,
+        vocab=m["vocab_size"],
     )
+    return cl, wl
+
+
+def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
+    from zeropp_hier.tools import planner as P
+
+    cl, wl = planner_inputs(plan, probe, compute_s, quant_rate)
     by = {p.candidate.name: p for p in P.rank(cl, wl)}
     return {
         n: {

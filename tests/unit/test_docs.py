@@ -9,8 +9,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 NOTE = re.compile(r"\[Note: ([^\]]+)\]")
 # a note is defined where it opens a line (after indentation, a comment marker or a docstring's
@@ -35,8 +33,14 @@ def repo_files() -> list[Path]:
             text=True,
             check=True,
         ).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked sdist): walk it
+        skip = {"build", "outputs", "multirun", "__pycache__"}  # and hidden folders (.git, caches)
+
+        def kept(rel: Path) -> bool:
+            hidden = [p for p in rel.parts[:-1] if p.startswith(".") and p != ".ci"]
+            return not hidden and not any(p in skip or p.endswith(".egg-info") for p in rel.parts[:-1])
+
+        out = [str(f.relative_to(ROOT)) for f in ROOT.rglob("*") if f.is_file() and kept(f.relative_to(ROOT))]
     here = Path(__file__).resolve()
     return [ROOT / f for f in out if (ROOT / f).is_file() and (ROOT / f).resolve() != here]
 

@@ -10,6 +10,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from benchmarks.compare import planner_inputs
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.tools import planner as P
@@ -93,15 +94,7 @@ def _predict_recorded(rec):
     plan, probe = rec["plan"], rec["probe"]
     compute = statistics.median(t for d in rec["summary"]["unshaped"].values() for t in d["step_times"])
     quant_rate = sorted(rec["quant_rate_per_rank"])[len(rec["quant_rate_per_rank"]) // 2]
-    cl = P.with_probed_tiers(P.emulated(node_mbit=plan["node_mbit"], compute_s=compute, quant_rate=quant_rate), probe)
-    m = plan["model"]
-    wl = P.Workload(
-        params=plan["params"],
-        tokens_per_gcd=plan["micro_batch"] * m["seq_len"],
-        weight_bytes=4,
-        gathers_per_pass=6 * m["n_layers"] + 3,
-        largest_layer_params=max(4 * m["d_model"] ** 2, m["vocab_size"] * m["d_model"]),
-    )
+    cl, wl = planner_inputs(plan, probe, compute, quant_rate)  # the benchmark's own inputs
     return {p.candidate.name: p for p in P.rank(cl, wl)}
 
 
