@@ -129,6 +129,19 @@ def _parse_topology(v: Any) -> TopologyConfig:
     return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map, mode)
 
 
+def _seconds(value: Any, key: str, what: str) -> float:
+    """A timeout of the section, in seconds within the allowed range; ``what`` ends the fix."""
+    if not (_is_int(value) or isinstance(value, float)) or not (
+        MIN_COLLECTIVE_TIMEOUT_S <= value <= MAX_COLLECTIVE_TIMEOUT_S
+    ):
+        raise HierConfigError(
+            f"{SECTION}.{key}",
+            value,
+            f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g} {what}",
+        )
+    return float(value)
+
+
 def parse_section(section: Any) -> HierConfig:
     """Validate the ``zeropp_hier`` section alone (no knowledge of the world size)."""
     if section is None:
@@ -141,27 +154,16 @@ def parse_section(section: Any) -> HierConfig:
     preset = d.get("preset", "frontier")
     if preset not in PRESETS:
         raise HierConfigError(f"{SECTION}.preset", preset, f"use one of {list(PRESETS)}")
-    timeout = d.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
-    if not (_is_int(timeout) or isinstance(timeout, float)) or not (
-        MIN_COLLECTIVE_TIMEOUT_S <= timeout <= MAX_COLLECTIVE_TIMEOUT_S
-    ):
-        raise HierConfigError(
-            f"{SECTION}.collective_timeout_s",
-            timeout,
-            f"use a number of seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to "
-            f"{MAX_COLLECTIVE_TIMEOUT_S:g} (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long "
-            "a rank waits in one collective for a dead or stuck peer before failing",
-        )
+    timeout = _seconds(
+        d.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S),
+        "collective_timeout_s",
+        f"(default {DEFAULT_COLLECTIVE_TIMEOUT_S:g}): how long a rank waits in one collective for a dead "
+        "or stuck peer before failing",
+    )
     ds_timeout = d.get("deepspeed_group_timeout_s")
-    if ds_timeout is not None and (
-        not (_is_int(ds_timeout) or isinstance(ds_timeout, float))
-        or not (MIN_COLLECTIVE_TIMEOUT_S <= ds_timeout <= MAX_COLLECTIVE_TIMEOUT_S)
-    ):
-        raise HierConfigError(
-            f"{SECTION}.deepspeed_group_timeout_s",
-            ds_timeout,
-            f"use null (default: DeepSpeed's groups keep their own timeout) or a number of "
-            f"seconds from {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g}",
+    if ds_timeout is not None:
+        ds_timeout = _seconds(
+            ds_timeout, "deepspeed_group_timeout_s", "for DeepSpeed's own groups, or null (default: they keep theirs)"
         )
     overlap = d.get("overlap", True)
     if not isinstance(overlap, bool):
@@ -178,8 +180,8 @@ def parse_section(section: Any) -> HierConfig:
         topology=_parse_topology(d.get("topology", {})),
         compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
         numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
-        collective_timeout_s=float(timeout),
-        deepspeed_group_timeout_s=None if ds_timeout is None else float(ds_timeout),
+        collective_timeout_s=timeout,
+        deepspeed_group_timeout_s=ds_timeout,
     )
 
 
