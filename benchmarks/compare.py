@@ -193,7 +193,11 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
 
 
 def bar_chart(summary: dict, path: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # optional: the table and the JSON carry every number
+        print(f"(matplotlib not installed: no chart at {path})")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -77,6 +77,9 @@ def comm_stats(engine) -> dict:
         {"bytes": {"forward_gather": {"gcd": .., "gpu": .., "node": ..}, "backward_gather": ..,
                    "grad_reduce": .., "other_gather": ..},
          "calls": {same shape},
+         "kept_bytes_peak": n,   # most bytes of kept copies held at once (encoded: their size)
+         "kept_levels": None, or under a memory budget {"count": {level: layers},
+                        "planned_bytes": n, "by_layer": {layer: level}},
          "numerics": {"relative_error": {phase: {tier: {"mean", "max", "last", "samples"}}},
                       "sample_every": N,
                       "error_feedback": {"stages": [...], "buffers": n, "bytes": n},
@@ -93,7 +96,9 @@ def comm_stats(engine) -> dict:
             "comm_stats needs an engine from zeropp_hier.initialize with an enabled "
             "zeropp_hier section; this engine is stock DeepSpeed"
         )
-    return {**rt.stats.snapshot(), "numerics": rt.numerics.snapshot()}
+    lp = rt.level_plan
+    levels = None if lp is None else {"count": lp.count(), "planned_bytes": lp.kept_bytes, "by_layer": lp.levels}
+    return {**rt.stats.snapshot(), "numerics": rt.numerics.snapshot(), "kept_levels": levels}
 
 
 def reset_comm_stats(engine) -> None:

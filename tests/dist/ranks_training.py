@@ -68,7 +68,7 @@ def compare_shards_with_gather(engine) -> dict:
     topo = rt.topo
     errors = {}
     params = [p for p in engine.module.parameters() if p.ds_id in rt.shards]
-    kept = {p.ds_id: rt.shards[p.ds_id].clone() for p in params}
+    kept = {p.ds_id: rt.kept_weights(p).clone() for p in params}
     with deepspeed.zero.GatheredParameters(params):
         for p in params:
             ps = p.ds_tensor.ds_numel

@@ -50,3 +50,16 @@ def test_a_small_tensor_keeps_its_own_precision_beside_a_large_one(world4, schem
             # of a scale no larger than the tensor's own absmax. Had the bias shared a block with
             # the weight, its step would be set by the weight's ten-times-larger values.
             assert 0 < e["err"] <= e["absmax"] / qmax / 2 * 1.001, (name, e)
+
+
+def test_a_gather_quantizes_once(world4):
+    """[Note: quantize once per gather]: after the int8 node hop, the gcd hop (asked for int4)
+    carries the int8 rows as they are, so the weights keep int8 precision; re-quantized to int4
+    they would err by up to eight times more."""
+    cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2,
+                    compression={"weights": {"node": "int8", "gcd": "int4"}, "gradients": "none"})
+    for r in world4.run(gathered_beside_a_large_tensor, cfg):
+        assert r["gathered_exact"]
+        for name in ("weight", "bias"):
+            e = r[name]
+            assert 0 < e["err"] <= e["absmax"] / 127 / 2 * 1.001, (name, e)

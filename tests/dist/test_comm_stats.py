@@ -49,6 +49,35 @@ def test_forward_node_bytes_at_most_int8_share(frontier_run):
         assert st["bytes"]["forward_gather"]["node"] < exact
 
 
+def test_later_gather_hops_carry_the_int8_rows(frontier_run):
+    """[Note: quantize once per gather]: the gpu and gcd hops of the forward gather, and the
+    backward's gcd hop, move the node hop's int8 rows (not decoded bf16/fp32 values), and the
+    kept copies are those rows."""
+    res, _ = frontier_run
+    P = G = 2
+    for r in res:
+        b = r["frontier"]["stats"]["bytes"]
+        node = b["forward_gather"]["node"]
+        assert node > 0
+        row = node / (N - 1)  # this rank's encoded rows per run (one per gather)
+        # after the node hop a rank holds N rows and sends them to its P-1 package peers; after
+        # the gpu hop N*P rows to its G-1 package partner
+        assert b["forward_gather"]["gpu"] == row * N * (P - 1)
+        # (at least: a weight used twice in one forward, the tied embedding, is gathered again
+        # from its kept copy, a gcd hop of its own)
+        assert b["forward_gather"]["gcd"] >= row * N * P * (G - 1)
+        # decoded, the same rows would be 4 bytes per element (fp32 training) instead of 1 + 4/B
+        decoded = row / (1 + 4 / B) * 4
+        assert b["forward_gather"]["gcd"] < decoded * N * P * (G - 1)
+        # the backward sends this rank's kept copies, int8 rows, to its package partner: the
+        # same bytes as the copies hold (the copies of the whole model, each gathered once)
+        kept = r["frontier"]["stats"]["kept_bytes_peak"]
+        # (against the fp32 run's unpadded copies: this tiny model's tensors are mostly smaller
+        # than a block per rank, so padding eats most of int8's 4x here)
+        assert 0 < kept < r["frontier_fp32"]["stats"]["kept_bytes_peak"] / 1.5
+        assert b["backward_gather"]["gcd"] == STEPS * kept
+
+
 def test_gradient_node_bytes_at_most_int4(frontier_run):
     res, sizes = frontier_run
     share = sum(sizes)

@@ -3,8 +3,9 @@ map so that every permutation is exercised, frontier's default compression, tele
 every call):
 - no host synchronisation and no tensor made from host data inside a gather or a reduce stage
   ([Note: no host traffic in the hot path] in core/layout.py), counted op by op;
-- with DeepSpeed's prefetch on, gathers are issued ahead of use (several in flight at once) and
-  the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
+- with DeepSpeed's prefetch on, gathers are issued ahead of use (several in flight at once),
+  gradient buckets are reduced while backward goes on ([Note: gradient stages beside backward]),
+  and the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
 """
 from zeropp_hier.app.training import ds_config
 
@@ -23,6 +24,8 @@ def _cfg(prefetch: bool, overlap: bool = True) -> dict:
     cfg["zeropp_hier"]["overlap"] = overlap
     if prefetch:  # a bucket of about one layer; release after use so backward gathers again
         cfg["zero_optimization"].update(stage3_prefetch_bucket_size=8000, stage3_max_reuse_distance=0)
+    # gradient buckets of about one layer, so that backward fills several
+    cfg["zero_optimization"]["reduce_bucket_size"] = 8000
     return cfg
 
 
@@ -52,7 +55,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
         engine = training.build_engine(cfg)
         rt = engine.hier_runtime
         seen: list = []
-        calls = {"gather": 0, "reduce": 0}
+        calls = {"gather": 0, "reduce": 0, "submit": 0}
 
         def watched(fn, kind):
             def run(*a, **k):
@@ -62,10 +65,12 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
             return run
 
         rt._gather_bucket = watched(rt._gather_bucket, "gather")
-        rt._reduce_scatter = watched(rt._reduce_scatter, "reduce")
+        rt.submit_reduce_scatter = watched(rt.submit_reduce_scatter, "submit")  # the caller's part
+        rt._reduce_rows = watched(rt._reduce_rows, "reduce")  # the stages, on the executor
         losses = training.train_steps(engine, steps)
         out[name] = {"losses": losses, "host_ops": sorted(set(seen)), "calls": calls,
                      "max_outstanding": rt.executor.max_outstanding,
+                     "buckets_overlapped": engine.optimizer.buckets_overlapped,
                      "samples": sum(e["samples"] for t in __import__("zeropp_hier").comm_stats(engine)
                                     ["numerics"]["relative_error"].values() for e in t.values())}
         training.release(engine)
@@ -82,5 +87,9 @@ def test_no_host_traffic_in_gathers_and_reduce_stages_and_prefetch_overlaps(worl
         # prefetch issued gathers ahead of use; inline, one at a time
         assert r["prefetch"]["max_outstanding"] >= 2, r["prefetch"]["max_outstanding"]
         assert r["inline"]["max_outstanding"] == 1
+        # gradient buckets: each but the last reduced beside the next one's backward
+        # ([Note: gradient stages beside backward]); inline, none
+        assert r["prefetch"]["buckets_overlapped"] >= 2, r["prefetch"]["buckets_overlapped"]
+        assert r["inline"]["buckets_overlapped"] == 0
         # same training either way: overlap reorders nothing that matters
         assert_losses_close(r["prefetch"]["losses"], r["inline"]["losses"], 1e-6, f"rank {rank}")

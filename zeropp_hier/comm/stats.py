@@ -24,6 +24,10 @@ class CommStats:
         self.rank = rank
         self.bytes: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         self.calls: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
+        self.kept_bytes_peak = 0  # most bytes of kept copies held at once (encoded at their size)
+
+    def note_kept(self, nbytes: int) -> None:
+        self.kept_bytes_peak = max(self.kept_bytes_peak, nbytes)
 
     def record(self, phase: str, peers: Sequence[int], bytes_per_peer: int) -> None:
         """One collective in which this rank sends ``bytes_per_peer`` to each other member."""
@@ -39,13 +43,17 @@ class CommStats:
             self.calls[phase][slowest] += 1
 
     def snapshot(self) -> dict:
-        """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present."""
-        return {
+        """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present, and
+        "kept_bytes_peak"."""
+        out: dict = {
             kind: {p: {t: int(getattr(self, kind)[p][t]) for t in TIERS} for p in PHASES}
             for kind in ("bytes", "calls")
         }
+        out["kept_bytes_peak"] = self.kept_bytes_peak
+        return out
 
     def reset(self) -> None:
         for p in PHASES:
             self.bytes[p].clear()
             self.calls[p].clear()
+        self.kept_bytes_peak = 0

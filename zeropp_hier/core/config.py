@@ -45,6 +45,7 @@ _SECTION_KEYS = (
     "collective_timeout_s",
     "deepspeed_group_timeout_s",
     "overlap",
+    "memory",
 )
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
@@ -55,6 +56,36 @@ class TopologyConfig:
     gpus_per_node: int | None = 4
     rank_map: tuple[int, ...] | None = None
     mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    # GB per GCD for the kept copies of all layers together; None: every layer keeps its
+    # preset's copy ([Note: kept levels] in core/levels.py)
+    kept_shards_gb: float | None = None
+
+
+def _parse_memory(v: Any, preset: str) -> MemoryConfig:
+    field = f"{SECTION}.memory"
+    if v is None:
+        return MemoryConfig()
+    d = _check_mapping(v, field)
+    _check_keys(d, ("kept_shards_gb",), field)
+    gb = d.get("kept_shards_gb")
+    if gb is not None:
+        if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb >= 0 or gb == float("inf"):
+            raise HierConfigError(
+                f"{field}.kept_shards_gb",
+                gb,
+                "use a number of GB per GCD (0 keeps no copy: every backward gathers across the network), "
+                "or null for the preset's copy of every layer",
+            )
+        if preset == "zero3":
+            raise HierConfigError(
+                f"{field}.kept_shards_gb", gb, 'preset "zero3" keeps no copy; remove it or use frontier / zeropp'
+            )
+        gb = float(gb)
+    return MemoryConfig(gb)
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,7 @@ class HierConfig:
     # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
     # compute ([Note: one order of hop collectives] in comm/executor.py); false: inline
     overlap: bool = True
+    memory: MemoryConfig = MemoryConfig()
 
 
 def _is_int(v: Any) -> bool:
@@ -182,6 +214,7 @@ def parse_section(section: Any) -> HierConfig:
         numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
         collective_timeout_s=timeout,
         deepspeed_group_timeout_s=ds_timeout,
+        memory=_parse_memory(d.get("memory"), preset),
     )
 
 

@@ -36,6 +36,15 @@ class CommPlan(NamedTuple):
     backward: tuple[Hop, ...]  # gather from the kept shard
     reduce: tuple[Hop, ...]  # gradient reduce-scatter stages, first stage first
     block_size: int  # the default; each hop carries its tier's own
+    # backward hops from each kept level the preset allows, best first ([Note: kept levels] in
+    # core/levels.py); ``kept_axes``/``backward`` are the first
+    by_level: tuple[tuple[tuple[str, ...], tuple[Hop, ...]], ...] = ()
+
+    def backward_for(self, kept_axes: tuple[str, ...]) -> tuple[Hop, ...]:
+        for axes, hops in self.by_level:
+            if axes == kept_axes:
+                return hops
+        raise KeyError(f"preset {self.preset} keeps no copy spanning {kept_axes}")
 
 
 def _hops(
@@ -57,6 +66,7 @@ def _hops(
 
 def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> CommPlan:
     c = compression
+    alt: list = []  # other kept levels: (kept axes, backward hops)
     fwd: list[tuple[str, ...]]
     bwd: list[tuple[str, ...]]
     red: list[tuple[str, ...]]
@@ -76,13 +86,19 @@ def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> Co
         fwd = [("node",), ("gpu",), ("gcd",)]
         kept, bwd = ("node", "gpu"), [("gcd",)]
         red = [("gcd",), ("gpu",), ("node",)]
+        # a layer left with a node copy under a memory budget re-gathers hop by hop too
+        alt = [(("node",), [("gpu",), ("gcd",)])]
     else:
         raise ValueError(f"unknown preset {preset!r}")
+    backward = _hops(topo, bwd, c.backward_weights, c.block_sizes)
+    levels = [(kept, backward)] if kept is not None else []
+    levels += [(axes, _hops(topo, hops, c.backward_weights, c.block_sizes)) for axes, hops in alt]
     return CommPlan(
         preset,
         _hops(topo, fwd, c.forward_weights, c.block_sizes),
         kept,
-        _hops(topo, bwd, c.backward_weights, c.block_sizes),
+        backward,
         _hops(topo, red, c.gradients, c.block_sizes, c.error_feedback),
         c.block_size,
+        tuple(levels),
     )

@@ -84,6 +84,19 @@ class HierEngine(DeepSpeedEngine):
                 f"zeropp_hier: DeepSpeed built {type(opt).__name__}, not the "
                 "hierarchical stage 3 (super_offload is not supported)"
             )
+        # kept level per layer under a memory budget ([Note: kept levels] in core/levels.py)
+        named = list(self.module.named_parameters())
+        level_plan = runtime.set_levels(named) if named else None
+        if level_plan is not None and runtime.rank == 0:
+            from ..core.levels import summarize
+
+            order = list(dict.fromkeys(level_plan.levels))
+            runs = ", ".join(f"{lay}: {lvl}" for lay, lvl in summarize(level_plan, order))
+            print(
+                f"[zeropp_hier] kept copies within {runtime.cfg.memory.kept_shards_gb:g} GB per GCD: "
+                f"{level_plan.kept_bytes / 1e9:.3f} GB planned; {runs}",
+                flush=True,
+            )
         # DeepSpeed's own collectives (the gradient-norm all-reduce of every step, checkpoint
         # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
         # init_distributed was given) unless deepspeed_group_timeout_s asks for another

@@ -8,20 +8,22 @@ parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpee
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-from ..comm.collectives import HierCollectives
+from ..comm.collectives import Encoded, HierCollectives
 from ..comm.executor import CommExecutor
 from ..comm.groups import build_hop_groups
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
-from ..core import layout
+from ..core import layout, levels
 from ..core.config import HierConfig
 from ..core.errors import HierTopologyError
+from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, make_plan
 from ..core.policy import QUANTIZED
 from ..core.topology import Topology
@@ -70,11 +72,16 @@ class HierRuntime:
         # slot granularity of gathered partitions: the largest block of any quantizing gather hop
         # (block sizes are powers of two, so it is a multiple of every one); 1 when all are exact
         self._exact_forward = tuple(h._replace(scheme="none") for h in self.plan.forward)
+        backward_hops = [h for _, hops in self.plan.by_level for h in hops]
         self._gather_align = max(
-            (h.block_size for h in (*self.plan.forward, *self.plan.backward) if h.scheme in QUANTIZED), default=1
+            (h.block_size for h in (*self.plan.forward, *backward_hops) if h.scheme in QUANTIZED), default=1
         )
-        axes_sets = [h.axes for h in (*self.plan.forward, *self.plan.backward, *self.plan.reduce)]
+        axes_sets = [h.axes for h in (*self.plan.forward, *backward_hops, *self.plan.reduce)]
         self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
+        # kept level per parameter ([Note: kept levels] in core/levels.py): set by set_levels
+        # when a memory budget asks for a mix; otherwise every parameter keeps plan.kept_axes
+        self._kept_of: dict[int, tuple[str, ...] | None] = {}
+        self.level_plan: LevelPlan | None = None
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
         from deepspeed.accelerator import get_accelerator
@@ -136,27 +143,34 @@ class HierRuntime:
         # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
         # take different hops, and a buffer holds one dtype. The source is decided now, on the
         # caller's thread, from the kept shards as they are at submission.
-        buckets: dict[tuple[bool, torch.dtype], list] = {}
+        buckets: dict[tuple[tuple[str, ...], torch.dtype], list] = {}
         # a kept copy holds what the (possibly compressed) forward gather delivered: used for the
         # backward and later forwards, never for an exact gather outside the step
         use_shards = self.phase != "other_gather"
         for p in params:
-            buckets.setdefault((use_shards and p.ds_id in self.shards, p.ds_tensor.dtype), []).append(p)
+            # the source: the primary (()), or a kept copy spanning these axes
+            src = self.kept_axes_of(p.ds_id) if use_shards and p.ds_id in self.shards else ()
+            buckets.setdefault((src, p.ds_tensor.dtype), []).append(p)
         work = [
-            (ps, from_shard, [self.shards[p.ds_id] for p in ps] if from_shard else None)
-            for (from_shard, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+            (ps, src, [self.shards[p.ds_id] for p in ps] if src else None)
+            for (src, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
         ]
         phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
 
         def gather_all() -> dict[int, torch.Tensor]:
             full: dict[int, torch.Tensor] = {}
-            for ps, from_shard, shards in work:
-                full.update(self._gather_bucket(ps, from_shard, shards, phase))
+            for ps, src, shards in work:
+                full.update(self._gather_bucket(ps, src, shards, phase))
             return full
 
         return _GatheredHandle(params, self.executor.submit(gather_all), self.executor)
 
-    def _gather_bucket(self, ps: list, from_shard: bool, shards: list | None, phase: str) -> dict[int, torch.Tensor]:
+    def _gather_bucket(
+        self, ps: list, src: tuple[str, ...], shards: list | None, phase: str
+    ) -> dict[int, torch.Tensor]:
+        """Gather one bucket from the primary shards (``src`` empty) or from kept copies spanning
+        ``src``; keep copies on the way when this is a forward gather."""
+        from_shard = bool(src)
         sizes = [p.ds_tensor.ds_numel for p in ps]
         # Gathers outside forward and backward (GatheredParameters, the 16-bit save, persistent
         # re-gathers, item()) hand out weights that are saved, inspected or kept: they take the
@@ -166,27 +180,56 @@ class HierRuntime:
         # straddle]); kept shards have the slots of the forward gather that made them
         align = 1 if exact else self._gather_align
         slots = [layout.aligned(n, align) for n in sizes]
+        buf: torch.Tensor | None = None
+        enc: Encoded | None = None  # set once a hop has quantized ([Note: quantize once per gather])
         if from_shard:
-            buf = torch.cat(shards, dim=3)
-            hops = self.plan.backward
+            if isinstance(shards[0], Encoded):
+                enc = Encoded.cat(shards)
+            else:
+                buf = torch.cat(shards, dim=3)
+            hops = self.plan.backward_for(src)
         else:
             buf = self._primary_buffer(ps, sizes, slots).view(1, 1, 1, -1)
             hops = self._exact_forward if exact else self.plan.forward
+        dtype = ps[0].ds_tensor.dtype
         for hop in hops:
-            buf = self.coll.gather_hop(buf, hop, hop.block_size, phase, hook=self.numerics.gather_hook(phase, hop))
+            if enc is None and hop.scheme in QUANTIZED:
+                enc = self.coll.encode(buf, hop, hop.block_size, hook=self.numerics.gather_hook(phase, hop))
+            if enc is not None:
+                enc = self.coll.gather_encoded(enc, hop, phase)
+            else:
+                buf = self.coll.gather_hop(buf, hop, hop.block_size, phase, hook=self.numerics.gather_hook(phase, hop))
         # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
         # the next steps): gathers outside the step (engine construction, GatheredParameters,
         # persistent re-gathers) keep nothing, so a weight changed between steps by any route
-        # can never be served from a stale copy.
+        # can never be served from a stale copy. An encoded gather leaves encoded copies.
         if not from_shard and self.plan.kept_axes is not None and phase == "forward_gather":
-            kept = layout.kept_shard(buf, self.me, self.plan.kept_axes)
-            off = 0
+            cut: dict = {}  # kept axes -> this rank's part of the gathered buffer along them
+            off, kept_now = 0, False
             for p, slot in zip(ps, slots):
-                if not getattr(p, "ds_persist", False):  # persistent ones are never re-gathered
-                    self.shards[p.ds_id] = kept[..., off : off + slot].contiguous()
+                axes = self.kept_axes_of(p.ds_id)
+                # persistent ones are never re-gathered; a layer at level none keeps nothing
+                if axes is not None and not getattr(p, "ds_persist", False):
+                    if axes not in cut:
+                        mine = functools.partial(layout.kept_shard, me=self.me, kept_axes=axes)
+                        cut[axes] = (
+                            enc._replace(data=mine(enc.data), scales=mine(enc.scales))
+                            if enc is not None
+                            else mine(buf)
+                        )
+                    kept = cut[axes]
+                    self.shards[p.ds_id] = (
+                        kept.payload(off, slot) if enc is not None else kept[..., off : off + slot].contiguous()
+                    )
+                    kept_now = True
                     if not p.requires_grad:
                         self._frozen[p.ds_id] = p
                 off += slot
+            if kept_now:
+                self.stats.note_kept(self.shard_bytes())
+        if enc is not None:
+            buf = self.coll.decode(enc, dtype)
+        assert buf is not None
         rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
         if self._rank_order is not None:
             rows = rows.index_select(0, self._perms.get("rank", self._rank_order, rows.device))  # global rank order
@@ -217,6 +260,35 @@ class HierRuntime:
             off += slot
         return buf
 
+    def kept_axes_of(self, ds_id: int) -> tuple[str, ...] | None:
+        return self._kept_of.get(ds_id, self.plan.kept_axes)
+
+    def set_levels(self, named_params: Sequence[tuple[str, torch.nn.Parameter]]) -> LevelPlan | None:
+        """Choose each layer's kept level under ``memory.kept_shards_gb`` ([Note: kept levels]).
+        Local and deterministic: every rank sees the same names and sizes, so all choose alike."""
+        budget = self.cfg.memory.kept_shards_gb
+        if budget is None or self.plan.kept_axes is None:
+            return None
+        enc = next((h for h in self.plan.forward if h.scheme in QUANTIZED), None)
+        per_elem = (
+            (1.0 if enc.scheme == "int8" else 0.5) + 4.0 / enc.block_size
+            if enc is not None
+            else named_params[0][1].ds_tensor.element_size()
+        )
+        layer_of = {p.ds_id: levels.layer_of(name) for name, p in named_params}
+        slots: dict[str, float] = {}
+        for _, p in named_params:
+            if not getattr(p, "ds_persist", False):  # persistent parameters keep no copy
+                key = layer_of[p.ds_id]
+                slots[key] = slots.get(key, 0.0) + layout.aligned(p.ds_tensor.ds_numel, self._gather_align)
+        plan = levels.assign(list(slots.items()), self.plan.preset, self.topo, per_elem, budget * 1e9)
+        self._kept_of = {
+            pid: levels.LEVEL_AXES[plan.levels[layer]] for pid, layer in layer_of.items() if layer in plan.levels
+        }
+        self.level_plan = plan
+        self.shards.clear()
+        return plan
+
     def invalidate_shards(self, keep_frozen: bool = False) -> None:
         """The primary shards changed: kept copies are stale. After an optimizer step
         (``keep_frozen``) the copies of frozen parameters stay: their primary shards did not
@@ -241,7 +313,13 @@ class HierRuntime:
             self._frozen.pop(p.ds_id, None)
 
     def shard_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.shards.values())
+        """Bytes of the kept copies on this rank (encoded ones at their encoded size)."""
+        return sum(t.nbytes if isinstance(t, Encoded) else t.numel() * t.element_size() for t in self.shards.values())
+
+    def kept_weights(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """A parameter's kept copy as values [n, p, g, slot] in its dtype (decoded if encoded)."""
+        t = self.shards[p.ds_id]
+        return self.coll.decode(t, p.ds_tensor.dtype) if isinstance(t, Encoded) else t
 
     # -- gradient reduction --------------------------------------------------------------------
     def reduce_scatter(
@@ -254,17 +332,36 @@ class HierRuntime:
         """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
         sizes DeepSpeed's ``reduce_scatter_coalesced`` returns. ``key`` names the bucket (its
         parameter names) for error feedback; ``loss_scale`` is the one the gradients carry (fp16)."""
-        # behind any gather in flight, on the same executor: one order per hop group
-        return self.executor.run(lambda: self._reduce_scatter(grads, wire_dtype, key, loss_scale))
+        return self.executor.result(self.submit_reduce_scatter(grads, wire_dtype, key, loss_scale))
 
-    def _reduce_scatter(
-        self, grads: Sequence[torch.Tensor], wire_dtype: torch.dtype, key: tuple[str, ...] | None, loss_scale: float
-    ) -> list[torch.Tensor]:
+    def submit_reduce_scatter(
+        self,
+        grads: Sequence[torch.Tensor],
+        wire_dtype: torch.dtype,
+        key: tuple[str, ...] | None = None,
+        loss_scale: float = 1.0,
+    ):
+        """``reduce_scatter`` without waiting: the gradients are copied into the stage layout
+        now, on the caller (the caller may reuse their memory at once: DeepSpeed's bucket
+        buffer), and the stages run on the executor behind any gather in flight (one order per
+        hop group, [Note: one order of hop collectives]). ``executor.result`` of the returned
+        future gives the chunks."""
         world = self.topo.world_size
         # rows padded to every quantized stage's block size (powers of two: the largest), so
         # that no quantization block straddles two destinations
         pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
         packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
+        numels = [g.numel() for g in grads]
+        return self.executor.submit(lambda: self._reduce_rows(packed, numels, wire_dtype, key, loss_scale))
+
+    def _reduce_rows(
+        self,
+        packed: layout.GradRows,
+        numels: list[int],
+        wire_dtype: torch.dtype,
+        key: tuple[str, ...] | None,
+        loss_scale: float,
+    ) -> list[torch.Tensor]:
         buf = packed.rows
         self.numerics.check_local(buf)
         if self._index_order is not None:
@@ -275,4 +372,4 @@ class HierRuntime:
                 buf, hop, hop.block_size, wire_dtype, hook=self.numerics.reduce_hook(key, i, hop, loss_scale)
             )
         row = buf.reshape(-1)
-        return layout.unpack_my_chunks(row, [g.numel() for g in grads], packed.chunk, self.rank, packed.slots)
+        return layout.unpack_my_chunks(row, numels, packed.chunk, self.rank, packed.slots)

@@ -20,6 +20,9 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     def __init__(self, *args, hier_runtime: HierRuntime, **kwargs):
         # set before DeepSpeed's constructor: it builds the parameter manager, which needs it
         self.hier_runtime = hier_runtime
+        self._pending_reduce = None  # (params, future) of the bucket whose stages are in flight
+        self._reduce_now = False
+        self.buckets_overlapped = 0  # buckets whose stages ran while backward went on
         super().__init__(*args, **kwargs)
 
     def initialize_ds_offload(self, *args, **kwargs):
@@ -43,20 +46,86 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(
         self, params_to_reduce: List[torch.nn.Parameter], communication_data_type: torch.dtype
     ) -> List[torch.Tensor]:
-        self._assert_same_partition_group(params_to_reduce)
-        grads = [p.grad for p in params_to_reduce]
+        return self._averaged(
+            params_to_reduce,
+            self.hier_runtime.executor.result(self._submit(params_to_reduce, communication_data_type)),
+        )
+
+    def _submit(self, params: List[torch.nn.Parameter], communication_data_type: torch.dtype):
+        self._assert_same_partition_group(params)
+        grads = [p.grad for p in params]
         # The bucket's parameter names (DeepSpeed sorted it by ds_id) name it for error
         # feedback: unlike ds_ids, which count up across every engine a process builds, names
         # are the same in the engine that saves a checkpoint and in the one that loads it.
-        key = tuple(self.param_names.get(p, f"ds_id:{p.ds_id}") for p in params_to_reduce)
-        parts = self.hier_runtime.reduce_scatter(
+        key = tuple(self.param_names.get(p, f"ds_id:{p.ds_id}") for p in params)
+        return self.hier_runtime.submit_reduce_scatter(
             grads, communication_data_type, key=key, loss_scale=float(self.loss_scale)
         )
+
+    def _averaged(self, params: List[torch.nn.Parameter], parts: List[torch.Tensor]) -> List[torch.Tensor]:
         world = self.hier_runtime.topo.world_size
-        averaging = self._gradient_averaging_world_size(params_to_reduce, world)
+        averaging = self._gradient_averaging_world_size(params, world)
         if averaging != world:  # expert-parallel parameters average over another group size
             parts = [g.mul(world / float(averaging)) for g in parts]
         return [g.to(self.gradient_accumulation_dtype) for g in parts]
+
+    # [Note: gradient stages beside backward]
+    # DeepSpeed reduces a gradient bucket when it fills, in the middle of backward, and waits for
+    # the result before backward goes on. Here a full bucket's gradients are copied into the stage
+    # layout (DeepSpeed reuses the bucket's buffer for the next one at once), its stages are
+    # queued on the executor behind the gathers already issued, and backward continues; the
+    # reduced chunks are handed to DeepSpeed (``partition_grads``) when the next bucket is
+    # submitted or at the end of backward. So one bucket's stages overlap the compute of the
+    # next bucket's layers, and at most one bucket's staging is alive beyond DeepSpeed's own.
+    # The last buckets, which DeepSpeed reduces in the epilogue, are waited for at once: the
+    # optimizer step needs them. With overlap off, or DeepSpeed features that read the
+    # reduced chunks straight away (ZenFlow), DeepSpeed's own synchronous path runs.
+    def _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(
+        self, communication_data_type: torch.dtype
+    ) -> None:
+        stock = DeepSpeedZeroOptimizer_Stage3._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads
+        bucket = self.ipg_buckets[communication_data_type]
+        if not self.hier_runtime.cfg.overlap or getattr(self, "zenflow", False):
+            return stock(self, communication_data_type)
+        params = bucket.params
+        if not params:
+            return
+        if self._pending_reduce is not None:
+            self.buckets_overlapped += 1  # the previous bucket ran beside this bucket's backward
+        self._finish_pending_reduce()
+        for p in params:
+            if p.grad.numel() != p.ds_numel:
+                raise RuntimeError(
+                    f"zeropp_hier: the gradient of {self.param_names.get(p, p.ds_id)} has {p.grad.numel()} "
+                    f"elements but the parameter has {p.ds_numel}; a gradient must match its parameter"
+                )
+        params.sort(key=lambda p: p.ds_id)
+        future = self._submit(params, communication_data_type)
+        self._pending_reduce = (list(params), future)
+        params.clear()
+        bucket.elements = 0
+        bucket.process_group = None
+        if self._reduce_now:
+            self._finish_pending_reduce()
+
+    def _finish_pending_reduce(self) -> None:
+        pending, self._pending_reduce = getattr(self, "_pending_reduce", None), None
+        if pending is None:
+            return
+        params, future = pending
+        parts = self._averaged(params, self.hier_runtime.executor.result(future))
+        from deepspeed.accelerator import get_accelerator
+
+        with get_accelerator().stream(self.reduce_and_partition_stream):
+            self.partition_grads(params, parts)
+
+    def independent_gradient_partition_epilogue(self):
+        self._reduce_now = True  # the step needs every chunk: nothing left pending past here
+        try:
+            self._finish_pending_reduce()
+            super().independent_gradient_partition_epilogue()
+        finally:
+            self._reduce_now = False
 
     # -- numerics around the step ([Note: non-finite gradients] in comm/numerics.py) -----------
     def step(self, closure=None):

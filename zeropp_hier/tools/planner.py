@@ -187,23 +187,15 @@ def collectives(cand: Candidate, topo: Topology, params: float) -> tuple[CommPla
     plan = make_plan(cand.preset, cand.compression, topo)
     w = topo.world_size
     out: list[Collective] = []
-    held = params / w
-    for hop in plan.forward:
-        k = topo.axes_size(hop.axes)
-        q = held * (1 + k) if hop.scheme in ("int8", "int4") else 0.0
-        out.append(Collective("forward_gather", "all_gather", hop.axes, hop.scheme, held, q))
-        held *= k
+    fwd, enc = _gather(plan.forward, "forward_gather", topo, params / w, params, None)
+    out += fwd
     if plan.kept_axes is not None:
-        held = params / w * topo.axes_size(plan.kept_axes)
-        for hop in plan.backward:
-            k = topo.axes_size(hop.axes)
-            q = held * (1 + k) if hop.scheme in ("int8", "int4") else 0.0
-            out.append(Collective("backward_gather", "all_gather", hop.axes, hop.scheme, held, q))
-            held *= k
+        # the kept copy is cut from the forward's result, encoded if the forward quantized
+        kept = params / w * topo.axes_size(plan.kept_axes)
+        bwd, _ = _gather(plan.backward, "backward_gather", topo, kept, params, enc)
+        out += bwd
     else:
-        for hop in plan.forward:  # no kept shard: backward gathers the primary again
-            c = next(c for c in out if c.axes == hop.axes and c.phase == "forward_gather")
-            out.append(c._replace(phase="backward_gather"))
+        out += [c._replace(phase="backward_gather") for c in fwd]  # no kept shard: the same gather again
     buf = float(params)  # full gradient on every rank
     flat_stock = cand.stock and not any(h.scheme in ("int8", "int4") for h in plan.reduce)
     if flat_stock:
@@ -215,6 +207,24 @@ def collectives(cand: Candidate, topo: Topology, params: float) -> tuple[CommPla
             out.append(Collective("grad_reduce", "all_to_all", hop.axes, hop.scheme, buf, q))
             buf /= k
     return plan, out
+
+
+def _gather(hops, phase: str, topo: Topology, held: float, total: float, enc: str | None):
+    """One gather's collectives and the scheme it ends encoded in. ``held``: elements this rank
+    contributes to the first hop; ``total``: elements it ends with; ``enc``: the scheme the
+    input is already encoded in (a kept copy). A gather quantizes once and later hops carry
+    the encoded rows ([Note: quantize once per gather] in comm/collectives.py): their bytes are
+    the encoding's, and the only other (de)quantization is the decode of ``total`` at the end."""
+    out = []
+    for i, hop in enumerate(hops):
+        q = 0.0
+        if enc is None and hop.scheme in ("int8", "int4"):
+            enc, q = hop.scheme, held + total
+        elif enc is not None and i == 0:
+            q = total  # a kept encoded copy: decode at the end
+        out.append(Collective(phase, "all_gather", hop.axes, enc or hop.scheme, held, q))
+        held *= topo.axes_size(hop.axes)
+    return out, enc
 
 
 def bytes_per_elem(scheme: str, width: int, block: int) -> float:
@@ -307,10 +317,8 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     tier_bytes["gpu"] -= tier_bytes["node"]  # package-out bytes that stay inside the node
     k = topo.axes_size(coll.axes)
     steps = (2 if coll.op == "reduce_scatter" and cluster.library == "gloo" else 1) * (k - 1)
+    # one collective per hop, payload and scales together ([Note: one collective per hop])
     alpha = cluster.tiers[coll.axes[0]].latency * steps * calls
-    if coll.scheme in ("int8", "int4"):
-        calls *= 2  # payload and scales travel as two collectives
-        alpha *= 2
     quant = coll.quant_elems / (2 * cluster.quant_rate)
     return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha)
 
@@ -332,7 +340,10 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Memory:
     plan = make_plan(cand.preset, cand.compression, cluster.topology)
     if plan.kept_axes is not None:
         name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
-        parts[name] = b * m / w * cluster.topology.axes_size(plan.kept_axes)
+        # encoded when the forward gather quantizes ([Note: quantize once per gather])
+        enc = next((h.scheme for h in plan.forward if h.scheme in ("int8", "int4")), None)
+        per_elem = bytes_per_elem(enc, b, cand.compression.block_size) if enc else b
+        parts[name] = per_elem * m / w * cluster.topology.axes_size(plan.kept_axes)
     # error feedback keeps, per compressed stage that feeds back, a residual the size of that
     # stage's send buffer: the rank's gradient rows not yet reduced by earlier stages
     residual_elems, rows = 0.0, w

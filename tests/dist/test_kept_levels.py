@@ -1,0 +1,63 @@
+"""Kept levels under a memory budget ([Note: kept levels] in core/levels.py), on 8 real ranks
+(2 nodes x 2 packages x 2 GCDs), against stock DeepSpeed ZeRO-3 in the same world."""
+import pytest
+
+from zeropp_hier.app.training import ds_config
+
+from ..helpers import assert_losses_close, assert_states_close
+from . import ranks_training
+
+STEPS = 4
+
+
+def _budgeted(gb, compression="none"):
+    cfg = ds_config("frontier", compression=compression)
+    cfg["zeropp_hier"]["memory"] = {"kept_shards_gb": gb}
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def runs(world8):
+    sizes = world8.run(ranks_training.partition_sizes, ds_config("frontier", compression="none"))[0]["partition_sizes"]
+    slots = sum(sizes)  # per-rank elements of every parameter (no persistent ones in ds_config)
+    # fp32 copies: a node copy spans 2 ranks' slots, a package copy 4; halfway between all-node
+    # and all-package, about half the layers get package copies
+    half = (2 + 4) / 2 * slots * 4
+    cfgs = {"stock": ds_config(None), "mixed": _budgeted(half / 1e9), "none_kept": _budgeted(0),
+            "mixed_int8": _budgeted(half / 1e9 / 3.5, compression=None)}
+    return half, world8.run(ranks_training.run_configs, cfgs, STEPS)
+
+
+def test_a_budget_mixes_package_and_node_copies_and_keeps_parity(runs):
+    half, results = runs
+    for rank, r in enumerate(results):
+        st = r["mixed"]["stats"]
+        lv = st["kept_levels"]
+        assert lv["count"]["package"] > 0 and lv["count"]["node"] > 0 and lv["count"]["none"] == 0, lv
+        # the copies the run held are the planned ones, within the budget
+        assert st["kept_bytes_peak"] == lv["planned_bytes"] <= half
+        b = st["bytes"]["backward_gather"]
+        assert b["gcd"] > 0 and b["gpu"] > 0  # package layers in the package, node layers in the node
+        assert b["node"] == 0
+        what = f"rank {rank} mixed"
+        assert_losses_close(r["mixed"]["losses"], r["stock"]["losses"], 1e-5, what)
+        assert_states_close(r["mixed"]["state"], r["stock"]["state"], 1e-5, what)
+
+
+def test_a_zero_budget_keeps_nothing_and_backward_crosses_the_network(runs):
+    _, results = runs
+    for rank, r in enumerate(results):
+        st = r["none_kept"]["stats"]
+        assert st["kept_levels"]["count"]["package"] == st["kept_levels"]["count"]["node"] == 0
+        assert st["kept_bytes_peak"] == 0
+        assert st["bytes"]["backward_gather"]["node"] > 0
+        assert_losses_close(r["none_kept"]["losses"], r["stock"]["losses"], 1e-5, f"rank {rank} none")
+
+
+def test_encoded_copies_are_planned_at_their_encoded_size(runs):
+    _, results = runs
+    for r in results:
+        st = r["mixed_int8"]["stats"]
+        lv = st["kept_levels"]
+        assert lv["count"]["package"] > 0 and lv["count"]["node"] > 0, lv
+        assert st["kept_bytes_peak"] == pytest.approx(lv["planned_bytes"], rel=1e-9)
