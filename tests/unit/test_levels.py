@@ -1,4 +1,5 @@
 """Kept levels under a memory budget ([Note: kept levels] in core/levels.py): pure logic."""
+
 import pytest
 
 from zeropp_hier.core import levels
@@ -16,8 +17,13 @@ LAYERS = [(f"blocks.{i}", 1000.0) for i in range(8)]  # per-rank slot elements o
 
 @pytest.mark.parametrize(
     "name,layer",
-    [("blocks.3.attn.qkv.weight", "blocks.3"), ("model.layers.12.mlp.w1", "model.layers.12"),
-     ("wte.weight", "wte"), ("ln_f.bias", "ln_f"), ("scale", "scale")],
+    [
+        ("blocks.3.attn.qkv.weight", "blocks.3"),
+        ("model.layers.12.mlp.w1", "model.layers.12"),
+        ("wte.weight", "wte"),
+        ("ln_f.bias", "ln_f"),
+        ("scale", "scale"),
+    ],
 )
 def test_layer_of(name, layer):
     assert levels.layer_of(name) == layer
@@ -40,7 +46,9 @@ def test_budget_fills_node_copies_first_then_package_in_model_order():
     assert lp.kept_bytes == budget
     assert lp.count() == {"package": 3, "node": 5, "none": 0}
     assert levels.summarize(lp, [n for n, _ in LAYERS]) == [
-        ("blocks.0 .. blocks.2 (3)", "package"), ("blocks.3 .. blocks.7 (5)", "node")]
+        ("blocks.0 .. blocks.2 (3)", "package"),
+        ("blocks.3 .. blocks.7 (5)", "node"),
+    ]
 
 
 def test_budget_below_every_node_copy_leaves_layers_without_a_copy():

@@ -71,13 +71,31 @@ def test_memory_refuses_what_does_not_fit_and_says_what_to_relax():
     wl = P.gpt_workload(100e9, 80, 10240, 2048, 1)
     preds = P.rank(cl, wl)
     by = {p.candidate.name: p for p in preds}
-    # tertiary shard alone: 2 bytes * 100e9 / 2 GCDs = 100 GB > 64 GB
-    assert by["frontier"].memory.parts["tertiary (package copy)"] == pytest.approx(100e9)
+    # tertiary shard alone: 2 bytes * 100e9 / 2 GCDs = 100 GB > 64 GB uncompressed; the default
+    # keeps it as int8 rows, (1 + 4/256) bytes per element
+    assert by["frontier/none"].memory.parts["tertiary (package copy)"] == pytest.approx(100e9)
+    assert by["frontier"].memory.parts["tertiary (package copy)"] == pytest.approx(50e9 * (1 + 4 / 256))
     assert not by["frontier"].memory.fits
     assert by["zeropp"].memory.fits and by["ds-zero3"].memory.fits
     assert preds[0].memory.fits and not preds[-1].memory.fits  # refused ones rank last
     text = "\n".join(P.explain(preds, cl))
     assert "does not fit: frontier" in text and "tertiary" in text and "zeropp" in text
+    assert "kept_shards_gb" in text  # the per-layer way out is named
+
+
+def test_a_budget_mixes_levels_and_the_plan_shows_them():
+    cl = P.frontier(48)
+    wl = P.gpt_workload(70e9, 80, 8192, 2048, 1)
+    by = {p.candidate.name: p for p in P.rank(cl, wl)}
+    fit = by["frontier/fit"]
+    assert not by["frontier"].memory.fits and fit.memory.fits
+    counts = fit.kept_levels.count()
+    assert counts["package"] > 0 and counts["node"] > 0 and counts["none"] == 0
+    assert fit.memory.parts["kept copies (per-layer levels)"] == fit.kept_levels.kept_bytes
+    # between frontier (every layer in the package) and zeropp (every layer in the node)
+    assert by["frontier"].step_s < fit.step_s < by["zeropp"].step_s
+    lines = "\n".join(P.level_lines(fit))
+    assert "| package |" in lines and "| node |" in lines and "kept copies (per-layer levels)" in lines
     # docs/design.md#memory-per-gcd arithmetic for the fitting 20B case
     m = P.memory(by["ds-zero3"].candidate, cl, P.Workload(params=20e9, tokens_per_gcd=1))
     assert m.parts["primary"] == pytest.approx(2 * 20e9 / 384)
@@ -148,7 +166,8 @@ def test_memory_counts_error_feedback_residuals_and_gradient_staging():
     # frontier feeds back on the int4 node stage: its send buffer holds the rank's rows for every
     # node, 20e9 / 384 * 48 elements, in fp32
     assert mem.parts["error-feedback residuals"] == 4 * 20e9 / 384 * 48
-    assert mem.parts["gradient staging"] == P.STAGING_FP32_COPIES * 4 * 5e8
+    # two buckets' packed rows, and one streamed chunk's four staging buffers, in fp32
+    assert mem.parts["gradient staging"] == 4 * (2 * 5e8 + 4 * 2**24)
     half = P.memory(frontier, cl, P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8, residual_bytes=2))
     assert half.parts["error-feedback residuals"] * 2 == mem.parts["error-feedback residuals"]
     assert mem.total - half.total == half.parts["error-feedback residuals"]

@@ -115,6 +115,11 @@ def aligned(n: int, block: int) -> int:
 # counted in comm_stats like any other byte.
 
 
+# elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
+# gradient stages] in deepspeed/runtime.py): 64 MB per fp32 staging buffer
+STREAM_CHUNK_ELEMS = 1 << 24
+
+
 class GradRows(NamedTuple):
     rows: torch.Tensor  # [world, C] fp32, row r = the chunks rank r will own
     chunk: tuple[int, ...]  # per-tensor chunk length (ceil(numel / world))

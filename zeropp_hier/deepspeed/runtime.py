@@ -82,6 +82,7 @@ class HierRuntime:
         # when a memory budget asks for a mix; otherwise every parameter keeps plan.kept_axes
         self._kept_of: dict[int, tuple[str, ...] | None] = {}
         self.level_plan: LevelPlan | None = None
+        self.stream_chunk_elems = layout.STREAM_CHUNK_ELEMS
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
         from deepspeed.accelerator import get_accelerator
@@ -352,24 +353,42 @@ class HierRuntime:
         pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
         packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
         numels = [g.numel() for g in grads]
-        return self.executor.submit(lambda: self._reduce_rows(packed, numels, wire_dtype, key, loss_scale))
+        return self.executor.submit(lambda: self._reduce_rows(packed, pad, numels, wire_dtype, key, loss_scale))
 
     def _reduce_rows(
         self,
         packed: layout.GradRows,
+        pad: int,
         numels: list[int],
         wire_dtype: torch.dtype,
         key: tuple[str, ...] | None,
         loss_scale: float,
     ) -> list[torch.Tensor]:
-        buf = packed.rows
-        self.numerics.check_local(buf)
-        if self._index_order is not None:
-            buf = buf.index_select(0, self._perms.get("index", self._index_order, buf.device))  # rows by coordinate
-        buf = buf.view(*self.topo.dims, -1)
-        for i, hop in enumerate(self.plan.reduce):
-            buf = self.coll.reduce_stage(
-                buf, hop, hop.block_size, wire_dtype, hook=self.numerics.reduce_hook(key, i, hop, loss_scale)
-            )
-        row = buf.reshape(-1)
-        return layout.unpack_my_chunks(row, numels, packed.chunk, self.rank, packed.slots)
+        rows = packed.rows
+        self.numerics.check_local(rows)
+        world, width = rows.shape
+        # [Note: streamed gradient stages]
+        # Reduce-scatter sums each column of the rows on its own, so the stages run on column
+        # chunks one after another: the reordering, the stage layout, the wire and receive
+        # buffers are the size of one chunk, not of the bucket (DeepSpeed's default bucket is
+        # 5e8 elements: several GB per staging copy in fp32). Chunk edges fall on block
+        # boundaries, where the rows' quantization blocks already end, so every block, sum and
+        # residual is the same as unchunked: the result is bit for bit the same.
+        step = max(pad, layout.aligned(-(-self.stream_chunk_elems // world), pad))
+        chunks = [(a, min(a + step, width)) for a in range(0, width, step)] or [(0, 0)]
+        out = rows.new_empty(width) if len(chunks) > 1 else None
+        for a, b in chunks:
+            buf = rows[:, a:b]
+            if self._index_order is not None:  # rows by coordinate
+                buf = buf.index_select(0, self._perms.get("index", self._index_order, buf.device))
+            buf = buf.contiguous().view(*self.topo.dims, -1)
+            ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
+            for i, hop in enumerate(self.plan.reduce):
+                buf = self.coll.reduce_stage(
+                    buf, hop, hop.block_size, wire_dtype, hook=self.numerics.reduce_hook(ckey, i, hop, loss_scale)
+                )
+            if out is None:
+                out = buf.reshape(-1)
+            else:
+                out[a:b].copy_(buf.reshape(-1))
+        return layout.unpack_my_chunks(out, numels, packed.chunk, self.rank, packed.slots)

@@ -112,6 +112,10 @@ def cmd_plan(args) -> int:
     print()
     for line in P.explain(preds, cluster):
         print(line)
+    for p in preds:
+        if p.kept_levels is not None:
+            print()
+            print("\n".join(P.level_lines(p)))
     if args.hops:
         from ..core.plan import make_plan
         from .tables import plan_lines, topology_lines

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
+from ..core import layout, levels
 from ..core.plan import CommPlan, make_plan
 from ..core.policy import CompressionConfig, parse_compression
 from ..core.topology import AXES, TIERS, Topology
@@ -89,6 +90,7 @@ class Workload:
     flops_per_token: float | None = None  # default 6 * params (forward + backward)
     reduce_bucket: float = 5e8  # DeepSpeed's reduce_bucket_size (elements)
     residual_bytes: int = 4  # error-feedback residual storage: 4 (fp32) or 2 (numerics.residual_dtype bf16)
+    layers: int = 1  # equal layers the kept levels are chosen over ([Note: kept levels])
 
     @property
     def flops_per_step(self) -> float:
@@ -120,6 +122,7 @@ def gpt_workload(
         gathers_per_pass=6 * layers + 3,
         largest_layer_params=max(4 * d_model * d_model, vocab * d_model),
         activation_bytes=per_layer_act * layers * weight_bytes / 2,
+        layers=layers,
     )
 
 
@@ -129,6 +132,8 @@ class Candidate(NamedTuple):
     preset: str  # zero3 | zeropp | frontier (stock ZeRO++ is the zeropp layout)
     compression: CompressionConfig
     note: str = ""
+    kept_gb: float | None = None  # memory.kept_shards_gb: a budget for the kept copies per GCD
+    fit: bool = False  # the budget is whatever memory the rest leaves ([Note: kept levels])
 
 
 def _compression(
@@ -158,6 +163,14 @@ def default_candidates(cluster: ClusterModel) -> list[Candidate]:
         Candidate("frontier", False, "frontier", _compression("frontier")),
         Candidate("frontier/none", False, "frontier", _compression("frontier", "none")),
         Candidate(
+            "frontier/fit",
+            False,
+            "frontier",
+            _compression("frontier"),
+            "package copies for the layers that fit, node copies for the rest",
+            fit=True,
+        ),
+        Candidate(
             "frontier/int8",
             False,
             "frontier",
@@ -179,23 +192,40 @@ class Collective(NamedTuple):
     quant_elems: float  # elements (de)quantized on this rank for this collective
 
 
-def collectives(cand: Candidate, topo: Topology, params: float) -> tuple[CommPlan, list[Collective]]:
+def collectives(
+    cand: Candidate, topo: Topology, params: float, lp: levels.LevelPlan | None = None
+) -> tuple[CommPlan, list[Collective]]:
     """The collectives one step issues, whole model at once (per-layer calls add only latency).
 
     Stock DeepSpeed runs the same plan shapes (zero3: flat; ZeRO++: flat forward, hpZ backward
-    inside the node) but reduces gradients with one flat reduce-scatter unless qgZ is on."""
+    inside the node) but reduces gradients with one flat reduce-scatter unless qgZ is on. With a
+    level plan ``lp`` (equal layers), each level's share of the layers takes its own backward."""
     plan = make_plan(cand.preset, cand.compression, topo)
     w = topo.world_size
     out: list[Collective] = []
     fwd, enc = _gather(plan.forward, "forward_gather", topo, params / w, params, None)
     out += fwd
-    if plan.kept_axes is not None:
-        # the kept copy is cut from the forward's result, encoded if the forward quantized
-        kept = params / w * topo.axes_size(plan.kept_axes)
-        bwd, _ = _gather(plan.backward, "backward_gather", topo, kept, params, enc)
-        out += bwd
+    if plan.kept_axes is None:
+        shares = {"none": 1.0}
+    elif lp is None:
+        shares = {plan.kept_axes: 1.0}
     else:
-        out += [c._replace(phase="backward_gather") for c in fwd]  # no kept shard: the same gather again
+        n = len(lp.levels)
+        shares = {}
+        for lvl, count in lp.count().items():
+            if count:
+                shares[levels.LEVEL_AXES[lvl] or "none"] = count / n
+    for axes, share in shares.items():
+        if axes == "none":  # no kept copy: the forward's gather again
+            out += [
+                c._replace(phase="backward_gather", send_elems=c.send_elems * share, quant_elems=c.quant_elems * share)
+                for c in fwd
+            ]
+            continue
+        # the kept copy is cut from the forward's result, encoded if the forward quantized
+        kept = share * params / w * topo.axes_size(axes)
+        bwd, _ = _gather(plan.backward_for(axes), "backward_gather", topo, kept, share * params, enc)
+        out += bwd
     buf = float(params)  # full gradient on every rank
     flat_stock = cand.stock and not any(h.scheme in ("int8", "int4") for h in plan.reduce)
     if flat_stock:
@@ -325,7 +355,12 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
 
 # --------------------------------------------------------------------------------------------
 # memory
-STAGING_FP32_COPIES = 5
+# gradient staging ([Note: streamed gradient stages] in deepspeed/runtime.py): the packed fp32
+# rows of two buckets (the one in flight beside backward and the next being packed), plus, per
+# streamed chunk, its reordering, stage layout, wire and receive buffers
+STAGED_BUCKETS = 2
+CHUNK_STAGING_COPIES = 4
+STREAM_CHUNK_ELEMS = layout.STREAM_CHUNK_ELEMS
 
 
 class Memory(NamedTuple):
@@ -334,16 +369,42 @@ class Memory(NamedTuple):
     fits: bool
 
 
-def memory(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Memory:
+def kept_bytes_per_elem(cand: Candidate, weight_bytes: int) -> float:
+    """Bytes per element of a kept copy: encoded when the forward gather quantizes
+    ([Note: quantize once per gather])."""
+    plan_fwd = make_plan(cand.preset, cand.compression, Topology(2, 2, 2)).forward
+    enc = next((h.scheme for h in plan_fwd if h.scheme in ("int8", "int4")), None)
+    return bytes_per_elem(enc, weight_bytes, cand.compression.block_size) if enc else weight_bytes
+
+
+def level_plan(cand: Candidate, cluster: ClusterModel, wl: Workload) -> levels.LevelPlan | None:
+    """The kept level of each of the workload's (equal) layers under the candidate's budget."""
+    if cand.kept_gb is None and not cand.fit:
+        return None
+    topo = cluster.topology
+    if cand.kept_gb is not None:
+        budget = cand.kept_gb * 1e9
+    else:  # what the other parts leave
+        budget = max(0.0, cluster.memory_per_gcd - sum(memory(cand, cluster, wl, kept=0.0).parts.values()))
+    share = wl.params / wl.layers / topo.world_size
+    layers = [(f"layer {i}", share) for i in range(wl.layers)]
+    return levels.assign(layers, cand.preset, topo, kept_bytes_per_elem(cand, wl.weight_bytes), budget)
+
+
+def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | None = None) -> Memory:
+    """Bytes per GCD by part; ``kept``: the kept copies' bytes (default: the preset's copy of
+    every layer)."""
     w, m, b = cluster.world_size, wl.params, wl.weight_bytes
     parts = {"primary": b * m / w, "optimizer": wl.optimizer_bytes_per_param * m / w, "gradients": b * m / w}
     plan = make_plan(cand.preset, cand.compression, cluster.topology)
     if plan.kept_axes is not None:
         name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
-        # encoded when the forward gather quantizes ([Note: quantize once per gather])
-        enc = next((h.scheme for h in plan.forward if h.scheme in ("int8", "int4")), None)
-        per_elem = bytes_per_elem(enc, b, cand.compression.block_size) if enc else b
-        parts[name] = per_elem * m / w * cluster.topology.axes_size(plan.kept_axes)
+        if kept is None:
+            kept = kept_bytes_per_elem(cand, b) * m / w * cluster.topology.axes_size(plan.kept_axes)
+        elif cand.preset == "frontier" and (cand.kept_gb is not None or cand.fit):
+            name = "kept copies (per-layer levels)"
+        if kept:
+            parts[name] = kept
     # error feedback keeps, per compressed stage that feeds back, a residual the size of that
     # stage's send buffer: the rank's gradient rows not yet reduced by earlier stages
     residual_elems, rows = 0.0, w
@@ -353,9 +414,8 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Memory:
         rows //= cluster.topology.axes_size(hop.axes)
     if residual_elems:
         parts["error-feedback residuals"] = wl.residual_bytes * residual_elems
-    # one reduce bucket staged in fp32 at its first stage: packed rows, their reordering and
-    # stage layout, the wire and receive buffers (compressed ones smaller; counted as fp32)
-    parts["gradient staging"] = STAGING_FP32_COPIES * 4 * min(wl.reduce_bucket, m)
+    bucket = min(wl.reduce_bucket, m)
+    parts["gradient staging"] = 4 * (STAGED_BUCKETS * bucket + CHUNK_STAGING_COPIES * min(STREAM_CHUNK_ELEMS, bucket))
     parts["gathered layers"] = 2 * b * wl.largest_layer_params + 4 * wl.largest_layer_params
     parts["activations"] = wl.activation_bytes
     total = sum(parts.values())
@@ -374,6 +434,7 @@ class Prediction:
     tier_bytes: dict  # bytes per step on each tier, whole cluster
     memory: Memory
     costs: list = field(default_factory=list, repr=False)
+    kept_levels: levels.LevelPlan | None = None  # kept level per layer, under a budget
 
     @property
     def dominant_tier(self) -> str:
@@ -390,7 +451,8 @@ class Prediction:
 
 def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     topo = cluster.topology
-    _, colls = collectives(cand, topo, wl.params)
+    lp = level_plan(cand, cluster, wl)
+    _, colls = collectives(cand, topo, wl.params, lp)
     phase_s = {"forward_gather": 0.0, "backward_gather": 0.0, "grad_reduce": 0.0}
     tier_s = {t: 0.0 for t in TIERS}
     tier_bytes = {t: 0.0 for t in TIERS}
@@ -408,7 +470,15 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
             tier_bytes[t] += cost.tier_bytes[t]
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
     return Prediction(
-        cand, compute + sum(phase_s.values()), compute, phase_s, tier_s, tier_bytes, memory(cand, cluster, wl), costs
+        cand,
+        compute + sum(phase_s.values()),
+        compute,
+        phase_s,
+        tier_s,
+        tier_bytes,
+        memory(cand, cluster, wl, None if lp is None else lp.kept_bytes),
+        costs,
+        lp,
     )
 
 
@@ -456,10 +526,37 @@ def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
     return lines
 
 
+def level_lines(p: Prediction) -> list[str]:
+    """A budgeted candidate's kept level per layer and its memory per GCD by part."""
+    lp = p.kept_levels
+    if lp is None:
+        return []
+    budget = "what the rest leaves" if p.candidate.fit else f"{p.candidate.kept_gb:g} GB"
+    lines = [
+        f"{p.candidate.name}: kept copies within {budget} per GCD ({lp.budget_bytes / GB:.1f} GB), "
+        f"{lp.kept_bytes / GB:.1f} GB used; {p.candidate.note}".rstrip("; "),
+        "",
+        "| layers | kept level | backward gathers over |",
+        "|---|---|---|",
+    ]
+    over = {
+        "package": "gcd (in the package)",
+        "node": "gpu, gcd (in the node)",
+        "none": "node, gpu, gcd (the network)",
+    }
+    for run, lvl in levels.summarize(lp, list(lp.levels)):
+        lines.append(f"| {run} | {lvl} | {over[lvl]} |")
+    lines += ["", "| memory part | GB per GCD |", "|---|---|"]
+    lines += [f"| {k} | {v / GB:.2f} |" for k, v in p.memory.parts.items()]
+    lines.append(f"| total | {p.memory.total / GB:.2f} ({'fits' if p.memory.fits else 'does not fit'}) |")
+    return lines
+
+
 def _relax(p: Prediction) -> str:
     if p.candidate.preset == "frontier":
         return (
-            "Relax the kept shard from the package to the node (preset zeropp: a node-sized "
+            'Keep package copies only for the layers that fit ("memory": {"kept_shards_gb": ...}, '
+            "the frontier/fit row), relax the kept shard to the node (preset zeropp: a node-sized "
             "secondary shard, 1/4 of it on Frontier), or drop it (zero3)."
         )
     if p.candidate.preset == "zeropp":
