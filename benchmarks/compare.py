@@ -28,7 +28,7 @@ from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
 
 MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
-ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier"]
+ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
 
 
 def stock_quantization_problem() -> str | None:
@@ -56,6 +56,8 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
         "zero3": {"kind": "ours", "preset": "zero3"},
         "zeropp": {"kind": "ours", "preset": "zeropp"},
         "frontier": {"kind": "ours", "preset": "frontier"},
+        # chooses at initialize from a probe of these links ([Note: auto preset])
+        "auto": {"kind": "ours", "preset": "auto"},
     }
 
 
@@ -82,6 +84,17 @@ def summarize(results: list, wire: dict, plan: dict) -> dict:
         d["step_times"] += [max(r["times"][i] for r in per_rank) for i in range(steps)]
         d["losses"] += per_rank[0]["losses"]
         d["peak_rss"].append(max(r["peak_rss"] for r in per_rank))
+        d.setdefault("build_s", []).append(max(r.get("build_s", 0.0) for r in per_rank))
+        auto = per_rank[0].get("stats", {}).get("auto")
+        if auto is not None:  # what "auto" chose this time, and how long its probe took
+            d.setdefault("auto", []).append(
+                {
+                    "chosen": auto["chosen"],
+                    "seconds": auto["seconds"],
+                    "runner_up": auto["runner_up"],
+                    "rates_gbps": auto["rates_gbps"],
+                }
+            )
         w = wire[f"{res['label']} end"]
         d["wire"].append({t: v / steps for t, v in w.items()})
         if "stats" in per_rank[0]:
@@ -115,7 +128,16 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
     test re-runs from a recorded JSON)."""
     from zeropp_hier.tools import planner as P
 
-    cl = P.emulated(node_mbit=plan["node_mbit"], compute_s=compute_s, quant_rate=quant_rate)
+    topo = plan["topology"]
+    gcds_per_node = topo["gpus_per_node"] * topo["gcds_per_gpu"]
+    cl = P.emulated(
+        node_mbit=plan["node_mbit"],
+        nodes=plan["world"] // gcds_per_node,
+        gpus_per_node=topo["gpus_per_node"],
+        gcds_per_gpu=topo["gcds_per_gpu"],
+        compute_s=compute_s,
+        quant_rate=quant_rate,
+    )
     if probe is not None:
         cl = P.with_probed_tiers(cl, probe)
     m = plan["model"]
@@ -152,11 +174,13 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
     s = summary["shaped"]
     un = summary.get("unshaped", {})
     names = [n for n in ORDER if n in s]
-    base3, basepp = s["ds-zero3"]["median_step_s"], s["ds-zeropp"]["median_step_s"]
-    p3, ppp = pred["ds-zero3"]["step_s"], pred["ds-zeropp"]["step_s"]
+    # ratios against stock where it ran, else against our own presets of the same layouts
+    b3 = next((n for n in ("ds-zero3", "zero3") if n in s), names[0])
+    bpp = next((n for n in ("ds-zeropp", "zeropp") if n in s), names[0])
+    base3, basepp = s[b3]["median_step_s"], s[bpp]["median_step_s"]
     mb = lambda x: f"{x / 1e6:.1f}"  # noqa: E731
     lines = [
-        "| configuration | median step s | tokens/s | vs ds-zero3 | vs ds-zeropp | node MB/step (wire) | "
+        f"| configuration | median step s | tokens/s | vs {b3} | vs {bpp} | node MB/step (wire) | "
         "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
         "unshaped step s | exposed comm s |",
         "|" + "---|" * 12,
@@ -174,15 +198,34 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
             f"{mb(d['wire_per_step']['gcd'])} | {mb(st['node']) if st else 'n/a (stock)'} | "
             f"{d['peak_rss_mb']:.0f} | {unshaped} | {exposed} |"
         )
+    if "auto" in s:
+        fixed = [n for n in names if n in ("zero3", "zeropp", "frontier")]
+        best = min(fixed, key=lambda n: s[n]["median_step_s"]) if fixed else None
+        a = s["auto"]
+        chosen = sorted({x["chosen"] for x in a.get("auto", [])})
+        probe = [x["seconds"] for x in a.get("auto", [])]
+        lines += [
+            "",
+            f"auto chose {', '.join(chosen)} (probe + choice {max(probe):.2f} s at most); "
+            + (
+                f"best fixed preset {best} {s[best]['median_step_s']:.2f} s/step; auto / best = "
+                f"{a['median_step_s'] / s[best]['median_step_s']:.3f}"
+                if best
+                else ""
+            ),
+        ]
     lines += [
         "",
         "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes):",
         "",
-        "| configuration | measured s | predicted s | measured vs ds-zero3 | predicted vs ds-zero3 | "
-        "measured vs ds-zeropp | predicted vs ds-zeropp | node MB/step measured | predicted |",
+        f"| configuration | measured s | predicted s | measured vs {b3} | predicted vs {b3} | "
+        f"measured vs {bpp} | predicted vs {bpp} | node MB/step measured | predicted |",
         "|" + "---|" * 9,
     ]
+    p3, ppp = pred.get(b3, {}).get("step_s"), pred.get(bpp, {}).get("step_s")
     for n in names:
+        if n not in pred:
+            continue
         m, p = s[n]["median_step_s"], pred[n]["step_s"]
         lines.append(
             f"| {n} | {m:.2f} | {p:.2f} | {base3 / m:.2f}x | {p3 / p:.2f}x | {basepp / m:.2f}x | "
@@ -205,7 +248,11 @@ def bar_chart(summary: dict, path: str) -> None:
     s = summary["shaped"]
     names = [n for n in ORDER if n in s]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    a1.bar(names, [s[n]["median_step_s"] for n in names], color=["#888", "#aaa", "#4a7", "#39c", "#c63"])
+    a1.bar(
+        names,
+        [s[n]["median_step_s"] for n in names],
+        color=["#888", "#aaa", "#4a7", "#39c", "#c63", "#a5c"][: len(names)],
+    )
     a1.set_ylabel("median step time (s)")
     a1.set_title("step time, emulated 2x2x2 cluster")
     a2.bar(names, [s[n]["wire_per_step"]["node"] / 1e6 for n in names], color="#c63")
@@ -238,6 +285,12 @@ def main(argv=None) -> int:
         "backward re-gathers); 0 = no prefetch",
     )
     ap.add_argument(
+        "--ratios",
+        default="16:4:1",
+        help="per-GCD link rates gcd:gpu:node relative to --node-mbit (Frontier 16:4:1; flat 1:1:1)",
+    )
+    ap.add_argument("--configs", help=f"comma-separated subset of {ORDER} (default: all but auto)")
+    ap.add_argument(
         "--fair",
         action="store_true",
         help="the fair fight: Frontier's node shape (2 nodes x 4 packages x 2 GCDs = 16 "
@@ -253,7 +306,15 @@ def main(argv=None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    spec = ClusterSpec.scaled(node_mbit=args.node_mbit, prefix=args.prefix, gpus_per_node=args.gpus_per_node)
+    r_gcd, r_gpu, r_node = (float(x) for x in args.ratios.split(":"))
+    unit = args.node_mbit / r_node
+    spec = ClusterSpec(
+        node_mbit=args.node_mbit,
+        gpu_mbit=unit * r_gpu,
+        gcd_mbit=unit * r_gcd,
+        prefix=args.prefix,
+        gpus_per_node=args.gpus_per_node,
+    )
     quant_problem = stock_quantization_problem()
     plan = {
         "model": MODEL,
@@ -267,13 +328,17 @@ def main(argv=None) -> int:
         "world": spec.world_size,
         "node_mbit": args.node_mbit,
         "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
-        "configs": configs(spec.gcds_per_node, quant_problem is None),
+        "configs": {
+            n: c
+            for n, c in configs(spec.gcds_per_node, quant_problem is None).items()
+            if n in (args.configs.split(",") if args.configs else ORDER[:-1])
+        },
         "phases": [{"name": "shaped", "rounds": args.rounds}]
         + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),
     }
     notes = [
         f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
-        f"per-GCD Mbit/s {spec.per_gcd_mbit()} (Frontier's 16:4:1), gloo over TCP.",
+        f"per-GCD Mbit/s {spec.per_gcd_mbit()} (gcd:gpu:node {args.ratios}), gloo over TCP.",
         f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, {args.dtype}, micro-batch "
         f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
         "stage3_max_reuse_distance=0 (backward re-gathers).",
@@ -312,7 +377,9 @@ def main(argv=None) -> int:
     if compute_s is None:
         compute_s = 0.0
         notes.append("No unshaped pass: the planner assumed zero compute time.")
-    pred = predictions(plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"]])
+    pred = predictions(
+        plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"] and n != "auto"]
+    )
     probed = json.dumps({t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()})
     notes.append(
         f"Planner inputs: tiers probed on this cluster ({probed} Mbit/s per GCD), "

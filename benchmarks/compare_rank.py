@@ -90,11 +90,15 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
     from zeropp_hier.app import training
 
     shaped = label.startswith("shaped/")
-    if shaped:
-        mark(f"{label} build")  # the driver unshapes the links: building moves the whole model
+    # "auto" probes the links while it is built: it must see them as the steps will
+    auto = cfg.get("preset") == "auto"
+    if shaped:  # otherwise the driver unshapes the links: building moves the whole model
+        mark(f"{label} {'shape' if auto else 'build'}")
     peak_rss_reset()
+    t0 = time.perf_counter()
     engine = build(cfg, model_cfg, ds_config_for(cfg, plan))
-    if shaped:
+    build_s = time.perf_counter() - t0
+    if shaped and not auto:
         mark(f"{label} shape")
     ours = getattr(engine, "hier_runtime", None) is not None
     training.train_steps(engine, plan["warmup"])
@@ -106,7 +110,12 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
         engine, plan["steps"], start=plan["warmup"], on_step=lambda s, loss, dt: times.append((dt, loss))
     )
     mark(f"{label} end")
-    out = {"times": [t for t, _ in times], "losses": [loss for _, loss in times], "peak_rss": peak_rss_bytes()}
+    out = {
+        "times": [t for t, _ in times],
+        "losses": [loss for _, loss in times],
+        "peak_rss": peak_rss_bytes(),
+        "build_s": build_s,
+    }
     if ours:
         out["stats"] = zeropp_hier.comm_stats(engine)
     training.release(engine)

@@ -80,6 +80,7 @@ def comm_stats(engine) -> dict:
          "kept_bytes_peak": n,   # most bytes of kept copies held at once (encoded: their size)
          "kept_levels": None, or under a memory budget {"count": {level: layers},
                         "planned_bytes": n, "by_layer": {layer: level}},
+         "auto": None, or for "preset": "auto" {"chosen", "runner_up", "ranking", "rates_gbps", ...},
          "numerics": {"relative_error": {phase: {tier: {"mean", "max", "last", "samples"}}},
                       "sample_every": N,
                       "error_feedback": {"stages": [...], "buffers": n, "bytes": n},
@@ -98,7 +99,12 @@ def comm_stats(engine) -> dict:
         )
     lp = rt.level_plan
     levels = None if lp is None else {"count": lp.count(), "planned_bytes": lp.kept_bytes, "by_layer": lp.levels}
-    return {**rt.stats.snapshot(), "numerics": rt.numerics.snapshot(), "kept_levels": levels}
+    return {
+        **rt.stats.snapshot(),
+        "numerics": rt.numerics.snapshot(),
+        "kept_levels": levels,
+        "auto": rt.auto_choice,
+    }
 
 
 def reset_comm_stats(engine) -> None:

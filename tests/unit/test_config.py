@@ -22,7 +22,7 @@ def ds(section, **zero):
             "zeropp_hier.presett",
             "unknown key; allowed keys are ['enabled', 'preset', 'topology', 'compression', 'numerics'",
         ),
-        ({"preset": "zero4"}, "zeropp_hier.preset", "use one of ['zero3', 'zeropp', 'frontier']"),
+        ({"preset": "zero4"}, "zeropp_hier.preset", "use one of ['zero3', 'zeropp', 'frontier', 'auto']"),
         ({"enabled": "yes"}, "zeropp_hier.enabled", "use true or false"),
         ({"topology": {"gcds_per_gpu": 0}}, "zeropp_hier.topology.gcds_per_gpu", "use a positive integer"),
         ({"topology": {"gpus_per_node": "4"}}, "zeropp_hier.topology.gpus_per_node", "use a positive integer"),

@@ -19,7 +19,7 @@ from typing import Any, Literal, Mapping, get_args
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..tools.tables import fmt_bytes
 
-Preset = Literal["frontier", "zeropp", "zero3", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
+Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
 Dtype = Literal["fp32", "bf16", "fp16"]
 Progress = Literal["auto", "on", "off"]
 PRESETS: tuple[str, ...] = get_args(Preset)

@@ -29,7 +29,9 @@ from .policy import (  # noqa: F401
 )
 
 SECTION = "zeropp_hier"
-PRESETS = ("zero3", "zeropp", "frontier")
+PRESETS = ("zero3", "zeropp", "frontier", "auto")
+FIXED_PRESETS = PRESETS[:3]  # what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
+TIER_NAMES = ("gcd", "gpu", "node")
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
 # comm/failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
@@ -46,6 +48,7 @@ _SECTION_KEYS = (
     "deepspeed_group_timeout_s",
     "overlap",
     "memory",
+    "auto",
 )
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
@@ -89,6 +92,51 @@ def _parse_memory(v: Any, preset: str) -> MemoryConfig:
 
 
 @dataclass(frozen=True)
+class AutoConfig:
+    """Where ``"preset": "auto"`` takes the link rates from: a ``zeropp-hier probe`` file, declared
+    per-GCD GB/s, or (neither given) a short probe at initialize."""
+
+    probe_file: str | None = None
+    tier_gbps: tuple[tuple[str, float], ...] | None = None  # ((tier, GB/s per GCD), ...)
+    probe_kb: int = 256  # the probe's larger message per tier (the smaller is 1/16 of it)
+
+
+def _parse_auto(v: Any, preset: str) -> AutoConfig:
+    field = f"{SECTION}.auto"
+    if v is None:
+        return AutoConfig()
+    if preset != "auto":
+        raise HierConfigError(field, v, 'only "preset": "auto" reads it; remove it or set the preset to "auto"')
+    d = _check_mapping(v, field)
+    _check_keys(d, ("probe_file", "tier_gbps", "probe_kb"), field)
+    pf = d.get("probe_file")
+    if pf is not None and (not isinstance(pf, str) or not pf):
+        raise HierConfigError(
+            f"{field}.probe_file", pf, "use the path of a JSON file written by `zeropp-hier probe --out`"
+        )
+    tg = d.get("tier_gbps")
+    tiers = None
+    if tg is not None:
+        m = _check_mapping(tg, f"{field}.tier_gbps")
+        if set(m) != set(TIER_NAMES) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf") for x in m.values()
+        ):
+            raise HierConfigError(
+                f"{field}.tier_gbps",
+                tg,
+                'give positive GB/s per GCD for each of "gcd", "gpu", "node" '
+                '(Frontier: {"gcd": 200, "gpu": 50, "node": 12.5})',
+            )
+        tiers = tuple((t, float(m[t])) for t in TIER_NAMES)
+    if pf is not None and tiers is not None:
+        raise HierConfigError(field, v, "give probe_file or tier_gbps, not both")
+    kb = d.get("probe_kb", 256)
+    if not _is_int(kb) or not 16 <= kb <= 65536:
+        raise HierConfigError(f"{field}.probe_kb", kb, "use an integer number of KB from 16 to 65536 (default 256)")
+    return AutoConfig(pf, tiers, kb)
+
+
+@dataclass(frozen=True)
 class HierConfig:
     enabled: bool = False
     preset: str = "frontier"
@@ -104,6 +152,9 @@ class HierConfig:
     # compute ([Note: one order of hop collectives] in comm/executor.py); false: inline
     overlap: bool = True
     memory: MemoryConfig = MemoryConfig()
+    auto: AutoConfig = AutoConfig()
+    # what "auto" chose, once resolved at initialize (None before, and for a named preset)
+    chosen_by_auto: str | None = None
 
 
 def _is_int(v: Any) -> bool:
@@ -210,12 +261,26 @@ def parse_section(section: Any) -> HierConfig:
         preset=preset,
         overlap=overlap,
         topology=_parse_topology(d.get("topology", {})),
-        compression=parse_compression(d.get("compression"), preset, f"{SECTION}.compression"),
+        compression=_parse_compression_for(d.get("compression"), preset),
         numerics=parse_numerics(d.get("numerics"), f"{SECTION}.numerics"),
         collective_timeout_s=timeout,
         deepspeed_group_timeout_s=ds_timeout,
         memory=_parse_memory(d.get("memory"), preset),
+        auto=_parse_auto(d.get("auto"), preset),
     )
+
+
+def _parse_compression_for(v: Any, preset: str) -> CompressionConfig:
+    if preset == "auto":
+        if v is not None:
+            raise HierConfigError(
+                f"{SECTION}.compression",
+                v,
+                '"auto" chooses each preset\'s compression from the policy defaults; remove compression, '
+                "or name a preset to set it yourself",
+            )
+        return CompressionConfig()
+    return parse_compression(v, preset, f"{SECTION}.compression")
 
 
 # DeepSpeed settings that would run a second, conflicting hierarchy or compression beside ours.

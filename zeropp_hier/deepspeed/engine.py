@@ -11,6 +11,7 @@ engines built before or after are untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from typing import Any
@@ -22,6 +23,8 @@ import deepspeed.runtime.engine as _ds_engine_module
 # that its own import cannot capture our temporarily rebound name (docs/design.md#deepspeed-hook-points).
 import deepspeed.runtime.superoffload.superoffload_stage3  # noqa: F401
 import deepspeed.runtime.zero.stage3 as _ds_stage3
+import torch
+import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard
@@ -60,9 +63,30 @@ class HierEngine(DeepSpeedEngine):
             runtime = runtime_of(p)
             if runtime is not None:
                 break
+        auto_record = None
         if runtime is None:
-            runtime = HierRuntime.create(self.hier_config)
-        elif runtime.cfg != self.hier_config:
+            cfg = self.hier_config
+            if cfg.preset == "auto":  # collective, like HierRuntime.create ([Note: auto preset])
+                from deepspeed.accelerator import get_accelerator
+
+                from .auto import resolve
+                from .runtime import topology_for
+
+                topo = topology_for(cfg, dist.get_world_size())
+                device = torch.device(get_accelerator().current_device_name())
+                cfg, auto_record = resolve(cfg, self.module, topo, dist.get_rank(), device)
+                # the topology found (or detected) once: the runtime must not detect it again
+                found = dataclasses.replace(
+                    cfg.topology,
+                    mode="manual",
+                    gcds_per_gpu=topo.gcds_per_gpu,
+                    gpus_per_node=topo.gpus_per_node,
+                    rank_map=topo.rank_map,
+                )
+                cfg = dataclasses.replace(cfg, topology=found)
+            runtime = HierRuntime.create(cfg)
+            runtime.auto_choice = auto_record
+        elif runtime.cfg != self.hier_config and auto_record is None:
             raise RuntimeError(
                 "zeropp_hier: the model was built under zeropp_hier.Init with a "
                 "different zeropp_hier section than the one passed to initialize; "

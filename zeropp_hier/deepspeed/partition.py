@@ -126,6 +126,15 @@ class Init(_DSInit):
         if hier_runtime is None:
             ds_config = _load_ds_config(kwargs.get("config_dict_or_path"), kwargs.get("config"))
             cfg = hier_config_from_ds(ds_config)
+            if cfg.enabled and cfg.preset == "auto":
+                from ..core.errors import HierConfigError
+
+                raise HierConfigError(
+                    "zeropp_hier.preset",
+                    "auto",
+                    '"auto" chooses at initialize from the built model; build it without zeropp_hier.Init '
+                    "(plain construction, or deepspeed.zero.Init without our section), or name a preset",
+                )
             if cfg.enabled:
                 if not deepspeed.comm.is_initialized():
                     deepspeed.init_distributed()

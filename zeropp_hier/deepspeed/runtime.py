@@ -82,6 +82,7 @@ class HierRuntime:
         # when a memory budget asks for a mix; otherwise every parameter keeps plan.kept_axes
         self._kept_of: dict[int, tuple[str, ...] | None] = {}
         self.level_plan: LevelPlan | None = None
+        self.auto_choice: dict | None = None  # what "preset": "auto" chose, and why
         self.stream_chunk_elems = layout.STREAM_CHUNK_ELEMS
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 
@@ -225,40 +224,20 @@ def cmd_probe(args) -> int:
         "tiers": {},
     }
 
-    def timed(fn) -> float:
-        fn()  # warm-up (connections, buffers)
-        dist.barrier()
+    from ..detect.links import measure_tiers
+
+    out["tiers"] = measure_tiers(groups, device, sizes, args.reps)
+    # the all-to-all time beside (the gradient stages' collective), for reference
+    for tier, v in out["tiers"].items():
+        hg, k = groups[(tier,)], v["group_size"]
+        big = torch.ones(k * (sizes[-1] // 4 // k), device=device)
+        dist.all_to_all_single(torch.empty_like(big), big, group=hg.group)  # warm-up
         t0 = time.perf_counter()
         for _ in range(args.reps):
-            fn()
-        t = torch.tensor([(time.perf_counter() - t0) / args.reps])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets a collective's time
-        return float(t)
-
-    for tier in TIERS:
-        hg = groups.get((tier,))
-        if hg is None:
-            continue  # a tier of one rank has no link to measure
-        k = len(hg.peers)
-        ag = {}
-        for nbytes in sizes:
-            x = torch.ones(nbytes // 4, device=device)
-            y = torch.empty(k * x.numel(), device=device)
-            ag[nbytes] = timed(lambda: dist.all_gather_into_tensor(y, x, group=hg.group))
-        big = torch.ones(k * (sizes[-1] // 4 // k), device=device)
-        a2a = timed(lambda: dist.all_to_all_single(torch.empty_like(big), big, group=hg.group))
-        lo, hi = sizes[0], sizes[-1]
-        # a ring all-gather of k members sends (k-1) blocks per rank, one per step
-        slope = (ag[hi] - ag[lo]) / ((k - 1) * (hi - lo))
-        bw = 1 / slope if slope > 0 else float("inf")
-        alpha = max(0.0, (ag[lo] - (k - 1) * lo / bw) / (k - 1)) if math.isfinite(bw) else ag[lo]
-        out["tiers"][tier] = {
-            "bandwidth": bw,
-            "latency": alpha,
-            "group_size": k,
-            "all_gather_s": {str(s): t for s, t in ag.items()},
-            "all_to_all_s": a2a,
-        }
+            dist.all_to_all_single(torch.empty_like(big), big, group=hg.group)
+        t = torch.tensor([(time.perf_counter() - t0) / args.reps], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        v["all_to_all_s"] = float(t)
     if rank == 0:
         text = json.dumps(out, indent=1)
         if args.out:

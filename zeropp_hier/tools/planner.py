@@ -482,6 +482,40 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     )
 
 
+def auto_candidates(kept_gb: float | None = None) -> list[Candidate]:
+    """What ``"preset": "auto"`` chooses among: our presets with the policy's compression (no
+    int4 weights: the policy never picks them unasked), and frontier with per-layer kept levels
+    (within ``kept_gb`` when the config gives a budget, else within what memory leaves)."""
+    return [
+        Candidate("zero3", False, "zero3", _compression("zero3")),
+        Candidate("zeropp", False, "zeropp", _compression("zeropp"), kept_gb=kept_gb),
+        Candidate("frontier", False, "frontier", _compression("frontier"), kept_gb=kept_gb),
+        Candidate(
+            "frontier/int8",
+            False,
+            "frontier",
+            _compression(
+                "frontier", schemes={"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int8"}}
+            ),
+            "int8 gradients over the network, no error feedback",
+            kept_gb=kept_gb,
+        ),
+    ] + (
+        []
+        if kept_gb is not None  # the budget already applies to every candidate above
+        else [
+            Candidate(
+                "frontier/fit",
+                False,
+                "frontier",
+                _compression("frontier"),
+                "package copies for the layers that fit, node copies for the rest",
+                fit=True,
+            )
+        ]
+    )
+
+
 def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:
     """Every candidate, fitting ones first, fastest first."""
     preds = [predict(c, cluster, wl) for c in (candidates or default_candidates(cluster))]

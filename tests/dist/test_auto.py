@@ -1,0 +1,70 @@
+"""``"preset": "auto"`` ([Note: auto preset] in zeropp_hier/deepspeed/auto.py) on 8 real ranks
+(2 nodes x 2 packages x 2 GCDs, gloo over loopback): the choice is made at initialize, is the
+same on every rank, is recorded, and the engine then trains as the chosen preset."""
+import pytest
+
+from zeropp_hier.app.training import ds_config
+from zeropp_hier.core.errors import HierConfigError
+
+STEPS = 2
+
+
+def auto_runs(cfgs: dict, steps: int) -> dict:
+    import time
+
+    import zeropp_hier
+    from zeropp_hier.app import training
+
+    out = {}
+    for name, cfg in cfgs.items():
+        t0 = time.perf_counter()
+        engine = training.build_engine(cfg)
+        built = time.perf_counter() - t0
+        losses = training.train_steps(engine, steps)
+        st = zeropp_hier.comm_stats(engine)
+        out[name] = {"losses": losses, "auto": st["auto"], "preset": engine.hier_runtime.plan.preset,
+                     "build_s": built, "bytes": st["bytes"]}
+        training.release(engine)
+    return out
+
+
+def _auto(**auto):
+    cfg = ds_config("auto")
+    if auto:
+        cfg["zeropp_hier"]["auto"] = auto
+    return cfg
+
+
+def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
+    # declared rates: a fast network (flat), and Frontier's per-GCD rates
+    cfgs = {"probed": _auto(probe_kb=64),
+            "frontier_rates": _auto(tier_gbps={"gcd": 200, "gpu": 50, "node": 12.5}),
+            "flat": _auto(tier_gbps={"gcd": 1, "gpu": 1, "node": 1})}
+    res = world8.run(auto_runs, cfgs, STEPS)
+    for name in cfgs:
+        choices = {r[name]["auto"]["chosen"] for r in res}
+        assert len(choices) == 1, f"{name}: ranks chose differently: {choices}"
+        rec = res[0][name]["auto"]
+        assert rec["ranking"][0]["name"] == rec["chosen"] and rec["runner_up"] is not None
+        # the engine runs the chosen preset's plan and its traffic follows
+        assert all(r[name]["preset"] == rec["preset"] for r in res)
+        assert all(r[name]["losses"][-1] < r[name]["losses"][0] * 1.5 for r in res)
+    probed = res[0]["probed"]["auto"]
+    assert probed["source"].startswith("probed at initialize")
+    assert all(v > 0 for v in probed["rates_gbps"].values())
+    # declared rates skip the probe
+    assert res[0]["frontier_rates"]["auto"]["source"] == "declared tier_gbps"
+    assert res[0]["frontier_rates"]["auto"]["seconds"] < res[0]["probed"]["auto"]["seconds"]
+    # with Frontier's rates the hierarchy is chosen; on a flat network the package copy buys
+    # nothing over the node copy, and the planner says so
+    assert res[0]["frontier_rates"]["auto"]["preset"] == "frontier"
+
+
+def test_auto_refuses_a_compression_section_and_foreign_keys():
+    from zeropp_hier.core.config import parse_section
+    with pytest.raises(HierConfigError, match="zeropp_hier.compression"):
+        parse_section({"preset": "auto", "compression": "int8"})
+    with pytest.raises(HierConfigError, match="zeropp_hier.auto"):
+        parse_section({"preset": "frontier", "auto": {"probe_kb": 64}})
+    with pytest.raises(HierConfigError, match="tier_gbps"):
+        parse_section({"preset": "auto", "auto": {"tier_gbps": {"gcd": 1}}})

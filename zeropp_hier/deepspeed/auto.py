@@ -1,0 +1,152 @@
+"""``"preset": "auto"``: choose the layout, compression and kept levels at initialize from
+measured (or declared) link rates.
+
+[Note: auto preset]
+At ``initialize`` every rank takes part in the same steps, so all end with the same choice:
+
+1. link rates per tier: from ``auto.probe_file`` (``zeropp-hier probe --out``), from
+   ``auto.tier_gbps``, or measured now with two all-gathers per tier (``auto.probe_kb``, a
+   fraction of a second per tier on real links); a measured time is the slowest rank's
+   (an all-reduce), so every rank computes the same rates;
+2. memory per GCD: the device's (the CPU's RAM shared by the node's ranks on the CPU), the
+   smallest over all ranks (an all-reduce);
+3. the model as the planner sees it: its parameter count, layers ([Note: kept levels]),
+   weight width and largest tensor;
+4. ``tools.planner.rank`` over ``planner.auto_candidates``: our presets with the policy's
+   compression and frontier with per-layer kept levels; the fastest predicted candidate that
+   fits is chosen. Compute time does not enter: the planner adds it alike to every candidate.
+
+Rank 0 prints the ranking with the prediction and the runner-up; ``comm_stats(engine)["auto"]``
+and the training job's summary record it. Everything after this runs as for the chosen preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..core import levels
+from ..core.config import HierConfig, MemoryConfig
+from ..core.topology import TIERS, Topology
+
+PROBE_REPS = 2
+
+
+def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> tuple[dict, str]:
+    a = cfg.auto
+    if a.probe_file is not None:
+        import json
+
+        with open(a.probe_file) as f:
+            probe = json.load(f)
+        return {t: (float(v["bandwidth"]), float(v["latency"])) for t, v in probe["tiers"].items()}, (
+            f"probe file {a.probe_file}"
+        )
+    if a.tier_gbps is not None:
+        return {t: (gbps * 1e9, 0.0) for t, gbps in a.tier_gbps}, "declared tier_gbps"
+    from ..comm.groups import build_hop_groups
+    from ..detect.links import measure_tiers
+
+    groups = build_hop_groups(topo, [(t,) for t in TIERS if topo.axes_size((t,)) > 1], rank, cfg.collective_timeout_s)
+    try:
+        big = a.probe_kb * 1024
+        measured = measure_tiers(groups, device, [big // 16, big], PROBE_REPS)
+    finally:
+        for hg in groups.values():
+            dist.destroy_process_group(hg.group)
+    return {t: (v["bandwidth"], v["latency"]) for t, v in measured.items()}, f"probed at initialize ({a.probe_kb} KB)"
+
+
+def _memory_per_gcd(device: torch.device, topo: Topology) -> float:
+    if device.type == "cuda":
+        mine = float(torch.cuda.get_device_properties(device).total_memory)
+    else:  # the CPU accelerator: the node's RAM, shared by its ranks
+        mine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / topo.gcds_per_node
+    t = torch.tensor([mine], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return float(t)
+
+
+def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int, device: torch.device):
+    """The config with the chosen preset, compression and kept budget, and a record of the
+    choice ([Note: auto preset]). Collective."""
+    from ..tools import planner as P
+
+    t0 = time.perf_counter()
+    rates, source = _rates(cfg, topo, rank, device)
+    memory = _memory_per_gcd(device, topo)
+    named = list(module.named_parameters())
+    numel = [getattr(p, "ds_numel", p.numel()) for _, p in named]
+    width = named[0][1].element_size() if named else 2
+    tiers = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
+    cluster = P.ClusterModel(
+        name=f"this job ({topo.nodes}x{topo.gpus_per_node}x{topo.gcds_per_gpu})",
+        nodes=topo.nodes,
+        gpus_per_node=topo.gpus_per_node,
+        gcds_per_gpu=topo.gcds_per_gpu,
+        tiers=tiers,
+        memory_per_gcd=memory,
+        device_flops=float("inf"),
+        quant_rate=2e8 if device.type == "cpu" else 5e10,
+        library=dist.get_backend(),
+        efficiency=1.0,
+        stock_quantization=False,
+        compute_s=0.0,
+        source=source,
+    )
+    wl = P.Workload(
+        params=float(sum(numel)),
+        tokens_per_gcd=1,
+        weight_bytes=width,
+        gathers_per_pass=max(1, len(named)),
+        largest_layer_params=float(max(numel, default=0)),
+        layers=max(1, len({levels.layer_of(n) for n, _ in named})),
+    )
+    preds = P.rank(cluster, wl, P.auto_candidates(cfg.memory.kept_shards_gb))
+    fitting = [p for p in preds if p.memory.fits] or preds
+    best = fitting[0]
+    runner = fitting[1] if len(fitting) > 1 else None
+    c = best.candidate
+    kept_gb = c.kept_gb
+    if c.fit and best.kept_levels is not None:
+        kept_gb = best.kept_levels.budget_bytes / 1e9
+    chosen = dataclasses.replace(
+        cfg, preset=c.preset, compression=c.compression, memory=MemoryConfig(kept_gb), chosen_by_auto=c.name
+    )
+    record = {
+        "chosen": c.name,
+        "preset": c.preset,
+        "predicted_comm_s": best.comm_s,
+        "runner_up": None if runner is None else {"name": runner.candidate.name, "predicted_comm_s": runner.comm_s},
+        "rates_gbps": {t: tiers[t].bandwidth / 1e9 for t in TIERS},
+        "source": source,
+        "seconds": time.perf_counter() - t0,
+        "ranking": [
+            {
+                "name": p.candidate.name,
+                "predicted_comm_s": p.comm_s,
+                "fits": p.memory.fits,
+                "memory_gb": p.memory.total / 1e9,
+            }
+            for p in preds
+        ],
+    }
+    if rank == 0:
+        rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
+        lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step:"]
+        lines += [
+            f"[zeropp_hier]   {p.candidate.name:<14} {p.comm_s:9.3f} s  {'fits' if p.memory.fits else 'does not fit'}"
+            f"{'  <- chosen' if p is best else ''}"
+            for p in preds
+        ]
+        if runner is not None:
+            lines.append(
+                f"[zeropp_hier] chose {c.name}; runner-up {runner.candidate.name} predicted "
+                f"{runner.comm_s / best.comm_s if best.comm_s else float('inf'):.2f}x its communication time"
+            )
+        print("\n".join(lines), flush=True)
+    return chosen, record
