@@ -29,6 +29,21 @@ from benchmarks.cluster.spec import ClusterSpec
 
 MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
 ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
+DEFAULT = ORDER[:5]
+# variants for the overlap question (name them with --configs): prefetch off, and every
+# collective inline (overlap off) with prefetch on
+VARIANTS = {
+    "zeropp/no-prefetch": {"kind": "ours", "preset": "zeropp", "prefetch": False},
+    "frontier/no-prefetch": {"kind": "ours", "preset": "frontier", "prefetch": False},
+    "zeropp/inline": {"kind": "ours", "preset": "zeropp", "overlap": False},
+    "frontier/inline": {"kind": "ours", "preset": "frontier", "overlap": False},
+    # int4 gradients on the package links too (a candidate of "auto")
+    "frontier/int4-gpu": {
+        "kind": "ours",
+        "preset": "frontier",
+        "compression": {"gradients": {"gpu": "int4", "node": "int4"}},
+    },
+}
 
 
 def stock_quantization_problem() -> str | None:
@@ -58,6 +73,7 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
         "frontier": {"kind": "ours", "preset": "frontier"},
         # chooses at initialize from a probe of these links ([Note: auto preset])
         "auto": {"kind": "ours", "preset": "auto"},
+        **VARIANTS,
     }
 
 
@@ -173,7 +189,7 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
 def report(summary: dict, pred: dict, meta: dict) -> str:
     s = summary["shaped"]
     un = summary.get("unshaped", {})
-    names = [n for n in ORDER if n in s]
+    names = [n for n in ORDER + list(VARIANTS) if n in s]
     # ratios against stock where it ran, else against our own presets of the same layouts
     b3 = next((n for n in ("ds-zero3", "zero3") if n in s), names[0])
     bpp = next((n for n in ("ds-zeropp", "zeropp") if n in s), names[0])
@@ -289,7 +305,7 @@ def main(argv=None) -> int:
         default="16:4:1",
         help="per-GCD link rates gcd:gpu:node relative to --node-mbit (Frontier 16:4:1; flat 1:1:1)",
     )
-    ap.add_argument("--configs", help=f"comma-separated subset of {ORDER} (default: all but auto)")
+    ap.add_argument("--configs", help=f"comma-separated, from {ORDER + list(VARIANTS)} (default: {DEFAULT})")
     ap.add_argument(
         "--fair",
         action="store_true",
@@ -331,7 +347,7 @@ def main(argv=None) -> int:
         "configs": {
             n: c
             for n, c in configs(spec.gcds_per_node, quant_problem is None).items()
-            if n in (args.configs.split(",") if args.configs else ORDER[:-1])
+            if n in (args.configs.split(",") if args.configs else DEFAULT)
         },
         "phases": [{"name": "shaped", "rounds": args.rounds}]
         + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),

@@ -54,8 +54,10 @@ def ds_config_for(cfg: dict, plan: dict) -> dict:
             gcds_per_gpu=topo["gcds_per_gpu"],
             dtype=dtype,
         )
-    if bucket:  # prefetch ahead of use; reuse distance 0 keeps the backward re-gather
+    if bucket and cfg.get("prefetch", True):  # prefetch ahead of use; reuse distance 0 keeps the re-gather
         c["zero_optimization"].update(stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0)
+    if "overlap" in cfg:
+        c["zeropp_hier"]["overlap"] = cfg["overlap"]
     return c
 
 

@@ -36,10 +36,12 @@ def _auto(**auto):
 
 
 def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
-    # declared rates: a fast network (flat), and Frontier's per-GCD rates
+    # declared rates: Frontier's ratios at the emulated cluster's scale (links slow beside this
+    # CPU's quantization), and Frontier's own rates (there this tiny model's communication takes
+    # microseconds, and the CPU's quantization time decides)
     cfgs = {"probed": _auto(probe_kb=64),
-            "frontier_rates": _auto(tier_gbps={"gcd": 200, "gpu": 50, "node": 12.5}),
-            "flat": _auto(tier_gbps={"gcd": 1, "gpu": 1, "node": 1})}
+            "frontier_ratios": _auto(tier_gbps={"gcd": 0.016, "gpu": 0.004, "node": 0.001}),
+            "frontier_rates": _auto(tier_gbps={"gcd": 200, "gpu": 50, "node": 12.5})}
     res = world8.run(auto_runs, cfgs, STEPS)
     for name in cfgs:
         choices = {r[name]["auto"]["chosen"] for r in res}
@@ -55,9 +57,11 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
     # declared rates skip the probe
     assert res[0]["frontier_rates"]["auto"]["source"] == "declared tier_gbps"
     assert res[0]["frontier_rates"]["auto"]["seconds"] < res[0]["probed"]["auto"]["seconds"]
-    # with Frontier's rates the hierarchy is chosen; on a flat network the package copy buys
-    # nothing over the node copy, and the planner says so
-    assert res[0]["frontier_rates"]["auto"]["preset"] == "frontier"
+    # slow links: a compressed layout with a kept copy (for this tiny model the planner prefers
+    # zeropp's flat int4 gradient stage on gloo); links so fast that quantizing costs more than
+    # it saves: no compression (zero3)
+    assert res[0]["frontier_ratios"]["auto"]["preset"] in ("zeropp", "frontier")
+    assert res[0]["frontier_rates"]["auto"]["chosen"] == "zero3"
 
 
 def test_auto_refuses_a_compression_section_and_foreign_keys():

@@ -265,6 +265,8 @@ def rank_main(spec: JobSpec) -> dict:
         }
         summary["bytes_per_step"] = {p: {t: v / spec.steps for t, v in per.items()} for p, per in st["bytes"].items()}
         summary["comm_stats"] = st
+        if st.get("auto"):  # "preset": "auto": what it chose ([Note: auto preset])
+            summary["auto"] = {k: st["auto"][k] for k in ("chosen", "runner_up", "rates_gbps", "source")}
     if rank == 0:
         report.line(
             f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "

@@ -65,7 +65,7 @@ def _memory_per_gcd(device: torch.device, topo: Topology) -> float:
     if device.type == "cuda":
         mine = float(torch.cuda.get_device_properties(device).total_memory)
     else:  # the CPU accelerator: the node's RAM, shared by its ranks
-        mine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / topo.gcds_per_node
+        mine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (topo.gpus_per_node * topo.gcds_per_gpu)
     t = torch.tensor([mine], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return float(t)
@@ -84,8 +84,8 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     width = named[0][1].element_size() if named else 2
     tiers = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
     cluster = P.ClusterModel(
-        name=f"this job ({topo.nodes}x{topo.gpus_per_node}x{topo.gcds_per_gpu})",
-        nodes=topo.nodes,
+        name=f"this job ({topo.num_nodes}x{topo.gpus_per_node}x{topo.gcds_per_gpu})",
+        nodes=topo.num_nodes,
         gpus_per_node=topo.gpus_per_node,
         gcds_per_gpu=topo.gcds_per_gpu,
         tiers=tiers,

@@ -500,6 +500,14 @@ def auto_candidates(kept_gb: float | None = None) -> list[Candidate]:
             "int8 gradients over the network, no error feedback",
             kept_gb=kept_gb,
         ),
+        Candidate(
+            "frontier/int4-gpu",
+            False,
+            "frontier",
+            _compression("frontier", schemes={"gradients": {"gpu": "int4", "node": "int4"}}),
+            "int4 gradients on the package links too (when they are the bottleneck)",
+            kept_gb=kept_gb,
+        ),
     ] + (
         []
         if kept_gb is not None  # the budget already applies to every candidate above
