@@ -98,7 +98,7 @@ def comm_stats(engine) -> dict:
             "zeropp_hier section; this engine is stock DeepSpeed"
         )
     lp = rt.level_plan
-    levels = None if lp is None else {"count": lp.count(), "planned_bytes": lp.kept_bytes, "by_layer": lp.levels}
+    levels = None if lp is None else {"count": lp.counts(), "planned_bytes": lp.kept_bytes, "by_layer": lp.levels}
     return {
         **rt.stats.snapshot(),
         "numerics": rt.numerics.snapshot(),

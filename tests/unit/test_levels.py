@@ -44,7 +44,7 @@ def test_budget_fills_node_copies_first_then_package_in_model_order():
     lp = levels.assign(LAYERS, "frontier", TOPO, 1.0, budget)
     assert [lp.levels[n] for n, _ in LAYERS] == ["package"] * 3 + ["node"] * 5
     assert lp.kept_bytes == budget
-    assert lp.count() == {"package": 3, "node": 5, "none": 0}
+    assert lp.counts() == {"package": 3, "node": 5, "none": 0}
     assert levels.summarize(lp, [n for n, _ in LAYERS]) == [
         ("blocks.0 .. blocks.2 (3)", "package"),
         ("blocks.3 .. blocks.7 (5)", "node"),
@@ -53,9 +53,9 @@ def test_budget_fills_node_copies_first_then_package_in_model_order():
 
 def test_budget_below_every_node_copy_leaves_layers_without_a_copy():
     lp = levels.assign(LAYERS, "frontier", TOPO, 1.0, 5 * 2000 + 1999)
-    assert lp.count() == {"package": 0, "node": 5, "none": 3}
+    assert lp.counts() == {"package": 0, "node": 5, "none": 3}
     assert lp.kept_bytes <= lp.budget_bytes
-    assert levels.assign(LAYERS, "frontier", TOPO, 1.0, 0).count()["none"] == 8
+    assert levels.assign(LAYERS, "frontier", TOPO, 1.0, 0).counts()["none"] == 8
 
 
 def test_every_level_has_backward_hops():

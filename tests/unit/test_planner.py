@@ -89,7 +89,7 @@ def test_a_budget_mixes_levels_and_the_plan_shows_them():
     by = {p.candidate.name: p for p in P.rank(cl, wl)}
     fit = by["frontier/fit"]
     assert not by["frontier"].memory.fits and fit.memory.fits
-    counts = fit.kept_levels.count()
+    counts = fit.kept_levels.counts()
     assert counts["package"] > 0 and counts["node"] > 0 and counts["none"] == 0
     assert fit.memory.parts["kept copies (per-layer levels)"] == fit.kept_levels.kept_bytes
     # between frontier (every layer in the package) and zeropp (every layer in the node)

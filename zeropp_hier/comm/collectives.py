@@ -183,7 +183,8 @@ class HierCollectives:
         """One gather hop of encoded rows: data and scales of each row as one byte row, one
         collective ([Note: one collective per hop]), gathered exactly."""
         hg = self.groups[hop.axes]
-        have = tuple(enc.data.shape[:3])
+        shape = enc.data.shape
+        have = (shape[0], shape[1], shape[2])
         data_bytes = enc.data.shape[3] * enc.data.element_size()
         wire = _pack(enc.data.reshape(-1, enc.data.shape[3]), enc.scales.reshape(-1, enc.scales.shape[3]))
         flat = self._gather_blocks(wire.view(-1), hg, phase)

@@ -51,7 +51,7 @@ class LevelPlan(NamedTuple):
     kept_bytes: float  # per GCD, all layers
     budget_bytes: float | None
 
-    def count(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int]:
         out = {lvl: 0 for lvl in LEVEL_AXES}
         for lvl in self.levels.values():
             out[lvl] += 1

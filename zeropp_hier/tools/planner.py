@@ -212,7 +212,7 @@ def collectives(
     else:
         n = len(lp.levels)
         shares = {}
-        for lvl, count in lp.count().items():
+        for lvl, count in lp.counts().items():
             if count:
                 shares[levels.LEVEL_AXES[lvl] or "none"] = count / n
     for axes, share in shares.items():
