@@ -37,6 +37,9 @@ VARIANTS = {
     "frontier/no-prefetch": {"kind": "ours", "preset": "frontier", "prefetch": False},
     "zeropp/inline": {"kind": "ours", "preset": "zeropp", "overlap": False},
     "frontier/inline": {"kind": "ours", "preset": "frontier", "overlap": False},
+    # package copies for about half the layers, node copies for the rest ([Note: kept levels]):
+    # the model's package copy is ~1.75 MB per rank in int8 rows, a node copy ~0.44 MB
+    "frontier/half": {"kind": "ours", "preset": "frontier", "memory": {"kept_shards_gb": 0.0011}},
     # int4 gradients on the package links too (a candidate of "auto")
     "frontier/int4-gpu": {
         "kind": "ours",

@@ -58,6 +58,8 @@ def ds_config_for(cfg: dict, plan: dict) -> dict:
         c["zero_optimization"].update(stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0)
     if "overlap" in cfg:
         c["zeropp_hier"]["overlap"] = cfg["overlap"]
+    if "memory" in cfg:
+        c["zeropp_hier"]["memory"] = cfg["memory"]
     return c
 
 
