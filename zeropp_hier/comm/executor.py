@@ -13,7 +13,8 @@ on the same hop groups. Two rules keep that safe and overlapped:
    bucket chain on the executor's thread (on a GPU, also on the executor's own stream, ordered
    after the caller's stream by an event); ``result`` hands the outputs over (on a GPU the
    caller's stream waits for the executor's event; the host does not). A gradient stage is
-   submitted and awaited at once (DeepSpeed needs its result), behind any gathers in flight.
+   submitted behind any gathers in flight and awaited when the next bucket is submitted or at
+   the end of backward ([Note: gradient stages beside backward] in deepspeed/stage3.py).
 
 With ``overlap`` off (``zeropp_hier.overlap: false``) the same calls run inline on the caller,
 one after another: the behaviour before overlap existed, kept for comparison and debugging.

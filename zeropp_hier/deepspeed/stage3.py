@@ -20,9 +20,10 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     def __init__(self, *args, hier_runtime: HierRuntime, **kwargs):
         # set before DeepSpeed's constructor: it builds the parameter manager, which needs it
         self.hier_runtime = hier_runtime
-        self._pending_reduce = None  # (params, future) of the bucket whose stages are in flight
+        self._pending_reduce = None  # (params, future, backward) of the bucket in flight
         self._reduce_now = False
         self.buckets_overlapped = 0  # buckets whose stages ran while backward went on
+        self._backwards_done = 0  # epilogues run: tells a bucket of an aborted backward
         super().__init__(*args, **kwargs)
 
     def initialize_ds_offload(self, *args, **kwargs):
@@ -101,7 +102,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
                 )
         params.sort(key=lambda p: p.ds_id)
         future = self._submit(params, communication_data_type)
-        self._pending_reduce = (list(params), future)
+        self._pending_reduce = (list(params), future, self._backwards_done)
         params.clear()
         bucket.elements = 0
         bucket.process_group = None
@@ -112,11 +113,18 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         pending, self._pending_reduce = getattr(self, "_pending_reduce", None), None
         if pending is None:
             return
-        params, future = pending
-        parts = self._averaged(params, self.hier_runtime.executor.result(future))
+        params, future, backward = pending
         from deepspeed.accelerator import get_accelerator
 
+        # on a GPU, ``result`` makes the current stream wait for the stages' event: the stream
+        # that then copies the chunks into DeepSpeed's partitions must be the current one
         with get_accelerator().stream(self.reduce_and_partition_stream):
+            parts = self._averaged(params, self.hier_runtime.executor.result(future))
+            if backward != self._backwards_done:
+                # submitted in a backward that never reached its epilogue (an exception in
+                # between): its gradients belong to no step, and handing them to DeepSpeed now
+                # would add them to this backward's
+                return
             self.partition_grads(params, parts)
 
     def independent_gradient_partition_epilogue(self):
@@ -126,6 +134,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
             super().independent_gradient_partition_epilogue()
         finally:
             self._reduce_now = False
+        self._backwards_done += 1
 
     # -- numerics around the step ([Note: non-finite gradients] in comm/numerics.py) -----------
     def step(self, closure=None):
