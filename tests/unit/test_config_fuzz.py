@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from zeropp_hier.core.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    FIXED_PRESETS,
     PRESET_COMPRESSION,
     PRESETS,
     SCHEMES,
@@ -78,7 +79,8 @@ sections = st.fixed_dictionaries(
     {},
     optional={
         "enabled": st.booleans(),
-        "preset": st.sampled_from(PRESETS),
+        # "auto" takes no compression section; its own errors are tested in tests/dist/test_auto.py
+        "preset": st.sampled_from(FIXED_PRESETS),
         "topology": topologies,
         "compression": compressions,
         "collective_timeout_s": timeouts,

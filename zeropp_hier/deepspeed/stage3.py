@@ -101,7 +101,12 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
                     f"elements but the parameter has {p.ds_numel}; a gradient must match its parameter"
                 )
         params.sort(key=lambda p: p.ds_id)
-        future = self._submit(params, communication_data_type)
+        from deepspeed.accelerator import get_accelerator
+
+        # DeepSpeed copied the bucket's gradients on its reduce stream: pack them there too (the
+        # executor's stream then starts after it, and the next bucket's copies after the pack)
+        with get_accelerator().stream(self.reduce_and_partition_stream):
+            future = self._submit(params, communication_data_type)
         self._pending_reduce = (list(params), future, self._backwards_done)
         params.clear()
         bucket.elements = 0
