@@ -54,8 +54,13 @@ def ds_config_for(cfg: dict, plan: dict) -> dict:
             gcds_per_gpu=topo["gcds_per_gpu"],
             dtype=dtype,
         )
-    if bucket and cfg.get("prefetch", True):  # prefetch ahead of use; reuse distance 0 keeps the re-gather
-        c["zero_optimization"].update(stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0)
+    if bucket and cfg.get("prefetch", True):
+        # prefetch ahead of use; reuse distance 0 and at most about one bucket of live parameters,
+        # as for a model much larger than this one: without the live limit DeepSpeed keeps this
+        # small model gathered from forward into backward, and backward gathers nothing
+        c["zero_optimization"].update(
+            stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0, stage3_max_live_parameters=bucket
+        )
     if "overlap" in cfg:
         c["zeropp_hier"]["overlap"] = cfg["overlap"]
     if "memory" in cfg:
