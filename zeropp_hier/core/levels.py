@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Sequence
 
+from .plan import CommPlan
+from .policy import QUANTIZED
 from .topology import Topology
 
 LEVEL_AXES: dict[str, tuple[str, ...] | None] = {"package": ("node", "gpu"), "node": ("node",), "none": None}
@@ -44,6 +46,16 @@ def kept_elems(slot_elems: float, topo: Topology, level: str) -> float:
     """Elements of a kept copy per rank, for a layer whose per-rank slots hold ``slot_elems``."""
     axes = LEVEL_AXES[level]
     return 0.0 if axes is None else slot_elems * topo.axes_size(axes)
+
+
+def kept_bytes_per_elem(plan: CommPlan, weight_bytes: float) -> float:
+    """Bytes per element of a kept copy: the encoding of the forward gather's first quantizing
+    hop (data plus one fp32 scale per block), which the copy keeps ([Note: quantize once per
+    gather] in comm/collectives.py), else the weights' own width."""
+    enc = next((h for h in plan.forward if h.scheme in QUANTIZED), None)
+    if enc is None:
+        return float(weight_bytes)
+    return {"int8": 1.0, "int4": 0.5}[enc.scheme] + 4.0 / enc.block_size
 
 
 class LevelPlan(NamedTuple):

@@ -271,12 +271,7 @@ class HierRuntime:
         budget = self.cfg.memory.kept_shards_gb
         if budget is None or self.plan.kept_axes is None:
             return None
-        enc = next((h for h in self.plan.forward if h.scheme in QUANTIZED), None)
-        per_elem = (
-            (1.0 if enc.scheme == "int8" else 0.5) + 4.0 / enc.block_size
-            if enc is not None
-            else named_params[0][1].ds_tensor.element_size()
-        )
+        per_elem = levels.kept_bytes_per_elem(self.plan, named_params[0][1].ds_tensor.element_size())
         layer_of = {p.ds_id: levels.layer_of(name) for name, p in named_params}
         slots: dict[str, float] = {}
         for _, p in named_params:

@@ -148,6 +148,30 @@ def _compression(
     return parse_compression(section, preset, "planner.compression")
 
 
+def _frontier_fit() -> Candidate:
+    """frontier with a kept level per layer, within what memory leaves ([Note: kept levels])."""
+    return Candidate(
+        "frontier/fit",
+        False,
+        "frontier",
+        _compression("frontier"),
+        "package copies for the layers that fit, node copies for the rest",
+        fit=True,
+    )
+
+
+def _frontier_int8(kept_gb: float | None = None) -> Candidate:
+    schemes = {"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int8"}}
+    return Candidate(
+        "frontier/int8",
+        False,
+        "frontier",
+        _compression("frontier", schemes=schemes),
+        "int8 gradients over the network, no error feedback",
+        kept_gb=kept_gb,
+    )
+
+
 def default_candidates(cluster: ClusterModel) -> list[Candidate]:
     none = _compression("zero3")
     if cluster.stock_quantization:
@@ -162,22 +186,8 @@ def default_candidates(cluster: ClusterModel) -> list[Candidate]:
         Candidate("zeropp/none", False, "zeropp", _compression("zeropp", "none")),
         Candidate("frontier", False, "frontier", _compression("frontier")),
         Candidate("frontier/none", False, "frontier", _compression("frontier", "none")),
-        Candidate(
-            "frontier/fit",
-            False,
-            "frontier",
-            _compression("frontier"),
-            "package copies for the layers that fit, node copies for the rest",
-            fit=True,
-        ),
-        Candidate(
-            "frontier/int8",
-            False,
-            "frontier",
-            _compression(
-                "frontier", schemes={"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int8"}}
-            ),
-        ),
+        _frontier_fit(),
+        _frontier_int8(),
     ]
 
 
@@ -369,14 +379,6 @@ class Memory(NamedTuple):
     fits: bool
 
 
-def kept_bytes_per_elem(cand: Candidate, weight_bytes: int) -> float:
-    """Bytes per element of a kept copy: encoded when the forward gather quantizes
-    ([Note: quantize once per gather])."""
-    plan_fwd = make_plan(cand.preset, cand.compression, Topology(2, 2, 2)).forward
-    enc = next((h.scheme for h in plan_fwd if h.scheme in ("int8", "int4")), None)
-    return bytes_per_elem(enc, weight_bytes, cand.compression.block_size) if enc else weight_bytes
-
-
 def level_plan(cand: Candidate, cluster: ClusterModel, wl: Workload) -> levels.LevelPlan | None:
     """The kept level of each of the workload's (equal) layers under the candidate's budget."""
     if cand.kept_gb is None and not cand.fit:
@@ -388,7 +390,8 @@ def level_plan(cand: Candidate, cluster: ClusterModel, wl: Workload) -> levels.L
         budget = max(0.0, cluster.memory_per_gcd - sum(memory(cand, cluster, wl, kept=0.0).parts.values()))
     share = wl.params / wl.layers / topo.world_size
     layers = [(f"layer {i}", share) for i in range(wl.layers)]
-    return levels.assign(layers, cand.preset, topo, kept_bytes_per_elem(cand, wl.weight_bytes), budget)
+    per_elem = levels.kept_bytes_per_elem(make_plan(cand.preset, cand.compression, topo), wl.weight_bytes)
+    return levels.assign(layers, cand.preset, topo, per_elem, budget)
 
 
 def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | None = None) -> Memory:
@@ -400,7 +403,7 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | N
     if plan.kept_axes is not None:
         name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
         if kept is None:
-            kept = kept_bytes_per_elem(cand, b) * m / w * cluster.topology.axes_size(plan.kept_axes)
+            kept = levels.kept_bytes_per_elem(plan, b) * m / w * cluster.topology.axes_size(plan.kept_axes)
         elif cand.preset == "frontier" and (cand.kept_gb is not None or cand.fit):
             name = "kept copies (per-layer levels)"
         if kept:
@@ -490,16 +493,7 @@ def auto_candidates(kept_gb: float | None = None) -> list[Candidate]:
         Candidate("zero3", False, "zero3", _compression("zero3")),
         Candidate("zeropp", False, "zeropp", _compression("zeropp"), kept_gb=kept_gb),
         Candidate("frontier", False, "frontier", _compression("frontier"), kept_gb=kept_gb),
-        Candidate(
-            "frontier/int8",
-            False,
-            "frontier",
-            _compression(
-                "frontier", schemes={"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int8"}}
-            ),
-            "int8 gradients over the network, no error feedback",
-            kept_gb=kept_gb,
-        ),
+        _frontier_int8(kept_gb),
         Candidate(
             "frontier/int4-gpu",
             False,
@@ -511,16 +505,7 @@ def auto_candidates(kept_gb: float | None = None) -> list[Candidate]:
     ] + (
         []
         if kept_gb is not None  # the budget already applies to every candidate above
-        else [
-            Candidate(
-                "frontier/fit",
-                False,
-                "frontier",
-                _compression("frontier"),
-                "package copies for the layers that fit, node copies for the rest",
-                fit=True,
-            )
-        ]
+        else [_frontier_fit()]
     )
 
 
