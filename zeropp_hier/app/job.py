@@ -223,7 +223,7 @@ def rank_main(spec: JobSpec) -> dict:
     skipped = [engine.skipped_steps]
 
     def on_step(step: int, loss: float, seconds: float) -> None:
-        t = torch.tensor([loss], dtype=torch.float64)
+        t = torch.tensor([loss], dtype=torch.float64, device=engine.device)  # NCCL takes device tensors only
         dist.all_reduce(t)
         row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds, "seconds": seconds}
         sent = ""
@@ -360,7 +360,12 @@ def launch(spec: JobSpec) -> dict:
         return out
     from ..testing.launch import LocalWorld
 
-    print(f"starting {spec.local_world} local CPU ranks (gloo)...", flush=True)
-    with LocalWorld(spec.local_world, timeout=1800) as w:
+    if gpus:
+        # NCCL refuses two ranks of one communicator on one GPU; gloo takes CUDA tensors (through
+        # host memory: right for checking a workstation, not for timing)
+        print(f"starting {spec.local_world} local ranks on {gpus} GPU(s), gloo...", flush=True)
+    else:
+        print(f"starting {spec.local_world} local CPU ranks (gloo)...", flush=True)
+    with LocalWorld(spec.local_world, timeout=1800, gpus=gpus) as w:
         out = w.run(rank_main, spec)
     return out[0]

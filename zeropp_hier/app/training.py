@@ -103,6 +103,7 @@ def train_steps(
         total = 0.0
         for m in range(accum):
             x, y = batch_fn(step * accum + m, micro, rank)
+            x, y = x.to(engine.device), y.to(engine.device)  # no-op on CPU
             loss = engine(x, y)
             engine.backward(loss)
             engine.step()

@@ -47,7 +47,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_timeout_s: float | None) -> None:
+def _worker(
+    rank: int, world: int, port: int, tasks, results, env: dict, pg_timeout_s: float | None, gpus: int = 0
+) -> None:
     _die_with_parent()
     os.environ.update(env)
     os.environ.update(
@@ -55,7 +57,8 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_time
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
+        # ranks on GPUs use device rank % gpus: several ranks may share one (gloo accepts that)
+        LOCAL_RANK=str(rank % gpus) if gpus else str(rank),
         LOCAL_SIZE=str(world),
     )
     import warnings
@@ -72,6 +75,15 @@ def _worker(rank: int, world: int, port: int, tasks, results, env: dict, pg_time
         from deepspeed.utils import logger
 
         logger.setLevel("ERROR")
+        if gpus:
+            # The group is created here, not by DeepSpeed: DeepSpeed binds the CUDA device to
+            # the default group, and torch then builds every new_group by splitting it, which
+            # gloo cannot do (AttributeError: perform_nocolor_split on the non-members).
+            import torch.distributed as dist
+
+            torch.cuda.set_device(rank % gpus)
+            timeout = None if pg_timeout_s is None else timedelta(seconds=pg_timeout_s)
+            dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
         if pg_timeout_s is None:
             deepspeed.init_distributed(dist_backend="gloo")
         else:
@@ -141,7 +153,8 @@ def _last_line(text: str) -> str:
 class LocalWorld:
     """``pg_timeout_s``: timeout of the default process group (torch's default is 30 min);
     ``failure_grace_s``: after a failure, how long a quiet spell (no rank failing or exiting)
-    ends the wait for the others to fail on their own ([Note: a failed world])."""
+    ends the wait for the others to fail on their own ([Note: a failed world]); ``gpus``: 0 for
+    CPU ranks, else the number of GPUs the ranks share (rank r uses device r % gpus)."""
 
     def __init__(
         self,
@@ -150,6 +163,7 @@ class LocalWorld:
         env: dict | None = None,
         pg_timeout_s: float | None = None,
         failure_grace_s: float = 0.0,
+        gpus: int = 0,
     ):
         self.world_size = world_size
         self.timeout = timeout
@@ -162,10 +176,15 @@ class LocalWorld:
         # Set before the children start: unpickling a task may import DeepSpeed before _worker
         # runs, and DeepSpeed picks its accelerator at import.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
+        # gpus > 0: DeepSpeed's CUDA accelerator, rank r on device r % gpus, still gloo (which
+        # accepts CUDA tensors; NCCL refuses two ranks of one communicator on one device)
+        accel = "cuda" if gpus else "cpu"
+        env = {"DS_ACCELERATOR": accel, "OMP_NUM_THREADS": "1", **(env or {})}
         self.procs = [
             ctx.Process(
-                target=_worker, args=(r, world_size, port, self.tasks[r], self.results, env, pg_timeout_s), daemon=True
+                target=_worker,
+                args=(r, world_size, port, self.tasks[r], self.results, env, pg_timeout_s, gpus),
+                daemon=True,
             )
             for r in range(world_size)
         ]
