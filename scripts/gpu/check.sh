@@ -3,9 +3,8 @@
 # gpu test lane, the kernel benchmark, the engine on CUDA tensors beside stock DeepSpeed, and a
 # one-rank run of the main job on NCCL. Run from the repository root on a machine with a CUDA GPU
 # and a CUDA torch:
-#     OUT=/tmp/gpu_out bash scripts/gpu/check.sh [build|tests|kernels|engine|job|all ...]
-# Missing Python packages may be supplied as wheels in .whl/ (installed to /tmp/site). A kernel
-# build made earlier for the same sources can be supplied in .gpubuild/ (checked by hash).
+#     OUT=/tmp/gpu_out bash scripts/gpu/check.sh [tests] [kernels] [profile] [engine] [job] [all]
+# Missing Python packages may be supplied as wheels in .whl/ (installed to /tmp/site).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -28,19 +27,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import deepspeed, hydra; print("deepspeed", deepspeed.__version__, "| hydra", hydra.__version__)'
 
 section build
-src_hash=$(cat hip_kernels/* | sha256sum | cut -c1-16)
-so=$(ls .gpubuild/"$src_hash"/_C*.so 2>/dev/null | head -n 1)
-if [ -n "$so" ]; then
-  echo "using the kernel build in $so (same sources: $src_hash)"
-  cp "$so" zeropp_hier/
-else
-  t0=$(date +%s)
-  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=16 "$PY" setup.py build_ext --inplace >"$OUT/build_full.log" 2>&1 \
-    && { tail -n 3 "$OUT/build_full.log"; rm -f "$OUT/build_full.log"; } \
-    || { tail -n 60 "$OUT/build_full.log"; echo "BUILD FAILED"; }
-  echo "built in $(( $(date +%s) - t0 )) s"
-  mkdir -p "$OUT/so" && cp zeropp_hier/_C*.so "$OUT/so/" && echo "$src_hash" >"$OUT/so/hash.txt"
-fi
+t0=$(date +%s)
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=16 "$PY" setup.py build_ext --inplace >"$OUT/build_full.log" 2>&1 \
+  && { tail -n 3 "$OUT/build_full.log"; rm -f "$OUT/build_full.log"; } \
+  || { tail -n 60 "$OUT/build_full.log"; echo "BUILD FAILED"; }
+echo "built in $(( $(date +%s) - t0 )) s"
 "$PY" -c 'from zeropp_hier import quant; from zeropp_hier.quant import _ext; print("extension:", _ext.status(), "| backend(cuda):", quant.backend("cuda"))'
 
 if want tests; then
