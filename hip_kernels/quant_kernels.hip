@@ -29,6 +29,13 @@
 // aligned inputs (8/4 bytes for codes): tensors at odd offsets take the element-wise path in the
 // same kernels. Every element still goes through the quant_math.h functions, and the absmax is
 // an integer max, so the order of the work changes no bit.
+// Measured on the H100 at >= 64M elements, % of copy bandwidth: quantize 70-80% (fp32 input),
+// 55-66% (bf16); dequantize 87-91% (fp32 output), 65-86% (bf16); dequantize_sum(k=4) 73-96%
+// (fp32), 46-78% (bf16); the fused requantize 40-42% (int8) and 16-17% (int4). The last is not
+// memory-bound: in elements per second it runs at the rate of its two halves one after the
+// other (ncu: SM throughput 73-79%, DRAM 11-27%). Tried without gain: the division by the scale
+// as a reciprocal with Markstein's correction, and int/float conversions off the quarter-rate
+// pipe; both kept every bit, neither moved the fused kernel.
 #include "gpu_runtime.h"
 #include "quant_api.h"
 #include "quant_math.h"
