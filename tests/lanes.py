@@ -4,6 +4,7 @@ pyproject.toml), set by that directory's conftest.py.
     python -m pytest -m unit tests   # unit: pure, no processes, no worlds (the inner loop, < 1 min)
     python -m pytest -m dist tests   # dist: LocalWorld process worlds
     python -m pytest -m system tests # system: Slurm, the emulated cluster, compilers, whole jobs
+    python -m pytest -m gpu tests    # gpu: CUDA/ROCm kernels and the engine on CUDA tensors
     python -m pytest tests           # everything
 """
 
