@@ -21,11 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-
-def _parse_size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
+from .kernels import _parse_size
 
 
 def _time(fn, iters: int, reps: int) -> float:

@@ -72,3 +72,31 @@ def test_auto_refuses_a_compression_section_and_foreign_keys():
         parse_section({"preset": "frontier", "auto": {"probe_kb": 64}})
     with pytest.raises(HierConfigError, match="tier_gbps"):
         parse_section({"preset": "auto", "auto": {"tier_gbps": {"gcd": 1}}})
+
+
+def probe_sizes(target_s):
+    import torch
+    import torch.distributed as dist
+
+    from zeropp_hier.comm.groups import build_hop_groups
+    from zeropp_hier.core.topology import TIERS, Topology
+    from zeropp_hier.detect.links import measure_tiers
+
+    topo = Topology.for_world(dist.get_world_size(), gpus_per_node=2, gcds_per_gpu=2)
+    groups = build_hop_groups(topo, [(t,) for t in TIERS], dist.get_rank(), 60)
+    try:
+        out = measure_tiers(groups, torch.device("cpu"), [4096, 1 << 20], 1, target_s=target_s)
+    finally:
+        for hg in groups.values():
+            dist.destroy_process_group(hg.group)
+    return {t: sorted(int(s) for s in v["all_gather_s"]) for t, v in out.items()}
+
+
+def test_probe_cuts_its_larger_message_to_the_time_target_alike_on_every_rank(world8):
+    # a target no link can meet: every tier's larger message is cut to its floor, 4x the
+    # smaller; without a target the sizes are as asked. Every rank measured the same sizes.
+    cut = world8.run(probe_sizes, 1e-9)
+    assert all(r == cut[0] for r in cut)
+    assert cut[0] == {t: [4096, 16384] for t in ("gcd", "gpu", "node")}
+    full = world8.run(probe_sizes, None)
+    assert full[0] == {t: [4096, 1 << 20] for t in ("gcd", "gpu", "node")}

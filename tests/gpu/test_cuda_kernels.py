@@ -21,6 +21,7 @@ from ..unit.test_quant_kernels import (
     assert_payload_equal,
     assert_values_equal,
     lengths,
+    random_payload,
     torture_input,
 )
 
@@ -60,17 +61,9 @@ def test_quantize_and_dequantize_match_reference(ops, dtype, block):
 
 @pytest.mark.parametrize("bits", BITS)
 def test_random_bytes_dequantize_like_reference(ops, bits):
-    g = torch.Generator().manual_seed(bits)
-    n, block = 5000, 64
-    nb = -(-n // block)
-    data = torch.randint(0, 256, (R.num_blocks(n, block) * block * bits // 8,), generator=g, dtype=torch.uint8)
-    if bits == 8:
-        data = data.view(torch.int8)
-    scales = torch.randint(0, 2**31 - 1, (nb,), generator=g, dtype=torch.int32).view(torch.float32).clone()
-    scales[:4] = torch.tensor([float("nan"), -0.0, 3.0e38, 1e-45])
-    q = R.Quantized(data, scales, n, bits, block)
+    q = random_payload(bits)
     for out_dtype in DTYPES:
-        got = ops.dequantize(data.to(DEV), scales.to(DEV), n, bits, block, out_dtype)
+        got = ops.dequantize(q.data.to(DEV), q.scales.to(DEV), q.numel, bits, q.block_size, out_dtype)
         assert_values_equal(_cpu(got), R.dequantize(q, out_dtype))
 
 

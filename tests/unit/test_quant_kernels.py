@@ -136,9 +136,8 @@ def test_quantize_and_dequantize_match_reference(isa, ops, dtype, block):
                 )
 
 
-@pytest.mark.parametrize("bits", BITS)
-def test_random_bytes_dequantize_like_reference(isa, ops, bits):
-    # every code and odd scales (subnormal, huge, NaN, negative zero) through dequantize
+def random_payload(bits: int) -> R.Quantized:
+    """Every code and odd scales (subnormal, huge, NaN, negative zero), 5000 values, blocks of 64."""
     g = torch.Generator().manual_seed(bits)
     n, block = 5000, 64
     nb = -(-n // block)
@@ -148,9 +147,15 @@ def test_random_bytes_dequantize_like_reference(isa, ops, bits):
     scales = torch.randint(0, 2**31 - 1, (nb,), generator=g, dtype=torch.int32)
     scales = scales.view(torch.float32).clone()
     scales[:4] = torch.tensor([float("nan"), -0.0, 3.0e38, 1e-45])
-    q = R.Quantized(data, scales, n, bits, block)
+    return R.Quantized(data, scales, n, bits, block)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_random_bytes_dequantize_like_reference(isa, ops, bits):
+    q = random_payload(bits)
     for out_dtype in DTYPES:
-        assert_values_equal(ops.dequantize(data, scales, n, bits, block, out_dtype), R.dequantize(q, out_dtype))
+        got = ops.dequantize(q.data, q.scales, q.numel, bits, q.block_size, out_dtype)
+        assert_values_equal(got, R.dequantize(q, out_dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -34,6 +34,8 @@ from ..core.config import HierConfig, MemoryConfig
 from ..core.topology import TIERS, Topology
 
 PROBE_REPS = 2
+# the larger probe message of a tier is cut to about this long a collective (links.measure_tiers)
+PROBE_TARGET_S = 0.05
 
 
 def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> tuple[dict, str]:
@@ -54,11 +56,14 @@ def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> 
     groups = build_hop_groups(topo, [(t,) for t in TIERS if topo.axes_size((t,)) > 1], rank, cfg.collective_timeout_s)
     try:
         big = a.probe_kb * 1024
-        measured = measure_tiers(groups, device, [big // 16, big], PROBE_REPS)
+        measured = measure_tiers(groups, device, [big // 16, big], PROBE_REPS, target_s=PROBE_TARGET_S)
     finally:
         for hg in groups.values():
             dist.destroy_process_group(hg.group)
-    return {t: (v["bandwidth"], v["latency"]) for t, v in measured.items()}, f"probed at initialize ({a.probe_kb} KB)"
+    used = max(int(s) for v in measured.values() for s in v["all_gather_s"]) // 1024 if measured else 0
+    return {t: (v["bandwidth"], v["latency"]) for t, v in measured.items()}, (
+        f"probed at initialize ({used} of {a.probe_kb} KB)"
+    )
 
 
 def _memory_per_gcd(device: torch.device, topo: Topology) -> float:

@@ -13,14 +13,22 @@ import torch.distributed as dist
 from ..core.topology import TIERS
 
 
-def measure_tiers(groups: Mapping, device: torch.device, sizes: list[int], reps: int) -> dict:
+def measure_tiers(
+    groups: Mapping, device: torch.device, sizes: list[int], reps: int, target_s: float | None = None
+) -> dict:
     """{tier: {"bandwidth": bytes/s per GCD, "latency": s per ring step, "group_size": k,
     "all_gather_s": {bytes: s}}} for every tier with more than one rank. ``groups``: hop groups
     keyed by (tier,) (comm.groups.build_hop_groups); ``sizes``: two or more message sizes in
-    bytes; the time of a collective is the slowest rank's (one all-reduce per size)."""
+    bytes; the time of a collective is the slowest rank's (one all-reduce per size).
 
-    def timed(fn) -> float:
-        fn()  # warm-up (connections, buffers)
+    ``target_s``: the larger sizes of a tier are cut so that one all-gather is expected to take
+    about that long, judged from the smallest size's rate (a lower bound on the link's rate, so
+    the cut is never too deep), and never below 4x the smallest size. On real links nothing is
+    cut; on a slow link the probe stays short. Every rank cuts alike (the times are agreed)."""
+
+    def timed(fn, warm: bool = True) -> float:
+        if warm:
+            fn()  # warm-up (connections, buffers)
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
@@ -34,12 +42,19 @@ def measure_tiers(groups: Mapping, device: torch.device, sizes: list[int], reps:
         if hg is None:
             continue  # a tier of one rank has no link to measure
         k = len(hg.peers)
-        ag = {}
-        for nbytes in sizes:
+        ag: dict = {}
+        for i, nbytes in enumerate(sizes):
+            if i > 0 and target_s is not None:
+                floor_rate = (k - 1) * sizes[0] / ag[sizes[0]]  # bytes/s, latency included
+                cut = int(floor_rate * target_s / (k - 1)) // 4096 * 4096
+                nbytes = min(nbytes, max(4 * sizes[0], cut))
+                if nbytes in ag:
+                    continue
             x = torch.ones(nbytes // 4, device=device)
             y = torch.empty(k * x.numel(), device=device)
-            ag[nbytes] = timed(lambda x=x, y=y: dist.all_gather_into_tensor(y, x, group=hg.group))
-        lo, hi = sizes[0], sizes[-1]
+            # the first size warms the group's connections up; later sizes need no warm-up
+            ag[nbytes] = timed(lambda x=x, y=y: dist.all_gather_into_tensor(y, x, group=hg.group), warm=i == 0)
+        lo, hi = min(ag), max(ag)
         # a ring all-gather of k members sends (k-1) blocks per rank, one per step
         slope = (ag[hi] - ag[lo]) / ((k - 1) * (hi - lo))
         bw = 1 / slope if slope > 0 else float("inf")
