@@ -156,6 +156,8 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
         gcds_per_gpu=topo["gcds_per_gpu"],
         compute_s=compute_s,
         quant_rate=quant_rate,
+        # overlap hides communication only with DeepSpeed's prefetch on ([Note: cost model])
+        exposed=P.EMULATED_EXPOSED if plan.get("prefetch_bucket") else None,
     )
     if probe is not None:
         cl = P.with_probed_tiers(cl, probe)

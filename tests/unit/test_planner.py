@@ -171,3 +171,22 @@ def test_memory_counts_error_feedback_residuals_and_gradient_staging():
     half = P.memory(frontier, cl, P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8, residual_bytes=2))
     assert half.parts["error-feedback residuals"] * 2 == mem.parts["error-feedback residuals"]
     assert mem.total - half.total == half.parts["error-feedback residuals"]
+
+
+def test_overlap_hides_the_unexposed_part_of_each_phase_capped_by_compute():
+    wl = P.Workload(params=1e6, tokens_per_gcd=1)
+    cand = next(c for c in P.default_candidates(P.emulated()) if c.name == "frontier")
+    base = P.predict(cand, P.emulated(compute_s=5.0), wl)
+    assert base.step_s == pytest.approx(5.0 + base.comm_s)  # default: every phase exposed
+    ph = base.phase_s
+    assert all(v > 0 for v in ph.values())
+    part = P.predict(cand, P.emulated(compute_s=5.0, exposed={"backward_gather": 0.0, "grad_reduce": 0.5}), wl)
+    assert part.comm_s == pytest.approx(base.comm_s)  # the communication itself is unchanged
+    assert part.step_s == pytest.approx(5.0 + ph["forward_gather"] + 0.5 * ph["grad_reduce"])
+    # overlap cannot hide more than the compute there is to hide behind
+    tiny = P.predict(cand, P.emulated(compute_s=1e-3, exposed=dict.fromkeys(P.PHASES, 0.0)), wl)
+    assert tiny.step_s == pytest.approx(base.comm_s)
+    with pytest.raises(ValueError, match="exposed"):
+        P.emulated(exposed={"grad_reduce": 1.5})
+    with pytest.raises(ValueError, match="exposed"):
+        P.emulated(exposed={"optimizer": 0.5})
