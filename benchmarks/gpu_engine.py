@@ -55,7 +55,9 @@ class SyncRecorder:
 
         def show(message, category, filename, lineno, file=None, line=None):
             if SYNC_TEXT in str(message):
-                stack = traceback.extract_stack()[:-1]
+                # drop the frames of the warnings machinery and of this recorder
+                here = (warnings.__file__, __file__)
+                stack = [f for f in traceback.extract_stack() if f.filename not in here]
                 with self._lock:
                     self.records.append(
                         {"phase": self.phase, "thread": threading.current_thread().name, "origin": _origin(stack)}
