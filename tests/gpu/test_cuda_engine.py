@@ -14,11 +14,11 @@ NAMES = ("stock", "zero3", "frontier_exact", "frontier")
 
 @pytest.fixture(scope="module")
 def table():
-    cfgs, tags = configs_for(2, 2)
+    cfgs = configs_for(2, 2)
     cfgs = {k: v for k, v in cfgs.items() if k.rsplit("_", 1)[0] in NAMES}
     with LocalWorld(8, timeout=400, gpus=1) as w:
-        results = w.run(rank_run, cfgs, STEPS, tags, MODEL)
-    return compare(results, STEPS)
+        results = w.run(rank_run, cfgs, STEPS, MODEL)
+    return compare(results)
 
 
 def test_exact_presets_equal_stock_on_the_gpu(table):

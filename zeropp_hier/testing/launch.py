@@ -175,10 +175,10 @@ class LocalWorld:
         port = free_port()
         # Set before the children start: unpickling a task may import DeepSpeed before _worker
         # runs, and DeepSpeed picks its accelerator at import.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
         # gpus > 0: DeepSpeed's CUDA accelerator, rank r on device r % gpus, still gloo (which
         # accepts CUDA tensors; NCCL refuses two ranks of one communicator on one device)
         accel = "cuda" if gpus else "cpu"
+        os.environ.setdefault("DS_ACCELERATOR", accel)
         env = {"DS_ACCELERATOR": accel, "OMP_NUM_THREADS": "1", **(env or {})}
         self.procs = [
             ctx.Process(

@@ -66,6 +66,10 @@ class TierLink:
     latency: float  # seconds per algorithm step (alpha)
 
 
+# the phases of a step's communication, as Prediction.phase_s and ClusterModel.exposed name them
+PHASES = ("forward_gather", "backward_gather", "grad_reduce")
+
+
 @dataclass(frozen=True)
 class ClusterModel:
     name: str
@@ -635,7 +639,6 @@ def frontier(nodes: int = 48) -> ClusterModel:
     )
 
 
-PHASES = ("forward_gather", "backward_gather", "grad_reduce")
 # Exposed fractions per phase on the emulated cluster with DeepSpeed's prefetch on
 # ([Note: cost model]); with prefetch off every phase is exposed.
 EMULATED_EXPOSED = {"forward_gather": 1.0, "backward_gather": 0.0, "grad_reduce": 0.5}
