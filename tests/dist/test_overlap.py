@@ -57,16 +57,26 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
         seen: list = []
         calls = {"gather": 0, "reduce": 0, "submit": 0}
 
-        def watched(fn, kind):
+        def counted(fn, kind):
             def run(*a, **k):
                 calls[kind] += 1
-                with HostOps(seen):  # on the thread that runs it (the executor's)
+                return fn(*a, **k)
+            return run
+
+        def watched(fn):
+            def run(*a, **k):
+                with HostOps(seen):  # on the thread that runs it
                     return fn(*a, **k)
             return run
 
-        rt._gather_bucket = watched(rt._gather_bucket, "gather")
-        rt.submit_reduce_scatter = watched(rt.submit_reduce_scatter, "submit")  # the caller's part
-        rt._reduce_rows = watched(rt._reduce_rows, "reduce")  # the stages, on the executor
+        # the jobs (generators: their work runs in the executor's lanes, each step of a job
+        # inside ``_step``, on the lane's thread; inline, inside ``submit``), and the caller's
+        # part of a reduce
+        rt._gather_bucket = counted(rt._gather_bucket, "gather")
+        rt._reduce_rows = counted(rt._reduce_rows, "reduce")
+        rt.executor._step = watched(rt.executor._step)
+        rt.executor.submit = watched(rt.executor.submit)
+        rt.submit_reduce_scatter = watched(counted(rt.submit_reduce_scatter, "submit"))
         losses = training.train_steps(engine, steps)
         out[name] = {"losses": losses, "host_ops": sorted(set(seen)), "calls": calls,
                      "max_outstanding": rt.executor.max_outstanding,

@@ -1,23 +1,32 @@
-"""Where the hop collectives run: one ordered queue per engine.
+"""Where the hop collectives run: one lane (a thread, and on a GPU a stream) per hop group.
 
 [Note: one order of hop collectives]
 Gathers are issued ahead of use (DeepSpeed's prefetch) and gradient stages run during backward,
-on the same hop groups. Two rules keep that safe and overlapped:
+on the same hop groups. A *job* (one gather, or one gradient bucket's stages) is a generator that
+announces each collective before it issues it: ``yield Move(lane, carry)`` says "the next
+collective is on hop group ``lane``". Three rules keep that safe and overlapped:
 
-1. Every collective on a hop group runs on one executor, in the order it was submitted. The
-   submissions come from the training thread in program order, which is the same on every rank,
-   so every group sees its collectives in the same order everywhere; no communicator is ever
-   driven from two threads or two streams (with NCCL/RCCL that can deadlock: the device may run
-   two streams' operations on one communicator in different orders on different ranks).
-2. The caller is not blocked while a gather runs: ``submit`` returns at once and the hops of a
-   bucket chain on the executor's thread (on a GPU, also on the executor's own stream, ordered
-   after the caller's stream by an event); ``result`` hands the outputs over (on a GPU the
-   caller's stream waits for the executor's event; the host does not). A gradient stage is
-   submitted behind any gathers in flight and awaited when the next bucket is submitted or at
-   the end of backward ([Note: gradient stages beside backward] in deepspeed/stage3.py).
+1. Every collective on a hop group runs on that group's lane, in the order in which the jobs were
+   submitted. At ``submit`` a job declares the lanes of its collectives, and one slot per
+   collective is queued on each lane then, on the training thread, in program order — which is
+   the same on every rank. A lane takes its slots strictly in queue order and waits at a slot
+   until the job's previous collective (on another lane) is done. So every group sees its
+   collectives in the same order on every rank, and no communicator is driven from two threads
+   or two streams (with NCCL/RCCL that can deadlock). No cycle of waits can form: a lane waits
+   only for an earlier collective of the job at its head, and all slots of an earlier-submitted
+   job come before the later job's on every lane.
+2. Hops of different jobs overlap (pipelining across buckets): while bucket k's slow node hop
+   runs, bucket k+1's gpu hop, or the backward re-gather of the next layer, proceeds on its own
+   lane; a job's time on the links becomes the slowest tier's, not the sum of its tiers'. Within
+   a job the hops stay in sequence (each needs the previous one's output).
+3. The caller is not blocked: ``submit`` returns at once; ``result`` hands the outputs over (on a
+   GPU the caller's stream waits for the job's last event; the host does not). On a GPU each lane
+   has its own stream; a job's next collective waits for its previous one by an event, and the
+   tensors a job carries from one lane to the next (``Move.carry``) are recorded on the next
+   lane's stream so that the caching allocator does not hand their memory out early.
 
-With ``overlap`` off (``zeropp_hier.overlap: false``) the same calls run inline on the caller,
-one after another: the behaviour before overlap existed, kept for comparison and debugging.
+With ``overlap`` off (``zeropp_hier.overlap: false``) jobs run inline on the caller, one after
+another: the behaviour before overlap existed, kept for comparison and debugging.
 """
 
 from __future__ import annotations
@@ -25,16 +34,26 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Generator, Hashable, NamedTuple, Sequence
 
 import torch
 
+LOCAL = ("local",)  # the lane of jobs that issue no collective
 
-def _device_stream_api(device: torch.device):
-    """(Stream, Event, current_stream, stream context) for a CUDA/ROCm device, else None."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda
+
+class Move(NamedTuple):
+    """Yielded by a job before each collective: the hop group it is on, and the tensors the
+    collective reads that were made elsewhere (recorded on the lane's stream on a GPU)."""
+
+    lane: Hashable
+    carry: Sequence[torch.Tensor] = ()
+
+
+Job = Generator[Move, None, Any]
+
+
+class JobOrderError(RuntimeError):
+    """A job moved to a lane it did not declare: a bug in the job, reported instead of a hang."""
 
 
 class _Done:
@@ -44,40 +63,68 @@ class _Done:
         self.value, self.event = value, event
 
 
+class _Running:
+    """A job in flight: whose turn it is, and the event its next collective waits for."""
+
+    def __init__(self, job: Job, lanes: Sequence[Hashable], fut: Future, ready: Any):
+        self.job = job
+        self.collectives = len(lanes)  # 0: a job with no collective, run on the local lane
+        self.lanes = tuple(lanes) or (LOCAL,)
+        self.fut = fut
+        self.event = ready  # on a GPU: the previous step's end (the caller's stream at submit)
+        self.turn = 0  # index of the slot that may run next
+        self.failed = False
+        self.cond = threading.Condition()
+
+
+def _record_on(value: Any, stream: Any) -> None:
+    """Tensors handed to the caller are used on its stream from now on (one level deep: a
+    tensor, or a list/tuple/dict of them)."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            t.record_stream(stream)
+
+
 class CommExecutor:
-    """Runs submitted functions one at a time, in submission order, on a background thread."""
+    """Runs jobs' collectives on per-hop-group lanes, each lane in submission order."""
 
     def __init__(self, name: str, device: torch.device, overlap: bool = True):
+        self.name = name
         self.device = device
         self.overlap = overlap
-        self._cuda = _device_stream_api(device) if overlap else None
-        self._stream = self._cuda.Stream(device=device) if self._cuda is not None else None
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._cuda = torch.cuda if (overlap and device.type == "cuda") else None
+        self._lanes: dict[Hashable, tuple[queue.SimpleQueue, threading.Thread, Any]] = {}
+        self._lock = threading.Lock()
         # submitted but not yet taken by ``result``: more than one means work was issued ahead of
         # use (what DeepSpeed's prefetch is for); ``max_outstanding`` is the high-water mark
         self.outstanding = 0
         self.max_outstanding = 0
-        self._thread: threading.Thread | None = None
-        if overlap:
-            self._thread = threading.Thread(target=self._loop, name=f"zeropp_hier-comm-{name}", daemon=True)
-            self._thread.start()
+        # most jobs that held a lane at the same moment: above one, hops of different jobs ran
+        # side by side (rule 2)
+        self.max_lanes_busy = 0
+        self._busy = 0
 
     # -- caller side ---------------------------------------------------------------------------
-    def submit(self, fn: Callable[[], Any]) -> Future:
+    def submit(self, job: Job, lanes: Sequence[Hashable]) -> Future:
+        """Queue ``job``, whose collectives are on ``lanes`` in this order (one entry per
+        collective). Must be called from one thread, in the same program order on every rank."""
         fut: Future = Future()
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
         if not self.overlap:
             try:
-                fut.set_result(_Done(fn(), None))
+                fut.set_result(_Done(_run_inline(job, lanes), None))
             except BaseException as e:  # noqa: B036 - handed to the waiter, as a thread would
                 fut.set_exception(e)
             return fut
         ready = None
-        if self._cuda is not None:  # the executor's stream starts after what the caller queued
+        if self._cuda is not None:  # the job starts after what the caller queued so far
             ready = self._cuda.Event()
             ready.record(self._cuda.current_stream(self.device))
-        self._queue.put((fn, fut, ready))
+        running = _Running(job, lanes, fut, ready)
+        for i, lane in enumerate(running.lanes):
+            self._lane(lane)[0].put((running, i))
         return fut
 
     def result(self, fut: Future) -> Any:
@@ -86,43 +133,176 @@ class CommExecutor:
         if done.event is not None:
             cuda = self._cuda
             assert cuda is not None  # events exist only on a device executor
-            cuda.current_stream(self.device).wait_event(done.event)
+            current = cuda.current_stream(self.device)
+            current.wait_event(done.event)
+            _record_on(done.value, current)
         return done.value
 
-    def run(self, fn: Callable[[], Any]) -> Any:
-        """Submit and wait: ordered behind everything submitted before."""
-        return self.result(self.submit(fn))
+    def run(self, job: Job, lanes: Sequence[Hashable]) -> Any:
+        """Submit and wait: ordered behind everything submitted before on the same lanes."""
+        return self.result(self.submit(job, lanes))
 
     def drain(self) -> None:
         """Wait until everything submitted so far has run (errors stay with their futures)."""
-        if self.overlap:
-            self.result(self.submit(lambda: None))
+        if not self.overlap:
+            return
+        lanes = list(self._lanes)
+        if not lanes:
+            return
+
+        def barrier() -> Job:
+            for lane in lanes:
+                yield Move(lane)
+            return None
+
+        self.result(self.submit(barrier(), lanes))
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=60)
-            self._thread = None
+        with self._lock:
+            lanes, self._lanes = self._lanes, {}
+        for q, _, _ in lanes.values():
+            q.put(None)
+        for _, thread, _ in lanes.values():
+            thread.join(timeout=60)
 
-    # -- executor side -------------------------------------------------------------------------
-    def _loop(self) -> None:
+    # -- lanes ---------------------------------------------------------------------------------
+    def _lane(self, key: Hashable):
+        lane = self._lanes.get(key)
+        if lane is None:
+            with self._lock:
+                lane = self._lanes.get(key)
+                if lane is None:
+                    q: queue.SimpleQueue = queue.SimpleQueue()
+                    stream = self._cuda.Stream(device=self.device) if self._cuda is not None else None
+                    label = "-".join(key) if isinstance(key, tuple) else str(key)
+                    t = threading.Thread(
+                        target=self._loop, args=(key, q, stream), name=f"zeropp_hier-{self.name}-{label}", daemon=True
+                    )
+                    lane = (q, t, stream)
+                    self._lanes[key] = lane
+                    t.start()
+        return lane
+
+    def _loop(self, key: Hashable, q: queue.SimpleQueue, stream: Any) -> None:
         while True:
-            item = self._queue.get()
+            item = q.get()
             if item is None:
                 return
-            fn, fut, ready = item
-            if not fut.set_running_or_notify_cancel():
-                continue
+            running, index = item
+            with running.cond:
+                while running.turn != index and not running.failed:
+                    running.cond.wait()
+            if running.failed:
+                continue  # an earlier collective of this job raised; its future holds the error
+            with self._lock:
+                self._busy += 1
+                self.max_lanes_busy = max(self.max_lanes_busy, self._busy)
             try:
-                stream, cuda = self._stream, self._cuda
-                if stream is None or cuda is None:
-                    fut.set_result(_Done(fn(), None))
-                    continue
-                with cuda.stream(stream):
-                    stream.wait_event(ready)
-                    value = fn()
+                self._step(key, stream, running, index)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+    def _step(self, key: Hashable, stream: Any, running: _Running, index: int) -> None:
+        """Run the job from its collective ``index`` (on this lane) to its next Move or its end."""
+        cuda = self._cuda
+        try:
+            ctx = cuda.stream(stream) if cuda is not None else _nothing()
+            with ctx:
+                if cuda is not None and running.event is not None:
+                    stream.wait_event(running.event)
+                if index == 0:
+                    if running.collectives == 0:
+                        value = _finish(running.job)
+                        self._end(running, value, stream)
+                        return
+                    move = next(running.job)  # its preparation, up to the first collective
+                    _check(running, 0, move)
+                    _record_carry(move, stream)
+                try:
+                    move = next(running.job)  # this collective, and what follows up to the next
+                except StopIteration as stop:
+                    if index != len(running.lanes) - 1:
+                        raise JobOrderError(
+                            f"zeropp_hier internal: a job declared {len(running.lanes)} collectives "
+                            f"on lanes {running.lanes} but issued {index + 1}"
+                        ) from None
+                    self._end(running, stop.value, stream)
+                    return
+                _check(running, index + 1, move)
+                event = None
+                if cuda is not None:
                     event = cuda.Event()
                     event.record(stream)
-                fut.set_result(_Done(value, event))
-            except BaseException as e:  # noqa: B036 - the waiter re-raises it
-                fut.set_exception(e)
+                    _record_carry(move, self._lane(move.lane)[2])
+            with running.cond:
+                running.event = event if cuda is not None else None
+                running.turn = index + 1
+                running.cond.notify_all()
+        except BaseException as e:  # noqa: B036 - the waiter re-raises it
+            with running.cond:
+                running.failed = True
+                running.cond.notify_all()
+            if not running.fut.done():
+                running.fut.set_exception(e)
+
+    def _end(self, running: _Running, value: Any, stream: Any) -> None:
+        event = None
+        if self._cuda is not None:
+            event = self._cuda.Event()
+            event.record(stream)
+        running.fut.set_result(_Done(value, event))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _check(running: _Running, index: int, move: Move) -> None:
+    if not isinstance(move, Move) or index >= len(running.lanes) or running.lanes[index] != move.lane:
+        want = running.lanes[index] if index < len(running.lanes) else "nothing more"
+        raise JobOrderError(
+            f"zeropp_hier internal: a job declared lane {want!r} for its collective {index} "
+            f"(lanes {running.lanes}) but moved to {getattr(move, 'lane', move)!r}"
+        )
+
+
+def _record_carry(move: Move, stream: Any) -> None:
+    if stream is None:
+        return
+    for t in move.carry:
+        if t.is_cuda:
+            t.record_stream(stream)
+
+
+def _finish(job: Job) -> Any:
+    """Run a job that declared no collective; it must not announce one."""
+    try:
+        move = next(job)
+    except StopIteration as stop:
+        return stop.value
+    raise JobOrderError(f"zeropp_hier internal: a job declared no collective but moved to {move.lane!r}")
+
+
+def _run_inline(job: Job, lanes: Sequence[Hashable]) -> Any:
+    """``overlap`` off: the whole job on the caller, with the same declaration checks."""
+    i = 0
+    try:
+        while True:
+            move = next(job)
+            if i >= len(lanes) or lanes[i] != move.lane:
+                raise JobOrderError(
+                    f"zeropp_hier internal: a job declared lanes {tuple(lanes)} but moved to {move.lane!r} "
+                    f"for its collective {i}"
+                )
+            i += 1
+    except StopIteration as stop:
+        if i != len(lanes):
+            raise JobOrderError(
+                f"zeropp_hier internal: a job declared {len(lanes)} collectives on lanes {tuple(lanes)} but issued {i}"
+            ) from None
+        return stop.value

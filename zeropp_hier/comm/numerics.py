@@ -32,6 +32,7 @@ A skipped step also drops the error-feedback residuals ([Note: error feedback]).
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -91,28 +92,33 @@ class Telemetry:
         self._calls: dict[tuple[str, str], int] = {}
         self._acc: dict[tuple[str, str], _Acc] = {}
         self._pending: list[tuple[tuple[str, str], torch.Tensor]] = []
+        self._lock = threading.Lock()  # the executor's lanes sample from their own threads
 
     def due(self, phase: str, tier: str) -> bool:
         """Counts one call of (phase, tier); True for the 1st, (N+1)-th, ... call."""
         if self.every <= 0:
             return False
-        n = self._calls.get((phase, tier), 0)
-        self._calls[(phase, tier)] = n + 1
+        with self._lock:
+            n = self._calls.get((phase, tier), 0)
+            self._calls[(phase, tier)] = n + 1
         return n % self.every == 0
 
     def record(self, phase: str, tier: str, x: torch.Tensor, decoded: torch.Tensor) -> None:
-        self._pending.append(((phase, tier), _error_norms(x, decoded)))
+        norms = _error_norms(x, decoded)
+        with self._lock:
+            self._pending.append(((phase, tier), norms))
 
     def flush(self) -> None:
-        if not self._pending:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not pending:
             return
-        keys = [k for k, _ in self._pending]
-        devices = {t.device for _, t in self._pending}
+        keys = [k for k, _ in pending]
+        devices = {t.device for _, t in pending}
         if len(devices) == 1:
-            values = torch.stack([t for _, t in self._pending]).cpu().tolist()
+            values = torch.stack([t for _, t in pending]).cpu().tolist()
         else:  # samples from several devices: one copy per sample, still only here
-            values = [t.cpu().tolist() for _, t in self._pending]
-        self._pending.clear()
+            values = [t.cpu().tolist() for _, t in pending]
         for key, (num, den) in zip(keys, values):
             err = _ratio(num, den)
             if err is None:

@@ -10,6 +10,7 @@ tree choice. A collective is counted once, under the slowest tier it spans.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from typing import Sequence
 
@@ -25,22 +26,26 @@ class CommStats:
         self.bytes: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         self.calls: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         self.kept_bytes_peak = 0  # most bytes of kept copies held at once (encoded at their size)
+        # the executor's lanes record from their own threads ([Note: one order of hop collectives])
+        self._lock = threading.Lock()
 
     def note_kept(self, nbytes: int) -> None:
-        self.kept_bytes_peak = max(self.kept_bytes_peak, nbytes)
+        with self._lock:
+            self.kept_bytes_peak = max(self.kept_bytes_peak, nbytes)
 
     def record(self, phase: str, peers: Sequence[int], bytes_per_peer: int) -> None:
         """One collective in which this rank sends ``bytes_per_peer`` to each other member."""
         slowest = None
-        for peer in peers:
-            tier = self.topo.tier_between(self.rank, peer)
-            if tier is None:
-                continue
-            self.bytes[phase][tier] += bytes_per_peer
-            if slowest is None or TIERS.index(tier) > TIERS.index(slowest):
-                slowest = tier
-        if slowest is not None:
-            self.calls[phase][slowest] += 1
+        with self._lock:
+            for peer in peers:
+                tier = self.topo.tier_between(self.rank, peer)
+                if tier is None:
+                    continue
+                self.bytes[phase][tier] += bytes_per_peer
+                if slowest is None or TIERS.index(tier) > TIERS.index(slowest):
+                    slowest = tier
+            if slowest is not None:
+                self.calls[phase][slowest] += 1
 
     def snapshot(self) -> dict:
         """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present, and

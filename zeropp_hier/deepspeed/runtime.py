@@ -16,7 +16,7 @@ import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from ..comm.collectives import Encoded, HierCollectives
-from ..comm.executor import CommExecutor
+from ..comm.executor import CommExecutor, Job, Move
 from ..comm.groups import build_hop_groups
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
@@ -158,26 +158,35 @@ class HierRuntime:
             for (src, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
         ]
         phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
+        # the hop group of every collective, in order: the executor queues them now, in program
+        # order ([Note: one order of hop collectives] in comm/executor.py)
+        lanes = [hop.axes for _, src, _ in work for hop in self._gather_hops(src, phase)]
 
-        def gather_all() -> dict[int, torch.Tensor]:
+        def gather_all() -> Job:
             full: dict[int, torch.Tensor] = {}
             for ps, src, shards in work:
-                full.update(self._gather_bucket(ps, src, shards, phase))
+                full.update((yield from self._gather_bucket(ps, src, shards, phase)))
             return full
 
-        return _GatheredHandle(params, self.executor.submit(gather_all), self.executor)
+        return _GatheredHandle(params, self.executor.submit(gather_all(), lanes), self.executor)
 
-    def _gather_bucket(
-        self, ps: list, src: tuple[str, ...], shards: list | None, phase: str
-    ) -> dict[int, torch.Tensor]:
+    def _gather_hops(self, src: tuple[str, ...], phase: str) -> tuple:
+        """The hops of a gather from the primary shards (``src`` empty) or from kept copies
+        spanning ``src``. Gathers outside forward and backward (GatheredParameters, the 16-bit
+        save, persistent re-gathers, item()) hand out weights that are saved, inspected or kept:
+        they take the same hops, exact ([Note: every gather through the hierarchy] in
+        partition.py)."""
+        if src:
+            return self.plan.backward_for(src)
+        return self._exact_forward if phase == "other_gather" else self.plan.forward
+
+    def _gather_bucket(self, ps: list, src: tuple[str, ...], shards: list | None, phase: str) -> Job:
         """Gather one bucket from the primary shards (``src`` empty) or from kept copies spanning
-        ``src``; keep copies on the way when this is a forward gather."""
+        ``src``; keep copies on the way when this is a forward gather. A job for the executor:
+        it announces each hop's collective (``Move``) before issuing it."""
         from_shard = bool(src)
         sizes = [p.ds_tensor.ds_numel for p in ps]
-        # Gathers outside forward and backward (GatheredParameters, the 16-bit save, persistent
-        # re-gathers, item()) hand out weights that are saved, inspected or kept: they take the
-        # same hops, exact ([Note: every gather through the hierarchy] in partition.py).
-        exact = phase == "other_gather"
+        exact = phase == "other_gather"  # [Note: every gather through the hierarchy]
         # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
         # straddle]); kept shards have the slots of the forward gather that made them
         align = 1 if exact else self._gather_align
@@ -189,12 +198,16 @@ class HierRuntime:
                 enc = Encoded.cat(shards)
             else:
                 buf = torch.cat(shards, dim=3)
-            hops = self.plan.backward_for(src)
         else:
             buf = self._primary_buffer(ps, sizes, slots).view(1, 1, 1, -1)
-            hops = self._exact_forward if exact else self.plan.forward
+        hops = self._gather_hops(src, phase)
         dtype = ps[0].ds_tensor.dtype
-        for hop in hops:
+        for i, hop in enumerate(hops):
+            # the tensors this hop reads that another lane made (on a GPU: its stream)
+            carry = (enc.data, enc.scales) if enc is not None else (buf,)
+            if i == 0 and shards:  # the kept copies were made on the forward's lanes
+                carry += tuple(t for s in shards for t in ((s.data, s.scales) if isinstance(s, Encoded) else (s,)))
+            yield Move(hop.axes, carry)
             if enc is None and hop.scheme in QUANTIZED:
                 enc = self.coll.encode(buf, hop, hop.block_size, hook=self.numerics.gather_hook(phase, hop))
             if enc is not None:
@@ -349,20 +362,30 @@ class HierRuntime:
         pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
         packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
         numels = [g.numel() for g in grads]
-        return self.executor.submit(lambda: self._reduce_rows(packed, pad, numels, wire_dtype, key, loss_scale))
+        chunks = self._column_chunks(packed.rows.shape[1], pad)
+        lanes = [hop.axes for _ in chunks for hop in self.plan.reduce]
+        return self.executor.submit(self._reduce_rows(packed, chunks, numels, wire_dtype, key, loss_scale), lanes)
+
+    def _column_chunks(self, width: int, pad: int) -> list[tuple[int, int]]:
+        """[Note: streamed gradient stages]: column ranges of at most ``stream_chunk_elems``
+        elements over all rows, edges on block boundaries."""
+        step = max(pad, layout.aligned(-(-self.stream_chunk_elems // self.topo.world_size), pad))
+        return [(a, min(a + step, width)) for a in range(0, width, step)] or [(0, 0)]
 
     def _reduce_rows(
         self,
         packed: layout.GradRows,
-        pad: int,
+        chunks: list[tuple[int, int]],
         numels: list[int],
         wire_dtype: torch.dtype,
         key: tuple[str, ...] | None,
         loss_scale: float,
-    ) -> list[torch.Tensor]:
+    ) -> Job:
+        """The stages of one gradient bucket, chunk by chunk: a job for the executor, which
+        announces each stage's collective (``Move``) before issuing it."""
         rows = packed.rows
         self.numerics.check_local(rows)
-        world, width = rows.shape
+        width = rows.shape[1]
         # [Note: streamed gradient stages]
         # Reduce-scatter sums each column of the rows on its own, so the stages run on column
         # chunks one after another: the reordering, the stage layout, the wire and receive
@@ -370,8 +393,6 @@ class HierRuntime:
         # 5e8 elements: several GB per staging copy in fp32). Chunk edges fall on block
         # boundaries, where the rows' quantization blocks already end, so every block, sum and
         # residual is the same as unchunked: the result is bit for bit the same.
-        step = max(pad, layout.aligned(-(-self.stream_chunk_elems // world), pad))
-        chunks = [(a, min(a + step, width)) for a in range(0, width, step)] or [(0, 0)]
         out = rows.new_empty(width) if len(chunks) > 1 else None
         for a, b in chunks:
             buf = rows[:, a:b]
@@ -380,6 +401,8 @@ class HierRuntime:
             buf = buf.contiguous().view(*self.topo.dims, -1)
             ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
             for i, hop in enumerate(self.plan.reduce):
+                # the rows and the output are read and written on several lanes (GPU streams)
+                yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
                 buf = self.coll.reduce_stage(
                     buf, hop, hop.block_size, wire_dtype, hook=self.numerics.reduce_hook(ckey, i, hop, loss_scale)
                 )
