@@ -101,7 +101,7 @@ def test_an_error_in_a_hop_reaches_the_caller_and_skips_the_jobs_later_hops():
     def boom():
         yield Move("node")
         raise ValueError("peer died")
-        yield Move("gcd")  # noqa: unreachable - declared, never reached
+        yield Move("gcd")  # declared, never reached
         later.append("boom gcd")
 
     def after():
