@@ -310,6 +310,20 @@ def main(argv=None) -> int:
         default="16:4:1",
         help="per-GCD link rates gcd:gpu:node relative to --node-mbit (Frontier 16:4:1; flat 1:1:1)",
     )
+    ap.add_argument(
+        "--reduce-bucket",
+        type=int,
+        default=None,
+        help="DeepSpeed reduce_bucket_size for every configuration (elements; default: DeepSpeed's, "
+        "or about one layer with --fair)",
+    )
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="emulate device compute: each transformer block waits this long in forward and twice "
+        "that in backward with the CPU free ([Note: device-time compute] in compare_rank.py)",
+    )
     ap.add_argument("--configs", help=f"comma-separated, from {ORDER + list(VARIANTS)} (default: {DEFAULT})")
     ap.add_argument(
         "--fair",
@@ -321,6 +335,8 @@ def main(argv=None) -> int:
     if args.fair:
         args.gpus_per_node, args.dtype = 4, "bf16"
         args.prefetch_bucket = args.prefetch_bucket or 12 * MODEL["d_model"] ** 2  # ~ one layer
+        if args.reduce_bucket is None:
+            args.reduce_bucket = args.prefetch_bucket
         if args.out == ap.get_default("out"):
             args.out, args.png = "benchmarks/results/compare_fair.json", "benchmarks/results/compare_fair.png"
     problem = netns.root_problem()
@@ -344,6 +360,8 @@ def main(argv=None) -> int:
         "regather": True,
         "dtype": args.dtype,
         "prefetch_bucket": args.prefetch_bucket,
+        "device_ms": args.device_ms,
+        "reduce_bucket": args.reduce_bucket or 0,
         "warmup": args.warmup,
         "steps": args.steps,
         "world": spec.world_size,
@@ -362,7 +380,14 @@ def main(argv=None) -> int:
         f"per-GCD Mbit/s {spec.per_gcd_mbit()} (gcd:gpu:node {args.ratios}), gloo over TCP.",
         f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, {args.dtype}, micro-batch "
         f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
-        "stage3_max_reuse_distance=0 (backward re-gathers).",
+        "stage3_max_reuse_distance=0 (backward re-gathers)"
+        + (f", reduce_bucket_size={args.reduce_bucket}." if args.reduce_bucket else ".")
+        + (
+            f" Device-time compute: every block waits {args.device_ms:g} ms in forward and "
+            f"{2 * args.device_ms:g} ms in backward with the CPU free (a stand-in for GPU compute)."
+            if args.device_ms
+            else ""
+        ),
         f"{args.rounds} rounds x {args.steps} measured steps (+{args.warmup} warm-up) per configuration, "
         "rotating order; step time = slowest rank; median over rounds and steps.",
         f"Stock ZeRO++: zero_hpz_partition_size={spec.gcds_per_node} (node size). "
