@@ -17,7 +17,7 @@ RANK_MAP = [2, 0, 3, 1]
 HOST_OPS = ("_local_scalar_dense", "item", "is_nonzero", "nonzero", "lift_fresh", "lift_fresh_copy", "tensor")
 
 
-def _cfg(prefetch: bool, overlap: bool = True) -> dict:
+def _cfg(prefetch: bool, overlap: bool | str = True) -> dict:
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2, regather=not prefetch)
     cfg["zeropp_hier"]["topology"]["rank_map"] = RANK_MAP
     cfg["zeropp_hier"]["numerics"] = {"sample_every": 1}
@@ -80,6 +80,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
         losses = training.train_steps(engine, steps)
         out[name] = {"losses": losses, "host_ops": sorted(set(seen)), "calls": calls,
                      "max_outstanding": rt.executor.max_outstanding,
+                     "lanes_busy": rt.executor.max_lanes_busy,
                      "buckets_overlapped": engine.optimizer.buckets_overlapped,
                      "samples": sum(e["samples"] for t in __import__("zeropp_hier").comm_stats(engine)
                                     ["numerics"]["relative_error"].values() for e in t.values())}
@@ -88,7 +89,11 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
 
 
 def test_no_host_traffic_in_gathers_and_reduce_stages_and_prefetch_overlaps(world4):
-    cfgs = {"prefetch": _cfg(prefetch=True), "inline": _cfg(prefetch=False, overlap=False)}
+    cfgs = {
+        "prefetch": _cfg(prefetch=True),
+        "one_lane": _cfg(prefetch=True, overlap="one_lane"),
+        "inline": _cfg(prefetch=False, overlap=False),
+    }
     for rank, r in enumerate(world4.run(hot_path_run, cfgs, 3)):
         for name, run in r.items():
             assert run["calls"]["gather"] > 0 and run["calls"]["reduce"] > 0, name
@@ -103,3 +108,5 @@ def test_no_host_traffic_in_gathers_and_reduce_stages_and_prefetch_overlaps(worl
         assert r["inline"]["buckets_overlapped"] == 0
         # same training either way: overlap reorders nothing that matters
         assert_losses_close(r["prefetch"]["losses"], r["inline"]["losses"], 1e-6, f"rank {rank}")
+        assert_losses_close(r["one_lane"]["losses"], r["inline"]["losses"], 1e-6, f"rank {rank}")
+        assert r["one_lane"]["lanes_busy"] == 1  # one lane: never two collectives at once

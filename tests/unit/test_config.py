@@ -46,6 +46,7 @@ def ds(section, **zero):
         ({"compression": "int2"}, "zeropp_hier.compression", "use one of"),
         ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
         ("frontier", "zeropp_hier", "expected a JSON object"),
+        ({"overlap": "yes"}, "zeropp_hier.overlap", '"one_lane" (overlapped, every hop group on one lane'),
     ],
 )
 def test_section_errors(section, field, fragment):
@@ -137,3 +138,9 @@ def test_version_check_names_found_and_supported():
         with pytest.raises(DeepSpeedVersionError) as e:
             check_deepspeed_version(bad)
         assert f"found DeepSpeed {bad}" in str(e.value) and ">=0.19.0,<0.20.0" in str(e.value)
+
+
+def test_overlap_takes_true_false_and_one_lane():
+    assert parse_section({}).overlap is True
+    assert parse_section({"overlap": False}).overlap is False
+    assert parse_section({"overlap": "one_lane"}).overlap == "one_lane"

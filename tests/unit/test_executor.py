@@ -155,3 +155,27 @@ def test_overlap_off_runs_inline_with_the_same_checks():
     with pytest.raises(JobOrderError):
         ex.result(ex.submit(job(), ["node"]))
     ex.close()
+
+
+def test_one_lane_keeps_one_order_across_hop_groups():
+    """With ``one_lane`` a later job's collective on another group waits for the earlier job's
+    collectives: nothing overlaps, every collective in submission order."""
+    ex = CommExecutor("test", CPU, one_lane=True)
+    order: list[str] = []
+    release = threading.Event()
+
+    def a():
+        yield Move("node")
+        release.wait(WAIT_S)
+        order.append("a node")
+
+    def b():
+        yield Move("gcd")
+        order.append("b gcd")
+
+    fa, fb = ex.submit(a(), ["node"]), ex.submit(b(), ["gcd"])
+    assert not fb.done()
+    release.set()
+    ex.result(fa), ex.result(fb)
+    assert order == ["a node", "b gcd"] and ex.max_lanes_busy == 1
+    ex.close()

@@ -26,7 +26,13 @@ collective is on hop group ``lane``". Three rules keep that safe and overlapped:
    lane's stream so that the caching allocator does not hand their memory out early.
 
 With ``overlap`` off (``zeropp_hier.overlap: false``) jobs run inline on the caller, one after
-another: the behaviour before overlap existed, kept for comparison and debugging.
+another: the behaviour before overlap existed, kept for comparison and debugging. With
+``"overlap": "one_lane"`` jobs still run in the background, but every hop group shares one lane:
+all collectives in one order on one thread and one stream, nothing pipelined across jobs. That
+is the fallback for a communication library that hangs when several communicators are driven
+from several streams at once (NCCL documents the hazard for concurrent communicators whose
+operations are not issued in one order on every device; the lanes keep each communicator's order
+but not the order between communicators).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any, Generator, Hashable, NamedTuple, Sequence
 import torch
 
 LOCAL = ("local",)  # the lane of jobs that issue no collective
+ONE = ("one_lane",)  # the only lane with ``one_lane``
 
 
 class Move(NamedTuple):
@@ -89,10 +96,11 @@ def _record_on(value: Any, stream: Any) -> None:
 class CommExecutor:
     """Runs jobs' collectives on per-hop-group lanes, each lane in submission order."""
 
-    def __init__(self, name: str, device: torch.device, overlap: bool = True):
+    def __init__(self, name: str, device: torch.device, overlap: bool = True, one_lane: bool = False):
         self.name = name
         self.device = device
         self.overlap = overlap
+        self.one_lane = one_lane
         self._cuda = torch.cuda if (overlap and device.type == "cuda") else None
         self._lanes: dict[Hashable, tuple[queue.SimpleQueue, threading.Thread, Any]] = {}
         self._lock = threading.Lock()
@@ -122,10 +130,14 @@ class CommExecutor:
         if self._cuda is not None:  # the job starts after what the caller queued so far
             ready = self._cuda.Event()
             ready.record(self._cuda.current_stream(self.device))
-        running = _Running(job, lanes, fut, ready)
+        running = _Running(job, [self.key(lane) for lane in lanes], fut, ready)
         for i, lane in enumerate(running.lanes):
             self._lane(lane)[0].put((running, i))
         return fut
+
+    def key(self, lane: Hashable) -> Hashable:
+        """The lane that runs a hop group's collectives."""
+        return ONE if self.one_lane else lane
 
     def result(self, fut: Future) -> Any:
         self.outstanding -= 1
@@ -217,7 +229,7 @@ class CommExecutor:
                         self._end(running, value, stream)
                         return
                     move = next(running.job)  # its preparation, up to the first collective
-                    _check(running, 0, move)
+                    _check(running, 0, move, self.key)
                     _record_carry(move, stream)
                 try:
                     move = next(running.job)  # this collective, and what follows up to the next
@@ -229,12 +241,12 @@ class CommExecutor:
                         ) from None
                     self._end(running, stop.value, stream)
                     return
-                _check(running, index + 1, move)
+                _check(running, index + 1, move, self.key)
                 event = None
                 if cuda is not None:
                     event = cuda.Event()
                     event.record(stream)
-                    _record_carry(move, self._lane(move.lane)[2])
+                    _record_carry(move, self._lane(self.key(move.lane))[2])
             with running.cond:
                 running.event = event if cuda is not None else None
                 running.turn = index + 1
@@ -262,8 +274,8 @@ class _nothing:
         return False
 
 
-def _check(running: _Running, index: int, move: Move) -> None:
-    if not isinstance(move, Move) or index >= len(running.lanes) or running.lanes[index] != move.lane:
+def _check(running: _Running, index: int, move: Move, key) -> None:
+    if not isinstance(move, Move) or index >= len(running.lanes) or running.lanes[index] != key(move.lane):
         want = running.lanes[index] if index < len(running.lanes) else "nothing more"
         raise JobOrderError(
             f"zeropp_hier internal: a job declared lane {want!r} for its collective {index} "

@@ -149,8 +149,9 @@ class HierConfig:
     # a first step with long kernel tuning, or a large checkpoint, must not abort a healthy job.
     deepspeed_group_timeout_s: float | None = None
     # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
-    # compute ([Note: one order of hop collectives] in comm/executor.py); false: inline
-    overlap: bool = True
+    # compute ([Note: one order of hop collectives] in comm/executor.py): true, one lane per hop
+    # group; "one_lane": one lane for all; false: inline
+    overlap: bool | str = True
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()
     # what "auto" chose, once resolved at initialize (None before, and for a named preset)
@@ -249,12 +250,14 @@ def parse_section(section: Any) -> HierConfig:
             ds_timeout, "deepspeed_group_timeout_s", "for DeepSpeed's own groups, or null (default: they keep theirs)"
         )
     overlap = d.get("overlap", True)
-    if not isinstance(overlap, bool):
+    if not isinstance(overlap, bool) and overlap != "one_lane":
         raise HierConfigError(
             f"{SECTION}.overlap",
             overlap,
-            "use true (default: gathers overlap compute "
-            "through DeepSpeed's prefetch) or false (every collective inline)",
+            "use true (default: gathers overlap compute through DeepSpeed's prefetch, each hop "
+            'group on its own lane), "one_lane" (overlapped, every hop group on one lane: for a '
+            "communication library that hangs with several communicators busy at once) or false "
+            "(every collective inline)",
         )
     return HierConfig(
         enabled=enabled,

@@ -92,7 +92,9 @@ class HierRuntime:
         # accelerator's current device (the CPU on the CPU accelerator), whatever DeepSpeed's
         # optimizer device is (the CPU under offload_optimizer)
         self.comm_device = torch.device(get_accelerator().current_device_name())
-        self.executor = CommExecutor(f"rank{rank}", self.comm_device, overlap=cfg.overlap)
+        self.executor = CommExecutor(
+            f"rank{rank}", self.comm_device, overlap=bool(cfg.overlap), one_lane=cfg.overlap == "one_lane"
+        )
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
