@@ -40,6 +40,10 @@ VARIANTS = {
     # package copies for about half the layers, node copies for the rest ([Note: kept levels]):
     # the model's package copy is ~1.75 MB per rank in int8 rows, a node copy ~0.44 MB
     "frontier/half": {"kind": "ours", "preset": "frontier", "memory": {"kept_shards_gb": 0.0011}},
+    # zeropp (ZeRO++'s flat forward) with package copies for the same layers: their backward
+    # stays in the package; and with package copies for every layer (hpZ over the package)
+    "zeropp/half": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 0.0011}},
+    "zeropp/package": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 1.0}},
     # int4 gradients on the package links too (a candidate of "auto")
     "frontier/int4-gpu": {
         "kind": "ours",

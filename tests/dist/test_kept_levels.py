@@ -10,8 +10,8 @@ from . import ranks_training
 STEPS = 4
 
 
-def _budgeted(gb, compression="none"):
-    cfg = ds_config("frontier", compression=compression)
+def _budgeted(gb, compression="none", preset="frontier"):
+    cfg = ds_config(preset, compression=compression)
     cfg["zeropp_hier"]["memory"] = {"kept_shards_gb": gb}
     return cfg
 
@@ -24,7 +24,8 @@ def runs(world8):
     # and all-package, about half the layers get package copies
     half = (2 + 4) / 2 * slots * 4
     cfgs = {"stock": ds_config(None), "mixed": _budgeted(half / 1e9), "none_kept": _budgeted(0),
-            "mixed_int8": _budgeted(half / 1e9 / 3.5, compression=None)}
+            "mixed_int8": _budgeted(half / 1e9 / 3.5, compression=None),
+            "zeropp_mixed": _budgeted(half / 1e9, preset="zeropp")}
     return half, world8.run(ranks_training.run_configs, cfgs, STEPS)
 
 
@@ -42,6 +43,24 @@ def test_a_budget_mixes_package_and_node_copies_and_keeps_parity(runs):
         what = f"rank {rank} mixed"
         assert_losses_close(r["mixed"]["losses"], r["stock"]["losses"], 1e-5, what)
         assert_states_close(r["mixed"]["state"], r["stock"]["state"], 1e-5, what)
+
+
+def test_zeropp_under_a_budget_keeps_package_copies_behind_its_flat_forward(runs):
+    """zeropp's budget beyond its node copies buys package copies: those layers' backward stays in
+    the package (gcd hop), the rest re-gather inside the node (one gpu+gcd hop); parity holds."""
+    half, results = runs
+    for rank, r in enumerate(results):
+        st = r["zeropp_mixed"]["stats"]
+        lv = st["kept_levels"]
+        assert lv["count"]["package"] > 0 and lv["count"]["node"] > 0 and lv["count"]["none"] == 0, lv
+        assert st["kept_bytes_peak"] == lv["planned_bytes"] <= half
+        b, f = st["bytes"]["backward_gather"], st["bytes"]["forward_gather"]
+        assert b["gcd"] > 0 and b["gpu"] > 0 and b["node"] == 0
+        # the forward is still one flat gather: the same node bytes as zeropp without a budget
+        assert f["node"] > 0 and st["calls"]["forward_gather"]["gpu"] == st["calls"]["forward_gather"]["gcd"] == 0
+        what = f"rank {rank} zeropp mixed"
+        assert_losses_close(r["zeropp_mixed"]["losses"], r["stock"]["losses"], 1e-5, what)
+        assert_states_close(r["zeropp_mixed"]["state"], r["stock"]["state"], 1e-5, what)
 
 
 def test_a_zero_budget_keeps_nothing_and_backward_crosses_the_network(runs):

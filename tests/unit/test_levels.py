@@ -41,6 +41,9 @@ def test_budget_fills_node_copies_first_then_package_in_model_order():
     package, node = 8 * 1000, 2 * 1000  # bytes per layer at 1 byte per element
     # every layer's node copy plus the upgrade of three layers
     budget = 8 * node + 3 * (package - node)
+    # the same for zeropp: its budget beyond the node copies buys package copies
+    zpp = levels.assign(LAYERS, "zeropp", TOPO, 1.0, budget)
+    assert [zpp.levels[n] for n, _ in LAYERS] == ["package"] * 3 + ["node"] * 5
     lp = levels.assign(LAYERS, "frontier", TOPO, 1.0, budget)
     assert [lp.levels[n] for n, _ in LAYERS] == ["package"] * 3 + ["node"] * 5
     assert lp.kept_bytes == budget
@@ -62,8 +65,12 @@ def test_every_level_has_backward_hops():
     plan = make_plan("frontier", CompressionConfig(), TOPO)
     assert plan.backward_for(("node", "gpu")) == plan.backward
     assert [h.axes for h in plan.backward_for(("node",))] == [("gpu",), ("gcd",)]
+    # zeropp under a budget: package copies re-gather inside the package, after its flat forward
+    zpp = make_plan("zeropp", CompressionConfig(), TOPO)
+    assert zpp.kept_axes == ("node",) and [h.axes for h in zpp.backward_for(("node", "gpu"))] == [("gcd",)]
+    assert [h.axes for h in zpp.forward] == [("node", "gpu", "gcd")]
     with pytest.raises(KeyError):
-        make_plan("zeropp", CompressionConfig(), TOPO).backward_for(("node", "gpu"))
+        make_plan("zero3", CompressionConfig(), TOPO).backward_for(("node", "gpu"))
 
 
 def test_memory_config_errors_name_the_field():

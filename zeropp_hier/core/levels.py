@@ -9,14 +9,19 @@ A *kept level* says what a parameter keeps after its forward gather, for the bac
              backward re-gathers inside the node (gpu and gcd links)
     none     nothing: backward gathers the primary again, across the network
 
-With no budget every layer keeps its preset's level (``frontier``: package; ``zeropp``: node).
-With ``"memory": {"kept_shards_gb": B}`` the copies of all layers together stay within B GB per
-GCD: levels are filled in two passes, cheapest first. Every byte of a node copy saves a network
-re-gather (the slowest link), every extra byte of a package copy only a package-link one, so a
-node copy gains more per byte than the upgrade to a package copy: first every layer that fits
+With no budget every layer keeps its preset's level (``frontier``: package; ``zeropp``: node, as
+ZeRO++'s hpZ). With ``"memory": {"kept_shards_gb": B}`` the copies of all layers together stay
+within B GB per GCD, for either preset: levels are filled in two passes, cheapest first. Every
+byte of a node copy saves a network re-gather (the slowest link), every extra byte of a package
+copy only a package-link one, so a node copy gains more per byte than the upgrade to a package
+copy: first every layer that fits
 gets a node copy, then layers are upgraded to package copies while the budget allows. Within a
 pass all layers gain the same per byte (time goes with bytes), so they are taken in model
 order: the result reads "layers 0-k keep package copies, the rest node copies".
+For ``zeropp`` a budget larger than its node copies therefore buys package copies too: the
+forward stays ZeRO++'s one flat gather, and the copy cut from its result lets those layers'
+backward gather stay inside the package (hpZ over the package instead of the node) — the fast
+backward of ``frontier`` without its hop-by-hop forward.
 A layer is the parameters under one numbered module (``blocks.3``, ``model.layers.12``);
 parameters outside numbered modules group by their module (``wte``, ``ln_f``).
 """
@@ -30,7 +35,8 @@ from .policy import QUANTIZED
 from .topology import Topology
 
 LEVEL_AXES: dict[str, tuple[str, ...] | None] = {"package": ("node", "gpu"), "node": ("node",), "none": None}
-PRESET_LEVELS = {"frontier": ("package", "node"), "zeropp": ("node",), "zero3": ()}  # best first
+PRESET_LEVELS = {"frontier": ("package", "node"), "zeropp": ("package", "node"), "zero3": ()}  # best first
+DEFAULT_LEVEL = {"frontier": "package", "zeropp": "node", "zero3": "none"}  # without a budget
 
 
 def layer_of(name: str) -> str:
@@ -83,8 +89,7 @@ def assign(
     levels = {name: "none" for name, _ in layers}
     cost = {name: {lvl: kept_elems(n, topo, lvl) * bytes_per_elem for lvl in LEVEL_AXES} for name, n in layers}
     if budget_bytes is None:
-        top = allowed[0] if allowed else "none"
-        levels = dict.fromkeys(levels, top)
+        levels = dict.fromkeys(levels, DEFAULT_LEVEL[preset])
     else:
         used = 0.0
         for lvl in reversed(allowed):  # cheapest level first

@@ -36,8 +36,8 @@ class CommPlan(NamedTuple):
     backward: tuple[Hop, ...]  # gather from the kept shard
     reduce: tuple[Hop, ...]  # gradient reduce-scatter stages, first stage first
     block_size: int  # the default; each hop carries its tier's own
-    # backward hops from each kept level the preset allows, best first ([Note: kept levels] in
-    # core/levels.py); ``kept_axes``/``backward`` are the first
+    # backward hops from each kept level the preset allows, its own level first ([Note: kept
+    # levels] in core/levels.py); ``kept_axes``/``backward`` are the first
     by_level: tuple[tuple[tuple[str, ...], tuple[Hop, ...]], ...] = ()
 
     def backward_for(self, kept_axes: tuple[str, ...]) -> tuple[Hop, ...]:
@@ -78,6 +78,8 @@ def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> Co
         # so each node holds one full copy); backward gathers inside the node only. Gradients:
         # intra-node stage, then inter-node stage (qgZ).
         fwd, kept, bwd, red = [AXES], ("node",), [("gpu", "gcd")], [("gpu", "gcd"), ("node",)]
+        # a layer given a package copy under a memory budget re-gathers inside the package
+        alt = [(("node", "gpu"), [("gcd",)])]
     elif preset == "frontier":
         # Forward gathers hop by hop, slowest link first, so the inter-node hop carries only
         # this rank's 1/W share; keep the shard spanning node and gpu (each package holds one

@@ -72,7 +72,12 @@ class HierRuntime:
         # slot granularity of gathered partitions: the largest block of any quantizing gather hop
         # (block sizes are powers of two, so it is a multiple of every one); 1 when all are exact
         self._exact_forward = tuple(h._replace(scheme="none") for h in self.plan.forward)
-        backward_hops = [h for _, hops in self.plan.by_level for h in hops]
+        # the backward hops of every kept level a layer may take: the preset's own, and the others
+        # only under a memory budget ([Note: kept levels]), so no unused group is built
+        budgeted = cfg.memory.kept_shards_gb is not None
+        backward_hops = [
+            h for axes, hops in self.plan.by_level if budgeted or axes == self.plan.kept_axes for h in hops
+        ]
         self._gather_align = max(
             (h.block_size for h in (*self.plan.forward, *backward_hops) if h.scheme in QUANTIZED), default=1
         )

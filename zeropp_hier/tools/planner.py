@@ -430,7 +430,7 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | N
         name = "secondary (node copy)" if cand.preset == "zeropp" else "tertiary (package copy)"
         if kept is None:
             kept = levels.kept_bytes_per_elem(plan, b) * m / w * cluster.topology.axes_size(plan.kept_axes)
-        elif cand.preset == "frontier" and (cand.kept_gb is not None or cand.fit):
+        elif cand.kept_gb is not None or cand.fit:
             name = "kept copies (per-layer levels)"
         if kept:
             parts[name] = kept
