@@ -56,8 +56,9 @@ def test_zeropp_under_a_budget_keeps_package_copies_behind_its_flat_forward(runs
         assert st["kept_bytes_peak"] == lv["planned_bytes"] <= half
         b, f = st["bytes"]["backward_gather"], st["bytes"]["forward_gather"]
         assert b["gcd"] > 0 and b["gpu"] > 0 and b["node"] == 0
-        # the forward is still one flat gather: the same node bytes as zeropp without a budget
-        assert f["node"] > 0 and st["calls"]["forward_gather"]["gpu"] == st["calls"]["forward_gather"]["gcd"] == 0
+        # the forward is still ZeRO++'s flat gather, not hops over the package links (a weight used
+        # twice in one forward, the tied head, is served from its package copy the second time)
+        assert f["node"] > 0 and st["calls"]["forward_gather"]["gpu"] == 0
         what = f"rank {rank} zeropp mixed"
         assert_losses_close(r["zeropp_mixed"]["losses"], r["stock"]["losses"], 1e-5, what)
         assert_states_close(r["zeropp_mixed"]["state"], r["stock"]["state"], 1e-5, what)
