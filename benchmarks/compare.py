@@ -44,6 +44,9 @@ VARIANTS = {
     # stays in the package; and with package copies for every layer (hpZ over the package)
     "zeropp/half": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 0.0011}},
     "zeropp/package": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 1.0}},
+    # package copies for half the transformer blocks (blocks.0-1, with the embeddings and ln_f,
+    # upgraded in model order; 1.19 of 1.81 MB per rank), node copies for blocks.2-3
+    "zeropp/half-blocks": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 0.0012}},
     # int4 gradients on the package links too (a candidate of "auto")
     "frontier/int4-gpu": {
         "kind": "ours",
