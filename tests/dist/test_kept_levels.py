@@ -29,20 +29,28 @@ def runs(world8):
     return half, world8.run(ranks_training.run_configs, cfgs, STEPS)
 
 
+def _assert_mixed_with_parity(r: dict, name: str, half: float, rank: int) -> dict:
+    """Package and node copies both kept, as planned and within the budget; package layers
+    re-gather in the package, node layers in the node, nothing crosses the network; training
+    equals stock ZeRO-3. Returns the run's comm_stats."""
+    st = r[name]["stats"]
+    lv = st["kept_levels"]
+    assert lv["count"]["package"] > 0 and lv["count"]["node"] > 0 and lv["count"]["none"] == 0, lv
+    # the copies the run held are the planned ones, within the budget
+    assert st["kept_bytes_peak"] == lv["planned_bytes"] <= half
+    b = st["bytes"]["backward_gather"]
+    assert b["gcd"] > 0 and b["gpu"] > 0  # package layers in the package, node layers in the node
+    assert b["node"] == 0
+    what = f"rank {rank} {name}"
+    assert_losses_close(r[name]["losses"], r["stock"]["losses"], 1e-5, what)
+    assert_states_close(r[name]["state"], r["stock"]["state"], 1e-5, what)
+    return st
+
+
 def test_a_budget_mixes_package_and_node_copies_and_keeps_parity(runs):
     half, results = runs
     for rank, r in enumerate(results):
-        st = r["mixed"]["stats"]
-        lv = st["kept_levels"]
-        assert lv["count"]["package"] > 0 and lv["count"]["node"] > 0 and lv["count"]["none"] == 0, lv
-        # the copies the run held are the planned ones, within the budget
-        assert st["kept_bytes_peak"] == lv["planned_bytes"] <= half
-        b = st["bytes"]["backward_gather"]
-        assert b["gcd"] > 0 and b["gpu"] > 0  # package layers in the package, node layers in the node
-        assert b["node"] == 0
-        what = f"rank {rank} mixed"
-        assert_losses_close(r["mixed"]["losses"], r["stock"]["losses"], 1e-5, what)
-        assert_states_close(r["mixed"]["state"], r["stock"]["state"], 1e-5, what)
+        _assert_mixed_with_parity(r, "mixed", half, rank)
 
 
 def test_zeropp_under_a_budget_keeps_package_copies_behind_its_flat_forward(runs):
@@ -50,18 +58,10 @@ def test_zeropp_under_a_budget_keeps_package_copies_behind_its_flat_forward(runs
     the package (gcd hop), the rest re-gather inside the node (one gpu+gcd hop); parity holds."""
     half, results = runs
     for rank, r in enumerate(results):
-        st = r["zeropp_mixed"]["stats"]
-        lv = st["kept_levels"]
-        assert lv["count"]["package"] > 0 and lv["count"]["node"] > 0 and lv["count"]["none"] == 0, lv
-        assert st["kept_bytes_peak"] == lv["planned_bytes"] <= half
-        b, f = st["bytes"]["backward_gather"], st["bytes"]["forward_gather"]
-        assert b["gcd"] > 0 and b["gpu"] > 0 and b["node"] == 0
+        st = _assert_mixed_with_parity(r, "zeropp_mixed", half, rank)
         # the forward is still ZeRO++'s flat gather, not hops over the package links (a weight used
         # twice in one forward, the tied head, is served from its package copy the second time)
-        assert f["node"] > 0 and st["calls"]["forward_gather"]["gpu"] == 0
-        what = f"rank {rank} zeropp mixed"
-        assert_losses_close(r["zeropp_mixed"]["losses"], r["stock"]["losses"], 1e-5, what)
-        assert_states_close(r["zeropp_mixed"]["state"], r["stock"]["state"], 1e-5, what)
+        assert st["bytes"]["forward_gather"]["node"] > 0 and st["calls"]["forward_gather"]["gpu"] == 0
 
 
 def test_a_zero_budget_keeps_nothing_and_backward_crosses_the_network(runs):
