@@ -45,8 +45,8 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
 # 1:2 FLOP ratio) with the CPU released (a sleep), beside the model's real, small arithmetic.
 # This is a stand-in for GPU compute, not a GPU measurement: it moves the regime from CPU-bound
 # to what a GPU run sees, and the step then shows what the communication costs there.
-def add_device_time(model, device_ms: float) -> int:
-    """Insert the device-time waits into every block of ``model``; returns how many blocks."""
+def add_device_time(model, device_ms: float) -> None:
+    """Insert the device-time waits into every block of ``model``."""
     import torch
 
     wait_s = device_ms / 1000.0
@@ -65,7 +65,6 @@ def add_device_time(model, device_ms: float) -> int:
     blocks = model.module.blocks if hasattr(model, "module") else model.blocks
     for blk in blocks:
         blk.register_forward_hook(lambda _m, _i, out: DeviceTime.apply(out))
-    return len(blocks)
 
 
 def ds_config_for(cfg: dict, plan: dict) -> dict:

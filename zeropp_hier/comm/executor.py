@@ -37,6 +37,7 @@ but not the order between communicators).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from concurrent.futures import Future
@@ -44,7 +45,6 @@ from typing import Any, Generator, Hashable, NamedTuple, Sequence
 
 import torch
 
-LOCAL = ("local",)  # the lane of jobs that issue no collective
 ONE = ("one_lane",)  # the only lane with ``one_lane``
 
 
@@ -75,8 +75,7 @@ class _Running:
 
     def __init__(self, job: Job, lanes: Sequence[Hashable], fut: Future, ready: Any):
         self.job = job
-        self.collectives = len(lanes)  # 0: a job with no collective, run on the local lane
-        self.lanes = tuple(lanes) or (LOCAL,)
+        self.lanes = tuple(lanes)
         self.fut = fut
         self.event = ready  # on a GPU: the previous step's end (the caller's stream at submit)
         self.turn = 0  # index of the slot that may run next
@@ -120,7 +119,7 @@ class CommExecutor:
         fut: Future = Future()
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
-        if not self.overlap:
+        if not self.overlap or not lanes:  # inline; a job with no collective has nothing to overlap
             try:
                 fut.set_result(_Done(_run_inline(job, lanes), None))
             except BaseException as e:  # noqa: B036 - handed to the waiter, as a thread would
@@ -149,10 +148,6 @@ class CommExecutor:
             current.wait_event(done.event)
             _record_on(done.value, current)
         return done.value
-
-    def run(self, job: Job, lanes: Sequence[Hashable]) -> Any:
-        """Submit and wait: ordered behind everything submitted before on the same lanes."""
-        return self.result(self.submit(job, lanes))
 
     def drain(self) -> None:
         """Wait until everything submitted so far has run (errors stay with their futures)."""
@@ -188,14 +183,14 @@ class CommExecutor:
                     stream = self._cuda.Stream(device=self.device) if self._cuda is not None else None
                     label = "-".join(key) if isinstance(key, tuple) else str(key)
                     t = threading.Thread(
-                        target=self._loop, args=(key, q, stream), name=f"zeropp_hier-{self.name}-{label}", daemon=True
+                        target=self._loop, args=(q, stream), name=f"zeropp_hier-{self.name}-{label}", daemon=True
                     )
                     lane = (q, t, stream)
                     self._lanes[key] = lane
                     t.start()
         return lane
 
-    def _loop(self, key: Hashable, q: queue.SimpleQueue, stream: Any) -> None:
+    def _loop(self, q: queue.SimpleQueue, stream: Any) -> None:
         while True:
             item = q.get()
             if item is None:
@@ -210,45 +205,34 @@ class CommExecutor:
                 self._busy += 1
                 self.max_lanes_busy = max(self.max_lanes_busy, self._busy)
             try:
-                self._step(key, stream, running, index)
+                self._step(stream, running, index)
             finally:
                 with self._lock:
                     self._busy -= 1
 
-    def _step(self, key: Hashable, stream: Any, running: _Running, index: int) -> None:
+    def _step(self, stream: Any, running: _Running, index: int) -> None:
         """Run the job from its collective ``index`` (on this lane) to its next Move or its end."""
         cuda = self._cuda
         try:
-            ctx = cuda.stream(stream) if cuda is not None else _nothing()
-            with ctx:
+            with cuda.stream(stream) if cuda is not None else contextlib.nullcontext():
                 if cuda is not None and running.event is not None:
                     stream.wait_event(running.event)
-                if index == 0:
-                    if running.collectives == 0:
-                        value = _finish(running.job)
-                        self._end(running, value, stream)
-                        return
-                    move = next(running.job)  # its preparation, up to the first collective
-                    _check(running, 0, move, self.key)
-                    _record_carry(move, stream)
-                try:
-                    move = next(running.job)  # this collective, and what follows up to the next
-                except StopIteration as stop:
-                    if index != len(running.lanes) - 1:
-                        raise JobOrderError(
-                            f"zeropp_hier internal: a job declared {len(running.lanes)} collectives "
-                            f"on lanes {running.lanes} but issued {index + 1}"
-                        ) from None
-                    self._end(running, stop.value, stream)
+                if index == 0:  # its preparation, up to the first collective
+                    first = _advance(running.job, running.lanes, 0, self.key)
+                    assert isinstance(first, Move)  # a job with lanes ends only after its collectives
+                    _record_carry(first, stream)
+                # this collective, and what follows up to the next one or the end
+                nxt = _advance(running.job, running.lanes, index + 1, self.key)
+                if isinstance(nxt, _End):
+                    self._end(running, nxt.value, stream)
                     return
-                _check(running, index + 1, move, self.key)
                 event = None
                 if cuda is not None:
                     event = cuda.Event()
                     event.record(stream)
-                    _record_carry(move, self._lane(self.key(move.lane))[2])
+                    _record_carry(nxt, self._lane(self.key(nxt.lane))[2])
             with running.cond:
-                running.event = event if cuda is not None else None
+                running.event = event
                 running.turn = index + 1
                 running.cond.notify_all()
         except BaseException as e:  # noqa: B036 - the waiter re-raises it
@@ -266,21 +250,29 @@ class CommExecutor:
         running.fut.set_result(_Done(value, event))
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+class _End(NamedTuple):
+    value: Any
 
 
-def _check(running: _Running, index: int, move: Move, key) -> None:
-    if not isinstance(move, Move) or index >= len(running.lanes) or running.lanes[index] != key(move.lane):
-        want = running.lanes[index] if index < len(running.lanes) else "nothing more"
+def _advance(job: Job, lanes: Sequence[Hashable], issued: int, key=lambda lane: lane) -> Move | _End:
+    """Run ``job`` to its next ``Move`` (after ``issued`` collectives), which must announce the
+    lane it declared for that collective; or to its end, which must come after all of them."""
+    try:
+        move = next(job)
+    except StopIteration as stop:
+        if issued != len(lanes):
+            raise JobOrderError(
+                f"zeropp_hier internal: a job declared {len(lanes)} collectives on lanes {tuple(lanes)} "
+                f"but issued {issued}"
+            ) from None
+        return _End(stop.value)
+    if not isinstance(move, Move) or issued >= len(lanes) or lanes[issued] != key(move.lane):
+        want = lanes[issued] if issued < len(lanes) else "nothing more"
         raise JobOrderError(
-            f"zeropp_hier internal: a job declared lane {want!r} for its collective {index} "
-            f"(lanes {running.lanes}) but moved to {getattr(move, 'lane', move)!r}"
+            f"zeropp_hier internal: a job declared lane {want!r} for its collective {issued} "
+            f"(lanes {tuple(lanes)}) but moved to {getattr(move, 'lane', move)!r}"
         )
+    return move
 
 
 def _record_carry(move: Move, stream: Any) -> None:
@@ -291,30 +283,9 @@ def _record_carry(move: Move, stream: Any) -> None:
             t.record_stream(stream)
 
 
-def _finish(job: Job) -> Any:
-    """Run a job that declared no collective; it must not announce one."""
-    try:
-        move = next(job)
-    except StopIteration as stop:
-        return stop.value
-    raise JobOrderError(f"zeropp_hier internal: a job declared no collective but moved to {move.lane!r}")
-
-
 def _run_inline(job: Job, lanes: Sequence[Hashable]) -> Any:
-    """``overlap`` off: the whole job on the caller, with the same declaration checks."""
-    i = 0
-    try:
-        while True:
-            move = next(job)
-            if i >= len(lanes) or lanes[i] != move.lane:
-                raise JobOrderError(
-                    f"zeropp_hier internal: a job declared lanes {tuple(lanes)} but moved to {move.lane!r} "
-                    f"for its collective {i}"
-                )
-            i += 1
-    except StopIteration as stop:
-        if i != len(lanes):
-            raise JobOrderError(
-                f"zeropp_hier internal: a job declared {len(lanes)} collectives on lanes {tuple(lanes)} but issued {i}"
-            ) from None
-        return stop.value
+    """The whole job on the caller, with the same declaration checks."""
+    issued = 0
+    while not isinstance(step := _advance(job, lanes, issued), _End):
+        issued += 1
+    return step.value

@@ -14,10 +14,10 @@ ZeRO++'s hpZ). With ``"memory": {"kept_shards_gb": B}`` the copies of all layers
 within B GB per GCD, for either preset: levels are filled in two passes, cheapest first. Every
 byte of a node copy saves a network re-gather (the slowest link), every extra byte of a package
 copy only a package-link one, so a node copy gains more per byte than the upgrade to a package
-copy: first every layer that fits
-gets a node copy, then layers are upgraded to package copies while the budget allows. Within a
-pass all layers gain the same per byte (time goes with bytes), so they are taken in model
-order: the result reads "layers 0-k keep package copies, the rest node copies".
+copy: first every layer that fits gets a node copy, then layers are upgraded to package copies
+while the budget allows. Within a pass all layers gain the same per byte (time goes with
+bytes), so they are taken in model order: the result reads "layers 0-k keep package copies,
+the rest node copies".
 For ``zeropp`` a budget larger than its node copies therefore buys package copies too: the
 forward stays ZeRO++'s one flat gather, and the copy cut from its result lets those layers'
 backward gather stay inside the package (hpZ over the package instead of the node) — the fast
@@ -35,8 +35,10 @@ from .policy import QUANTIZED
 from .topology import Topology
 
 LEVEL_AXES: dict[str, tuple[str, ...] | None] = {"package": ("node", "gpu"), "node": ("node",), "none": None}
-PRESET_LEVELS = {"frontier": ("package", "node"), "zeropp": ("package", "node"), "zero3": ()}  # best first
-DEFAULT_LEVEL = {"frontier": "package", "zeropp": "node", "zero3": "none"}  # without a budget
+# the levels each preset may keep, its own (the one kept without a budget) first, as in
+# CommPlan.by_level; a budget fills them cheapest first
+PRESET_LEVELS = {"frontier": ("package", "node"), "zeropp": ("node", "package"), "zero3": ()}
+FILL_ORDER = ("node", "package")
 
 
 def layer_of(name: str) -> str:
@@ -89,10 +91,10 @@ def assign(
     levels = {name: "none" for name, _ in layers}
     cost = {name: {lvl: kept_elems(n, topo, lvl) * bytes_per_elem for lvl in LEVEL_AXES} for name, n in layers}
     if budget_bytes is None:
-        levels = dict.fromkeys(levels, DEFAULT_LEVEL[preset])
+        levels = dict.fromkeys(levels, allowed[0] if allowed else "none")
     else:
         used = 0.0
-        for lvl in reversed(allowed):  # cheapest level first
+        for lvl in (lvl for lvl in FILL_ORDER if lvl in allowed):
             for name, _ in layers:
                 extra = cost[name][lvl] - cost[name][levels[name]]
                 if used + extra <= budget_bytes:
