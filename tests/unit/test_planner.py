@@ -1,6 +1,6 @@
 """The planner: pure checks of its traffic model and memory rules, its predictions against the
-measurements recorded by benchmarks/compare.py on the emulated cluster, and the `plan` command
-for a 20B GPT on 48 Frontier nodes."""
+measurements recorded by benchmarks/compare.py on the emulated cluster (tests/data/emulated_cluster/),
+and the `plan` command for a 20B GPT on 48 Frontier nodes."""
 
 import io
 import json
@@ -17,7 +17,7 @@ from zeropp_hier.tools import planner as P
 from zeropp_hier.tools.cli import main as cli_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RECORDED = os.path.join(REPO, "benchmarks", "results", "compare.json")
+RECORDED = os.path.join(REPO, "tests", "data", "emulated_cluster", "compare.json")  # source: its "_source" key
 MiB = 2**20
 
 
