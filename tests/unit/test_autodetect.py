@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from zeropp_hier.core.errors import HierTopologyError
-from zeropp_hier.detect.autodetect import build_topology, local_record
-from zeropp_hier.detect.rocm_topo import packages_from_showtopo, parse_showtopo
+from zeropp_hier.detect.autodetect import RankRecord, build_topology, local_record
+from zeropp_hier.detect.node_maps import SOURCE as DOCUMENTED_MAP
+from zeropp_hier.detect.node_maps import documented_packages, recognised_node
+from zeropp_hier.detect.rocm_topo import packages_from_showtopo, parse_showtopo, weight_rows
 from zeropp_hier.detect.slurm_env import expand_hostlist, parse_tasks_per_node, slurm_task
 
 DATA = Path(__file__).parent.parent / "data"
@@ -21,38 +23,104 @@ def smi(name):
     return (SMI / name).read_text()
 
 
-def test_frontier_showtopo_pairs_gcds_of_each_mi250x():
-    st = parse_showtopo(smi("frontier_mi250x.txt"))
-    assert st.gpus == tuple(range(8))
-    assert st.link_types is not None and st.link_types[0][1] == "XGMI"
-    assert packages_from_showtopo(st) == {0: 0, 1: 0, 2: 2, 3: 2, 4: 4, 5: 4, 6: 6, 7: 6}
+FRONTIER_ENV = {"SLURM_CLUSTER_NAME": "frontier"}
+OVERRIDE = '"topology": {"gcds_per_gpu": 2, "gpus_per_node": 4}'
 
 
-def test_packages_are_read_not_assumed_consecutive():
-    pk = packages_from_showtopo(parse_showtopo(smi("pairs_not_consecutive.txt")))
-    assert pk == {0: 0, 4: 0, 1: 1, 5: 1, 2: 2, 6: 2, 3: 3, 7: 3}
+def test_real_mi250x_weights_do_not_single_out_the_package_sibling():
+    """openmm/openmm#3940 (EPYC 7A53 + 4x MI250X): GPU0 is at the smallest weight, 15, to three
+    GCDs, so a rule "package = GCDs at the smallest weight" cannot work; the published row still
+    fits the documented map (GPU1, its package sibling, is among the direct links)."""
+    text = smi("openmm3940_epyc7a53_4xmi250x_excerpt.txt")
+    row = weight_rows(text)[0]
+    closest = min(w for g, w in row.items() if g != 0)
+    assert closest == 15
+    assert sorted(g for g, w in row.items() if g != 0 and w == closest) == [1, 2, 6]
+    # the excerpt holds one row of eight: the strict reader refuses it rather than guess
+    with pytest.raises(HierTopologyError, match="truncated or garbled"):
+        parse_showtopo(text)
 
 
 def test_pcie_only_machine_has_one_gcd_per_package():
-    assert packages_from_showtopo(parse_showtopo(smi("pcie_only_4gpu.txt"))) == {0: 0, 1: 1, 2: 2, 3: 3}
+    st = parse_showtopo(smi("rocm_smi_lib108_4gpu_pcie.txt"))  # a real capture (PCIe only)
+    assert packages_from_showtopo(st) == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def test_xgmi_links_alone_never_give_packages():
+    # whatever the weights, XGMI links do not identify packages: "not known", never a guess
+    for name in (
+        "frontier_mi250x.txt",
+        "pairs_not_consecutive.txt",
+        "refuse_chain.txt",
+        "refuse_unequal_packages.txt",
+    ):
+        assert packages_from_showtopo(parse_showtopo(smi(name))) is None, name
+
+
+def test_documented_map_only_on_a_recognised_node():
+    st = parse_showtopo(smi("frontier_mi250x.txt"))  # hand-written: used here only to be refused
+    with pytest.raises(HierTopologyError) as e:
+        documented_packages(st, {}, "gpu-node-17")
+    assert e.value.field == "rocm-smi --showtopo" and OVERRIDE in str(e.value)
+    assert "not recognised as Frontier or LUMI" in str(e.value)
+    assert recognised_node(FRONTIER_ENV, "x") == "frontier"
+    assert recognised_node({"SLURM_CLUSTER_NAME": "LUMI"}, "nid005000") == "lumi"
+    assert recognised_node({}, "frontier00256") == "frontier"  # OLCF's own job output names hosts so
+    assert recognised_node({"SLURMD_NODENAME": "frontier08001"}, "login") == "frontier"
+    assert recognised_node({"SLURM_CLUSTER_NAME": "perlmutter"}, "nid001") is None
 
 
 @pytest.mark.parametrize(
     "name, fragment",
     [
-        ("refuse_chain.txt", "do not form separate packages"),
-        ("refuse_unequal_packages.txt", "packages of different sizes"),
+        ("pairs_not_consecutive.txt", "GPU0 and GPU1 are not directly linked"),
+        ("refuse_unequal_packages.txt", "not the 8 GCDs 0..7"),
+        ("rocm_smi_lib108_4gpu_pcie.txt", "not the 8 GCDs 0..7"),
+    ],
+)
+def test_recognised_node_whose_table_does_not_fit_the_documented_map_is_refused(name, fragment):
+    with pytest.raises(HierTopologyError) as e:
+        documented_packages(parse_showtopo(smi(name)), FRONTIER_ENV, "frontier08001")
+    assert fragment in str(e.value) and OVERRIDE in str(e.value)
+
+
+def test_recognised_node_with_numa_pairs_split_is_refused():
+    st = parse_showtopo(smi("frontier_mi250x.txt"))
+    assert st.numa == {0: 3, 1: 3, 2: 1, 3: 1, 4: 0, 5: 0, 6: 2, 7: 2}  # OLCF's NUMA note, as printed
+    split = st._replace(numa={**st.numa, 1: 0})
+    with pytest.raises(HierTopologyError, match="GPU0 and GPU1 sit on NUMA nodes 3 and 0"):
+        documented_packages(split, FRONTIER_ENV, "frontier08001")
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("refuse_chain.txt", "not recognised as Frontier or LUMI"),
+        ("refuse_unequal_packages.txt", "not recognised as Frontier or LUMI"),
         ("refuse_asymmetric.txt", "not symmetric"),
         ("refuse_truncated.txt", "truncated or garbled"),
         ("refuse_no_weight_table.txt", "no 'Weight between two GPUs' table"),
     ],
 )
 def test_bad_showtopo_is_refused(name, fragment):
+    """Through the rank's own record, as ``detect`` builds it: every refusal names the field."""
     with pytest.raises(HierTopologyError) as e:
-        packages_from_showtopo(parse_showtopo(smi(name)))
+        local_record(0, {"LOCAL_RANK": "0", "ROCR_VISIBLE_DEVICES": "0"}, "gpu-node-17", 1, smi(name))
     assert e.value.field == "rocm-smi --showtopo"
     assert fragment in str(e.value)
     assert "got " in str(e.value)
+
+
+def test_documented_map_is_named_in_the_one_line_rank_zero_logs():
+    """Records whose packages came from the documented map: describe() (the line rank 0 logs)
+    says so, once."""
+    devices = [4, 5, 2, 3, 6, 7, 0, 1]  # --gpu-bind=closest order (OLCF hello_jobstep output)
+    recs = [
+        RankRecord(r, "frontier08001", r, d, d // 2 * 2, None, None, DOCUMENTED_MAP) for r, d in enumerate(devices)
+    ]
+    line = build_topology(recs).describe()
+    assert line.count("documented Frontier/LUMI node map") == 1
+    assert "1 nodes x 4 GPUs x 2 GCDs" in line and "rank_map identity" in line
 
 
 def test_hostlist_and_tasks_per_node():

@@ -10,9 +10,11 @@ list, so every rank reaches the same ``Topology`` or the same error.
   of ranks.
 - With GPUs: a rank's GCD is the physical device it drives (``ROCR_VISIBLE_DEVICES`` /
   ``HIP_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES``; the device at ``LOCAL_RANK`` when several
-  are visible). Its package comes from ``rocm-smi --showtopo`` ([Note: packages from link
-  weights] in ``rocm_topo``); without rocm-smi, from the device index: ``index //
-  gcds_per_gpu`` (declared, default 2 — MI250X numbering). Two ranks on one GCD, packages of
+  are visible). Its package: from ``rocm-smi --showtopo`` where the table settles it (no XGMI
+  link: one GCD per package; [Note: packages from link weights] in ``rocm_topo``); with XGMI
+  links, from the documented map of a recognised Frontier/LUMI node ([Note: documented node
+  map] in ``node_maps``), and refused elsewhere; without rocm-smi, from the device index:
+  ``index // gcds_per_gpu`` (declared, default 2 — MI250X numbering). Two ranks on one GCD, packages of
   different sizes or hosts of different shapes are refused. Declared ``gcds_per_gpu`` /
   ``gpus_per_node`` must agree with what was found.
 - Without GPUs (CPU, gloo): packages are runs of ``gcds_per_gpu`` consecutive local ranks
@@ -38,6 +40,8 @@ from typing import Mapping, NamedTuple, Sequence
 
 from ..core.errors import HierTopologyError
 from ..core.topology import Topology
+from .node_maps import SOURCE as DOCUMENTED_MAP
+from .node_maps import documented_packages
 from .rocm_topo import packages_from_showtopo, parse_showtopo
 from .slurm_env import check_uniform, slurm_task, visible_devices
 
@@ -52,6 +56,7 @@ class RankRecord(NamedTuple):
     package: int | None  # package id from rocm-smi; None when not known
     slurm_ntasks: int | None  # the step's task count when under srun
     slurm_nnodes: int | None
+    package_source: str | None = None  # how ``package`` was found; None when it was not
 
 
 class Detected(NamedTuple):
@@ -97,7 +102,7 @@ def local_record(
             )
     local_rank = task.localid if task is not None else int(env.get("LOCAL_RANK", rank))
     host = env.get("SLURMD_NODENAME") or hostname
-    device = package = None
+    device = package = package_source = None
     if gpu_count > 0:
         vis = visible_devices(env)
         if vis is None:
@@ -105,14 +110,27 @@ def local_record(
         else:
             device = _device_index(vis[local_rank % len(vis)] if len(vis) > 1 else vis[0], ",".join(vis))
         if showtopo_text is not None:
-            packages = packages_from_showtopo(parse_showtopo(showtopo_text))
+            topo = parse_showtopo(showtopo_text)
+            packages = packages_from_showtopo(topo)
+            source = "rocm-smi --showtopo (no XGMI link: one GCD per package)"
+            if packages is None:  # XGMI present: weights do not say; the documented map or refuse
+                packages = documented_packages(topo, env, hostname)
+                source = DOCUMENTED_MAP
             if device not in packages:
                 raise HierTopologyError(
                     "rocm-smi --showtopo", sorted(packages), f"does not list GPU{device}, the device of rank {rank}"
                 )
             package = packages[device]
+            package_source = source
     return RankRecord(
-        rank, host, local_rank, device, package, task.ntasks if task else None, task.nnodes if task else None
+        rank,
+        host,
+        local_rank,
+        device,
+        package,
+        task.ntasks if task else None,
+        task.nnodes if task else None,
+        package_source,
     )
 
 
@@ -209,7 +227,8 @@ def build_topology(
 def _gpu_packages(by_host, hosts, gcds_hint):
     from_smi = all(r.package is not None for rs in by_host.values() for r in rs)
     if from_smi:
-        source = "rocm-smi --showtopo"
+        sources = sorted({r.package_source or "rocm-smi --showtopo" for rs in by_host.values() for r in rs})
+        source = "; ".join(sources)
     else:
         g = gcds_hint or DEFAULT_GCDS_PER_GPU
         source = f"device index // {g} (rocm-smi not available)"
