@@ -14,9 +14,12 @@ PY=${PYTHON:-python}
 TORCH_VERSION=2.13.0
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 
+# run CMD...: run it, or print it shell-quoted under RENDER_ONLY=1; QUIET=N keeps N last lines
 run() {
   if [[ "${RENDER_ONLY:-0}" == "1" ]]; then
     printf '+'; printf ' %q' "$@"; printf '\n'
+  elif [[ -n "${QUIET:-}" ]]; then
+    "$@" 2>&1 | tail -n "$QUIET"
   else
     "$@"
   fi
@@ -53,11 +56,11 @@ else
 fi
 # Build tools first (the build runs without isolation, so they must be here already); the
 # linters that .ci/run runs (ruff, mypy) beside them.
-run "$PY" -m pip install setuptools wheel ninja ruff mypy
+QUIET=1 run "$PY" -m pip install setuptools wheel ninja ruff mypy
 # The package with its dependencies as pyproject.toml lists them (the one list), plus the test
 # extra (pytest, hypothesis, the Hugging Face integration test) and the Frontier extra (the
 # Hydra submitit launcher). With torch already present none of these installs another torch.
-run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
+QUIET=2 run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
 [[ "${RENDER_ONLY:-0}" == "1" ]] && exit 0
 # torch is present, so the kernels must have been built: a silent fallback to the reference
 # implementation would hide a broken build until the kernel tests (or a slow run) showed it.
