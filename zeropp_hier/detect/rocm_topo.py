@@ -19,9 +19,10 @@ hop: a published `rocm-smi --showtopo` from an EPYC 7A53 + 4x MI250X node (openm
 pair, direct or not: ROCm/rocm-systems issue 5763, open-mpi/hwloc issue 775). So this module reads
 packages from the table only where it settles them: with no XGMI link at all (a PCIe-only
 machine) every GPU is a package of one GCD. Where XGMI links are present it answers "not known",
-and the caller (``autodetect.local_record``) either takes the documented map of a recognised
-Frontier/LUMI node ([Note: documented node map] in ``node_maps``) or refuses. Guessing a package
-wrong would put the "fast" tier on a slow link, so nothing here groups GCDs by weight.
+and the caller (``autodetect.node_packages``) takes the XGMI link counts ([Note: packages from
+XGMI link counts] in ``xgmi_links``), the documented map of a recognised Frontier/LUMI node
+([Note: documented node map] in ``node_maps``), or refuses. Guessing a package wrong would put
+the "fast" tier on a slow link, so nothing here groups GCDs by weight.
 """
 
 from __future__ import annotations
