@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install zeropp-hier and what it needs into the current Python environment (PYTHON=... picks it).
 # - torch: an existing build (ROCm, CUDA or CPU) is kept. With none:
-#   * on a ROCm GPU node (ROCM_PATH set or /opt/rocm present, and `rocminfo` listing gfx agents)
-#     it stops and says how to install a ROCm torch: a torch from PyPI is a CUDA build, and a
-#     Frontier install has its own script (scripts/frontier/install.sh, OLCF's recipe);
+#   * on a ROCm GPU node (ROCM_PATH set or /opt/rocm present, and `rocminfo` listing gfx agents),
+#     or on any Frontier node (a login node, loginNN.frontier.olcf.ornl.gov per OLCF's user guide,
+#     has no GPU agent but its torch must be the ROCm one), it stops and says how to install a ROCm
+#     torch: a torch from PyPI is a CUDA build, and Frontier has its own script
+#     (scripts/frontier/install.sh, OLCF's recipe);
 #   * elsewhere it installs torch 2.13.0 from PyTorch's CPU wheel index, never a CUDA build. A
 #     machine with only Debian's hipcc (no rocminfo agents) is not a ROCm GPU node.
 # - the package itself without build isolation, so its kernels are compiled against that torch.
@@ -35,11 +37,23 @@ rocm_gpu_agents() {
   "$exe" 2>/dev/null | sed -n 's/^[[:space:]]*Name:[[:space:]]*\(gfx[0-9a-f]*\).*/\1/p' | sort -u | tr '\n' ' '
 }
 
+frontier_host() {
+  local h
+  h=$(hostname -f 2>/dev/null || hostname 2>/dev/null || true)
+  [[ "$h" == *.frontier.olcf.ornl.gov || "$h" =~ ^frontier[0-9]+ ]]
+}
+
 if ! "$PY" -c "import torch" 2>/dev/null; then
   agents=$(rocm_gpu_agents || true)
+  where=""
   if [[ -n "${agents// /}" ]]; then
+    where="a ROCm GPU node (rocminfo lists: ${agents% })"
+  elif frontier_host; then
+    where="a Frontier node ($(hostname -f 2>/dev/null || hostname))"
+  fi
+  if [[ -n "$where" ]]; then
     cat >&2 <<EOF
-[install] no torch in $PY, and this is a ROCm GPU node (rocminfo lists: ${agents% }).
+[install] no torch in $PY, and this is $where.
 [install] Not installing torch here: PyPI's torch is a CUDA build. Install a ROCm build first:
   - on Frontier: bash scripts/frontier/install.sh  (OLCF's modules and ROCm wheel index; it
     also builds this package's HIP kernels for gfx90a)

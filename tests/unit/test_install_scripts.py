@@ -51,7 +51,7 @@ def test_frontier_node_without_torch_stops_with_rocm_instructions(bare_python, t
     published rocminfo of an MI250X node prints here)."""
     rocm = tmp_path / "rocm-7.1.1"
     rocm.mkdir()
-    b = _bin(tmp_path, rocminfo=f"tail -n +2 '{ROCMINFO}'\n")
+    b = _bin(tmp_path, rocminfo=f"tail -n +2 '{ROCMINFO}'\n", hostname="echo frontier08001\n")
     p = _install(_env(bare_python, b, ROCM_PATH=str(rocm)))
     assert p.returncode == 2, p.stdout + p.stderr
     assert "ROCm GPU node (rocminfo lists: gfx90a)" in p.stderr
@@ -63,15 +63,29 @@ def test_frontier_node_without_torch_stops_with_rocm_instructions(bare_python, t
     assert not list((bare_python.parent.parent / "lib").glob("python*/site-packages/torch*"))
 
 
+def test_frontier_login_node_without_gpu_agents_also_stops(bare_python, tmp_path):
+    """A Frontier login node (OLCF's user guide: loginNN.frontier.olcf.ornl.gov) lists no GPU agent,
+    but the torch installed there must still be the ROCm one."""
+    b = _bin(tmp_path, hostname="echo login01.frontier.olcf.ornl.gov\n")
+    p = _install(_env(bare_python, b))
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "a Frontier node (login01.frontier.olcf.ornl.gov)" in p.stderr
+    assert "bash scripts/frontier/install.sh" in p.stderr
+
+
 def test_debian_hipcc_only_goes_to_the_cpu_index(bare_python, tmp_path):
     """Debian's hipcc alone (no ROCm runtime: no rocminfo agents) is not a ROCm GPU node: torch
     2.13.0 from PyTorch's CPU index (rendered, not downloaded)."""
-    b = _bin(tmp_path, hipcc="echo 'HIP version: 5.7 (Debian)'\n")
+    b = _bin(tmp_path, hipcc="echo 'HIP version: 5.7 (Debian)'\n", hostname="echo ci-runner-3\n")
     p = _install(_env(bare_python, b, RENDER_ONLY="1"))
     assert p.returncode == 0, p.stderr
     assert f"+ {bare_python} -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in p.stdout
     # ROCm present but its runtime sees no GPU agent (a login node): the CPU index as well
-    b2 = _bin(tmp_path / "login", rocminfo="echo 'HSA Agents'; echo '  Name:                    AMD EPYC 7A53'\n")
+    b2 = _bin(
+        tmp_path / "login",
+        rocminfo="echo 'HSA Agents'; echo '  Name:                    AMD EPYC 7A53'\n",
+        hostname="echo workstation\n",
+    )
     rocm = tmp_path / "rocm"
     rocm.mkdir()
     p2 = _install(_env(bare_python, b2, ROCM_PATH=str(rocm), RENDER_ONLY="1"))
