@@ -10,14 +10,15 @@ list, so every rank reaches the same ``Topology`` or the same error.
   of ranks.
 - With GPUs: a rank's GCD is the physical device it drives (``ROCR_VISIBLE_DEVICES`` /
   ``HIP_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES``; the device at ``LOCAL_RANK`` when several
-  are visible). Its package (``node_packages``): on a node recognised as Frontier or LUMI, the
-  documented map (GCDs 2k, 2k+1 on one MI250X; [Note: documented node map] in ``node_maps``),
-  and the one line rank 0 logs says whether the XGMI link counts and the rocm-smi table agree
-  or which of them was missing or disagreed. Elsewhere: the XGMI link counts when they form clean
-  packages ([Note: packages from XGMI link counts] in ``xgmi_links``); else a rocm-smi table with
-  no XGMI link (one GCD per package; [Note: packages from link weights] in ``rocm_topo``); XGMI
-  links that nothing settles are refused, naming the explicit topology to give; with neither
-  signal, ``index // gcds_per_gpu`` (declared, default 2 — MI250X numbering). Two ranks on one GCD, packages of
+  are visible). Its package (``node_packages``): with neither ``rocm-smi --showtopo`` nor the
+  amdgpu XGMI link counts readable, ``index // gcds_per_gpu`` (declared, default 2 — MI250X
+  numbering). Otherwise, on a node recognised as Frontier or LUMI, the documented map (GCDs 2k,
+  2k+1 on one MI250X; [Note: documented node map] in ``node_maps``), and the one line rank 0
+  logs says whether the link counts and the rocm-smi table agree or which was missing or
+  disagreed. Elsewhere: the link counts when they form clean packages ([Note: packages from XGMI
+  link counts] in ``xgmi_links``); else a rocm-smi table with no XGMI link (one GCD per package;
+  [Note: packages from link weights] in ``rocm_topo``); XGMI links that nothing settles are
+  refused, naming the explicit topology to give. Two ranks on one GCD, packages of
   different sizes or hosts of different shapes are refused. Declared ``gcds_per_gpu`` /
   ``gpus_per_node`` must agree with what was found.
 - Without GPUs (CPU, gloo): packages are runs of ``gcds_per_gpu`` consecutive local ranks
@@ -103,7 +104,9 @@ def node_packages(
     env: Mapping[str, str], hostname: str, showtopo_text: str | None, link_counts_text: str | None
 ) -> tuple[dict[int, int] | None, str | None]:
     """GPU index -> package id on this node, and how it was found ([Note: auto topology rules]);
-    (None, None) when nothing settles it on a node that is not recognised and no signal was read."""
+    (None, None) when neither signal was read (the caller then uses the device index)."""
+    if showtopo_text is None and link_counts_text is None:
+        return None, None  # no AMD signal at all (no rocm-smi, no amdgpu hive): the device index rule
     recognised = recognised_node(env, hostname) is not None
     why: list[str] = []  # on a recognised node: each signal that is missing or disagrees
 
@@ -297,7 +300,7 @@ def _gpu_packages(by_host, hosts, gcds_hint):
         source = "; ".join(sources)
     else:
         g = gcds_hint or DEFAULT_GCDS_PER_GPU
-        source = f"device index // {g} (rocm-smi not available)"
+        source = f"device index // {g} (neither rocm-smi nor XGMI link counts available)"
     out = []
     for h in hosts:
         seen: dict[int, int] = {}

@@ -13,8 +13,9 @@ Frontier or LUMI, package = GCD index // 2.
 
 Recognised means: Slurm names the cluster ``frontier`` or ``lumi`` (``SLURM_CLUSTER_NAME``), or
 the host is named ``frontierNNNNN`` (OLCF's own job output shows ``Node frontier00256``). On such
-a node the map is the documented one whatever the signals say; where a signal is missing (no
-rocm-smi, no XGMI link counts, a table that lists only the GCDs the task may see) or disagrees
+a node, once rocm-smi or the amdgpu link counts were read at all (so the GPUs are AMD's), the map
+is the documented one whatever the signals say; where a signal is missing (no rocm-smi, no XGMI
+link counts, a table that lists only the GCDs the task may see) or disagrees
 (link counts that pair GCDs otherwise, a pair that is not a direct XGMI link or spans two NUMA
 nodes), the reason goes into the one line that rank 0 logs (``Detected.describe``), so a node
 that is not as documented shows there. A node that is not recognised gets no map from here: the
