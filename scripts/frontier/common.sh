@@ -43,6 +43,6 @@ zh_first_host() {
 # The environment the ranks inherit, for the job log (and for checking a rendered job).
 zh_show_env() {
   echo "--- environment for the ranks ---"
-  env | grep -E '^(MASTER_ADDR|MASTER_PORT|NCCL_|FI_|MIOPEN_|OMP_NUM_THREADS|LD_LIBRARY_PATH|PYTHONPATH|ZEROPP_HIER_|HSA_|MPICH_GPU)' | sort
+  env | grep -E '^(PATH|MASTER_ADDR|MASTER_PORT|NCCL_|FI_|MIOPEN_|OMP_NUM_THREADS|LD_LIBRARY_PATH|PYTHONPATH|ZEROPP_HIER_|HSA_|MPICH_GPU)' | sort
   echo "---"
 }

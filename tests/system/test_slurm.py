@@ -67,7 +67,6 @@ def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path) -> str:
         "SLURM_JOB_NODELIST": nodelist,
         "SLURM_CONF": str(slurm.conf),
         "USER": "alice",
-        "AWS_OFI_RCCL_DIR": "/opt/aws-ofi-rccl",
         "ZEROPP_HIER_ROOT": str(ROOT),
         "PYTHONPATH": str(ROOT),
         "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz",
@@ -89,17 +88,48 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
     sruns = [ln for ln in out.splitlines() if ln.startswith("+ srun")]
     train = [ln for ln in sruns if "zeropp_hier.app.train" in ln]
     assert len(train) == 1, out
+    # the ranks run the NVMe environment's python (-P: not the checkout in the submit directory)
     assert train[0] == (
         "+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest "
-        "python -m zeropp_hier.app.train launcher=srun topology=auto preset=zeropp"
+        "/mnt/bb/alice/zeropp-hier-env/bin/python -P -m zeropp_hier.app.train launcher=srun topology=auto "
+        "preset=zeropp"
     )
-    env = dict(ln.split("=", 1) for ln in out.splitlines() if re.match(r"^[A-Z_]+=", ln))
+    env = dict(ln.split("=", 1) for ln in out.splitlines() if re.match(r"^[A-Z_0-9]+=", ln))
     assert env["MASTER_ADDR"] == "frontier08001"  # first host of the node list, via scontrol
-    assert env["NCCL_SOCKET_IFNAME"] == "hsn0"
-    assert env["LD_LIBRARY_PATH"].split(":")[0] == "/opt/aws-ofi-rccl/lib"  # the aws-ofi-rccl plugin
+    assert "PYTHONPATH" not in env  # nothing imported from the checkout
+    assert env["PATH"].split(":")[0] == "/mnt/bb/alice/zeropp-hier-env/bin"
+    # OLCF "PyTorch on Frontier": modules in its order, the RCCL plugin module after rocm, and
+    # the RCCL/libfabric variables it lists
+    modules = [ln for ln in out.splitlines() if ln.startswith("+ module load")]
+    assert modules == [
+        "+ module load PrgEnv-gnu/8.7.0",
+        "+ module load cpe/26.03",
+        "+ module load rocm/7.1.1",
+        "+ module load rccl-net-plugin",
+        "+ module load craype-accel-amd-gfx90a",
+    ]
+    olcf = {
+        "NCCL_CROSS_NIC": "1",
+        "NCCL_NET_GDR_LEVEL": "PHB",
+        "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
+        "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+        "FI_MR_CACHE_MONITOR": "kdreg2",
+        "FI_CXI_DISABLE_HOST_REGISTER": "1",
+        "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+        "FI_CXI_RDZV_PROTO": "alt_read",
+        "FI_CXI_RDZV_EAGER_SIZE": "0",
+        "FI_CXI_RDZV_THRESHOLD": "0",
+        "FI_CXI_RDZV_GET_MIN": "0",
+        "FI_CXI_DEFAULT_TX_SIZE": "2048",
+        "FI_CXI_RX_MATCH_MODE": "hybrid",
+    }
+    assert {k: env.get(k) for k in olcf} == olcf
+    # alt_read needs the allocation flag OLCF names
+    assert "#SBATCH --network=disable_rdzv_get" in (FRONTIER / "train.sbatch").read_text()
     assert env["MIOPEN_USER_DB_PATH"].startswith("/tmp/") and env["MIOPEN_CUSTOM_CACHE_DIR"].startswith("/tmp/")
     assert "+ sbcast --force /lustre/alice/zeropp-hier-env.tar.gz /mnt/bb/alice/zeropp-hier-env.tar.gz" in out
-    assert "+ module load craype-accel-amd-gfx90a" in out
+    # unpacked on every node and relocated by conda-unpack under the environment's own python
+    assert re.search(r"zeropp-hier-env/bin/python\W+/mnt/bb/alice/zeropp-hier-env/bin/conda-unpack", out), out
     # the node count comes from Slurm: a 3-node allocation gives 24 tasks with the same script
     out3 = _render(slurm, 3, "frontier[08001-08003]", tmp_path)
     assert "+ srun -N 3 -n 24 --ntasks-per-node=8 -c7" in out3

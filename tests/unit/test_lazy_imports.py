@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # all of core/ (listed by the child itself) and the pure modules of the other layers
 PURE = [
     "zeropp_hier.detect.autodetect",
+    "zeropp_hier.detect.node_maps",
+    "zeropp_hier.detect.node_read",
     "zeropp_hier.detect.rocm_topo",
     "zeropp_hier.detect.slurm_env",
+    "zeropp_hier.detect.xgmi_links",
     "zeropp_hier.tools.planner",
     "zeropp_hier.tools.sweep_report",
 ]

@@ -74,6 +74,7 @@ def test_frontier_submitit_launcher_follows_olcf_task_layout():
     assert lc._target_.endswith("SlurmLauncher")
     assert (lc.tasks_per_node, lc.cpus_per_task, lc.gpus_per_task) == (8, 7, 1)
     assert lc.additional_parameters["gpu-bind"] == "closest"
+    assert lc.additional_parameters["network"] == "disable_rdzv_get"  # with env.sh's FI_CXI_RDZV_PROTO
 
 
 def test_srun_launcher_names_the_run_dir_after_the_job(monkeypatch):

@@ -1,7 +1,7 @@
 """``"topology": "auto"``: where each rank sits, worked out from what the ranks can see. Pure logic.
 
 Each rank describes itself in a ``RankRecord`` (``local_record``: host, rank within the host,
-the physical GPU it drives, that GPU's package from ``rocm-smi --showtopo``); the records of all
+the physical GPU it drives, that GPU's package and how it was found); the records of all
 ranks are exchanged (``zeropp_hier.detect.probe``), and every rank runs ``build_topology`` on the same
 list, so every rank reaches the same ``Topology`` or the same error.
 
@@ -10,9 +10,15 @@ list, so every rank reaches the same ``Topology`` or the same error.
   of ranks.
 - With GPUs: a rank's GCD is the physical device it drives (``ROCR_VISIBLE_DEVICES`` /
   ``HIP_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES``; the device at ``LOCAL_RANK`` when several
-  are visible). Its package comes from ``rocm-smi --showtopo`` ([Note: packages from link
-  weights] in ``rocm_topo``); without rocm-smi, from the device index: ``index //
-  gcds_per_gpu`` (declared, default 2 — MI250X numbering). Two ranks on one GCD, packages of
+  are visible). Its package (``node_packages``): with neither ``rocm-smi --showtopo`` nor the
+  amdgpu XGMI link counts readable, ``index // gcds_per_gpu`` (declared, default 2 — MI250X
+  numbering). Otherwise, on a node recognised as Frontier or LUMI, the documented map (GCDs 2k,
+  2k+1 on one MI250X; [Note: documented node map] in ``node_maps``), and the one line rank 0
+  logs says whether the link counts and the rocm-smi table agree or which was missing or
+  disagreed. Elsewhere: the link counts when they form clean packages ([Note: packages from XGMI
+  link counts] in ``xgmi_links``); else a rocm-smi table with no XGMI link (one GCD per package;
+  [Note: packages from link weights] in ``rocm_topo``); XGMI links that nothing settles are
+  refused, naming the explicit topology to give. Two ranks on one GCD, packages of
   different sizes or hosts of different shapes are refused. Declared ``gcds_per_gpu`` /
   ``gpus_per_node`` must agree with what was found.
 - Without GPUs (CPU, gloo): packages are runs of ``gcds_per_gpu`` consecutive local ranks
@@ -38,8 +44,11 @@ from typing import Mapping, NamedTuple, Sequence
 
 from ..core.errors import HierTopologyError
 from ..core.topology import Topology
+from .node_maps import SOURCE as DOCUMENTED_MAP
+from .node_maps import documented_map, recognised_node, refuse_unrecognised, table_mismatch
 from .rocm_topo import packages_from_showtopo, parse_showtopo
 from .slurm_env import check_uniform, slurm_task, visible_devices
+from .xgmi_links import packages_from_link_counts, parse_link_counts
 
 DEFAULT_GCDS_PER_GPU = 2  # MI250X
 
@@ -52,6 +61,7 @@ class RankRecord(NamedTuple):
     package: int | None  # package id from rocm-smi; None when not known
     slurm_ntasks: int | None  # the step's task count when under srun
     slurm_nnodes: int | None
+    package_source: str | None = None  # how ``package`` was found; None when it was not
 
 
 class Detected(NamedTuple):
@@ -80,11 +90,81 @@ def _device_index(dev: str, var_value) -> int:
     return int(dev)
 
 
+LINK_COUNTS = "XGMI link counts (amdgpu sysfs xgmi_num_links)"
+
+
+def _groups(packages: Mapping[int, int]) -> str:
+    by: dict[int, list[int]] = {}
+    for g, p in sorted(packages.items()):
+        by.setdefault(p, []).append(g)
+    return " ".join("-".join(map(str, m)) for m in by.values())
+
+
+def node_packages(
+    env: Mapping[str, str], hostname: str, showtopo_text: str | None, link_counts_text: str | None
+) -> tuple[dict[int, int] | None, str | None]:
+    """GPU index -> package id on this node, and how it was found ([Note: auto topology rules]);
+    (None, None) when neither signal was read (the caller then uses the device index)."""
+    if showtopo_text is None and link_counts_text is None:
+        return None, None  # no AMD signal at all (no rocm-smi, no amdgpu hive): the device index rule
+    recognised = recognised_node(env, hostname) is not None
+    why: list[str] = []  # on a recognised node: each signal that is missing or disagrees
+
+    def read(parse, text, what):
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except HierTopologyError as e:
+            if not recognised:
+                raise
+            why.append(f"{what} unreadable ({e.value})")
+            return None
+
+    counts = read(parse_link_counts, link_counts_text, "XGMI link counts")
+    from_counts = packages_from_link_counts(counts) if counts is not None else None
+    topo = read(parse_showtopo, showtopo_text, "rocm-smi table")
+    if recognised:
+        documented = documented_map()
+        if from_counts is None:
+            if counts is not None:
+                why.append("XGMI link counts without clean packages")
+            elif link_counts_text is None:
+                why.append("no XGMI link counts")
+        elif from_counts != documented:
+            why.append(f"XGMI link counts that group the GCDs otherwise ({_groups(from_counts)})")
+        if topo is None and showtopo_text is None:
+            why.append("no rocm-smi table")
+        elif topo is not None and (misfit := table_mismatch(topo)) is not None:
+            why.append(f"rocm-smi table: {misfit}")
+        if from_counts == documented and not why:
+            return documented, f"{LINK_COUNTS}, agreeing with {DOCUMENTED_MAP} and rocm-smi"
+        if from_counts == documented:
+            return documented, f"{LINK_COUNTS}, agreeing with {DOCUMENTED_MAP}; {'; '.join(why)}"
+        return documented, f"{DOCUMENTED_MAP}, as the node gave {'; '.join(why)}"
+    if from_counts is not None:
+        return from_counts, LINK_COUNTS
+    if topo is not None:
+        single = packages_from_showtopo(topo)
+        if single is not None:
+            return single, "rocm-smi --showtopo (no XGMI link: one GCD per package)"
+        raise refuse_unrecognised("rocm-smi --showtopo", f"XGMI links among GPUs {list(topo.gpus)}", env, hostname)
+    if counts is not None:
+        raise refuse_unrecognised("xgmi_num_links", [list(r) for r in counts], env, hostname)
+    return None, None
+
+
 def local_record(
-    rank: int, env: Mapping[str, str], hostname: str, gpu_count: int, showtopo_text: str | None
+    rank: int,
+    env: Mapping[str, str],
+    hostname: str,
+    gpu_count: int,
+    showtopo_text: str | None,
+    link_counts_text: str | None = None,
 ) -> RankRecord:
     """This rank's record, from its environment, host name, visible GPU count and (optionally)
-    the text of ``rocm-smi --showtopo``."""
+    the text of ``rocm-smi --showtopo`` and of the amdgpu XGMI link counts
+    (``node_read.read_xgmi_num_links``)."""
     task = slurm_task(env)
     if task is not None:
         check_uniform(task)
@@ -97,22 +177,29 @@ def local_record(
             )
     local_rank = task.localid if task is not None else int(env.get("LOCAL_RANK", rank))
     host = env.get("SLURMD_NODENAME") or hostname
-    device = package = None
+    device = package = package_source = None
     if gpu_count > 0:
         vis = visible_devices(env)
         if vis is None:
             device = local_rank % gpu_count
         else:
             device = _device_index(vis[local_rank % len(vis)] if len(vis) > 1 else vis[0], ",".join(vis))
-        if showtopo_text is not None:
-            packages = packages_from_showtopo(parse_showtopo(showtopo_text))
+        packages, source = node_packages(env, hostname, showtopo_text, link_counts_text)
+        if packages is not None:
             if device not in packages:
                 raise HierTopologyError(
-                    "rocm-smi --showtopo", sorted(packages), f"does not list GPU{device}, the device of rank {rank}"
+                    source or "topology", sorted(packages), f"does not list GPU{device}, the device of rank {rank}"
                 )
-            package = packages[device]
+            package, package_source = packages[device], source
     return RankRecord(
-        rank, host, local_rank, device, package, task.ntasks if task else None, task.nnodes if task else None
+        rank,
+        host,
+        local_rank,
+        device,
+        package,
+        task.ntasks if task else None,
+        task.nnodes if task else None,
+        package_source,
     )
 
 
@@ -209,10 +296,11 @@ def build_topology(
 def _gpu_packages(by_host, hosts, gcds_hint):
     from_smi = all(r.package is not None for rs in by_host.values() for r in rs)
     if from_smi:
-        source = "rocm-smi --showtopo"
+        sources = sorted({r.package_source or "rocm-smi --showtopo" for rs in by_host.values() for r in rs})
+        source = "; ".join(sources)
     else:
         g = gcds_hint or DEFAULT_GCDS_PER_GPU
-        source = f"device index // {g} (rocm-smi not available)"
+        source = f"device index // {g} (neither rocm-smi nor XGMI link counts available)"
     out = []
     for h in hosts:
         seen: dict[int, int] = {}

@@ -10,15 +10,19 @@
     GPU0   0            XGMI  ...
 
 [Note: packages from link weights]
-The weight of a link is the driver's cost metric (lower is closer): each XGMI hop adds 15 and
-each PCIe segment 20. On an MI250X the two GCDs of one package are joined by the in-package
-Infinity Fabric; every other pair sits at a larger weight (a longer XGMI route) or on PCIe. So
-a package is a group of GPUs joined to each other at the smallest XGMI weight in the matrix,
-and nothing else. We accept the grouping only when it is a clean partition (every GPU joined at
-that weight to exactly the other members of its group, all groups the same size); anything else
-(a chain, a lone pair next to bigger cliques, an asymmetric matrix) is refused, because
-guessing a package wrong puts the "fast" tier on a slow link. GPUs with no XGMI link at all
-(a PCIe-only machine) are packages of one GCD each.
+The weight table does not say which GCDs share a package. Its weight is the driver's cost
+metric: 15 per XGMI hop, 20 per PCIe segment (ROCm/rocm-systems PR 7372, which documents it),
+and every direct XGMI link is one hop. On an MI250X node the two GCDs of a package are joined by
+four XGMI links and GCDs of different packages by one or two, yet every one of those is a single
+hop: a published `rocm-smi --showtopo` from an EPYC 7A53 + 4x MI250X node (openmm/openmm issue
+3940) has GPU0 at weight 15 to GPU1, GPU2 and GPU6. The hop table is no better (1 for every XGMI
+pair, direct or not: ROCm/rocm-systems issue 5763, open-mpi/hwloc issue 775). So this module reads
+packages from the table only where it settles them: with no XGMI link at all (a PCIe-only
+machine) every GPU is a package of one GCD. Where XGMI links are present it answers "not known",
+and the caller (``autodetect.node_packages``) takes the XGMI link counts ([Note: packages from
+XGMI link counts] in ``xgmi_links``), the documented map of a recognised Frontier/LUMI node
+([Note: documented node map] in ``node_maps``), or refuses. Guessing a package wrong would put
+the "fast" tier on a slow link, so nothing here groups GCDs by weight.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from ..core.errors import HierTopologyError
 _FIELD = "rocm-smi --showtopo"
 _BANNER = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
 _GPU = re.compile(r"^GPU\[?(\d+)\]?$")
+_NUMA = re.compile(r"^GPU\[?(\d+)\]?\s*:\s*\(Topology\)\s*Numa Node:\s*(-?\d+)", re.IGNORECASE)
 
 
 class ShowTopo(NamedTuple):
     gpus: tuple[int, ...]  # GPU indices as printed, in order
     weights: tuple[tuple[int, ...], ...]  # weights[i][j] between gpus[i] and gpus[j]
     link_types: tuple[tuple[str, ...], ...] | None  # "XGMI" / "PCIE" / ..., None if not printed
+    numa: dict[int, int] | None = None  # GPU -> NUMA node from the "Numa Nodes" section, if printed
 
 
 def _sections(text: str) -> dict[str, list[str]]:
@@ -121,14 +127,40 @@ def parse_showtopo(text: str) -> ShowTopo:
                 f"link-type table lists GPUs {list(lgpus)}, the weight table {list(gpus)}; the output is garbled",
             )
         link_types = tuple(tuple(c.upper() for c in row) for row in lcells)
-    return ShowTopo(gpus, weights, link_types)
+    nkey = next((k for k in sec if k.lower().startswith("numa nodes")), None)
+    numa = None
+    if nkey is not None:
+        numa = {int(m.group(1)): int(m.group(2)) for line in sec[nkey] if (m := _NUMA.match(line.strip()))}
+    return ShowTopo(gpus, weights, link_types, numa or None)
 
 
-def packages_from_showtopo(topo: ShowTopo) -> dict[int, int]:
-    """GPU index -> package id (the smallest GPU index in its package). See
-    [Note: packages from link weights]."""
-    n = len(topo.gpus)
-    w = topo.weights
+def weight_rows(text: str) -> dict[int, dict[int, int]]:
+    """The rows of the weight table that the text holds, as printed (GPU -> {GPU: weight}),
+    without requiring the table to be complete; ``parse_showtopo`` is the strict reader."""
+    sec = _sections(text)
+    wkey = next((k for k in sec if k.lower().startswith("weight between")), None)
+    if wkey is None or not sec[wkey]:
+        return {}
+    cols = [int(m.group(1)) for h in sec[wkey][0].split() if (m := _GPU.match(h))]
+    out: dict[int, dict[int, int]] = {}
+    for line in sec[wkey][1:]:
+        parts = line.split()
+        m = _GPU.match(parts[0]) if parts else None
+        if m and len(parts) - 1 == len(cols):
+            out[int(m.group(1))] = {c: int(v) for c, v in zip(cols, parts[1:])}
+    return out
+
+
+def is_xgmi(topo: ShowTopo, i: int, j: int) -> bool:
+    """Whether positions i and j of the table are joined over XGMI (a weight-only table counts
+    weights below a PCIe segment's 20 as XGMI: the driver gives one XGMI hop 15)."""
+    if topo.link_types is not None:
+        return topo.link_types[i][j] == "XGMI"
+    return 0 < topo.weights[i][j] < 20
+
+
+def check_symmetric(topo: ShowTopo) -> None:
+    n, w = len(topo.gpus), topo.weights
     for i in range(n):
         for j in range(n):
             if w[i][j] != w[j][i]:
@@ -139,34 +171,13 @@ def packages_from_showtopo(topo: ShowTopo) -> dict[int, int]:
                     "the node is misconfigured: give the topology explicitly",
                 )
 
-    def is_xgmi(i: int, j: int) -> bool:
-        return topo.link_types is None or topo.link_types[i][j] == "XGMI"
 
-    off = [w[i][j] for i in range(n) for j in range(n) if i != j and is_xgmi(i, j)]
-    if not off:  # no XGMI link: every GPU is its own package
-        return {g: g for g in topo.gpus}
-    closest = min(off)
-    groups: list[set[int]] = []
-    for i in range(n):
-        members = {i} | {j for j in range(n) if j != i and is_xgmi(i, j) and w[i][j] == closest}
-        groups.append(members)
-    for i in range(n):  # a clean partition: my group's members all see exactly the same group
-        for j in groups[i]:
-            if groups[j] != groups[i]:
-                names = lambda s: sorted(topo.gpus[k] for k in s)  # noqa: E731
-                raise HierTopologyError(
-                    _FIELD,
-                    {f"GPU{topo.gpus[i]}": names(groups[i]), f"GPU{topo.gpus[j]}": names(groups[j])},
-                    f"GPUs joined at the smallest XGMI weight ({closest}) do not form separate packages "
-                    "(a chain or overlapping groups); give the topology explicitly (gcds_per_gpu, "
-                    "gpus_per_node, rank_map)",
-                )
-    sizes = {len(g) for g in groups}
-    if len(sizes) != 1:
-        raise HierTopologyError(
-            _FIELD,
-            sorted({tuple(sorted(topo.gpus[k] for k in g)) for g in groups}),
-            f"packages of different sizes {sorted(sizes)}; zeropp_hier needs every "
-            "package to hold the same number of GCDs: give the topology explicitly",
-        )
-    return {topo.gpus[i]: min(topo.gpus[k] for k in groups[i]) for i in range(n)}
+def packages_from_showtopo(topo: ShowTopo) -> dict[int, int] | None:
+    """GPU index -> package id (its own index) when the table settles it: no XGMI link, so one
+    GCD per package. None when XGMI links are present: weights do not identify packages ([Note:
+    packages from link weights]). A garbled (asymmetric) table is refused."""
+    check_symmetric(topo)
+    n = len(topo.gpus)
+    if any(is_xgmi(topo, i, j) for i in range(n) for j in range(n) if i != j):
+        return None
+    return {g: g for g in topo.gpus}
