@@ -106,8 +106,10 @@ class HierRuntime:
         self.issue_mode = resolve_issue_mode(
             cfg.overlap, backend_for(dist.get_backend(), self.comm_device.type), torch.version.hip is not None
         )
-        if self.issue_mode.warning and rank == 0:
-            log.warning("zeropp_hier: %s", self.issue_mode.warning)
+        if rank == 0:
+            log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
+            if self.issue_mode.warning:
+                log.warning("zeropp_hier: %s", self.issue_mode.warning)
         self.executor = executor_for(self.issue_mode, f"rank{rank}", self.comm_device)
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
