@@ -100,3 +100,54 @@ def test_probe_cuts_its_larger_message_to_the_time_target_alike_on_every_rank(wo
     assert cut[0] == {t: [4096, 16384] for t in ("gcd", "gpu", "node")}
     full = world8.run(probe_sizes, None)
     assert full[0] == {t: [4096, 1 << 20] for t in ("gcd", "gpu", "node")}
+
+
+def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
+    """``auto.resolve`` on this rank, counting the planner's rankings (the real ``rank``, wrapped);
+    ``fail_on_rank0``: rank 0's ranking raises, as a bug in it would."""
+    import torch
+    import torch.distributed as dist
+
+    from zeropp_hier.core.config import parse_section
+    from zeropp_hier.deepspeed import auto
+    from zeropp_hier.deepspeed.runtime import topology_for
+    from zeropp_hier.tools import planner
+
+    rank = dist.get_rank()
+    calls = []
+    real = planner.rank
+
+    def counted(*a, **k):
+        calls.append(1)
+        if fail_on_rank0:
+            raise ValueError("planner broke")
+        return real(*a, **k)
+
+    planner.rank = counted
+    try:
+        cfg = parse_section(section)
+        module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+        topo = topology_for(cfg, dist.get_world_size())
+        try:
+            chosen, record = auto.resolve(cfg, module, topo, rank, torch.device("cpu"))
+        except RuntimeError as e:
+            return {"rankings": len(calls), "error": str(e)}
+    finally:
+        planner.rank = real
+    return {"rankings": len(calls), "preset": chosen.preset, "compression": chosen.compression,
+            "memory": chosen.memory, "record": record}
+
+
+def test_auto_ranks_on_rank_0_and_every_rank_takes_its_choice(world4):
+    section = _auto(tier_gbps={"gcd": 0.016, "gpu": 0.004, "node": 0.001})["zeropp_hier"]
+    res = world4.run(resolve_counting, section, False)
+    assert [r["rankings"] for r in res] == [1, 0, 0, 0]
+    assert all(r["record"] == res[0]["record"] and r["record"]["ranked_on"] == 0 for r in res)
+    for r in res:  # the whole choice, not only its name
+        assert (r["preset"], r["compression"], r["memory"]) == (res[0]["preset"], res[0]["compression"],
+                                                                res[0]["memory"])
+    assert res[0]["preset"] == res[0]["record"]["preset"]
+    # a ranking that fails on rank 0 fails every rank with its error; none waits for a choice
+    res = world4.run(resolve_counting, section, True)
+    assert [r["rankings"] for r in res] == [1, 0, 0, 0]
+    assert all("ranking the candidates failed on rank 0 (ValueError: planner broke)" in r["error"] for r in res)

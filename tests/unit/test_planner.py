@@ -23,11 +23,76 @@ MiB = 2**20
 
 def _wire(coll, topo, library, payload):
     out = {"gcd": 0.0, "gpu": 0.0, "node": 0.0}
-    for r, b in P.link_loads(coll, topo, library, payload).items():
-        if r.kind in ("gcd", "gpu_out", "node_out"):
-            out[r.kind.split("_")[0]] += b
+    for kind, load in P.link_loads(coll, topo, library, payload).items():
+        if kind in ("gcd", "gpu_out", "node_out"):
+            out[kind.split("_")[0]] += load.per_link * load.links
     out["gpu"] -= out["node"]
     return out
+
+
+def _pair_walk(coll, topo, library, payload):
+    """The reference for link_loads' closed form ([Note: link loads per tier]): every message of
+    the collective, rank pair by rank pair, along its path. {(kind, package or node): bytes},
+    and the order in which the kinds are first reached."""
+    loads: dict = {}
+
+    def path(a, b):
+        ca, cb = topo.coord(a), topo.coord(b)
+        pa, pb = ca.node * topo.gpus_per_node + ca.gpu, cb.node * topo.gpus_per_node + cb.gpu
+        if pa == pb:
+            return [("gcd", pa)]
+        out = [("gpu_out", pa), ("gpu_in", pb)]
+        if ca.node != cb.node:
+            out += [("node_out", ca.node), ("node_in", cb.node)]
+        return out
+
+    def add(a, b, nbytes):
+        for r in path(a, b):
+            loads[r] = loads.get(r, 0.0) + nbytes
+
+    for members in topo.group_plan(coll.axes):
+        ring = sorted(members)
+        k = len(ring)
+        if k < 2:
+            continue
+        if coll.op == "all_to_all":
+            for a in ring:
+                for b in ring:
+                    if a != b:
+                        add(a, b, payload / k)
+            continue
+        if coll.op == "all_gather":
+            per_edge = (k - 1) * payload
+        elif library == "gloo":
+            per_edge = 2 * (k - 1) / k * payload
+        else:
+            per_edge = (k - 1) / k * payload
+        for i, a in enumerate(ring):
+            add(a, ring[(i + 1) % k], per_edge)
+    first = list(dict.fromkeys(kind for kind, _ in loads))
+    return loads, first
+
+
+AXES_SETS = [("gcd",), ("gpu",), ("node",), ("gpu", "gcd"), ("node", "gcd"), ("node", "gpu"), ("node", "gpu", "gcd")]
+
+
+@pytest.mark.parametrize(
+    "dims", [(1, 1, 2), (1, 4, 2), (2, 2, 2), (3, 2, 2), (2, 3, 1), (2, 1, 3), (3, 4, 2), (2, 3, 3)]
+)
+def test_link_loads_per_tier_equal_the_walk_over_every_pair(dims):
+    topo = Topology(*dims)
+    for axes in AXES_SETS:
+        for op in ("all_gather", "reduce_scatter", "all_to_all"):
+            for library in ("gloo", "rccl"):
+                coll = P.Collective("forward_gather", op, axes, "none", 0, 0)
+                walked, first = _pair_walk(coll, topo, library, 1000.0)
+                closed = P.link_loads(coll, topo, library, 1000.0)
+                where = f"{dims} {axes} {op} {library}"
+                assert list(closed) == first, where  # the kinds reached, in the order reached
+                for kind, load in closed.items():
+                    links = [b for (kd, _), b in walked.items() if kd == kind]
+                    assert load.links == len(links), where
+                    assert links == [load.per_link] * len(links), where  # to the last bit
 
 
 def test_traffic_model_matches_gloo_wire_bytes_on_the_emulated_cluster():
@@ -154,6 +219,36 @@ def test_plan_command_20b_on_48_frontier_nodes():
     assert "frontier over stock ZeRO++" in text and "1.71x" in text
     assert "stock ZeRO++ over stock ZeRO-3" in text and "~1.4x" in text
     assert "Where and why the prediction differs" in text
+
+
+def test_plan_command_on_all_of_frontier():
+    """9408 nodes (75264 GCDs): link loads per tier ([Note: link loads per tier]) make this a
+    second's arithmetic; a walk over the rank pairs of its all-to-alls would not end."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["plan", "--nodes", "9408"]) == 0
+    text = out.getvalue()
+    assert "75264 GCDs" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(P.default_candidates(P.frontier(9408)))
+
+
+def test_plan_imports_no_torch():
+    """``zeropp-hier plan`` is arithmetic: it must not pay for importing torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, io, contextlib\n"
+        "from zeropp_hier.tools.command import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['plan', '--nodes', '2'])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
 
 
 def test_memory_counts_error_feedback_residuals_and_gradient_staging():

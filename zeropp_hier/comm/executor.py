@@ -25,14 +25,14 @@ collective is on hop group ``lane``". Three rules keep that safe and overlapped:
    tensors a job carries from one lane to the next (``Move.carry``) are recorded on the next
    lane's stream so that the caching allocator does not hand their memory out early.
 
-With ``overlap`` off (``zeropp_hier.overlap: false``) jobs run inline on the caller, one after
-another: the behaviour before overlap existed, kept for comparison and debugging. With
-``"overlap": "one_lane"`` jobs still run in the background, but every hop group shares one lane:
-all collectives in one order on one thread and one stream, nothing pipelined across jobs. That
-is the fallback for a communication library that hangs when several communicators are driven
-from several streams at once (NCCL documents the hazard for concurrent communicators whose
-operations are not issued in one order on every device; the lanes keep each communicator's order
-but not the order between communicators).
+Which of these modes runs is chosen per backend in comm/issue.py ([Note: one issuing thread on
+GPUs]). With ``overlap`` off (``zeropp_hier.overlap: false``) jobs run inline on the caller, one
+after another, kept for comparison and debugging. With one lane (the default on NCCL/RCCL, or
+``"overlap": "one_lane"``) jobs still run in the background, but every hop group shares one lane:
+all collectives in one order on one thread and one stream, nothing pipelined across jobs; the
+lanes keep each communicator's order but not the order between communicators, which NCCL and
+RCCL need. ``serial`` (ROCm) also waits, on that thread, for each collective to complete on the
+device before issuing the next, so no two communicators have collectives in flight.
 """
 
 from __future__ import annotations
@@ -95,11 +95,17 @@ def _record_on(value: Any, stream: Any) -> None:
 class CommExecutor:
     """Runs jobs' collectives on per-hop-group lanes, each lane in submission order."""
 
-    def __init__(self, name: str, device: torch.device, overlap: bool = True, one_lane: bool = False):
+    def __init__(
+        self, name: str, device: torch.device, overlap: bool = True, one_lane: bool = False, serial: bool = False
+    ):
         self.name = name
         self.device = device
         self.overlap = overlap
         self.one_lane = one_lane
+        # on a device with ``one_lane``: issue a collective only once the previous one completed
+        # (no two communicators in flight, [Note: one issuing thread on GPUs] in comm/issue.py)
+        self.serial = serial and one_lane
+        self._previous: Any = None  # the end of the last collective issued, when serial
         self._cuda = torch.cuda if (overlap and device.type == "cuda") else None
         self._lanes: dict[Hashable, tuple[queue.SimpleQueue, threading.Thread, Any]] = {}
         self._lock = threading.Lock()
@@ -222,7 +228,12 @@ class CommExecutor:
                     assert isinstance(first, Move)  # a job with lanes ends only after its collectives
                     _record_carry(first, stream)
                 # this collective, and what follows up to the next one or the end
+                if self.serial and self._previous is not None:
+                    self._previous.synchronize()  # one lane: only this thread sets it
                 nxt = _advance(running.job, running.lanes, index + 1, self.key)
+                if self.serial and cuda is not None:
+                    self._previous = cuda.Event()
+                    self._previous.record(stream)
                 if isinstance(nxt, _End):
                     self._end(running, nxt.value, stream)
                     return

@@ -149,7 +149,8 @@ class HierConfig:
     # a first step with long kernel tuning, or a large checkpoint, must not abort a healthy job.
     deepspeed_group_timeout_s: float | None = None
     # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
-    # compute ([Note: one order of hop collectives] in comm/executor.py): true, one lane per hop
+    # compute ([Note: one order of hop collectives] in comm/executor.py): true, the mode safe for
+    # the backend ([Note: one issuing thread on GPUs] in comm/issue.py); "lanes": one lane per hop
     # group; "one_lane": one lane for all; false: inline
     overlap: bool | str = True
     memory: MemoryConfig = MemoryConfig()
@@ -250,14 +251,14 @@ def parse_section(section: Any) -> HierConfig:
             ds_timeout, "deepspeed_group_timeout_s", "for DeepSpeed's own groups, or null (default: they keep theirs)"
         )
     overlap = d.get("overlap", True)
-    if not isinstance(overlap, bool) and overlap != "one_lane":
+    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane"):
         raise HierConfigError(
             f"{SECTION}.overlap",
             overlap,
-            "use true (default: gathers overlap compute through DeepSpeed's prefetch, each hop "
-            'group on its own lane), "one_lane" (overlapped, every hop group on one lane: for a '
-            "communication library that hangs with several communicators busy at once) or false "
-            "(every collective inline)",
+            "use true (default: gathers overlap compute through DeepSpeed's prefetch; lanes on gloo, "
+            'one issuing thread on NCCL/RCCL, serialized on ROCm), "one_lane" (overlapped, every hop '
+            'group on one lane), "lanes" (a host thread per hop group, even on NCCL/RCCL: risks a '
+            "deadlock there) or false (every collective inline)",
         )
     return HierConfig(
         enabled=enabled,

@@ -15,6 +15,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from .plan import STREAM_CHUNK_ELEMS as _STREAM_CHUNK_ELEMS
 from .topology import AXES, Coord, Topology, normalize_axes
 
 
@@ -115,9 +116,9 @@ def aligned(n: int, block: int) -> int:
 # counted in comm_stats like any other byte.
 
 
-# elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
-# gradient stages] in deepspeed/runtime.py): 64 MB per fp32 staging buffer
-STREAM_CHUNK_ELEMS = 1 << 24
+# elements of one streamed chunk of a gradient bucket: defined in plan.py, which the planner
+# reads without importing torch
+STREAM_CHUNK_ELEMS = _STREAM_CHUNK_ELEMS
 
 
 class GradRows(NamedTuple):

@@ -12,6 +12,10 @@ from typing import NamedTuple, Sequence
 from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, TierBlocks, TierFlags, TierSchemes
 from .topology import AXES, Topology, normalize_axes
 
+# elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
+# gradient stages] in deepspeed/runtime.py): 64 MB per fp32 staging buffer
+STREAM_CHUNK_ELEMS = 1 << 24
+
 # [Note: hop compression]
 # A flat hop (ZeRO++'s world gather, or its intra-node gradient stage) spans several tiers and
 # its messages go over every link among them; its speed is set by the slowest one, so that

@@ -12,9 +12,14 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
    smallest over all ranks (an all-reduce);
 3. the model as the planner sees it: its parameter count, layers ([Note: kept levels]),
    weight width and largest tensor;
-4. ``tools.planner.rank`` over ``planner.auto_candidates``: our presets with the policy's
-   compression and frontier with per-layer kept levels; the fastest predicted candidate that
-   fits is chosen. Compute time does not enter: the planner adds it alike to every candidate.
+4. ``tools.planner.rank`` over ``planner.auto_candidates``, on rank 0 only: our presets with
+   the policy's compression and frontier with per-layer kept levels; the fastest predicted
+   candidate that fits is chosen. Compute time does not enter: the planner adds it alike to
+   every candidate. Rank 0 broadcasts the choice and its record (one ``broadcast_object_list``
+   on the default group, before any hop group of the runtime exists), and every other rank
+   takes the candidate of that name. The ranking's inputs are already the same on every rank,
+   so this changes no choice; it saves every other rank the work, and if rank 0's ranking
+   fails, it broadcasts the error and every rank raises it instead of waiting.
 
 Rank 0 prints the ranking with the prediction and the runner-up; ``comm_stats(engine)["auto"]``
 and the training job's summary record it. Everything after this runs as for the chosen preset.
@@ -111,7 +116,33 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         largest_layer_params=float(max(numel, default=0)),
         layers=max(1, len({levels.layer_of(n) for n, _ in named})),
     )
-    preds = P.rank(cluster, wl, P.auto_candidates(cfg.memory.kept_shards_gb))
+    candidates = P.auto_candidates(cfg.memory.kept_shards_gb)
+    shared: list = [None]
+    failure: Exception | None = None
+    if rank == 0:
+        try:
+            shared[0] = ("ok", *_rank_on_this_rank(P, cluster, wl, candidates, source, t0))
+        except Exception as e:  # every rank raises it after the broadcast, none waits
+            failure, shared[0] = e, ("error", f"{type(e).__name__}: {e}")
+    nccl = dist.get_backend() == "nccl"  # broadcast_object_list stages through this device
+    dist.broadcast_object_list(shared, src=0, device=device if nccl else None)
+    if shared[0][0] == "error":
+        raise RuntimeError(
+            f"zeropp_hier: preset auto: ranking the candidates failed on rank 0 ({shared[0][1]}); "
+            "name a preset instead of auto to train meanwhile"
+        ) from failure
+    _, name, kept_gb, record = shared[0]
+    c = next(cand for cand in candidates if cand.name == name)
+    chosen = dataclasses.replace(
+        cfg, preset=c.preset, compression=c.compression, memory=MemoryConfig(kept_gb), chosen_by_auto=c.name
+    )
+    return chosen, record
+
+
+def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tuple[str, float | None, dict]:
+    """Rank 0's part of [Note: auto preset]: rank the candidates, print the ranking, and return
+    what every rank needs: the chosen candidate's name, its kept budget and the record."""
+    preds = P.rank(cluster, wl, candidates)
     fitting = [p for p in preds if p.memory.fits] or preds
     best = fitting[0]
     runner = fitting[1] if len(fitting) > 1 else None
@@ -119,9 +150,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     kept_gb = c.kept_gb
     if c.fit and best.kept_levels is not None:
         kept_gb = best.kept_levels.budget_bytes / 1e9
-    chosen = dataclasses.replace(
-        cfg, preset=c.preset, compression=c.compression, memory=MemoryConfig(kept_gb), chosen_by_auto=c.name
-    )
+    tiers = cluster.tiers
     record = {
         "chosen": c.name,
         "preset": c.preset,
@@ -130,6 +159,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         "rates_gbps": {t: tiers[t].bandwidth / 1e9 for t in TIERS},
         "source": source,
         "seconds": time.perf_counter() - t0,
+        "ranked_on": 0,
         "ranking": [
             {
                 "name": p.candidate.name,
@@ -140,18 +170,17 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
             for p in preds
         ],
     }
-    if rank == 0:
-        rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
-        lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step:"]
-        lines += [
-            f"[zeropp_hier]   {p.candidate.name:<14} {p.comm_s:9.3f} s  {'fits' if p.memory.fits else 'does not fit'}"
-            f"{'  <- chosen' if p is best else ''}"
-            for p in preds
-        ]
-        if runner is not None:
-            lines.append(
-                f"[zeropp_hier] chose {c.name}; runner-up {runner.candidate.name} predicted "
-                f"{runner.comm_s / best.comm_s if best.comm_s else float('inf'):.2f}x its communication time"
-            )
-        print("\n".join(lines), flush=True)
-    return chosen, record
+    rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
+    lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step:"]
+    lines += [
+        f"[zeropp_hier]   {p.candidate.name:<14} {p.comm_s:9.3f} s  {'fits' if p.memory.fits else 'does not fit'}"
+        f"{'  <- chosen' if p is best else ''}"
+        for p in preds
+    ]
+    if runner is not None:
+        lines.append(
+            f"[zeropp_hier] chose {c.name}; runner-up {runner.candidate.name} predicted "
+            f"{runner.comm_s / best.comm_s if best.comm_s else float('inf'):.2f}x its communication time"
+        )
+    print("\n".join(lines), flush=True)
+    return c.name, kept_gb, record

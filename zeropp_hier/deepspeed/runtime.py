@@ -9,6 +9,7 @@ parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpee
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Iterable, Sequence
 
 import torch
@@ -18,6 +19,7 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.executor import CommExecutor, Job, Move
 from ..comm.groups import build_hop_groups
+from ..comm.issue import backend_for, executor_for, resolve_issue_mode
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
@@ -27,6 +29,8 @@ from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, make_plan
 from ..core.policy import QUANTIZED
 from ..core.topology import Topology
+
+log = logging.getLogger("zeropp_hier")
 
 
 def topology_for(cfg: HierConfig, world_size: int) -> Topology:
@@ -97,9 +101,16 @@ class HierRuntime:
         # accelerator's current device (the CPU on the CPU accelerator), whatever DeepSpeed's
         # optimizer device is (the CPU under offload_optimizer)
         self.comm_device = torch.device(get_accelerator().current_device_name())
-        self.executor = CommExecutor(
-            f"rank{rank}", self.comm_device, overlap=bool(cfg.overlap), one_lane=cfg.overlap == "one_lane"
+        # who issues the hop collectives, chosen for the hop groups' backend in one place
+        # ([Note: one issuing thread on GPUs] in comm/issue.py)
+        self.issue_mode = resolve_issue_mode(
+            cfg.overlap, backend_for(dist.get_backend(), self.comm_device.type), torch.version.hip is not None
         )
+        if rank == 0:
+            log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
+            if self.issue_mode.warning:
+                log.warning("zeropp_hier: %s", self.issue_mode.warning)
+        self.executor = executor_for(self.issue_mode, f"rank{rank}", self.comm_device)
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes

@@ -200,7 +200,6 @@ def published_comparison(cluster, wl, preds) -> str:
 # --------------------------------------------------------------------------------------------
 def cmd_probe(args) -> int:
     import os
-    import time
 
     import torch
     import torch.distributed as dist
@@ -224,20 +223,18 @@ def cmd_probe(args) -> int:
         "tiers": {},
     }
 
-    from ..detect.links import measure_tiers
+    from ..detect.links import device_sync, measure_tiers, slowest, timed
 
     out["tiers"] = measure_tiers(groups, device, sizes, args.reps)
     # the all-to-all time beside (the gradient stages' collective), for reference
     for tier, v in out["tiers"].items():
         hg, k = groups[(tier,)], v["group_size"]
         big = torch.ones(k * (sizes[-1] // 4 // k), device=device)
-        dist.all_to_all_single(torch.empty_like(big), big, group=hg.group)  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(args.reps):
-            dist.all_to_all_single(torch.empty_like(big), big, group=hg.group)
-        t = torch.tensor([(time.perf_counter() - t0) / args.reps], device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        v["all_to_all_s"] = float(t)
+        recv = torch.empty_like(big)
+        seconds = timed(
+            lambda r=recv, b=big, g=hg.group: dist.all_to_all_single(r, b, group=g), device_sync(device), args.reps
+        )
+        v["all_to_all_s"] = slowest(seconds, device)
     if rank == 0:
         text = json.dumps(out, indent=1)
         if args.out:

@@ -50,8 +50,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from ..core import layout, levels
-from ..core.plan import CommPlan, make_plan
+import numpy as np
+
+from ..core import levels
+from ..core.plan import STREAM_CHUNK_ELEMS, CommPlan, make_plan
 from ..core.policy import CompressionConfig, parse_compression
 from ..core.topology import AXES, TIERS, Topology
 
@@ -68,6 +70,11 @@ class TierLink:
 
 # the phases of a step's communication, as Prediction.phase_s and ClusterModel.exposed name them
 PHASES = ("forward_gather", "backward_gather", "grad_reduce")
+
+
+@functools.lru_cache(maxsize=16)  # a Topology indexes every rank: build each one once
+def _topology(nodes: int, gpus_per_node: int, gcds_per_gpu: int) -> Topology:
+    return Topology(nodes, gpus_per_node, gcds_per_gpu)
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ class ClusterModel:
 
     @property
     def topology(self) -> Topology:
-        return Topology(self.nodes, self.gpus_per_node, self.gcds_per_gpu)
+        return _topology(self.nodes, self.gpus_per_node, self.gcds_per_gpu)
 
     @property
     def world_size(self) -> int:
@@ -297,57 +304,93 @@ def bytes_per_elem(scheme: str, width: int, block: int) -> float:
     return {"int8": 1 + 4 / block, "int4": 0.5 + 4 / block, "fp16": 2, "bf16": 2}.get(scheme, width)
 
 
-class Resource(NamedTuple):
-    kind: str  # gcd | gpu_out | gpu_in | node_out | node_in
-    index: int  # package or node index
+# link kinds in the order a collective's first messages reach them (nearest rank first): ties
+# between tiers go to the first
+KINDS = ("gcd", "gpu_out", "gpu_in", "node_out", "node_in")
 
 
-@functools.lru_cache(maxsize=1 << 18)  # ranking re-costs the same rank pairs many times
-def _path(topo: Topology, a: int, b: int) -> tuple[Resource, ...]:
-    ca, cb = topo.coord(a), topo.coord(b)
-    pa = ca.node * topo.gpus_per_node + ca.gpu
-    pb = cb.node * topo.gpus_per_node + cb.gpu
-    if pa == pb:
-        return (Resource("gcd", pa),)
-    out = (Resource("gpu_out", pa), Resource("gpu_in", pb))
-    if ca.node != cb.node:
-        out += (Resource("node_out", ca.node), Resource("node_in", cb.node))
-    return out
+class KindLoad(NamedTuple):
+    per_link: float  # bytes on each link of this kind that the collective uses
+    links: int  # links of this kind in the cluster that carry them
 
 
 def _tier_of(kind: str) -> str:
     return kind.split("_")[0]
 
 
-def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -> dict[Resource, float]:
-    """Bytes each link carries for one collective; ``payload`` = bytes of this rank's
-    contribution (all_gather) or of its whole buffer (reduce ops)."""
-    loads: dict[Resource, float] = {}
+@functools.lru_cache(maxsize=1 << 12)  # ranking re-costs the same sums many times
+def summed(x: float, n: int) -> float:
+    """``x`` added ``n`` times, one addition after another: n * x, rounded as running sums round
+    ([Note: link loads per tier]). Sequential, as numpy's ``add.accumulate`` is."""
+    if n <= 2:
+        return n * x  # exact: 0 + x and x + x do not round
+    return float(np.add.accumulate(np.full(n, x))[-1])
 
-    def add(a, b, nbytes):
-        for r in _path(topo, a, b):
-            loads[r] = loads.get(r, 0.0) + nbytes
 
-    for members in topo.group_plan(coll.axes):
-        ring = sorted(members)  # libraries build rings in the group's rank order
-        k = len(ring)
-        if k < 2:
-            continue
-        if coll.op == "all_to_all":
-            for a in ring:
-                for b in ring:
-                    if a != b:
-                        add(a, b, payload / k)
-            continue
+def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -> dict[str, KindLoad]:
+    """Bytes on the links of each kind for one collective; ``payload`` = bytes of this rank's
+    contribution (all_gather) or of its whole buffer (reduce ops).
+
+    [Note: link loads per tier]
+    Computed per link kind in closed form, not per pair of ranks (an all-to-all over all of
+    Frontier would be 5.7e9 pairs). The planner's clusters place ranks in coordinate order, so
+    every group of the collective has the same shape and every link of a kind carries the same
+    bytes. A group spans ``k`` ranks, ``m_pkg`` of them in any one package and ``m_node`` in any
+    one node (the group's extent along gcd, and along gpu and gcd). In rank order a group's
+    members in one package, and in one node, are consecutive, so a ring crosses the boundary of
+    each such block once each way. Per package (node) there are G / m_pkg (P*G / m_node) groups.
+
+    * ring (all_gather, reduce_scatter), ``e`` bytes per ring edge: the package link carries the
+      block's m_pkg - 1 inner edges (all m_pkg when the group is the package: the ring closes
+      inside); a package's link out (and in) one edge per group, G / m_pkg * e; a node's link
+      out (and in) P*G / m_node * e.
+    * all-to-all, ``x = payload / k`` per ordered pair: the package link m_pkg(m_pkg-1) x; the
+      package's link out G (k - m_pkg) x (each of its G ranks sends to every member outside
+      the package); the node's link out P*G (k - m_node) x.
+
+    Each figure is summed as a walk over the messages would sum it (``summed``: the same
+    addition repeated, not one multiplication), so the planner's figures match such a walk's to
+    the last bit and no printed figure moves at a rounding edge. tests/unit/test_planner.py
+    checks these against a walk over every pair of ranks."""
+    if not topo.is_identity_map:
+        raise ValueError("planner.link_loads: the planner's topologies place ranks in coordinate order (no rank_map)")
+    nodes, per_node, per_pkg = topo.dims
+    axes = set(coll.axes)
+    s_node = nodes if "node" in axes else 1
+    s_gpu = per_node if "gpu" in axes else 1
+    m_pkg = per_pkg if "gcd" in axes else 1
+    m_node = s_gpu * m_pkg
+    k = s_node * m_node
+    if k < 2:
+        return {}
+    packages = nodes * per_node
+    if coll.op == "all_to_all":
+        unit = payload / k  # bytes per ordered pair
+        count = {
+            "gcd": m_pkg * (m_pkg - 1),
+            "gpu": per_pkg * (k - m_pkg),
+            "node": per_node * per_pkg * (k - m_node),
+        }
+    else:
         if coll.op == "all_gather":
-            per_edge = (k - 1) * payload
+            unit = (k - 1) * payload  # bytes per ring edge
         elif library == "gloo":  # gloo's reduce-scatter moves an all-reduce's bytes
-            per_edge = 2 * (k - 1) / k * payload
+            unit = 2 * (k - 1) / k * payload
         else:
-            per_edge = (k - 1) / k * payload
-        for i, a in enumerate(ring):
-            add(a, ring[(i + 1) % k], per_edge)
-    return loads
+            unit = (k - 1) / k * payload
+        count = {
+            "gcd": m_pkg - 1 + (k == m_pkg),
+            "gpu": per_pkg // m_pkg if k > m_pkg else 0,
+            "node": per_node * per_pkg // m_node if k > m_node else 0,
+        }
+    per_link = {tier: summed(unit, n) for tier, n in count.items()}
+    links = {"gcd": packages, "gpu": packages, "node": nodes}
+    out: dict[str, KindLoad] = {}
+    for kind in KINDS:
+        tier = _tier_of(kind)
+        if per_link[tier] > 0:
+            out[kind] = KindLoad(per_link[tier], links[tier])
+    return out
 
 
 def capacity(cluster: ClusterModel, kind: str) -> float:
@@ -372,14 +415,14 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     topo = cluster.topology
     payload = coll.send_elems * bytes_per_elem(coll.scheme, width, block)
     loads = link_loads(coll, topo, cluster.library, payload)
-    worst, bottleneck = 0.0, coll.axes[0]
+    seconds = {kind: load.per_link / (capacity(cluster, kind) * cluster.efficiency) for kind, load in loads.items()}
+    worst = max(seconds.values(), default=0.0)
+    # the busiest link's tier; links of two tiers busy alike (to rounding): the faster tier
+    bottleneck = next((_tier_of(kd) for kd, sec in seconds.items() if sec >= worst * (1 - 1e-12)), coll.axes[0])
     tier_bytes = {t: 0.0 for t in TIERS}
-    for r, nbytes in loads.items():
-        sec = nbytes / (capacity(cluster, r.kind) * cluster.efficiency)
-        if sec > worst:
-            worst, bottleneck = sec, _tier_of(r.kind)
-        if r.kind in ("gcd", "gpu_out", "node_out"):
-            tier_bytes[_tier_of(r.kind)] += nbytes
+    for kind in ("gcd", "gpu_out", "node_out"):
+        if kind in loads:
+            tier_bytes[_tier_of(kind)] += summed(loads[kind].per_link, loads[kind].links)
     tier_bytes["gpu"] -= tier_bytes["node"]  # package-out bytes that stay inside the node
     k = topo.axes_size(coll.axes)
     steps = (2 if coll.op == "reduce_scatter" and cluster.library == "gloo" else 1) * (k - 1)
@@ -396,7 +439,6 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
 # streamed chunk, its reordering, stage layout, wire and receive buffers
 STAGED_BUCKETS = 2
 CHUNK_STAGING_COPIES = 4
-STREAM_CHUNK_ELEMS = layout.STREAM_CHUNK_ELEMS
 
 
 class Memory(NamedTuple):

@@ -1,0 +1,39 @@
+"""The serial lane on a GPU ([Note: one issuing thread on GPUs] in zeropp_hier/comm/issue.py):
+with ``serial`` (the ROCm default) the lane's thread issues a collective only after the previous
+one completed on the device; without it (the CUDA default) it issues at once, behind it on the
+same stream. A long kernel stands for job A's collective; job B checks, when it is issued,
+whether A's work is done."""
+
+import torch
+
+from zeropp_hier.comm.executor import Move
+from zeropp_hier.comm.issue import executor_for, resolve_issue_mode
+
+CYCLES = 200_000_000  # ~0.1 s of device time
+
+
+def _b_sees_a_done(is_hip: bool) -> bool:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ex = executor_for(resolve_issue_mode(True, "nccl", is_hip), "test", dev)
+    a_done = torch.cuda.Event()
+    seen = {}
+
+    def a():
+        yield Move("node")
+        torch.cuda._sleep(CYCLES)  # on the lane's stream
+        a_done.record()
+
+    def b():
+        yield Move("gcd")
+        seen["a_done"] = a_done.query()
+
+    fa, fb = ex.submit(a(), ["node"]), ex.submit(b(), ["gcd"])
+    ex.result(fa), ex.result(fb)
+    ex.close()
+    torch.cuda.synchronize(dev)
+    return seen["a_done"]
+
+
+def test_rccl_default_waits_for_the_previous_collective_cuda_default_does_not():
+    assert _b_sees_a_done(is_hip=True) is True
+    assert _b_sees_a_done(is_hip=False) is False

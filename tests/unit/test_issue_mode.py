@@ -1,0 +1,133 @@
+"""The executor mode per backend ([Note: one issuing thread on GPUs] in comm/issue.py): the pure
+choice, and the executor built for each default, with a recording hook on every collective that
+notes the host thread that issues it and how many collectives are in flight."""
+
+import threading
+
+import pytest
+import torch
+
+from zeropp_hier.comm.executor import Move
+from zeropp_hier.comm.issue import backend_for, executor_for, resolve_issue_mode
+from zeropp_hier.core.config import parse_section
+from zeropp_hier.core.errors import HierConfigError
+
+CPU = torch.device("cpu")
+# (backend as torch.distributed names it, ROCm build): gloo, NCCL on CUDA, RCCL on ROCm (which
+# torch also names "nccl")
+GLOO, NCCL, RCCL = ("gloo", False), ("nccl", False), ("nccl", True)
+
+
+@pytest.mark.parametrize(
+    "backend, overlap, name",
+    [
+        (GLOO, True, "lanes"),
+        (GLOO, "lanes", "lanes"),
+        (GLOO, "one_lane", "one_lane"),
+        (GLOO, False, "inline"),
+        (NCCL, True, "one_lane"),
+        (NCCL, "one_lane", "one_lane"),
+        (NCCL, "lanes", "lanes"),
+        (NCCL, False, "inline"),
+        (RCCL, True, "one_lane/serial"),
+        (RCCL, "one_lane", "one_lane/serial"),
+        (RCCL, "lanes", "lanes"),
+        (RCCL, False, "inline"),
+        (("ucc", False), True, "one_lane"),  # not known to be safe with lanes: the safe mode
+    ],
+)
+def test_mode_per_backend(backend, overlap, name):
+    mode = resolve_issue_mode(overlap, *backend)
+    assert mode.name == name
+    # a warning exactly when lanes were asked for on a device library
+    assert (mode.warning is not None) == (name == "lanes" and backend != GLOO)
+
+
+def test_lanes_on_a_device_library_warn_with_the_reference_and_the_fix():
+    nccl = resolve_issue_mode("lanes", *NCCL).warning
+    rccl = resolve_issue_mode("lanes", *RCCL).warning
+    assert nccl and "Using multiple NCCL communicators concurrently" in nccl and '"one_lane"' in nccl
+    assert rccl and "RCCL" in rccl and "ROCm/rccl#2191" in rccl
+
+
+def test_bad_overlap_value_is_refused_by_config_and_by_the_resolver():
+    with pytest.raises(HierConfigError, match="zeropp_hier.overlap"):
+        parse_section({"overlap": "threads"})
+    with pytest.raises(ValueError, match="zeropp_hier.overlap"):
+        resolve_issue_mode(1, "nccl", False)  # type: ignore[arg-type]
+    assert parse_section({"overlap": "lanes"}).overlap == "lanes"
+
+
+@pytest.mark.parametrize(
+    "backend, device, want",
+    [("nccl", "cuda", "nccl"), ("cpu:gloo,cuda:nccl", "cuda", "nccl"), ("cpu:gloo,cuda:nccl", "cpu", "gloo")],
+)
+def test_backend_for_device(backend, device, want):
+    assert backend_for(backend, device) == want
+
+
+def _record(mode, wait_s: float, jobs: int = 6):
+    """Run ``jobs`` jobs of three collectives each (gcd, gpu, node hops) on the executor built for
+    ``mode``; every collective notes its issuing thread and the most collectives in flight. A
+    job's node hop and the next job's gcd hop each wait (up to ``wait_s``) for the other to
+    start: with lanes both are in flight together; with one lane the node hop's wait runs out."""
+    ex = executor_for(mode, "test", CPU)
+    seen = {"threads": set(), "in_flight": 0, "max_in_flight": 0, "order": []}
+    lock = threading.Lock()
+    gcd_started = [threading.Event() for _ in range(jobs)]
+    node_started = [threading.Event() for _ in range(jobs)]
+
+    def collective(job: int, hop: str):
+        with lock:
+            seen["threads"].add(threading.get_ident())
+            seen["in_flight"] += 1
+            seen["max_in_flight"] = max(seen["max_in_flight"], seen["in_flight"])
+            seen["order"].append((job, hop))
+        if hop == "gcd":
+            gcd_started[job].set()
+            if job > 0:
+                node_started[job - 1].wait(wait_s)
+        if hop == "node":
+            node_started[job].set()
+            if job + 1 < jobs:
+                gcd_started[job + 1].wait(wait_s)
+        with lock:
+            seen["in_flight"] -= 1
+
+    def job(i: int):
+        for hop in ("gcd", "gpu", "node"):
+            yield Move(hop)
+            collective(i, hop)
+        return i
+
+    futs = [ex.submit(job(i), ["gcd", "gpu", "node"]) for i in range(jobs)]
+    assert [ex.result(f) for f in futs] == list(range(jobs))
+    ex.close()
+    return seen
+
+
+@pytest.mark.parametrize("backend", [NCCL, RCCL], ids=["nccl", "rccl"])
+def test_no_default_gpu_mode_issues_from_two_host_threads(backend):
+    mode = resolve_issue_mode(True, *backend)
+    seen = _record(mode, wait_s=0.05)
+    assert len(seen["threads"]) == 1 and threading.get_ident() not in seen["threads"]
+    # one thread, in program order: every rank issues the same sequence
+    assert seen["order"] == [(j, h) for j in range(6) for h in ("gcd", "gpu", "node")]
+    assert seen["max_in_flight"] == 1
+
+
+def test_the_recording_hook_sees_several_threads_with_lanes():
+    """The same harness on gloo's default (lanes): several issuing threads and collectives of
+    different hop groups in flight together, so the checks above can fail."""
+    seen = _record(resolve_issue_mode(True, *GLOO), wait_s=20.0)
+    assert len(seen["threads"]) == 3
+    assert seen["max_in_flight"] >= 2
+
+
+def test_rccl_default_is_serial_and_the_executor_carries_it():
+    ex = executor_for(resolve_issue_mode(True, *RCCL), "test", CPU)
+    assert ex.one_lane and ex.serial
+    ex.close()
+    ex = executor_for(resolve_issue_mode(True, *NCCL), "test", CPU)
+    assert ex.one_lane and not ex.serial
+    ex.close()

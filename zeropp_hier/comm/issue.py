@@ -1,0 +1,116 @@
+"""Who issues the hop collectives: the executor mode, chosen per communication backend here only.
+
+[Note: one issuing thread on GPUs]
+``zeropp_hier.overlap`` takes ``true`` (default), ``"lanes"``, ``"one_lane"`` or ``false``;
+``resolve_issue_mode`` turns it, the hop groups' backend and the torch build into the mode the
+executor runs ([Note: one order of hop collectives] in comm/executor.py):
+
+* gloo: ``true`` means *lanes*, a host thread per hop group. gloo runs a collective on the host
+  thread that calls it and keeps each group's order; the lanes then pipeline the hops of
+  different jobs, which is what the CPU benchmarks measure.
+* NCCL on CUDA: ``true`` means *one lane*: one host thread issues every hop collective, in the
+  program order in which the training thread submitted the jobs, so the same on every rank; one
+  stream carries them beside the compute stream. NCCL kernels wait on the device for their peers,
+  so collectives of several communicators must be submitted in one order on every rank, and even
+  then several in flight on different streams "might work" but is not guaranteed (NCCL user
+  guide, "Using multiple NCCL communicators concurrently",
+  https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/communicators.html#using-multiple-nccl-communicators-concurrently;
+  the maintainers' advice in https://github.com/NVIDIA/nccl/issues/195 is to use communicators
+  in separate epochs). Lanes keep each communicator's order but not the order between them: the
+  thread that reaches its launch first differs from rank to rank.
+* RCCL (a ROCm build, ``torch.version.hip``): one lane, and *serial*: the lane's thread issues
+  a collective only once the previous one has completed on the device, so no two communicators
+  have collectives in flight at once. An FSDP HYBRID_SHARD hang on MI250X was traced to
+  communicators driven from several host threads (https://github.com/ROCm/rccl/pull/1600), and
+  RCCL on gfx90a deadlocks with two or three communicators in flight even when every rank
+  submits them in one order (https://github.com/ROCm/rccl/issues/2191, open).
+* ``"lanes"`` asks for the per-group threads anywhere; on NCCL/RCCL it runs, with a warning that
+  names the risk. ``"one_lane"`` is one lane on any backend (serial on ROCm). ``false`` runs every
+  job inline on the training thread, one after another.
+
+A backend other than gloo (nccl, or one this module does not know) is treated as a device
+library: the safe mode is the default for anything not known to be safe with lanes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
+
+    from .executor import CommExecutor
+
+OVERLAP_CHOICES = (True, False, "lanes", "one_lane")
+SAFE_WITH_LANES = ("gloo",)  # backends whose collectives run on the calling host thread
+
+
+class IssueMode(NamedTuple):
+    background: bool  # jobs run on the executor's lanes (False: inline on the caller)
+    one_lane: bool  # every hop group on one lane: one host thread issues every hop collective
+    serial: bool  # on a device, a collective is issued only after the previous one completed
+    reason: str  # why, for the log line at start-up
+    warning: str | None = None  # set when the configuration asks for a mode known to be unsafe
+
+    @property
+    def name(self) -> str:
+        if not self.background:
+            return "inline"
+        return ("one_lane/serial" if self.serial else "one_lane") if self.one_lane else "lanes"
+
+
+def backend_for(backend: str, device_type: str) -> str:
+    """The backend that serves ``device_type`` in ``torch.distributed.get_backend``'s answer,
+    which is one name ("nccl") or one per device ("cpu:gloo,cuda:nccl")."""
+    backend = backend.lower()
+    if ":" not in backend:
+        return backend
+    pairs = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return pairs.get(device_type, pairs.get("cuda", next(iter(pairs.values()))))
+
+
+def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> IssueMode:
+    """The executor mode for ``zeropp_hier.overlap`` = ``overlap`` on hop groups of ``backend``
+    (pure: [Note: one issuing thread on GPUs])."""
+    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane"):
+        raise ValueError(f"zeropp_hier.overlap = {overlap!r}: use one of {list(OVERLAP_CHOICES)}")
+    if overlap is False:
+        return IssueMode(False, False, False, "overlap false: every job inline on the training thread")
+    device_lib = backend.lower() not in SAFE_WITH_LANES
+    library = ("RCCL" if is_hip else "NCCL") if backend.lower() == "nccl" else backend
+    if overlap == "lanes" or (overlap is True and not device_lib):
+        if not device_lib:
+            return IssueMode(True, False, False, f"{backend}: a host thread per hop group (lanes)")
+        return IssueMode(
+            True,
+            False,
+            False,
+            f"{library}: lanes, as configured",
+            warning=(
+                f'zeropp_hier.overlap = "lanes" on {library}: each hop group\'s collectives are issued '
+                "from its own host thread, so collectives of different communicators can reach the "
+                "device in a different order on different ranks and deadlock (NCCL user guide, "
+                '"Using multiple NCCL communicators concurrently"'
+                + (
+                    "; on gfx90a RCCL hangs with several communicators in flight even in one order, ROCm/rccl#2191"
+                    if is_hip
+                    else ""
+                )
+                + '). Use true (the default) or "one_lane" unless this was measured safe here.'
+            ),
+        )
+    serial = device_lib and is_hip
+    why = "one lane: one host thread issues every hop collective in program order"
+    if serial:
+        why += ", each after the previous one completed (no two communicators in flight)"
+    return IssueMode(True, True, serial, f"{library}: {why}")
+
+
+def executor_for(mode: IssueMode, name: str, device: torch.device) -> CommExecutor:
+    """The executor that runs hop collectives in ``mode``."""
+    from .executor import CommExecutor
+
+    return CommExecutor(name, device, overlap=mode.background, one_lane=mode.one_lane, serial=mode.serial)
+
+
+__all__ = ["IssueMode", "OVERLAP_CHOICES", "backend_for", "executor_for", "resolve_issue_mode"]
