@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..core.errors import HierTopologyError
 from .autodetect import Detected, build_topology, local_record
+from .node_read import read_xgmi_num_links
 
 logger = logging.getLogger("zeropp_hier")
 ROCM_SMI_TIMEOUT_S = 60
@@ -51,7 +52,14 @@ def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        rec = local_record(rank, os.environ, socket.gethostname(), gpus, _showtopo() if gpus else None)
+        rec = local_record(
+            rank,
+            os.environ,
+            socket.gethostname(),
+            gpus,
+            _showtopo() if gpus else None,
+            read_xgmi_num_links() if gpus else None,
+        )
     except HierTopologyError as e:
         rec = e
     records: list = [None] * world
