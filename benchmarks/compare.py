@@ -648,6 +648,15 @@ def regime_check(summary: dict, slowest: str) -> dict | None:
     return {"unshaped_max_s": t, "slowest_shaped_s": shaped["median_step_s"], "share": t / shaped["median_step_s"]}
 
 
+def probe_sizes(node_mbit: float) -> str:
+    """The probe's message sizes: 16 KiB and 1 MiB at the CPU-bound regime's rate; the large one
+    shrinks with the node rate (to 64 KiB at least) so that the probe takes about as long at
+    link-bound rates (at 0.3 Mbit/s per GCD a 1 MiB node-tier all-gather takes ~30 s, and the
+    probe runs five of them per tier)."""
+    large = min(1 << 20, max(1 << 16, int((1 << 20) * node_mbit / DEFAULT_NODE_MBIT) // 4096 * 4096))
+    return f"16384,{large}"
+
+
 def run_probe(spec: ClusterSpec) -> dict:
     """``zeropp-hier probe`` on the cluster: per-tier all-gather bandwidth and latency."""
     import tempfile
@@ -667,7 +676,7 @@ def run_probe(spec: ClusterSpec) -> dict:
                 "--gpus-per-node",
                 str(spec.gpus_per_node),
                 "--sizes",
-                "16384,1048576",
+                probe_sizes(spec.node_mbit),
             ],
             port=29512,
         )
