@@ -132,3 +132,25 @@ def test_shaped_egress_covers_every_tbf_with_its_rate():
     assert {(e.namespace, e.ifname): e.mbit for e in eg} == tbfs
     tiers = {t: sum(1 for e in eg if e.tier == t) for t in ("gcd", "gpu", "node")}
     assert tiers == {"gcd": spec.packages, "gpu": 2 * spec.packages, "node": 2 * spec.nodes}
+
+
+def test_probe_sizes_shrink_with_the_node_rate_within_bounds():
+    from benchmarks.compare import DEFAULT_NODE_MBIT, probe_sizes
+
+    assert probe_sizes(DEFAULT_NODE_MBIT) == "16384,1048576"
+    assert probe_sizes(100.0) == "16384,1048576"
+    assert probe_sizes(0.01) == "16384,65536"
+    small, large = (int(x) for x in probe_sizes(1.5).split(","))
+    assert small == 16384 and large == 262144 and large % 4096 == 0
+
+
+def test_regime_check_is_the_unshaped_step_over_the_slowest_presets_shaped_step():
+    from benchmarks.compare import regime_check
+
+    summary = {
+        "shaped": {"zeropp": {"median_step_s": 30.0}, "frontier": {"median_step_s": 20.0}},
+        "unshaped": {"zeropp": {"median_step_s": 6.0}, "frontier": {"median_step_s": 7.5}},
+    }
+    c = regime_check(summary, "zeropp")
+    assert c == {"unshaped_max_s": 7.5, "slowest_shaped_s": 30.0, "share": 0.25}
+    assert regime_check({"shaped": summary["shaped"]}, "zeropp") is None  # --no-unshaped

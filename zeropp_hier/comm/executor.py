@@ -140,8 +140,8 @@ class CommExecutor:
 
     def record_busy(self, on: bool = True) -> None:
         """Start (anew) or stop recording each collective's busy interval ([Note: busy
-        intervals]); read them with ``busy_log.intervals()``. Call between steps, not with jobs
-        in flight."""
+        intervals]); read them with ``busy_log.intervals()``. From the caller's thread; a
+        collective already running goes to the log it started in."""
         # on a GPU events even inline (overlap off): the host clock would time launches only
         cuda = torch.cuda if self.device.type == "cuda" else None
         self.busy_log = BusyLog(cuda, self.device) if on else None
