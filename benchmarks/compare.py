@@ -395,6 +395,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--no-unshaped", action="store_true", help="skip the unshaped (CPU-bound) pass")
+    ap.add_argument(
+        "--no-probe", action="store_true", help="skip the link probe: the planner takes the tbf rates (a shorter run)"
+    )
     ap.add_argument("--out", default="benchmarks/results/compare.json")
     ap.add_argument("--png", default="benchmarks/results/compare.png")
     ap.add_argument("--prefix", default="zhc")
@@ -551,7 +554,7 @@ def main(argv=None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        probe = run_probe(spec)
+        probe = None if args.no_probe else run_probe(spec)
         results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark, log=log)
     notes.insert(
         0,
@@ -585,9 +588,13 @@ def main(argv=None) -> int:
     pred = predictions(
         plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"] and n != "auto"]
     )
-    probed = json.dumps({t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()})
+    if probe is not None:
+        mbit = {t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()}
+        probed = f"tiers probed on this cluster ({json.dumps(mbit)} Mbit/s per GCD)"
+    else:
+        probed = "tiers at their tbf rates (--no-probe)"
     notes.append(
-        f"Planner inputs: tiers probed on this cluster ({probed} Mbit/s per GCD), "
+        f"Planner inputs: {probed}, "
         f"compute = median unshaped step over all configurations {compute_s:.2f} s, "
         f"quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank."
     )
