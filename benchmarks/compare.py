@@ -189,7 +189,8 @@ def link_table(summary: dict, names: list) -> list:
     lines = [
         "Link use per tier (gcd / gpu / node; a gpu link is a package veth direction, it carries the "
         "node tier's bytes too): busy = time with a collective of the tier in flight (executor, mean "
-        "over ranks); util = wire bytes / (capacity x step), mean over the tier's links; ideal = "
+        "over ranks; a hop spanning several tiers counts under its slowest); "
+        "util = wire bytes / (capacity x step), mean over the tier's links; ideal = "
         "busiest link's bytes / capacity + unshaped CPU time outside every collective:",
         "",
         "| configuration | wire MB/step | busy | 2+ tiers busy | mean util | busiest link util | "
@@ -556,6 +557,10 @@ def main(argv=None) -> int:
             )
         probe = None if args.no_probe else run_probe(spec)
         results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark, log=log)
+    # what the ranks measured, before any arithmetic on it: a bug in the report loses no run
+    raw = args.out.removesuffix(".json") + ".raw.json"  # removed once the report is written
+    with open(raw, "w") as f:
+        json.dump({"plan": plan, "results": results, "wire": wire, "links": links, "regime": regime}, f)
     notes.insert(
         0,
         f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
@@ -568,7 +573,7 @@ def main(argv=None) -> int:
         c = regime["check"]
         notes.append(
             f"Link-bound regime: node rate {spec.node_mbit:g} Mbit/s per GCD chosen from an unshaped "
-            f"calibration (1 warm-up + 1 step per preset of {sorted(regime['calibration'])}): the slowest "
+            f"calibration ({args.warmup} warm-up + 1 step per preset of {sorted(regime['calibration'])}): the slowest "
             f"preset {regime['slowest']} moves its busiest link's bytes in "
             f"{regime['predicted_links_s'][regime['slowest']]:.1f} s "
             f"at that rate, and the largest unshaped step was {regime['unshaped_max_s']:.2f} s "
@@ -615,6 +620,7 @@ def main(argv=None) -> int:
             f,
             indent=1,
         )
+    os.remove(raw)
     bar_chart(summary, args.png)
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
     return 0
