@@ -22,11 +22,14 @@ import statistics
 import sys
 import time
 
+from benchmarks import linkuse
 from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
 
+DEFAULT_NODE_MBIT = 6.0  # per GCD, the CPU-bound regime's node rate
+REGIMES = ("cpu-bound", "link-bound")
 MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
 ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
 DEFAULT = ORDER[:5]
@@ -94,9 +97,11 @@ def params_of(model: dict) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-def summarize(results: list, wire: dict, plan: dict) -> dict:
+def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) -> dict:
     """Per configuration and phase: median step time (slowest rank per step), wire and
-    comm_stats bytes per step, peak RSS."""
+    comm_stats bytes per step, peak RSS; with ``links`` ({run label: {"ns/if": tx bytes}}) the
+    bytes per step on every shaped link direction, and the executor's busy fractions where
+    the ranks sent them ([Note: link use] in benchmarks/linkuse.py)."""
     tokens = plan["world"] * plan["micro_batch"] * plan["model"]["seq_len"]
     out: dict = {}
     for res in results:
@@ -123,6 +128,10 @@ def summarize(results: list, wire: dict, plan: dict) -> dict:
             )
         w = wire[f"{res['label']} end"]
         d["wire"].append({t: v / steps for t, v in w.items()})
+        if links is not None and res["label"] in links:
+            d.setdefault("links", []).append({k: v / steps for k, v in links[res["label"]].items()})
+        if "busy" in per_rank[0]:
+            d.setdefault("busy", []).extend(r["busy"] for r in per_rank)
         if "stats" in per_rank[0]:
             d["stats"].append(
                 {
@@ -138,7 +147,72 @@ def summarize(results: list, wire: dict, plan: dict) -> dict:
             if d["stats"]:
                 d["stats_per_step"] = {t: statistics.mean(x[t] for x in d["stats"]) for t in ("gcd", "gpu", "node")}
             d["peak_rss_mb"] = max(d["peak_rss"]) / 2**20
+            if d.get("links"):
+                d["links_per_step"] = {k: statistics.mean(x[k] for x in d["links"]) for k in d["links"][0]}
+            if d.get("busy"):
+                d["busy_fractions"] = linkuse.busy_fractions(d["busy"])
     return out
+
+
+def link_uses(spec: ClusterSpec, per_step: dict, per_node_mbit: bool = False) -> list:
+    """``LinkUse`` of every shaped link direction from its bytes per step; with
+    ``per_node_mbit`` capacities are per Mbit/s of node rate ([Note: link-bound calibration])."""
+    scale = spec.node_mbit if per_node_mbit else 1.0
+    return [
+        linkuse.LinkUse(f"{e.namespace}/{e.ifname}", e.tier, e.mbit / scale, per_step[f"{e.namespace}/{e.ifname}"])
+        for e in spec.shaped_egress()
+    ]
+
+
+def add_link_use(summary: dict, spec: ClusterSpec) -> None:
+    """Per shaped configuration: link utilisation at its median step, the ideal step and the
+    efficiency ([Note: link use]). The CPU work that cannot hide is the same configuration's
+    time per step outside every collective on the unshaped pass (None without one, or for
+    stock DeepSpeed, whose collectives the executor does not see)."""
+    un = summary.get("unshaped", {})
+    for name, d in summary.get("shaped", {}).items():
+        if "links_per_step" not in d:
+            continue
+        use = linkuse.utilisation(link_uses(spec, d["links_per_step"]), d["median_step_s"])
+        cpu = un.get(name, {}).get("busy_fractions", {}).get("outside_s")
+        use["cpu_outside_s"] = cpu
+        use["ideal_s"] = linkuse.ideal(use["links_s"], cpu)
+        use["efficiency"] = linkuse.efficiency(use["ideal_s"], d["median_step_s"])
+        d["link_use"] = use
+
+
+def link_table(summary: dict, names: list) -> list:
+    """The printed columns of [Note: link use], one row per shaped configuration."""
+    s = summary["shaped"]
+    pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+    sec = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    lines = [
+        "Link use per tier (gcd / gpu / node; a gpu link is a package veth direction, it carries the "
+        "node tier's bytes too): busy = time with a collective of the tier in flight (executor, mean "
+        "over ranks; a hop spanning several tiers counts under its slowest); "
+        "util = wire bytes / (capacity x step), mean over the tier's links; ideal = "
+        "busiest link's bytes / capacity + unshaped CPU time outside every collective:",
+        "",
+        "| configuration | wire MB/step | busy | 2+ tiers busy | mean util | busiest link util | "
+        "links s | CPU outside s | ideal s | measured s | efficiency |",
+        "|" + "---|" * 11,
+    ]
+    for n in names:
+        d = s[n]
+        u = d.get("link_use")
+        if u is None:
+            continue
+        w = d["wire_per_step"]
+        bf = d.get("busy_fractions")
+        tri = lambda f: " / ".join(f(t) for t in linkuse.TIERS)  # noqa: E731
+        lines.append(
+            f"| {n} | {tri(lambda t: f'{w[t] / 1e6:.1f}')} | "
+            f"{tri(lambda t: pct(bf['busy'][t])) if bf else 'n/a (stock)'} | "
+            f"{pct(bf['together']) if bf else '-'} | {tri(lambda t: pct(u['mean'].get(t)))} | "
+            f"{tri(lambda t: pct(u['busiest'].get(t)))} | {u['links_s']:.2f} | {sec(u['cpu_outside_s'])} | "
+            f"{sec(u['ideal_s'])} | {d['median_step_s']:.2f} | {sec(u['efficiency'])} |"
+        )
+    return lines
 
 
 def compute_estimate(summary: dict) -> float | None:
@@ -259,6 +333,8 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
             f"| {n} | {m:.2f} | {p:.2f} | {base3 / m:.2f}x | {p3 / p:.2f}x | {basepp / m:.2f}x | "
             f"{ppp / p:.2f}x | {mb(s[n]['wire_per_step']['node'])} | {mb(pred[n]['node_bytes'])} |"
         )
+    if any("link_use" in s[n] for n in names):
+        lines += ["", *link_table(summary, names)]
     lines += ["", *meta["notes"]]
     return "\n".join(lines)
 
@@ -297,9 +373,32 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="measured steps per configuration and round")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--node-mbit", type=float, default=6.0, help="node-tier Mbit/s per GCD (gpu 4x, gcd 16x)")
+    ap.add_argument(
+        "--node-mbit",
+        type=float,
+        default=None,
+        help=f"node-tier Mbit/s per GCD (gpu 4x, gcd 16x; default {DEFAULT_NODE_MBIT}; "
+        "--regime link-bound chooses it)",
+    )
+    ap.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default="cpu-bound",
+        help="cpu-bound: the links at --node-mbit; link-bound: rates from a short unshaped "
+        "calibration, so that the unshaped step is at most --link-share of the slowest preset's "
+        "shaped step ([Note: link-bound calibration] in benchmarks/linkuse.py)",
+    )
+    ap.add_argument(
+        "--link-share",
+        type=float,
+        default=0.3,
+        help="link-bound regime: the largest unshaped step over the slowest preset's link bound",
+    )
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--no-unshaped", action="store_true", help="skip the unshaped (CPU-bound) pass")
+    ap.add_argument(
+        "--no-probe", action="store_true", help="skip the link probe: the planner takes the tbf rates (a shorter run)"
+    )
     ap.add_argument("--out", default="benchmarks/results/compare.json")
     ap.add_argument("--png", default="benchmarks/results/compare.png")
     ap.add_argument("--prefix", default="zhc")
@@ -339,6 +438,16 @@ def main(argv=None) -> int:
         "ranks), bf16, prefetch of about one transformer layer",
     )
     args = ap.parse_args(argv)
+    if args.regime == "link-bound" and args.node_mbit is not None:
+        ap.error(
+            f"--node-mbit {args.node_mbit:g} and --regime link-bound both set the node rate: the "
+            "link-bound regime calibrates it; drop --node-mbit (or use --regime cpu-bound)"
+        )
+    if not 0 < args.link_share < 1:
+        ap.error(f"--link-share must be in (0, 1), got {args.link_share:g}")
+    calibrating = args.regime == "link-bound"
+    if args.node_mbit is None:
+        args.node_mbit = DEFAULT_NODE_MBIT  # link-bound: the calibration's placeholder (unshaped)
     if args.fair:
         args.gpus_per_node, args.dtype = 4, "bf16"
         args.prefetch_bucket = args.prefetch_bucket or 12 * MODEL["d_model"] ** 2  # ~ one layer
@@ -346,19 +455,26 @@ def main(argv=None) -> int:
             args.reduce_bucket = args.prefetch_bucket
         if args.out == ap.get_default("out"):
             args.out, args.png = "benchmarks/results/compare_fair.json", "benchmarks/results/compare_fair.png"
+    if calibrating and args.out in (ap.get_default("out"), "benchmarks/results/compare_fair.json"):
+        base = args.out.removesuffix(".json") + "_link_bound"
+        args.out, args.png = base + ".json", base + ".png"
     problem = netns.root_problem()
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     r_gcd, r_gpu, r_node = (float(x) for x in args.ratios.split(":"))
-    unit = args.node_mbit / r_node
-    spec = ClusterSpec(
-        node_mbit=args.node_mbit,
-        gpu_mbit=unit * r_gpu,
-        gcd_mbit=unit * r_gcd,
-        prefix=args.prefix,
-        gpus_per_node=args.gpus_per_node,
-    )
+
+    def spec_at(node_mbit: float) -> ClusterSpec:
+        unit = node_mbit / r_node
+        return ClusterSpec(
+            node_mbit=node_mbit,
+            gpu_mbit=unit * r_gpu,
+            gcd_mbit=unit * r_gcd,
+            prefix=args.prefix,
+            gpus_per_node=args.gpus_per_node,
+        )
+
+    spec = spec_at(args.node_mbit)
     quant_problem = stock_quantization_problem()
     plan = {
         "model": MODEL,
@@ -383,8 +499,6 @@ def main(argv=None) -> int:
         + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),
     }
     notes = [
-        f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
-        f"per-GCD Mbit/s {spec.per_gcd_mbit()} (gcd:gpu:node {args.ratios}), gloo over TCP.",
         f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, {args.dtype}, micro-batch "
         f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
         "stage3_max_reuse_distance=0 (backward re-gathers)"
@@ -405,8 +519,11 @@ def main(argv=None) -> int:
     ]
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     t_start = time.time()
+    log = open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr
+    links: dict = {}  # run label -> tx bytes per shaped link direction over its measured steps
+    begun: dict = {}
+    regime: dict = {"name": args.regime}
     with Cluster(spec):
-        probe = run_probe(spec)
 
         def on_mark(label, _bytes):
             # [Note: build unshaped] DeepSpeed broadcasts and partitions the whole model while an
@@ -415,15 +532,58 @@ def main(argv=None) -> int:
                 netns.unshape(spec)
             elif label.endswith(" shape"):
                 netns.shape(spec)
+            elif label.endswith(" begin") or label.endswith(" end"):
+                # every link direction's counter ([Note: link use]); the ranks wait at the mark
+                run, _, what = label.rpartition(" ")
+                tx = {f"{ns}/{ifname}": v for (ns, ifname), v in netns.egress_tx(spec).items()}
+                if what == "begin":
+                    begun[run] = tx
+                else:
+                    links[run] = {k: v - begun[run][k] for k, v in tx.items()}
             print(f"[{time.time() - t_start:6.0f} s] {label}", file=sys.stderr, flush=True)
 
-        results, wire = run_marked(
-            spec,
-            ["-m", "benchmarks.compare_rank", json.dumps(plan)],
-            on_mark=on_mark,
-            log=open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr,
+        if calibrating:
+            regime.update(calibrate(spec, plan, args.link_share, on_mark, links, log))
+            spec = spec_at(regime["node_mbit"])
+            plan["node_mbit"] = spec.node_mbit
+            netns.shape(spec)
+            print(
+                f"link-bound regime: node {spec.node_mbit:g} Mbit/s per GCD (per-GCD Mbit/s "
+                f"{spec.per_gcd_mbit()}), from the unshaped calibration of {sorted(regime['calibration'])}: "
+                f"slowest {regime['slowest']}, unshaped step <= {regime['unshaped_max_s']:.2f} s, "
+                f"predicted share {regime['predicted_share']:.2f} (<= {args.link_share:g})",
+                file=sys.stderr,
+                flush=True,
+            )
+        probe = None if args.no_probe else run_probe(spec)
+        results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark, log=log)
+    # what the ranks measured, before any arithmetic on it: a bug in the report loses no run
+    raw = args.out.removesuffix(".json") + ".raw.json"  # removed once the report is written
+    with open(raw, "w") as f:
+        json.dump({"plan": plan, "results": results, "wire": wire, "links": links, "regime": regime}, f)
+    notes.insert(
+        0,
+        f"Emulated cluster: {spec.nodes} nodes x {spec.gpus_per_node} packages x {spec.gcds_per_gpu} GCDs, "
+        f"per-GCD Mbit/s {spec.per_gcd_mbit()} (gcd:gpu:node {args.ratios}), gloo over TCP; regime {args.regime}.",
+    )
+    summary = summarize(results, wire, plan, links)
+    add_link_use(summary, spec)
+    if calibrating:
+        regime["check"] = regime_check(summary, regime["slowest"])
+        c = regime["check"]
+        notes.append(
+            f"Link-bound regime: node rate {spec.node_mbit:g} Mbit/s per GCD chosen from an unshaped "
+            f"calibration ({args.warmup} warm-up + 1 step per preset of {sorted(regime['calibration'])}): the slowest "
+            f"preset {regime['slowest']} moves its busiest link's bytes in "
+            f"{regime['predicted_links_s'][regime['slowest']]:.1f} s "
+            f"at that rate, and the largest unshaped step was {regime['unshaped_max_s']:.2f} s "
+            f"(share {regime['predicted_share']:.2f} <= {args.link_share:g}). Measured here: largest unshaped "
+            + (
+                f"step {c['unshaped_max_s']:.2f} s = {c['share']:.2f} of {regime['slowest']}'s shaped step."
+                if c
+                else "step not measured (--no-unshaped)."
+            )
         )
-    summary = summarize(results, wire, plan)
     rates = next(r["quant_rate_per_rank"] for r in results if "quant_rate_per_rank" in r)
     quant_rate = statistics.median(rates)
     compute_s = compute_estimate(summary)
@@ -433,9 +593,13 @@ def main(argv=None) -> int:
     pred = predictions(
         plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"] and n != "auto"]
     )
-    probed = json.dumps({t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()})
+    if probe is not None:
+        mbit = {t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()}
+        probed = f"tiers probed on this cluster ({json.dumps(mbit)} Mbit/s per GCD)"
+    else:
+        probed = "tiers at their tbf rates (--no-probe)"
     notes.append(
-        f"Planner inputs: tiers probed on this cluster ({probed} Mbit/s per GCD), "
+        f"Planner inputs: {probed}, "
         f"compute = median unshaped step over all configurations {compute_s:.2f} s, "
         f"quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank."
     )
@@ -450,14 +614,60 @@ def main(argv=None) -> int:
                 "probe": probe,
                 "notes": notes,
                 "quant_rate_per_rank": rates,
+                "regime": regime,
                 "wall_s": time.time() - t_start,
             },
             f,
             indent=1,
         )
+    os.remove(raw)
     bar_chart(summary, args.png)
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
     return 0
+
+
+def calibrate(spec: ClusterSpec, plan: dict, share: float, on_mark, links: dict, log) -> dict:
+    """The link-bound regime's rates ([Note: link-bound calibration] in benchmarks/linkuse.py):
+    one unshaped step (after the warm-up) of each of our presets in the plan (of every
+    configuration when it has none of ours), its bytes on every link, and the node rate that
+    keeps the largest unshaped step within ``share`` of the slowest preset's link bound."""
+    ours = {n: c for n, c in plan["configs"].items() if c["kind"] == "ours"} or plan["configs"]
+    cal_plan = {**plan, "configs": ours, "phases": [{"name": "unshaped", "rounds": 1, "steps": 1}]}
+    results, wire = run_marked(
+        spec, ["-m", "benchmarks.compare_rank", json.dumps(cal_plan)], on_mark=on_mark, port=29513, log=log
+    )
+    unshaped = summarize(results, wire, cal_plan, links)["unshaped"]
+    derived = linkuse.link_bound_rate(
+        {
+            n: {"unshaped_s": d["median_step_s"], "links": link_uses(spec, d["links_per_step"], per_node_mbit=True)}
+            for n, d in unshaped.items()
+        },
+        share,
+    )
+    derived["calibration"] = {
+        n: {"unshaped_s": d["median_step_s"], "wire_per_step": d["wire_per_step"]} for n, d in unshaped.items()
+    }
+    return derived
+
+
+def regime_check(summary: dict, slowest: str) -> dict | None:
+    """What the measured run says of the link-bound choice: the largest unshaped step over the
+    slowest preset's shaped step (None without the unshaped pass)."""
+    un = summary.get("unshaped", {})
+    shaped = summary["shaped"].get(slowest)
+    if not un or shaped is None:
+        return None
+    t = max(d["median_step_s"] for d in un.values())
+    return {"unshaped_max_s": t, "slowest_shaped_s": shaped["median_step_s"], "share": t / shaped["median_step_s"]}
+
+
+def probe_sizes(node_mbit: float) -> str:
+    """The probe's message sizes: 16 KiB and 1 MiB at the CPU-bound regime's rate; the large one
+    shrinks with the node rate (to 64 KiB at least) so that the probe takes about as long at
+    link-bound rates (at 0.3 Mbit/s per GCD a 1 MiB node-tier all-gather takes ~30 s, and the
+    probe runs five of them per tier)."""
+    large = min(1 << 20, max(1 << 16, int((1 << 20) * node_mbit / DEFAULT_NODE_MBIT) // 4096 * 4096))
+    return f"16384,{large}"
 
 
 def run_probe(spec: ClusterSpec) -> dict:
@@ -479,7 +689,7 @@ def run_probe(spec: ClusterSpec) -> dict:
                 "--gpus-per-node",
                 str(spec.gpus_per_node),
                 "--sizes",
-                "16384,1048576",
+                probe_sizes(spec.node_mbit),
             ],
             port=29512,
         )

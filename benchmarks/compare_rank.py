@@ -132,6 +132,7 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
 
     import zeropp_hier
     from benchmarks.cluster.rankside import mark, peak_rss_bytes, peak_rss_reset
+    from benchmarks.linkuse import busy_summary
     from zeropp_hier.app import training
 
     shaped = label.startswith("shaped/")
@@ -149,13 +150,23 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
         mark(f"{label} shape")
     ours = getattr(engine, "hier_runtime", None) is not None
     training.train_steps(engine, plan["warmup"])
+    executor = engine.hier_runtime.executor if ours else None
     if ours:
         zeropp_hier.reset_comm_stats(engine)
-    times = []
+    times, windows = [], []
+
+    def on_step(_step, loss, dt):
+        now = time.perf_counter()  # train_steps times a step with the same clock
+        times.append((dt, loss))
+        windows.append((now - dt, now))
+
     mark(f"{label} begin")
-    training.train_steps(
-        engine, plan["steps"], start=plan["warmup"], on_step=lambda s, loss, dt: times.append((dt, loss))
-    )
+    if executor is not None:  # [Note: busy intervals] in zeropp_hier/comm/busy.py
+        executor.record_busy()
+    training.train_steps(engine, plan["steps"], start=plan["warmup"], on_step=on_step)
+    busy = executor.busy_log.intervals() if executor is not None and executor.busy_log is not None else None
+    if executor is not None:
+        executor.record_busy(False)
     mark(f"{label} end")
     out = {
         "times": [t for t, _ in times],
@@ -165,6 +176,8 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
     }
     if ours:
         out["stats"] = zeropp_hier.comm_stats(engine)
+    if busy is not None:  # per tier busy time in the measured steps ([Note: link use])
+        out["busy"] = busy_summary(busy, windows)
     training.release(engine)
     if cfg["kind"] == "stock" and cfg.get("zero", {}).get("zero_hpz_partition_size", 1) > 1:
         forget_hpz_group()

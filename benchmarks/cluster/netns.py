@@ -205,6 +205,21 @@ def tx_bytes(spec: ClusterSpec) -> dict[tuple[str, str], int]:
     return out
 
 
+def egress_tx(spec: ClusterSpec) -> dict[tuple[str, str], int]:
+    """tx byte counters of every shaped link direction (``spec.shaped_egress``)."""
+    wanted = {(e.namespace, e.ifname) for e in spec.shaped_egress()}
+    out: dict[tuple[str, str], int] = {}
+    for ns in sorted({ns for ns, _ in wanted}):
+        for e in json.loads(_run(["ip", "-n", ns, "-s", "-j", "link", "show"]).stdout):
+            key = (ns, e["ifname"].split("@")[0])
+            if key in wanted:
+                out[key] = int(e["stats64"]["tx"]["bytes"])
+    missing = wanted - out.keys()
+    if missing:
+        raise RuntimeError(f"interfaces not found (is the cluster set up?): {sorted(missing)}")
+    return out
+
+
 def qdiscs(spec: ClusterSpec) -> dict[tuple[str, str], str]:
     """Root qdisc kind per (namespace, interface), for checks."""
     out = {}

@@ -55,6 +55,15 @@ class Link(NamedTuple):
     tier: str
 
 
+class Egress(NamedTuple):
+    """One shaped direction: the interface whose tbf shapes what leaves ``namespace`` through it."""
+
+    namespace: str
+    ifname: str
+    tier: str  # gcd: a package's lo; gpu: a package veth end; node: a node uplink end
+    mbit: float
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     nodes: int = 2
@@ -164,6 +173,17 @@ class ClusterSpec:
             out.append(
                 Link(self.switch_ns(n), NIC_IF, self.core_ns, f"n{n}", self.gcds_per_node * self.node_mbit, "node")
             )
+        return out
+
+    def shaped_egress(self) -> list[Egress]:
+        """Every shaped link direction ([Note: link use] in benchmarks/linkuse.py): both ends of
+        every veth, and each package's lo (one tbf for both directions)."""
+        out = []
+        for lk in self.links():
+            out += [Egress(lk.ns_a, lk.if_a, lk.tier, lk.mbit), Egress(lk.ns_b, lk.if_b, lk.tier, lk.mbit)]
+        for n in range(self.nodes):
+            for g in range(self.gpus_per_node):
+                out.append(Egress(self.package_ns(n, g), LO_IF, "gcd", self.lo_mbit()))
         return out
 
     def lo_mbit(self) -> float:

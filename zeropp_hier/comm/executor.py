@@ -45,6 +45,8 @@ from typing import Any, Generator, Hashable, NamedTuple, Sequence
 
 import torch
 
+from .busy import BusyLog
+
 ONE = ("one_lane",)  # the only lane with ``one_lane``
 
 
@@ -73,9 +75,10 @@ class _Done:
 class _Running:
     """A job in flight: whose turn it is, and the event its next collective waits for."""
 
-    def __init__(self, job: Job, lanes: Sequence[Hashable], fut: Future, ready: Any):
+    def __init__(self, job: Job, lanes: Sequence[Hashable], fut: Future, ready: Any, hops: Sequence[Hashable] = ()):
         self.job = job
         self.lanes = tuple(lanes)
+        self.hops = tuple(hops)  # the hop group of each collective, as declared ([Note: busy intervals])
         self.fut = fut
         self.event = ready  # on a GPU: the previous step's end (the caller's stream at submit)
         self.turn = 0  # index of the slot that may run next
@@ -117,6 +120,7 @@ class CommExecutor:
         # side by side (rule 2)
         self.max_lanes_busy = 0
         self._busy = 0
+        self.busy_log: BusyLog | None = None  # [Note: busy intervals]; off unless record_busy()
 
     # -- caller side ---------------------------------------------------------------------------
     def submit(self, job: Job, lanes: Sequence[Hashable]) -> Future:
@@ -127,7 +131,7 @@ class CommExecutor:
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
         if not self.overlap or not lanes:  # inline; a job with no collective has nothing to overlap
             try:
-                fut.set_result(_Done(_run_inline(job, lanes), None))
+                fut.set_result(_Done(_run_inline(job, lanes, self.busy_log), None))
             except BaseException as e:  # noqa: B036 - handed to the waiter, as a thread would
                 fut.set_exception(e)
             return fut
@@ -135,10 +139,18 @@ class CommExecutor:
         if self._cuda is not None:  # the job starts after what the caller queued so far
             ready = self._cuda.Event()
             ready.record(self._cuda.current_stream(self.device))
-        running = _Running(job, [self.key(lane) for lane in lanes], fut, ready)
+        running = _Running(job, [self.key(lane) for lane in lanes], fut, ready, lanes)
         for i, lane in enumerate(running.lanes):
             self._lane(lane)[0].put((running, i))
         return fut
+
+    def record_busy(self, on: bool = True) -> None:
+        """Start (anew) or stop recording each collective's busy interval ([Note: busy
+        intervals]); read them with ``busy_log.intervals()``. From the caller's thread; a
+        collective already running goes to the log it started in."""
+        # on a GPU events even inline (overlap off): the host clock would time launches only
+        cuda = torch.cuda if self.device.type == "cuda" else None
+        self.busy_log = BusyLog(cuda, self.device) if on else None
 
     def key(self, lane: Hashable) -> Hashable:
         """The lane that runs a hop group's collectives."""
@@ -230,7 +242,11 @@ class CommExecutor:
                 # this collective, and what follows up to the next one or the end
                 if self.serial and self._previous is not None:
                     self._previous.synchronize()  # one lane: only this thread sets it
+                busy = self.busy_log
+                begun = busy.start(stream) if busy is not None else None
                 nxt = _advance(running.job, running.lanes, index + 1, self.key)
+                if busy is not None:
+                    busy.stop(begun, running.hops[index], stream)
                 if self.serial and cuda is not None:
                     self._previous = cuda.Event()
                     self._previous.record(stream)
@@ -294,9 +310,14 @@ def _record_carry(move: Move, stream: Any) -> None:
             t.record_stream(stream)
 
 
-def _run_inline(job: Job, lanes: Sequence[Hashable]) -> Any:
+def _run_inline(job: Job, lanes: Sequence[Hashable], busy: BusyLog | None = None) -> Any:
     """The whole job on the caller, with the same declaration checks."""
-    issued = 0
-    while not isinstance(step := _advance(job, lanes, issued), _End):
+    issued, step = 0, _advance(job, lanes, 0)
+    while isinstance(step, Move):
+        begun = busy.start() if busy is not None else None
         issued += 1
+        nxt = _advance(job, lanes, issued)
+        if busy is not None:
+            busy.stop(begun, step.lane)
+        step = nxt
     return step.value
