@@ -116,7 +116,7 @@ def aligned(n: int, block: int) -> int:
 
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
-# gradient stages] in deepspeed/runtime.py): 64 MB per fp32 staging buffer
+# gradient stages] in comm/reduce.py): 64 MB per fp32 staging buffer
 STREAM_CHUNK_ELEMS = 1 << 24
 
 
