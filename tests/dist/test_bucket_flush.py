@@ -1,6 +1,6 @@
 """The gradient-bucket flush that runs the stages beside backward (``HierZeroOptimizer_Stage3.
 __reduce_and_partition_ipg_grads``) keeps what DeepSpeed 0.19's own flush checks and guards
-([Note: the bucket flush against DeepSpeed's] in deepspeed/stage3.py), on 4 real ranks with
+([Note: bucket flush against DeepSpeed] in deepspeed/stage3.py), on 4 real ranks with
 real engines:
 - a gradient whose size is not its parameter's, and a parameter twice in one bucket, are
   refused with an error naming the parameter, before anything is sent;

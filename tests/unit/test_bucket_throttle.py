@@ -1,5 +1,5 @@
 """DeepSpeed's backpressure on gradient buckets, as the overlapped bucket flush keeps it
-([Note: the bucket flush against DeepSpeed's] in deepspeed/stage3.py, part 5): completed events
+([Note: bucket flush against DeepSpeed] in deepspeed/stage3.py, part 5): completed events
 are forgotten, and past the limit the host waits for the oldest outstanding one. The events here
 stand for device events (``query``: has the device passed it; ``synchronize``: wait for it); the
 CPU accelerator records none, as in DeepSpeed."""

@@ -87,7 +87,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # optimizer step needs them. With overlap off, or DeepSpeed features that read the
     # reduced chunks straight away (ZenFlow), DeepSpeed's own synchronous path runs.
     #
-    # [Note: the bucket flush against DeepSpeed's]
+    # [Note: bucket flush against DeepSpeed]
     # DeepSpeed 0.19's ``__reduce_and_partition_ipg_grads``, part by part, and what runs here:
     # 1. an empty bucket returns at once: kept.
     # 2. ``_assert_same_partition_group``: kept (``_submit``).
@@ -232,9 +232,9 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
 
 
 def _throttle(events: collections.deque, limit: int) -> None:
-    """DeepSpeed's backpressure on gradient buckets ([Note: the bucket flush against
-    DeepSpeed's], 5): forget the events the device has passed; past ``limit`` outstanding, the
-    host waits for the oldest."""
+    """DeepSpeed's backpressure on gradient buckets ([Note: bucket flush against DeepSpeed],
+    part 5): forget the events the device has passed; past ``limit`` outstanding, the host
+    waits for the oldest."""
     while events and events[0].query():
         events.popleft()
     if len(events) > limit:
