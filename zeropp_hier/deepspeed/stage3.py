@@ -115,10 +115,14 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     #    the executor (``_submit``) and its result is taken later (``_finish_pending_reduce``).
     # 10. ZenFlow's channel selection and its fp32 update read the reduced chunks at once: not
     #    replaced; with ZenFlow, DeepSpeed's own body runs.
-    # 11. ``partition_grads``: kept, deferred to ``_finish_pending_reduce``; a bucket of a
-    #    backward that never reached its epilogue is dropped there (its gradients belong to no
-    #    step) (tests/dist/test_failures.py).
+    # 11. ``partition_grads``: kept, deferred to ``_finish_pending_reduce``. After a backward
+    #    that raised, its pending bucket is handed over by the next flush, as stock DeepSpeed
+    #    has already partitioned every bucket it flushed before the error (the
+    #    ``_backwards_done`` check there drops a bucket only if an epilogue ran after it was
+    #    queued, and the epilogue finishes it first).
     # 12. the bucket emptied (params, elements, process group): kept.
+    # Parts 1, 2, 6, 9, 11 and 12 together are what tests/dist/test_parity.py compares with
+    # stock DeepSpeed (same training) and tests/dist/test_overlap.py with the inline path.
     def _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(
         self, communication_data_type: torch.dtype
     ) -> None:
