@@ -33,6 +33,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from zeropp_hier.app import training
+    from zeropp_hier.comm import reduce as comm_reduce
 
     class HostOps(TorchDispatchMode):
         def __init__(self, seen: list):
@@ -71,13 +72,17 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
 
         # the jobs (generators: their work runs in the executor's lanes, each step of a job
         # inside ``_step``, on the lane's thread; inline, inside ``submit``), and the caller's
-        # part of a reduce
+        # part of a reduce; the reduce driver's functions are module attributes, put back after
         rt._gather_bucket = counted(rt._gather_bucket, "gather")
-        rt._reduce_rows = counted(rt._reduce_rows, "reduce")
         rt.executor._step = watched(rt.executor._step)
         rt.executor.submit = watched(rt.executor.submit)
-        rt.submit_reduce_scatter = watched(counted(rt.submit_reduce_scatter, "submit"))
-        losses = training.train_steps(engine, steps)
+        saved = (comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter)
+        comm_reduce.reduce_rows = counted(comm_reduce.reduce_rows, "reduce")
+        comm_reduce.submit_reduce_scatter = watched(counted(comm_reduce.submit_reduce_scatter, "submit"))
+        try:
+            losses = training.train_steps(engine, steps)
+        finally:
+            comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter = saved
         out[name] = {"losses": losses, "host_ops": sorted(set(seen)), "calls": calls,
                      "max_outstanding": rt.executor.max_outstanding,
                      "lanes_busy": rt.executor.max_lanes_busy,

@@ -19,6 +19,7 @@ from ..core.plan import Hop
 from ..core.topology import Topology
 from .failures import collective_guard, slowest_tier
 from .groups import HopGroup
+from .hooks import PayloadHook, StageHook
 from .stats import CommStats
 
 # torch 2.13 renamed the tensor-in/tensor-out gather; older ROCm/CUDA builds have only the old name.
@@ -135,11 +136,13 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(local))
         return self._peer_order(out.view(k, -1), hg)
 
-    def gather_hop(self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str, hook=None) -> torch.Tensor:
+    def gather_hop(
+        self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str, hook: PayloadHook | None = None
+    ) -> torch.Tensor:
         """One gather hop on a plain buffer. buf: [n, p, g, S] (canonical layout); returns the
         buffer with the hop's axes filled in. A compressed hop encodes this rank's buffer, gathers
         the encoded rows and decodes every row, this rank's own included, so all ranks end with
-        the same values. ``hook`` (numerics.GatherHook) sees this rank's payload and a lazy
+        the same values. ``hook`` sees this rank's payload and a lazy
         decoder of it."""
         if hop.scheme in _BITS:
             enc = self.encode(buf, hop, block_size, hook)
@@ -168,7 +171,7 @@ class HierCollectives:
     # and decodes exactly the weights the forward used, and the copy takes about half the
     # memory of a bf16 one.
 
-    def encode(self, buf: torch.Tensor, hop: Hop, block_size: int, hook=None) -> Encoded:
+    def encode(self, buf: torch.Tensor, hop: Hop, block_size: int, hook: PayloadHook | None = None) -> Encoded:
         """Quantize a [n, p, g, S] buffer row by row (S whole blocks) into an ``Encoded``."""
         rows = buf.shape[:3]
         if buf.shape[3] % block_size:
@@ -218,11 +221,11 @@ class HierCollectives:
         block_size: int,
         wire_dtype: torch.dtype,
         phase: str = "grad_reduce",
-        hook=None,
+        hook: StageHook | None = None,
     ) -> torch.Tensor:
         """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
         returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
-        dequantization, never in the wire format. ``hook`` (numerics.ReduceHook) may adjust the
+        dequantization, never in the wire format. ``hook`` may adjust the
         send buffer before it is encoded (error feedback), sees it with a lazy decoder of its
         payload, and sees the stage's sum."""
         send = layout.split_for_stage(buf, hop.axes)  # [k, m]

@@ -1,7 +1,8 @@
 """Numerics of the compressed collectives, per engine: error feedback, sampled compression error,
 and where non-finite gradients appear.
 
-The collectives call a *hook* around each compressed payload (``ReduceHook`` / ``GatherHook``):
+The collectives call a *hook* around each compressed payload (``ReduceHook`` / ``GatherHook``,
+the ``StageHook`` / ``PayloadHook`` protocols of comm/hooks.py):
 ``prepare`` may change the send buffer (error feedback), ``encoded`` sees the buffer and a lazy
 decoder of its payload, ``reduced`` sees a stage's fp32 sum. The hooks do local tensor maths
 only; the one collective here is ``Numerics.agree``, which every rank enters once per optimizer
@@ -311,11 +312,11 @@ class Numerics:
                 pass
         return self._steps_seen
 
-    # called by the runtime, per bucket / hop
+    # the drivers' hooks (a ``comm.hooks.HookSource``), per bucket / hop
     def check_local(self, rows: torch.Tensor) -> None:
         self.monitor.note(0, rows)
 
-    def reduce_hook(self, key, stage: int, hop: Hop, loss_scale: float) -> ReduceHook:
+    def reduce_hook(self, key: tuple[str, ...] | None, stage: int, hop: Hop, loss_scale: float) -> ReduceHook:
         return ReduceHook(self, key, stage, hop, loss_scale)
 
     def gather_hook(self, phase: str, hop: Hop) -> GatherHook | None:

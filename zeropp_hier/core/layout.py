@@ -116,8 +116,9 @@ def aligned(n: int, block: int) -> int:
 # counted in comm_stats like any other byte.
 
 
-# elements of one streamed chunk of a gradient bucket: defined in plan.py, which the planner
-# reads without importing torch
+# elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
+# gradient stages] in comm/reduce.py): defined in plan.py, which the planner reads without
+# importing torch
 STREAM_CHUNK_ELEMS = _STREAM_CHUNK_ELEMS
 
 

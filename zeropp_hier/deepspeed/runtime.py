@@ -1,14 +1,18 @@
-"""Per-engine state of the hierarchy: groups, kept shards, counters, and the two operations
-DeepSpeed delegates to us (gather a list of parameters, reduce-scatter a list of gradients).
+"""The DeepSpeed side of the hierarchy, per engine: the hop groups, the kept copies, the
+counters, and the gather of DeepSpeed's partitioned parameters.
 
-One ``HierRuntime`` per engine; nothing lives in module globals. DeepSpeed's partitioned
-parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpeed's closure by
-``zeropp_hier.deepspeed.partition.Init``), and the stage-3 subclass calls ``reduce_scatter``.
+One ``HierRuntime`` per engine; nothing lives in module globals. It owns the ``CommContext``
+(``comm/context.py``) that the drivers run on, and maps DeepSpeed's parameters (status, ids,
+partitions ``ds_tensor``, shapes) to the plain tensors of the gather driver (``comm/gather.py``)
+and back. DeepSpeed's partitioned parameters call ``HierRuntime.all_gather_coalesced`` (bound in
+place of DeepSpeed's closure by ``zeropp_hier.deepspeed.partition.Init``); gradients go from the
+stage-3 subclass (``deepspeed/stage3.py``) straight to the reduce-scatter driver
+(``comm/reduce.py``) on this runtime's context. Where each DeepSpeed method is overridden:
+docs/design.md#deepspeed-hook-points.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Iterable, Sequence
 
@@ -16,8 +20,10 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
+from ..comm import gather
 from ..comm.collectives import Encoded, HierCollectives
-from ..comm.executor import CommExecutor, Job, Move
+from ..comm.context import CommContext
+from ..comm.executor import CommExecutor, Job
 from ..comm.groups import build_hop_groups
 from ..comm.issue import backend_for, executor_for, resolve_issue_mode
 from ..comm.numerics import Numerics
@@ -27,7 +33,6 @@ from ..core.config import HierConfig
 from ..core.errors import HierTopologyError
 from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, make_plan
-from ..core.policy import QUANTIZED
 from ..core.topology import Topology
 
 log = logging.getLogger("zeropp_hier")
@@ -73,18 +78,11 @@ class HierRuntime:
         self.rank = rank
         self.me = topo.coord(rank)
         self.plan: CommPlan = make_plan(cfg.preset, cfg.compression, topo)
-        # slot granularity of gathered partitions: the largest block of any quantizing gather hop
-        # (block sizes are powers of two, so it is a multiple of every one); 1 when all are exact
-        self._exact_forward = tuple(h._replace(scheme="none") for h in self.plan.forward)
         # the backward hops of every kept level a layer may take: the preset's own, and the others
         # only under a memory budget ([Note: kept levels]), so no unused group is built
-        budgeted = cfg.memory.kept_shards_gb is not None
-        backward_hops = [
-            h for axes, hops in self.plan.by_level if budgeted or axes == self.plan.kept_axes for h in hops
-        ]
-        self._gather_align = max(
-            (h.block_size for h in (*self.plan.forward, *backward_hops) if h.scheme in QUANTIZED), default=1
-        )
+        backward_hops = gather.backward_hops(self.plan, all_levels=cfg.memory.kept_shards_gb is not None)
+        # slot granularity of gathered partitions ([Note: blocks never straddle])
+        self._gather_align = gather.slot_align((*self.plan.forward, *backward_hops))
         axes_sets = [h.axes for h in (*self.plan.forward, *backward_hops, *self.plan.reduce)]
         self.groups = build_hop_groups(topo, axes_sets, rank, cfg.collective_timeout_s)
         # kept level per parameter ([Note: kept levels] in core/levels.py): set by set_levels
@@ -92,7 +90,6 @@ class HierRuntime:
         self._kept_of: dict[int, tuple[str, ...] | None] = {}
         self.level_plan: LevelPlan | None = None
         self.auto_choice: dict | None = None  # what "preset": "auto" chose, and why
-        self.stream_chunk_elems = layout.STREAM_CHUNK_ELEMS
         self.stats = CommStats(topo, rank)
         self.coll = HierCollectives(topo, self.groups, self.stats)
         from deepspeed.accelerator import get_accelerator
@@ -116,9 +113,8 @@ class HierRuntime:
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor] = {}
         self._frozen: dict[int, torch.nn.Parameter] = {}  # kept shards of parameters that do not train
-        self._index_order = layout.index_order(topo)  # host copies; per device in self._perms
-        self._rank_order = layout.rank_order(topo)
-        self._perms = layout.DevicePerms()  # [Note: no host traffic in the hot path]
+        # what the gather and reduce-scatter drivers run on
+        self.comm = CommContext(topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics)
 
     def close(self) -> None:
         """Destroy this runtime's process groups (local: no collective).
@@ -178,7 +174,7 @@ class HierRuntime:
         phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
         # the hop group of every collective, in order: the executor queues them now, in program
         # order ([Note: one order of hop collectives] in comm/executor.py)
-        lanes = [hop.axes for _, src, _ in work for hop in self._gather_hops(src, phase)]
+        lanes = [hop.axes for _, src, _ in work for hop in gather.hops_for(self.plan, src, phase)]
 
         def gather_all() -> Job:
             full: dict[int, torch.Tensor] = {}
@@ -188,110 +184,48 @@ class HierRuntime:
 
         return _GatheredHandle(params, self.executor.submit(gather_all(), lanes), self.executor)
 
-    def _gather_hops(self, src: tuple[str, ...], phase: str) -> tuple:
-        """The hops of a gather from the primary shards (``src`` empty) or from kept copies
-        spanning ``src``. Gathers outside forward and backward (GatheredParameters, the 16-bit
-        save, persistent re-gathers, item()) hand out weights that are saved, inspected or kept:
-        they take the same hops, exact ([Note: every gather through the hierarchy] in
-        partition.py)."""
-        if src:
-            return self.plan.backward_for(src)
-        return self._exact_forward if phase == "other_gather" else self.plan.forward
-
     def _gather_bucket(self, ps: list, src: tuple[str, ...], shards: list | None, phase: str) -> Job:
-        """Gather one bucket from the primary shards (``src`` empty) or from kept copies spanning
-        ``src``; keep copies on the way when this is a forward gather. A job for the executor:
-        it announces each hop's collective (``Move``) before issuing it."""
-        from_shard = bool(src)
+        """The job of one bucket: its parameters as plain tensors for the gather driver
+        (``comm/gather.py``), run from the primary partitions (``src`` empty) or from kept copies
+        spanning ``src``; the copies it keeps and the full tensors it returns, back to the
+        parameters. The primary partitions are read when the job starts (on its lane)."""
         sizes = [p.ds_tensor.ds_numel for p in ps]
-        exact = phase == "other_gather"  # [Note: every gather through the hierarchy]
+        numels = [p.ds_numel for p in ps]
         # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
-        # straddle]); kept shards have the slots of the forward gather that made them
-        align = 1 if exact else self._gather_align
-        slots = [layout.aligned(n, align) for n in sizes]
-        buf: torch.Tensor | None = None
-        enc: Encoded | None = None  # set once a hop has quantized ([Note: quantize once per gather])
-        if from_shard:
-            if isinstance(shards[0], Encoded):
-                enc = Encoded.cat(shards)
-            else:
-                buf = torch.cat(shards, dim=3)
+        # straddle]); kept copies have the slots of the forward gather that made them. Exact
+        # gathers ([Note: every gather through the hierarchy]) need no padding.
+        slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align)
+        start: gather.Buffer
+        carry: tuple[torch.Tensor, ...] = ()
+        if src:
+            assert shards is not None
+            start = Encoded.cat(shards) if isinstance(shards[0], Encoded) else torch.cat(shards, dim=3)
+            # the kept copies were made on the forward's lanes
+            carry = tuple(t for s in shards for t in ((s.data, s.scales) if isinstance(s, Encoded) else (s,)))
         else:
-            buf = self._primary_buffer(ps, sizes, slots).view(1, 1, 1, -1)
-        hops = self._gather_hops(src, phase)
-        dtype = ps[0].ds_tensor.dtype
-        for i, hop in enumerate(hops):
-            # the tensors this hop reads that another lane made (on a GPU: its stream)
-            carry = (enc.data, enc.scales) if enc is not None else (buf,)
-            if i == 0 and shards:  # the kept copies were made on the forward's lanes
-                carry += tuple(t for s in shards for t in ((s.data, s.scales) if isinstance(s, Encoded) else (s,)))
-            yield Move(hop.axes, carry)
-            if enc is None and hop.scheme in QUANTIZED:
-                enc = self.coll.encode(buf, hop, hop.block_size, hook=self.numerics.gather_hook(phase, hop))
-            if enc is not None:
-                enc = self.coll.gather_encoded(enc, hop, phase)
-            else:
-                buf = self.coll.gather_hop(buf, hop, hop.block_size, phase, hook=self.numerics.gather_hook(phase, hop))
+            parts = [p.ds_tensor.data.reshape(-1) for p in ps]
+            start = gather.primary_buffer(parts, sizes, numels, slots, self.rank)
         # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
         # the next steps): gathers outside the step (engine construction, GatheredParameters,
         # persistent re-gathers) keep nothing, so a weight changed between steps by any route
-        # can never be served from a stale copy. An encoded gather leaves encoded copies.
-        if not from_shard and self.plan.kept_axes is not None and phase == "forward_gather":
-            cut: dict = {}  # kept axes -> this rank's part of the gathered buffer along them
-            off, kept_now = 0, False
-            for p, slot in zip(ps, slots):
-                axes = self.kept_axes_of(p.ds_id)
-                # persistent ones are never re-gathered; a layer at level none keeps nothing
-                if axes is not None and not getattr(p, "ds_persist", False):
-                    if axes not in cut:
-                        mine = functools.partial(layout.kept_shard, me=self.me, kept_axes=axes)
-                        cut[axes] = (
-                            enc._replace(data=mine(enc.data), scales=mine(enc.scales))
-                            if enc is not None
-                            else mine(buf)
-                        )
-                    kept = cut[axes]
-                    self.shards[p.ds_id] = (
-                        kept.payload(off, slot) if enc is not None else kept[..., off : off + slot].contiguous()
-                    )
-                    kept_now = True
-                    if not p.requires_grad:
-                        self._frozen[p.ds_id] = p
-                off += slot
-            if kept_now:
-                self.stats.note_kept(self.shard_bytes())
-        if enc is not None:
-            buf = self.coll.decode(enc, dtype)
-        assert buf is not None
-        rows = buf.reshape(self.topo.world_size, -1)  # coordinate order
-        if self._rank_order is not None:
-            rows = rows.index_select(0, self._perms.get("rank", self._rank_order, rows.device))  # global rank order
-        out, off = {}, 0
-        for p, n, slot in zip(ps, sizes, slots):
-            flat = rows[:, off : off + n].reshape(-1)[: p.ds_numel]
-            out[p.ds_id] = flat.view(p.ds_shape).to(p.ds_tensor.dtype)
-            off += slot
-        return out
-
-    def _primary_buffer(self, ps: list, sizes: list[int], slots: list[int]) -> torch.Tensor:
-        """This rank's partitions side by side, each in its slot; everything else zero.
-        DeepSpeed leaves the tail of the last partitions uninitialised: uncompressed those
-        elements are never read, but a quantization block holding them would take its scale from
-        whatever is there (NaN included) and spoil the real values beside it."""
+        # can never be served from a stale copy. Persistent parameters are never re-gathered,
+        # and a layer at level none keeps nothing.
+        keep = None
+        if not src and self.plan.kept_axes is not None and phase == "forward_gather":
+            keep = [None if getattr(p, "ds_persist", False) else self.kept_axes_of(p.ds_id) for p in ps]
         dtype = ps[0].ds_tensor.dtype
-        if slots == sizes:  # no padding: one concatenation, then zero the tails
-            buf = torch.cat([p.ds_tensor.data.reshape(-1) for p in ps])
-        else:
-            buf = torch.zeros(sum(slots), dtype=dtype, device=ps[0].ds_tensor.device)
-        off = 0
-        for p, n, slot in zip(ps, sizes, slots):
-            valid = max(0, min(n, p.ds_numel - self.rank * n))
-            if slots != sizes:
-                buf[off : off + valid].copy_(p.ds_tensor.data.reshape(-1)[:valid])
-            elif valid < n:
-                buf[off + valid : off + n].zero_()
-            off += slot
-        return buf
+        hops = gather.hops_for(self.plan, src, phase)
+        got = yield from gather.gather_bucket(self.comm, hops, start, phase, dtype, sizes, slots, numels, keep, carry)
+        kept_now = False
+        for p, piece in zip(ps, got.kept):
+            if piece is not None:
+                self.shards[p.ds_id] = piece
+                kept_now = True
+                if not p.requires_grad:
+                    self._frozen[p.ds_id] = p
+        if kept_now:
+            self.stats.note_kept(self.shard_bytes())
+        return {p.ds_id: t.view(p.ds_shape).to(p.ds_tensor.dtype) for p, t in zip(ps, got.values)}
 
     def kept_axes_of(self, ds_id: int) -> tuple[str, ...] | None:
         return self._kept_of.get(ds_id, self.plan.kept_axes)
@@ -348,84 +282,3 @@ class HierRuntime:
         """A parameter's kept copy as values [n, p, g, slot] in its dtype (decoded if encoded)."""
         t = self.shards[p.ds_id]
         return self.coll.decode(t, p.ds_tensor.dtype) if isinstance(t, Encoded) else t
-
-    # -- gradient reduction --------------------------------------------------------------------
-    def reduce_scatter(
-        self,
-        grads: Sequence[torch.Tensor],
-        wire_dtype: torch.dtype,
-        key: tuple[str, ...] | None = None,
-        loss_scale: float = 1.0,
-    ) -> list[torch.Tensor]:
-        """Average ``grads`` over the world; return this rank's chunk of each (fp32), in the
-        sizes DeepSpeed's ``reduce_scatter_coalesced`` returns. ``key`` names the bucket (its
-        parameter names) for error feedback; ``loss_scale`` is the one the gradients carry (fp16)."""
-        return self.executor.result(self.submit_reduce_scatter(grads, wire_dtype, key, loss_scale))
-
-    def submit_reduce_scatter(
-        self,
-        grads: Sequence[torch.Tensor],
-        wire_dtype: torch.dtype,
-        key: tuple[str, ...] | None = None,
-        loss_scale: float = 1.0,
-    ):
-        """``reduce_scatter`` without waiting: the gradients are copied into the stage layout
-        now, on the caller (the caller may reuse their memory at once: DeepSpeed's bucket
-        buffer), and the stages run on the executor behind any gather in flight (one order per
-        hop group, [Note: one order of hop collectives]). ``executor.result`` of the returned
-        future gives the chunks."""
-        world = self.topo.world_size
-        # rows padded to every quantized stage's block size (powers of two: the largest), so
-        # that no quantization block straddles two destinations
-        pad = max((h.block_size for h in self.plan.reduce if h.scheme in QUANTIZED), default=1)
-        packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
-        numels = [g.numel() for g in grads]
-        chunks = self._column_chunks(packed.rows.shape[1], pad)
-        lanes = [hop.axes for _ in chunks for hop in self.plan.reduce]
-        return self.executor.submit(self._reduce_rows(packed, chunks, numels, wire_dtype, key, loss_scale), lanes)
-
-    def _column_chunks(self, width: int, pad: int) -> list[tuple[int, int]]:
-        """[Note: streamed gradient stages]: column ranges of at most ``stream_chunk_elems``
-        elements over all rows, edges on block boundaries."""
-        step = max(pad, layout.aligned(-(-self.stream_chunk_elems // self.topo.world_size), pad))
-        return [(a, min(a + step, width)) for a in range(0, width, step)] or [(0, 0)]
-
-    def _reduce_rows(
-        self,
-        packed: layout.GradRows,
-        chunks: list[tuple[int, int]],
-        numels: list[int],
-        wire_dtype: torch.dtype,
-        key: tuple[str, ...] | None,
-        loss_scale: float,
-    ) -> Job:
-        """The stages of one gradient bucket, chunk by chunk: a job for the executor, which
-        announces each stage's collective (``Move``) before issuing it."""
-        rows = packed.rows
-        self.numerics.check_local(rows)
-        width = rows.shape[1]
-        # [Note: streamed gradient stages]
-        # Reduce-scatter sums each column of the rows on its own, so the stages run on column
-        # chunks one after another: the reordering, the stage layout, the wire and receive
-        # buffers are the size of one chunk, not of the bucket (DeepSpeed's default bucket is
-        # 5e8 elements: several GB per staging copy in fp32). Chunk edges fall on block
-        # boundaries, where the rows' quantization blocks already end, so every block, sum and
-        # residual is the same as unchunked: the result is bit for bit the same.
-        out = rows.new_empty(width) if len(chunks) > 1 else None
-        for a, b in chunks:
-            buf = rows[:, a:b]
-            if self._index_order is not None:  # rows by coordinate
-                buf = buf.index_select(0, self._perms.get("index", self._index_order, buf.device))
-            buf = buf.contiguous().view(*self.topo.dims, -1)
-            ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
-            for i, hop in enumerate(self.plan.reduce):
-                # the rows and the output are read and written on several lanes (GPU streams)
-                yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
-                buf = self.coll.reduce_stage(
-                    buf, hop, hop.block_size, wire_dtype, hook=self.numerics.reduce_hook(ckey, i, hop, loss_scale)
-                )
-            if out is None:
-                out = buf.reshape(-1)
-            else:
-                out[a:b].copy_(buf.reshape(-1))
-        return layout.unpack_my_chunks(out, numels, packed.chunk, self.rank, packed.slots)

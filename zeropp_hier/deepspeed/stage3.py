@@ -1,15 +1,20 @@
-"""The ZeRO stage-3 optimizer subclass: DeepSpeed's, with the hierarchy plugged in at three
-points — the parameter manager (gathers), the gradient averaging (reduce-scatter), and the
+"""The ZeRO stage-3 optimizer subclass: DeepSpeed's, with the hierarchy plugged in at four
+points — the parameter manager (gathers), the gradient averaging (reduce-scatter), the
+gradient-bucket flush and the end of backward (the stages beside backward), and the
 invalidation of kept shards whenever the primary shards change — and the numerics around the
-optimizer step: the agreed non-finite check and the error-feedback state in checkpoints."""
+optimizer step: the agreed non-finite check and the error-feedback state in checkpoints. The
+table of every overridden method: docs/design.md#deepspeed-hook-points."""
 
 from __future__ import annotations
 
+import collections
 from typing import List
 
+import deepspeed.runtime.zero.stage3 as _ds_stage3
 import torch
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
+from ..comm import reduce as comm_reduce
 from .partition import HierOffload
 from .runtime import HierRuntime
 
@@ -59,8 +64,8 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         # feedback: unlike ds_ids, which count up across every engine a process builds, names
         # are the same in the engine that saves a checkpoint and in the one that loads it.
         key = tuple(self.param_names.get(p, f"ds_id:{p.ds_id}") for p in params)
-        return self.hier_runtime.submit_reduce_scatter(
-            grads, communication_data_type, key=key, loss_scale=float(self.loss_scale)
+        return comm_reduce.submit_reduce_scatter(
+            self.hier_runtime.comm, grads, communication_data_type, key=key, loss_scale=float(self.loss_scale)
         )
 
     def _averaged(self, params: List[torch.nn.Parameter], parts: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -81,6 +86,43 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # The last buckets, which DeepSpeed reduces in the epilogue, are waited for at once: the
     # optimizer step needs them. With overlap off, or DeepSpeed features that read the
     # reduced chunks straight away (ZenFlow), DeepSpeed's own synchronous path runs.
+    #
+    # [Note: bucket flush against DeepSpeed]
+    # DeepSpeed 0.19's ``__reduce_and_partition_ipg_grads``, part by part, and what runs here:
+    # 1. an empty bucket returns at once: kept.
+    # 2. ``_assert_same_partition_group``: kept (``_submit``).
+    # 3. every gradient has its parameter's ``ds_numel`` elements: kept, the error names the
+    #    parameter (tests/dist/test_bucket_flush.py).
+    # 4. the bucket's ds_ids are distinct: kept, as an error naming the parameter (a repeated
+    #    parameter would have its gradient reduced and added twice) (test_bucket_flush.py).
+    # 5. the ``param_reduce_events`` throttle (at most ``max_param_reduce_events`` buckets whose
+    #    partition copies the device has not finished; the host waits for the oldest beyond
+    #    that): kept, ``_throttle`` below. The event is recorded where DeepSpeed records it,
+    #    after ``partition_grads`` on the reduce stream, which here is when the bucket is
+    #    finished (``_finish_pending_reduce``); like DeepSpeed, only on accelerators that do
+    #    not handle memory backpressure themselves (not the CPU) (unit test of ``_throttle``).
+    # 6. the work runs on ``reduce_and_partition_stream``: kept, for the copy into the stage
+    #    layout and for ``partition_grads``; the stages run on the executor's lanes.
+    # 7. ``enable_sanity_checks``: DeepSpeed's check that every rank flushes the same ds_ids is
+    #    kept, but run after draining the executor: it is a collective on DeepSpeed's own group,
+    #    issued from this thread, and must not be in flight beside hop collectives on the lanes
+    #    ([Note: one order of hop collectives] in comm/executor.py) (test_bucket_flush.py).
+    # 8. the contiguous-buffer all-reduce (``contiguous_gradients`` with ``reduce_scatter``
+    #    false): replaced; the hierarchy always reduce-scatters, and ``reduce_scatter: false``
+    #    is refused with the config (``core.config.check_deepspeed_config``), so the stock path
+    #    (overlap off) cannot take it either (tests/unit/test_config.py).
+    # 9. the bucket sorted by ds_id, then ``__avg_scatter_grads``: kept; the averaging runs on
+    #    the executor (``_submit``) and its result is taken later (``_finish_pending_reduce``).
+    # 10. ZenFlow's channel selection and its fp32 update read the reduced chunks at once: not
+    #    replaced; with ZenFlow, DeepSpeed's own body runs.
+    # 11. ``partition_grads``: kept, deferred to ``_finish_pending_reduce``. After a backward
+    #    that raised, its pending bucket is handed over by the next flush, as stock DeepSpeed
+    #    has already partitioned every bucket it flushed before the error (the
+    #    ``_backwards_done`` check there drops a bucket only if an epilogue ran after it was
+    #    queued, and the epilogue finishes it first).
+    # 12. the bucket emptied (params, elements, process group): kept.
+    # Parts 1, 2, 6, 9, 11 and 12 together are what tests/dist/test_parity.py compares with
+    # stock DeepSpeed (same training) and tests/dist/test_overlap.py with the inline path.
     def _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(
         self, communication_data_type: torch.dtype
     ) -> None:
@@ -89,30 +131,46 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         if not self.hier_runtime.cfg.overlap or getattr(self, "zenflow", False):
             return stock(self, communication_data_type)
         params = bucket.params
-        if not params:
+        if not params:  # 1
             return
+        self._check_bucket(params)  # 3, 4
+        _throttle(self.param_reduce_events, self.max_param_reduce_events)  # 5
         if self._pending_reduce is not None:
             self.buckets_overlapped += 1  # the previous bucket ran beside this bucket's backward
         self._finish_pending_reduce()
-        for p in params:
-            if p.grad.numel() != p.ds_numel:
-                raise RuntimeError(
-                    f"zeropp_hier: the gradient of {self.param_names.get(p, p.ds_id)} has {p.grad.numel()} "
-                    f"elements but the parameter has {p.ds_numel}; a gradient must match its parameter"
-                )
-        params.sort(key=lambda p: p.ds_id)
+        params.sort(key=lambda p: p.ds_id)  # 9
         from deepspeed.accelerator import get_accelerator
 
+        if self.enable_sanity_checks:  # 7
+            self.hier_runtime.executor.drain()
+            with get_accelerator().stream(self.reduce_and_partition_stream):
+                _ds_stage3.assert_ints_same_as_other_ranks([p.ds_id for p in params])
         # DeepSpeed copied the bucket's gradients on its reduce stream: pack them there too (the
         # executor's stream then starts after it, and the next bucket's copies after the pack)
-        with get_accelerator().stream(self.reduce_and_partition_stream):
-            future = self._submit(params, communication_data_type)
+        with get_accelerator().stream(self.reduce_and_partition_stream):  # 6
+            future = self._submit(params, communication_data_type)  # 2, 9
         self._pending_reduce = (list(params), future, self._backwards_done)
-        params.clear()
+        params.clear()  # 12
         bucket.elements = 0
         bucket.process_group = None
         if self._reduce_now:
             self._finish_pending_reduce()
+
+    def _check_bucket(self, params: List[torch.nn.Parameter]) -> None:
+        seen: set[int] = set()
+        for p in params:
+            name = self.param_names.get(p, p.ds_id)
+            if p.grad.numel() != p.ds_numel:
+                raise RuntimeError(
+                    f"zeropp_hier: the gradient of {name} has {p.grad.numel()} "
+                    f"elements but the parameter has {p.ds_numel}; a gradient must match its parameter"
+                )
+            if p.ds_id in seen:
+                raise RuntimeError(
+                    f"zeropp_hier: {name} (ds_id {p.ds_id}) is twice in one gradient bucket; its "
+                    "gradient would be reduced and added twice (a parameter registered twice?)"
+                )
+            seen.add(p.ds_id)
 
     def _finish_pending_reduce(self) -> None:
         pending, self._pending_reduce = getattr(self, "_pending_reduce", None), None
@@ -130,7 +188,11 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
                 # between): its gradients belong to no step, and handing them to DeepSpeed now
                 # would add them to this backward's
                 return
-            self.partition_grads(params, parts)
+            self.partition_grads(params, parts)  # 11
+            if not get_accelerator().handles_memory_backpressure():  # 5
+                event = get_accelerator().Event()
+                event.record()
+                self.param_reduce_events.append(event)
 
     def independent_gradient_partition_epilogue(self):
         self._reduce_now = True  # the step needs every chunk: nothing left pending past here
@@ -171,3 +233,13 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
             numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.hier_runtime.comm_device)
         else:  # residuals belong to the optimizer trajectory that was just replaced
             numerics.error_feedback.reset()
+
+
+def _throttle(events: collections.deque, limit: int) -> None:
+    """DeepSpeed's backpressure on gradient buckets ([Note: bucket flush against DeepSpeed],
+    part 5): forget the events the device has passed; past ``limit`` outstanding, the host
+    waits for the oldest."""
+    while events and events[0].query():
+        events.popleft()
+    if len(events) > limit:
+        events.popleft().synchronize()

@@ -48,7 +48,15 @@ def _die_with_parent() -> None:
 
 
 def _worker(
-    rank: int, world: int, port: int, tasks, results, env: dict, pg_timeout_s: float | None, gpus: int = 0
+    rank: int,
+    world: int,
+    port: int,
+    tasks,
+    results,
+    env: dict,
+    pg_timeout_s: float | None,
+    gpus: int = 0,
+    with_deepspeed: bool = True,
 ) -> None:
     _die_with_parent()
     os.environ.update(env)
@@ -71,30 +79,46 @@ def _worker(
         import torch
 
         torch.set_num_threads(1)
-        import deepspeed
-        from deepspeed.utils import logger
-
-        logger.setLevel("ERROR")
-        if gpus:
-            # The group is created here, not by DeepSpeed: DeepSpeed binds the CUDA device to
-            # the default group, and torch then builds every new_group by splitting it, which
-            # gloo cannot do (AttributeError: perform_nocolor_split on the non-members).
+        if with_deepspeed:
+            _start_deepspeed(rank, world, pg_timeout_s, gpus)
+        else:  # a world for the layers under DeepSpeed: torch.distributed only
             import torch.distributed as dist
 
-            torch.cuda.set_device(rank % gpus)
             timeout = None if pg_timeout_s is None else timedelta(seconds=pg_timeout_s)
             dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
-        if pg_timeout_s is None:
-            deepspeed.init_distributed(dist_backend="gloo")
-        else:
-            deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=pg_timeout_s))
-        from .shm_hygiene import release_deepspeed_shm
-
-        release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         results.put((rank, "ready", None))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
         return
+    _serve(rank, tasks, results)
+
+
+def _start_deepspeed(rank: int, world: int, pg_timeout_s: float | None, gpus: int) -> None:
+    import deepspeed
+    import torch
+    from deepspeed.utils import logger
+
+    logger.setLevel("ERROR")
+    if gpus:
+        # The group is created here, not by DeepSpeed: DeepSpeed binds the CUDA device to
+        # the default group, and torch then builds every new_group by splitting it, which
+        # gloo cannot do (AttributeError: perform_nocolor_split on the non-members).
+        import torch.distributed as dist
+
+        torch.cuda.set_device(rank % gpus)
+        timeout = None if pg_timeout_s is None else timedelta(seconds=pg_timeout_s)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    if pg_timeout_s is None:
+        deepspeed.init_distributed(dist_backend="gloo")
+    else:
+        deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=pg_timeout_s))
+    from .shm_hygiene import release_deepspeed_shm
+
+    release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
+
+
+def _serve(rank: int, tasks, results) -> None:
+    """Run tasks until told to stop; then leave the default group."""
     while True:
         item = tasks.get()
         if item is None:
@@ -154,7 +178,9 @@ class LocalWorld:
     """``pg_timeout_s``: timeout of the default process group (torch's default is 30 min);
     ``failure_grace_s``: after a failure, how long a quiet spell (no rank failing or exiting)
     ends the wait for the others to fail on their own ([Note: a failed world]); ``gpus``: 0 for
-    CPU ranks, else the number of GPUs the ranks share (rank r uses device r % gpus)."""
+    CPU ranks, else the number of GPUs the ranks share (rank r uses device r % gpus);
+    ``with_deepspeed``: False for ranks that never import DeepSpeed (the default group is
+    torch's own gloo group), to run the layers under DeepSpeed by themselves."""
 
     def __init__(
         self,
@@ -164,6 +190,7 @@ class LocalWorld:
         pg_timeout_s: float | None = None,
         failure_grace_s: float = 0.0,
         gpus: int = 0,
+        with_deepspeed: bool = True,
     ):
         self.world_size = world_size
         self.timeout = timeout
@@ -183,7 +210,7 @@ class LocalWorld:
         self.procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, port, self.tasks[r], self.results, env, pg_timeout_s, gpus),
+                args=(r, world_size, port, self.tasks[r], self.results, env, pg_timeout_s, gpus, with_deepspeed),
                 daemon=True,
             )
             for r in range(world_size)

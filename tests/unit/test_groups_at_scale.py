@@ -1,0 +1,119 @@
+"""Every hop group of a Frontier-sized world (48 nodes x 4 packages x 2 GCDs = 384 ranks), built
+by the one group-building place (``comm/groups.build_hop_groups``) on PyTorch's fake
+process-group backend, as FSDP2 and torchtitan check group construction at scale: no process
+and no message per rank, but the same ``new_group`` calls in the same order as a real job.
+
+A rank's view is built in a fresh interpreter (``init_process_group`` once per process, as in a
+job) for a sample of ranks: the first, the last and one in the middle; its groups are checked
+against ``core/topology.py`` directly (coordinates, not ``Topology.peers``, which the builder
+itself uses)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES, GPUS, GCDS = 48, 4, 2
+WORLD = NODES * GPUS * GCDS
+SAMPLE = (0, WORLD // 2 + 3, WORLD - 1)
+
+CHILD = r"""
+import json, sys
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from zeropp_hier.comm.groups import build_hop_groups
+from zeropp_hier.core.plan import make_plan
+from zeropp_hier.core.policy import CompressionConfig
+from zeropp_hier.core.topology import Topology
+
+rank, nodes, gpus, gcds = (int(a) for a in sys.argv[1:5])
+topo = Topology(nodes, gpus, gcds)
+# every hop of every preset, each kept level included: the union a job of any preset may build
+axes_sets = []
+for preset in ("zero3", "zeropp", "frontier"):
+    plan = make_plan(preset, CompressionConfig(), topo)
+    hops = [*plan.forward, *plan.reduce, *(h for _, level in plan.by_level for h in level)]
+    axes_sets += [h.axes for h in hops]
+dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=topo.world_size)
+groups = build_hop_groups(topo, axes_sets, rank)
+out = {}
+for axes, hg in groups.items():
+    torch_ranks = dist.get_process_group_ranks(hg.group)
+    out["+".join(axes)] = {
+        "peers": list(hg.peers),
+        "torch_ranks": torch_ranks,
+        "group_size": hg.group.size(),
+        "my_group_rank": hg.group.rank(),
+    }
+out["_asked"] = sorted({"+".join(a) for a in axes_sets})
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def _view(rank: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(rank), str(NODES), str(GPUS), str(GCDS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _expected(rank: int, axes: tuple[str, ...]) -> list[int]:
+    """The ranks that share every coordinate of ``rank`` but those along ``axes``, from the
+    identity rank map (rank = gcd + GCDS * (gpu + GPUS * node)), ascending."""
+    node, gpu, gcd = rank // (GPUS * GCDS), (rank // GCDS) % GPUS, rank % GCDS
+    nodes = range(NODES) if "node" in axes else [node]
+    gpus = range(GPUS) if "gpu" in axes else [gpu]
+    gcds = range(GCDS) if "gcd" in axes else [gcd]
+    return sorted(c + GCDS * (p + GPUS * n) for n in nodes for p in gpus for c in gcds)
+
+
+@pytest.mark.parametrize("rank", SAMPLE)
+def test_hop_groups_of_a_frontier_sized_world(rank):
+    from zeropp_hier.core.topology import Topology
+
+    view = _view(rank)
+    asked = view.pop("_asked")
+    topo = Topology(NODES, GPUS, GCDS)
+    # every hop every preset takes is built (none spans a single rank at this size)
+    assert sorted(view) == asked
+    assert set(view) == {"gcd", "gpu", "node", "gpu+gcd", "node+gpu+gcd"}
+    for name, g in view.items():
+        axes = tuple(name.split("+"))
+        want = _expected(rank, axes)
+        assert g["torch_ranks"] == want, name  # membership, ranks ascending
+        assert g["peers"] == want, name  # the identity map: block order is rank order too
+        assert g["group_size"] == len(want) == topo.axes_size(axes)
+        assert g["my_group_rank"] == want.index(rank)
+        # the peers differ from this rank only along the hop's axes
+        me = topo.coord(rank)
+        for peer in g["peers"]:
+            c = topo.coord(peer)
+            for i, axis in enumerate(("node", "gpu", "gcd")):
+                if axis not in axes:
+                    assert c[i] == me[i], (name, peer)
+
+
+def test_group_plans_partition_the_world():
+    """The plans every rank walks to create its groups (the same sequence on every rank): for
+    each hop's axes the groups are disjoint, cover all 384 ranks, and are the coordinate sets."""
+    from zeropp_hier.core.topology import Topology
+
+    topo = Topology(NODES, GPUS, GCDS)
+    for axes in [("gcd",), ("gpu",), ("node",), ("gpu", "gcd"), ("node", "gpu"), ("node", "gpu", "gcd")]:
+        plan = topo.group_plan(axes)
+        flat = [r for members in plan for r in members]
+        assert sorted(flat) == list(range(WORLD)), axes
+        assert len(plan) == WORLD // topo.axes_size(axes)
+        for members in plan:
+            assert sorted(members) == _expected(members[0], axes)

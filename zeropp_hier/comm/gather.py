@@ -1,0 +1,183 @@
+"""The hierarchical gather, over plain tensors and a ``CommPlan``.
+
+A bucket of tensors is gathered as one buffer in the canonical layout ([Note: canonical buffer
+layout] in core/layout.py): each tensor's partition on this rank side by side in ``[1, 1, 1, S]``
+(from the primary partitions) or a kept copy ``[n, p, g, S]`` spanning some axes; each hop fills
+in its axes; the end cuts every tensor's full values out of the ``[N, P, G, S]`` result.
+
+``hop_steps`` is the driver: a generator that announces each hop's collective (``Move``, for the
+executor: [Note: one order of hop collectives] in comm/executor.py) before issuing it, and
+returns the gathered buffer. ``gather_bucket`` wraps it with the two ends (the copies to keep,
+the tensors' values). Nothing here knows DeepSpeed: ``deepspeed/runtime.py`` maps parameters to
+these tensors and back.
+"""
+
+from __future__ import annotations
+
+from typing import Generator, NamedTuple, Sequence
+
+import torch
+
+from ..core import layout
+from ..core.plan import CommPlan, Hop
+from ..core.policy import QUANTIZED
+from .collectives import Encoded
+from .context import CommContext
+from .executor import Move
+
+Buffer = torch.Tensor | Encoded  # a gather buffer, plain or in a quantized wire format
+
+
+def exact(hops: Sequence[Hop]) -> tuple[Hop, ...]:
+    return tuple(h._replace(scheme="none") for h in hops)
+
+
+def hops_for(plan: CommPlan, src: tuple[str, ...], phase: str) -> tuple[Hop, ...]:
+    """The hops of a gather from the primary partitions (``src`` empty) or from kept copies
+    spanning ``src``. Gathers outside forward and backward (``phase`` "other_gather": saved,
+    inspected or kept weights) take the forward's hops, exact ([Note: every gather through the
+    hierarchy] in deepspeed/partition.py)."""
+    if src:
+        return plan.backward_for(src)
+    return exact(plan.forward) if phase == "other_gather" else plan.forward
+
+
+def backward_hops(plan: CommPlan, all_levels: bool) -> list[Hop]:
+    """The backward hops of the kept levels in use: the preset's own, or every level the preset
+    allows (``all_levels``: under a memory budget, [Note: kept levels] in core/levels.py)."""
+    return [h for axes, hops in plan.by_level if all_levels or axes == plan.kept_axes for h in hops]
+
+
+def slot_align(hops: Sequence[Hop]) -> int:
+    """Slot granularity of gathered partitions: the largest block of any quantizing hop (block
+    sizes are powers of two, so it is a multiple of every one); 1 when all are exact."""
+    return max((h.block_size for h in hops if h.scheme in QUANTIZED), default=1)
+
+
+def slots_of(sizes: Sequence[int], align: int) -> list[int]:
+    """Each partition in a slot of whole blocks ([Note: blocks never straddle])."""
+    return [layout.aligned(n, align) for n in sizes]
+
+
+def primary_buffer(
+    parts: Sequence[torch.Tensor], sizes: Sequence[int], numels: Sequence[int], slots: Sequence[int], rank: int
+) -> torch.Tensor:
+    """This rank's partitions (``parts[i]``: ``sizes[i]`` elements of a tensor of ``numels[i]``)
+    side by side, each in its slot; everything else zero. The tail of the last partitions past
+    a tensor's end is uninitialised memory (DeepSpeed leaves it so): uncompressed those
+    elements are never read, but a quantization block holding them would take its scale from
+    whatever is there (NaN included) and spoil the real values beside it."""
+    dtype, device = parts[0].dtype, parts[0].device
+    padded = list(slots) != list(sizes)
+    if not padded:  # no padding: one concatenation, then zero the tails
+        buf = torch.cat([t.reshape(-1) for t in parts])
+    else:
+        buf = torch.zeros(sum(slots), dtype=dtype, device=device)
+    off = 0
+    for t, n, numel, slot in zip(parts, sizes, numels, slots):
+        valid = max(0, min(n, numel - rank * n))
+        if padded:
+            buf[off : off + valid].copy_(t.reshape(-1)[:valid])
+        elif valid < n:
+            buf[off + valid : off + n].zero_()
+        off += slot
+    return buf.view(1, 1, 1, -1)
+
+
+def hop_steps(
+    ctx: CommContext, hops: Sequence[Hop], start: Buffer, phase: str, carry: Sequence[torch.Tensor] = ()
+) -> Generator[Move, None, Buffer]:
+    """Run ``hops`` over ``start`` ([n, p, g, S], plain or encoded); announce each collective
+    before issuing it. ``carry``: tensors made on other lanes that the first hop reads (the
+    kept copies). Returns the full [N, P, G, S] buffer, encoded if a hop quantized
+    ([Note: quantize once per gather] in comm/collectives.py)."""
+    coll = ctx.coll
+    enc: Encoded | None = start if isinstance(start, Encoded) else None
+    buf: torch.Tensor | None = start if isinstance(start, torch.Tensor) else None
+    for i, hop in enumerate(hops):
+        # the tensors this hop reads that another lane made (on a GPU: its stream)
+        moved: tuple[torch.Tensor, ...] = (
+            (enc.data, enc.scales) if enc is not None else (buf,) if buf is not None else ()
+        )
+        yield Move(hop.axes, (*moved, *carry) if i == 0 else moved)
+        hook = ctx.hooks.gather_hook(phase, hop)
+        if enc is None and hop.scheme in QUANTIZED:
+            assert buf is not None
+            enc = coll.encode(buf, hop, hop.block_size, hook=hook)
+        if enc is not None:
+            enc = coll.gather_encoded(enc, hop, phase)
+        else:
+            assert buf is not None
+            buf = coll.gather_hop(buf, hop, hop.block_size, phase, hook=hook)
+    out = enc if enc is not None else buf
+    assert out is not None
+    return out
+
+
+def cut_kept(
+    ctx: CommContext, full: Buffer, slots: Sequence[int], keep: Sequence[tuple[str, ...] | None]
+) -> list[Buffer | None]:
+    """From a gathered buffer, the copy of each tensor this rank keeps: every block along
+    ``keep[i]``, its own coordinate along the other axes (None: keep nothing). An encoded
+    buffer leaves encoded copies."""
+    cut: dict[tuple[str, ...], Buffer] = {}  # kept axes -> this rank's part of the buffer
+    out: list[Buffer | None] = []
+    off = 0
+    for axes, slot in zip(keep, slots):
+        piece: Buffer | None = None
+        if axes is not None:
+            if axes not in cut:
+                if isinstance(full, Encoded):
+                    cut[axes] = full._replace(
+                        data=layout.kept_shard(full.data, ctx.me, axes),
+                        scales=layout.kept_shard(full.scales, ctx.me, axes),
+                    )
+                else:
+                    cut[axes] = layout.kept_shard(full, ctx.me, axes)
+            kept = cut[axes]
+            piece = kept.payload(off, slot) if isinstance(kept, Encoded) else kept[..., off : off + slot].contiguous()
+        out.append(piece)
+        off += slot
+    return out
+
+
+def split_full(
+    ctx: CommContext,
+    full: Buffer,
+    dtype: torch.dtype,
+    sizes: Sequence[int],
+    slots: Sequence[int],
+    numels: Sequence[int],
+) -> list[torch.Tensor]:
+    """Every tensor's full values (1-D, ``numels[i]`` elements, rank order) from a gathered
+    buffer (decoded to ``dtype`` if encoded)."""
+    buf = ctx.coll.decode(full, dtype) if isinstance(full, Encoded) else full
+    rows = ctx.rows_by_rank(buf.reshape(ctx.world, -1))  # coordinate order -> global rank order
+    out, off = [], 0
+    for n, slot, numel in zip(sizes, slots, numels):
+        out.append(rows[:, off : off + n].reshape(-1)[:numel])
+        off += slot
+    return out
+
+
+class Gathered(NamedTuple):
+    values: list[torch.Tensor]  # each tensor's full values, 1-D
+    kept: list[Buffer | None]  # each tensor's kept copy, or None
+
+
+def gather_bucket(
+    ctx: CommContext,
+    hops: Sequence[Hop],
+    start: Buffer,
+    phase: str,
+    dtype: torch.dtype,
+    sizes: Sequence[int],
+    slots: Sequence[int],
+    numels: Sequence[int],
+    keep: Sequence[tuple[str, ...] | None] | None = None,
+    carry: Sequence[torch.Tensor] = (),
+) -> Generator[Move, None, Gathered]:
+    """One bucket: the hops, then the copies to keep (``keep``, per tensor) and the values."""
+    full = yield from hop_steps(ctx, hops, start, phase, carry)
+    kept: list[Buffer | None] = cut_kept(ctx, full, slots, keep) if keep is not None else [None] * len(sizes)
+    return Gathered(split_full(ctx, full, dtype, sizes, slots, numels), kept)

@@ -1,0 +1,96 @@
+"""The hierarchical reduce-scatter of a gradient bucket, over plain tensors and a ``CommPlan``.
+
+The gradients are laid out as DeepSpeed's reduce-scatter cuts them (tensor t in ``world`` chunks
+of ceil(numel / world); rank r owns chunk r of every tensor), one row per destination rank
+(``layout.pack_grad_rows``); the plan's stages then sum the rows away axis by axis, and each
+rank ends with its own row, the world's average of its chunks. Nothing here knows DeepSpeed:
+``deepspeed/stage3.py`` hands the bucket's gradients in and the chunks to DeepSpeed's
+partitions.
+
+[Note: streamed gradient stages]
+Reduce-scatter sums each column of the rows on its own, so the stages run on column chunks one
+after another: the reordering, the stage layout, the wire and receive buffers are the size of
+one chunk, not of the bucket (DeepSpeed's default bucket is 5e8 elements: several GB per staging
+copy in fp32). Chunk edges fall on block boundaries, where the rows' quantization blocks already
+end, so every block, sum and residual is the same as unchunked: the result is bit for bit the
+same.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Generator, Sequence
+
+import torch
+
+from ..core import layout
+from ..core.policy import QUANTIZED
+from .context import CommContext
+from .executor import Move
+
+
+def row_pad(ctx: CommContext) -> int:
+    """Rows padded to every quantized stage's block size (powers of two: the largest), so that
+    no quantization block straddles two destinations."""
+    return max((h.block_size for h in ctx.plan.reduce if h.scheme in QUANTIZED), default=1)
+
+
+def submit_reduce_scatter(
+    ctx: CommContext,
+    grads: Sequence[torch.Tensor],
+    wire_dtype: torch.dtype,
+    key: tuple[str, ...] | None = None,
+    loss_scale: float = 1.0,
+) -> Future:
+    """Average ``grads`` over the world without waiting; ``ctx.executor.result`` of the returned
+    future gives this rank's chunk of each (fp32), in the sizes DeepSpeed's
+    ``reduce_scatter_coalesced`` returns. The gradients are copied into the stage layout now, on
+    the caller (who may reuse their memory at once: DeepSpeed's bucket buffer), and the stages
+    run on the executor behind any gather in flight (one order per hop group, [Note: one order
+    of hop collectives] in comm/executor.py). ``key`` names the bucket for error feedback;
+    ``loss_scale`` is the one the gradients carry (fp16)."""
+    world = ctx.world
+    pad = row_pad(ctx)
+    packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
+    numels = [g.numel() for g in grads]
+    chunks = column_chunks(packed.rows.shape[1], pad, world, ctx.stream_chunk_elems)
+    lanes = [hop.axes for _ in chunks for hop in ctx.plan.reduce]
+    return ctx.executor.submit(reduce_rows(ctx, packed, chunks, numels, wire_dtype, key, loss_scale), lanes)
+
+
+def column_chunks(width: int, pad: int, world: int, chunk_elems: int) -> list[tuple[int, int]]:
+    """[Note: streamed gradient stages]: column ranges of at most ``chunk_elems`` elements over
+    all ``world`` rows, edges on ``pad``-element block boundaries."""
+    step = max(pad, layout.aligned(-(-chunk_elems // world), pad))
+    return [(a, min(a + step, width)) for a in range(0, width, step)] or [(0, 0)]
+
+
+def reduce_rows(
+    ctx: CommContext,
+    packed: layout.GradRows,
+    chunks: Sequence[tuple[int, int]],
+    numels: Sequence[int],
+    wire_dtype: torch.dtype,
+    key: tuple[str, ...] | None,
+    loss_scale: float,
+) -> Generator[Move, None, list[torch.Tensor]]:
+    """The stages of one gradient bucket, chunk by chunk ([Note: streamed gradient stages]): a
+    job for the executor, which announces each stage's collective (``Move``) before issuing it."""
+    rows = packed.rows
+    ctx.hooks.check_local(rows)
+    width = rows.shape[1]
+    out = rows.new_empty(width) if len(chunks) > 1 else None
+    for a, b in chunks:
+        buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
+        ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
+        for i, hop in enumerate(ctx.plan.reduce):
+            # the rows and the output are read and written on several lanes (GPU streams)
+            yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
+            hook = ctx.hooks.reduce_hook(ckey, i, hop, loss_scale)
+            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook)
+        if out is None:
+            out = buf.reshape(-1)
+        else:
+            out[a:b].copy_(buf.reshape(-1))
+    assert out is not None
+    return layout.unpack_my_chunks(out, numels, packed.chunk, ctx.rank, packed.slots)
