@@ -70,8 +70,8 @@ _GLOB_CHARS = "*?[]"
 CRASH_ENV = "ZEROPP_HIER_CHECKPOINT_CRASH_AT"
 COMMIT_STEPS = ("manifest_written", "old_moved_away", "new_moved_in", "latest_written", "old_removed")
 SHARED_FIX = (
-    "the checkpoint directory must be on a file system every rank sees (on Frontier: Orion, "
-    "/lustre/orion/...; node-local NVMe such as /mnt/bb/$USER is seen by one node only)"
+    "the checkpoint directory must be on a file system every rank sees (on Frontier: Orion, e.g. under "
+    "$PROJWORK or $MEMBERWORK; node-local NVMe such as /mnt/bb/$USER is seen by one node only)"
 )
 
 
