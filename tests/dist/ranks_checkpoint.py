@@ -112,20 +112,22 @@ def hash_error_on_one_rank(config: dict, root: str, victim: int) -> dict:
     """On ``victim``, reading any file of the checkpoint for its hash fails with EIO (a Lustre
     I/O error): at save, then at load. Every rank must raise, naming the victim and the file."""
     import zeropp_hier
-    from zeropp_hier.deepspeed import checkpoint
+    from zeropp_hier.deepspeed import checkpoint, checkpoint_files
 
     rank = dist.get_rank()
     engine = training.build_engine(config)
     training.train_steps(engine, 1)
     engine.save_checkpoint(root, tag="good")
     real = checkpoint.file_digest
+    modules = (checkpoint, checkpoint_files)  # the save hashes in one, the checks of a load in the other
 
     def failing(path, sync=False):
         raise OSError(errno.EIO, os.strerror(errno.EIO), path)
 
     out = {}
     if rank == victim:
-        checkpoint.file_digest = failing
+        for m in modules:
+            m.file_digest = failing
     try:
         for what, call in (
             ("save", lambda: engine.save_checkpoint(root, tag="bad")),
@@ -137,7 +139,8 @@ def hash_error_on_one_rank(config: dict, root: str, victim: int) -> dict:
             except zeropp_hier.HierCheckpointError as e:
                 out[what] = {"path": e.path, "message": str(e)}
     finally:
-        checkpoint.file_digest = real
+        for m in modules:
+            m.file_digest = real
     out["latest"] = open(os.path.join(root, "latest")).read()
     out["tags"] = checkpoint.complete_tags(root)
     training.release(engine)
