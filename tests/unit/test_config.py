@@ -47,6 +47,9 @@ def ds(section, **zero):
         ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
         ("frontier", "zeropp_hier", "expected a JSON object"),
         ({"overlap": "yes"}, "zeropp_hier.overlap", '"one_lane" (overlapped, every hop group on one lane'),
+        ({"checkpoint": {"trust_pickles": "yes"}}, "zeropp_hier.checkpoint.trust_pickles", "only for checkpoints"),
+        ({"checkpoint": {"trust": True}}, "zeropp_hier.checkpoint.trust", "unknown key"),
+        ({"checkpoint": True}, "zeropp_hier.checkpoint", "expected a JSON object"),
     ],
 )
 def test_section_errors(section, field, fragment):
@@ -144,3 +147,8 @@ def test_overlap_takes_true_false_and_one_lane():
     assert parse_section({}).overlap is True
     assert parse_section({"overlap": False}).overlap is False
     assert parse_section({"overlap": "one_lane"}).overlap == "one_lane"
+
+
+def test_checkpoint_trust_pickles_defaults_to_false():
+    assert parse_section({}).checkpoint.trust_pickles is False
+    assert parse_section({"checkpoint": {"trust_pickles": True}}).checkpoint.trust_pickles is True

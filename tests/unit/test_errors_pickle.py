@@ -38,3 +38,11 @@ def test_checkpoint_error_round_trips_through_pickle():
     err = HierCheckpointError("/ckpt/global_step3", "missing file", "save again")
     back = pickle.loads(pickle.dumps(err))
     assert str(back) == str(err) and (back.path, back.problem, back.fix) == (err.path, err.problem, err.fix)
+
+
+def test_untrusted_checkpoint_error_round_trips_through_pickle():
+    from zeropp_hier.deepspeed.safe_load import UntrustedCheckpointError, untrusted_problem
+
+    err = UntrustedCheckpointError("/ckpt/t/x.pt", untrusted_problem(["builtins.exec"]))
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is UntrustedCheckpointError and str(back) == str(err) and "trust_pickles" in str(back)

@@ -49,6 +49,7 @@ _SECTION_KEYS = (
     "overlap",
     "memory",
     "auto",
+    "checkpoint",
 )
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
@@ -137,6 +138,31 @@ def _parse_auto(v: Any, preset: str) -> AutoConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    # Checkpoint files are loaded tensors-only ([Note: tensors-only loading] in
+    # deepspeed/safe_load.py); true loads any pickle, i.e. runs whatever code the files name:
+    # only for checkpoints whose writer the user trusts.
+    trust_pickles: bool = False
+
+
+def _parse_checkpoint(v: Any) -> CheckpointConfig:
+    field = f"{SECTION}.checkpoint"
+    if v is None:
+        return CheckpointConfig()
+    d = _check_mapping(v, field)
+    _check_keys(d, ("trust_pickles",), field)
+    trust = d.get("trust_pickles", False)
+    if not isinstance(trust, bool):
+        raise HierConfigError(
+            f"{field}.trust_pickles",
+            trust,
+            "use false (default: checkpoint files load tensors-only) or true (load any pickle: "
+            "only for checkpoints whose writer you trust)",
+        )
+    return CheckpointConfig(trust)
+
+
+@dataclass(frozen=True)
 class HierConfig:
     enabled: bool = False
     preset: str = "frontier"
@@ -155,6 +181,7 @@ class HierConfig:
     overlap: bool | str = True
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     # what "auto" chose, once resolved at initialize (None before, and for a named preset)
     chosen_by_auto: str | None = None
 
@@ -271,6 +298,7 @@ def parse_section(section: Any) -> HierConfig:
         deepspeed_group_timeout_s=ds_timeout,
         memory=_parse_memory(d.get("memory"), preset),
         auto=_parse_auto(d.get("auto"), preset),
+        checkpoint=_parse_checkpoint(d.get("checkpoint")),
     )
 
 

@@ -9,220 +9,85 @@ it silently. Here a save is a transaction:
 
 1. every rank writes DeepSpeed's files into ``<dir>/.tmp-<tag>/`` (DeepSpeed's own save, with
    ``save_latest=False``);
-2. rank 0 lists the files; each rank fsyncs and hashes its share (size, sha256);
-3. the hashes are gathered; rank 0 writes ``MANIFEST`` inside the temporary directory, renames
-   it to ``<dir>/<tag>`` (a directory rename: atomic on POSIX file systems, Lustre included),
-   fsyncs ``<dir>``, and only then replaces ``latest`` (temporary file, fsync, ``os.replace``);
-4. a closing barrier: ``save_checkpoint`` returns on any rank only once the tag is committed.
+2. every rank lists the directory and the listings are gathered: a rank that sees other files
+   than rank 0 is on another file system (node-local storage), and every rank says so;
+3. each rank fsyncs and hashes its share (size, sha256); an ``OSError`` while hashing is
+   gathered too, so every rank raises the same error naming the rank, the file and the cause;
+4. rank 0 writes ``MANIFEST`` inside the temporary directory and commits (``commit``): when the
+   tag exists already it is first renamed to ``.old-<tag>``; then ``.tmp-<tag>`` is renamed to
+   ``<tag>`` (a directory rename: atomic on POSIX file systems, Lustre included), ``<dir>`` is
+   fsynced, ``latest`` is replaced (temporary file, fsync, ``os.replace``), and ``.old-<tag>``
+   is removed;
+5. rank 0's outcome is broadcast: ``save_checkpoint`` returns on any rank only once the tag is
+   committed, and raises on every rank if the commit failed.
 
-A crash before the rename in step 3 leaves the previous tag and ``latest`` as they were; the
-leftover ``.tmp-<tag>`` is never loaded and is removed by the next save of that tag.
-``load_checkpoint`` reads the manifest, each rank checks its share of the files, the findings
+A crash before the rename of ``.tmp-<tag>`` leaves the previous tag and ``latest`` as they were.
+A crash between the two renames of a re-save leaves ``.old-<tag>`` (complete, with its manifest)
+and no ``<tag>``: the next load or save of that tag renames it back (``recover``), so the previous
+state loads. ``.tmp-*`` and ``.old-*`` leftovers are removed by the next save (of that tag; and
+``.old-*`` of any tag that is complete) and listed by ``checkpoint verify``.
+
+``load_checkpoint`` agrees first on what every rank sees (the tag, from ``latest`` or given, and
+the manifest's hash: a rank that sees another directory is named, with the fix that the
+checkpoint directory must be shared), then each rank checks its share of the files, the findings
 are gathered, and *every* rank raises the same ``HierCheckpointError`` (naming the file) before
-DeepSpeed reads anything, so no rank is left waiting for one that could not load.
+DeepSpeed reads anything, so no rank is left waiting for one that could not load. The manifest
+covers every file under the tag: a file it does not list, a symbolic link, or a listed name that
+is not a plain relative name (``..``, an absolute path, glob characters) is refused, and so are
+tags that are not plain names, whether given or read from ``latest``. Files are loaded
+tensors-only ([Note: tensors-only loading] in ``safe_load.py``).
 
 The files are DeepSpeed's, so DeepSpeed's tools read them: ``zero_to_fp32`` (consolidated fp32
-weights) and ``ds_to_universal`` (``to_universal`` below wraps it, for loading on another
-number of ranks). Checkpoints must live on a file system every rank sees (DeepSpeed's
-``use_node_local_storage`` and decoupled/async checkpoint engines are refused).
+weights; ``to_fp32`` below runs it tensors-only) and ``ds_to_universal`` (``to_universal`` below
+wraps it, for loading on another number of ranks). Checkpoints must live on a file system every
+rank sees (DeepSpeed's ``use_node_local_storage`` and decoupled/async checkpoint engines are
+refused).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import json
 import os
 import shutil
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch.distributed as dist
 
-MANIFEST = "zeropp_hier_manifest.json"
-MANIFEST_FORMAT = "zeropp_hier-checkpoint/1"
-TMP_PREFIX = ".tmp-"
-OLD_PREFIX = ".old-"
-_CHUNK = 8 << 20
-
-
-class HierCheckpointError(RuntimeError):
-    """A checkpoint cannot be saved or loaded safely. Names the file, the problem and the fix."""
-
-    def __init__(self, path: str, problem: str, fix: str):
-        self.path, self.problem, self.fix = path, problem, fix
-        super().__init__(f"zeropp_hier checkpoint error at '{path}': {problem}; {fix}")
-
-    def __reduce__(self):  # picklable across processes, like the other errors
-        return (type(self), (self.path, self.problem, self.fix))
-
-
-# -- pure file helpers (no torch.distributed) ----------------------------------------------------
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Readers see the old content or the new one, never a partial file."""
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def file_digest(path: str, sync: bool = False) -> dict:
-    """{"bytes": size, "sha256": hex}; with ``sync`` the file is fsynced first (any descriptor
-    of a file flushes its pages, so the rank hashing it need not be the one that wrote it)."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        if sync:
-            os.fsync(f.fileno())
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return {"bytes": size, "sha256": h.hexdigest()}
-
-
-def list_files(root: str) -> list[str]:
-    """Every regular file under ``root`` (relative paths, sorted), the manifest excluded."""
-    out = []
-    for d, _, names in os.walk(root):
-        for n in names:
-            rel = os.path.relpath(os.path.join(d, n), root)
-            if rel != MANIFEST:
-                out.append(rel)
-    return sorted(out)
-
-
-def complete_tags(root: str) -> list[str]:
-    """Tags under ``root`` that have a manifest (committed saves), oldest first."""
-    if not os.path.isdir(root):
-        return []
-    tags = [t for t in os.listdir(root) if not t.startswith(".") and os.path.isfile(os.path.join(root, t, MANIFEST))]
-    return sorted(tags, key=lambda t: os.path.getmtime(os.path.join(root, t, MANIFEST)))
-
-
-def check_files(tag_dir: str, manifest: dict, names: Iterable[str]) -> list[tuple[str, str]]:
-    """(path, problem) for each of ``names`` that does not match the manifest."""
-    problems = []
-    for rel in names:
-        path = os.path.join(tag_dir, rel)
-        want = manifest["files"][rel]
-        if not os.path.isfile(path):
-            problems.append((path, "missing (listed in the manifest written at save)"))
-            continue
-        size = os.path.getsize(path)
-        if size != want["bytes"]:
-            problems.append(
-                (
-                    path,
-                    f"{size} bytes, but {want['bytes']} were written at save: the file "
-                    "is truncated or was overwritten",
-                )
-            )
-            continue
-        if file_digest(path)["sha256"] != want["sha256"]:
-            problems.append((path, "contents differ from the sha256 recorded at save: the file is corrupted"))
-    return problems
-
-
-def read_manifest(tag_dir: str) -> tuple[dict | None, tuple[str, str] | None]:
-    """(manifest, None) or (None, (path, problem))."""
-    path = os.path.join(tag_dir, MANIFEST)
-    if not os.path.isdir(tag_dir):
-        return None, (tag_dir, "no such checkpoint directory")
-    if not os.path.isfile(path):
-        return None, (
-            path,
-            "missing: this tag was not committed by zeropp_hier (its save was "
-            "interrupted, or it was written by stock DeepSpeed)",
-        )
-    try:
-        with open(path) as f:
-            m = json.load(f)
-        if m.get("format") != MANIFEST_FORMAT or not isinstance(m.get("files"), dict):
-            raise ValueError(f"format {m.get('format')!r}")
-        for rel, e in m["files"].items():
-            if not (isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)):
-                raise ValueError(f"bad entry for {rel!r}")
-    except (OSError, ValueError, AttributeError) as e:
-        return None, (path, f"unreadable manifest ({e})")
-    return m, None
-
-
-def _fix_text(root: str, tag: str | None) -> str:
-    tags = [t for t in complete_tags(root) if t != tag]
-    hint = f"complete tags in '{root}': {tags}" if tags else f"no other complete tag in '{root}'"
-    return (
-        f"load another tag with engine.load_checkpoint(dir, tag=...) ({hint}), or pass "
-        "verify=False to load it unchecked at your own risk"
-    )
-
-
-def verify_tag(root: str, tag: str, rank: int = 0, world: int = 1) -> list[tuple[str, str]]:
-    """This rank's share of the checks of ``<root>/<tag>`` (all of them with the defaults)."""
-    tag_dir = os.path.join(root, tag)
-    manifest, problem = read_manifest(tag_dir)
-    if problem is not None:
-        return [problem]
-    names = sorted(manifest["files"])
-    return check_files(tag_dir, manifest, names[rank::world])
-
-
-def resolve_tag(root: str, tag: Any, latest_name: str = "latest") -> str | None:
-    if tag is not None:
-        return str(tag)
-    path = os.path.join(root, latest_name)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return f.read().strip()
-
-
-def commit(
-    root: str, tmp_dir: str, tag: str, files: dict, meta: dict, save_latest: bool, latest_name: str = "latest"
-) -> None:
-    """Rank 0's part of a save: manifest into ``tmp_dir`` (a directory on the same file system),
-    rename it to ``<root>/<tag>``, then ``latest`` (in that order)."""
-    final = os.path.join(root, tag)
-    manifest = {"format": MANIFEST_FORMAT, "tag": tag, **meta, "files": files}
-    write_atomic(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
-    old = None
-    if os.path.exists(final):  # saving a tag again: keep the old copy until the new one is in place
-        old = os.path.join(root, OLD_PREFIX + tag)
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(tmp_dir, final)
-    fsync_dir(root)
-    if save_latest:
-        write_atomic(os.path.join(root, latest_name), tag.encode())
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def check_tag_name(tag: str) -> None:
-    if (
-        not tag
-        or tag.startswith(".")
-        or os.sep in tag
-        or (os.altsep and os.altsep in tag)
-        or tag in ("latest", "latest_universal")
-    ):
-        raise HierCheckpointError(
-            tag,
-            "not a valid checkpoint tag",
-            "use a plain directory name that does not start with '.' and is not 'latest' (default: global_step<N>)",
-        )
-
+# the directory's files (pure): re-exported, this module is the public face of checkpoints
+from .checkpoint_files import (  # noqa: F401
+    COMMIT_STEPS,
+    CRASH_ENV,
+    MANIFEST,
+    MANIFEST_FORMAT,
+    OLD_PREFIX,
+    POINTERS,
+    SHARED_FIX,
+    TMP_PREFIX,
+    HierCheckpointError,
+    _rank_error,
+    check_files,
+    check_tag_name,
+    clean_leftovers,
+    commit,
+    complete_tags,
+    file_digest,
+    first_problem,
+    fsync_dir,
+    leftovers,
+    list_files,
+    missing_latest_error,
+    name_problem,
+    raise_problems,
+    raise_rank_errors,
+    read_manifest,
+    recover,
+    resolve_tag,
+    tag_entries,
+    verify_tag,
+    write_atomic,
+)
 
 # -- the engine's save and load ------------------------------------------------------------------
 
@@ -237,6 +102,28 @@ def _guard(engine, phase: str):
     rt = engine.hier_runtime
     # these collectives run on DeepSpeed's data-parallel group: report the timeout it runs with
     return world_guard(rt.topo, rt.rank, phase, getattr(engine, "ds_group_timeout_s", None))
+
+
+def _gather(obj: Any, group) -> list:
+    out: list = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _listing_error(listings: list, where: str) -> tuple[int, str, str] | None:
+    """The first rank whose listing of ``where`` differs from rank 0's, as a rank error."""
+    ref = set(listings[0])
+    for rank, names in enumerate(listings[1:], start=1):
+        if set(names) != ref:
+            only_here = sorted(set(names) - ref)[:3]
+            not_here = sorted(ref - set(names))[:3]
+            return (
+                rank,
+                where,
+                f"rank {rank} sees other files in it than rank 0 (only on rank {rank}: {only_here}; "
+                f"only on rank 0: {not_here}): {SHARED_FIX}",
+            )
+    return None
 
 
 def save(
@@ -263,15 +150,40 @@ def save(
             f"{type(engine.checkpoint_engine).__name__} writes asynchronously",
             "use DeepSpeed's default (torch) checkpoint engine",
         )
-    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    check_tag_name(tag)
+    tag = check_tag_name(str(tag) if tag is not None else f"global_step{engine.global_steps}")
     rank, world, group = dist.get_rank(), dist.get_world_size(), _dp_group(engine)
     tmp_tag = TMP_PREFIX + tag
+    tmp_dir = os.path.join(save_dir, tmp_tag)
     with _guard(engine, "checkpoint save"):
+        # rank 0 prepares the directory and leaves a probe in it; every rank must see the probe
+        # before anyone writes: else the directory is not shared, and every rank says so
+        prepared, nonce = None, os.urandom(8).hex()
+        probe = os.path.join(save_dir, f"{TMP_PREFIX}{tag}.probe")
         if rank == 0:
-            os.makedirs(save_dir, exist_ok=True)
-            shutil.rmtree(os.path.join(save_dir, tmp_tag), ignore_errors=True)  # an earlier crash's
-        dist.barrier(group=group)
+            try:
+                os.makedirs(save_dir, exist_ok=True)
+                clean_leftovers(save_dir, tag)  # an earlier crash's
+                write_atomic(probe, nonce.encode())
+            except OSError as e:
+                prepared = _rank_error(0, save_dir, e)
+        gathered = _gather((prepared, nonce), group)
+        raise_rank_errors([p for p, _ in gathered], "preparing the checkpoint directory")
+        try:
+            with open(probe, "rb") as f:
+                seen = f.read().decode(errors="replace") == gathered[0][1]
+        except OSError:
+            seen = False
+        unseen = None
+        if not seen:
+            unseen = (
+                rank,
+                save_dir,
+                f"rank {rank} does not see the file rank 0 just wrote there ({probe}): {SHARED_FIX}",
+            )
+        raise_rank_errors(_gather(unseen, group), "checking the checkpoint directory")
+        if rank == 0:
+            with contextlib.suppress(OSError):
+                os.remove(probe)
         ds_save(
             save_dir,
             tmp_tag,
@@ -279,15 +191,23 @@ def save(
             save_latest=False,
             exclude_frozen_parameters=exclude_frozen_parameters,
         )
-        tmp_dir = os.path.join(save_dir, tmp_tag)
-        listing = [list_files(tmp_dir) if rank == 0 else None]
-        dist.broadcast_object_list(listing, src=0, group=group)
-        names = listing[0]
-        mine = {rel: file_digest(os.path.join(tmp_dir, rel), sync=True) for rel in names[rank::world]}
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, mine, group=group)
+        # every rank must see what every rank wrote: else the directory is not shared
+        listings = _gather(list_files(tmp_dir), group)
+        raise_rank_errors([_listing_error(listings, tmp_dir)], "checking the saved files")
+        names = listings[0]
+        mine: dict = {}
+        failure = None
+        for rel in names[rank::world]:
+            try:
+                mine[rel] = file_digest(os.path.join(tmp_dir, rel), sync=True)
+            except OSError as e:
+                failure = _rank_error(rank, os.path.join(tmp_dir, rel), e)
+                break
+        gathered = _gather((mine, failure), group)
+        raise_rank_errors([f for _, f in gathered], "hashing the saved files")
+        outcome = [None]
         if rank == 0:
-            files = {k: v for part in gathered for k, v in part.items()}
+            files = {k: v for part, _ in gathered for k, v in part.items()}
             rt = engine.hier_runtime
             meta = {
                 "world_size": world,
@@ -295,49 +215,158 @@ def save(
                 "topology": list(rt.topo.dims),
                 "global_steps": int(engine.global_steps),
             }
-            commit(save_dir, tmp_dir, tag, files, meta, save_latest)
-        dist.barrier(group=group)  # nobody returns before the tag is committed
+            try:
+                commit(save_dir, tmp_dir, tag, files, meta, save_latest)
+            except OSError as e:
+                outcome[0] = _rank_error(0, os.path.join(save_dir, tag), e)
+        dist.broadcast_object_list(outcome, src=0, group=group)  # nobody returns before the commit
+    raise_rank_errors(outcome, "committing the checkpoint")
     return True
 
 
-def verify_for_load(engine, load_dir: str, tag: Any) -> str | None:
-    """Check ``<load_dir>/<tag>`` (or the tag ``latest`` names) on every rank, each rank hashing
-    its share of the files; raise the same ``HierCheckpointError`` everywhere on any mismatch.
-    Returns the tag to load (None when there is no ``latest`` and no tag: DeepSpeed then loads
-    nothing, as it always has)."""
+def _view(root: str, tag: Any, latest_name: str, rank: int) -> dict:
+    """What this rank sees of the checkpoint to load: the tag, the manifest's hash, or the error
+    it met (as (path, problem, fix)). Rank 0 first restores an interrupted re-save."""
+    try:
+        resolved = resolve_tag(root, tag, latest_name)
+    except HierCheckpointError as e:
+        return {"tag": None, "error": (e.path, e.problem, e.fix), "manifest": None, "recovered": False}
+    recovered = False
+    if resolved is not None and rank == 0:
+        try:
+            recovered = recover(root, resolved)
+        except OSError as e:
+            return {
+                "tag": resolved,
+                "error": (root, f"cannot restore '{OLD_PREFIX}{resolved}': {e}", SHARED_FIX),
+                "manifest": None,
+                "recovered": False,
+            }
+    digest = None
+    if resolved is not None:
+        # rank 0 may be renaming .old-<tag> back right now: one of these reads sees it
+        for d in (resolved, OLD_PREFIX + resolved, resolved):
+            path = os.path.join(root, d, MANIFEST)
+            try:
+                digest = file_digest(path)["sha256"]
+                break
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as e:
+                problem = f"cannot be read on rank {rank}: {type(e).__name__}: {e.strerror or e}"
+                fix = (
+                    "fix that rank's access to the checkpoint directory (every rank must see the same one), then retry"
+                )
+                return {"tag": resolved, "error": (path, problem, fix), "manifest": None, "recovered": recovered}
+    return {"tag": resolved, "error": None, "manifest": digest, "recovered": recovered}
+
+
+def _agree(views: list, root: str) -> None:
+    """The same error on every rank if the ranks do not see the same checkpoint."""
+    for rank, v in enumerate(views):
+        if v["error"] is not None:
+            path, problem, fix = v["error"]
+            raise HierCheckpointError(path, f"{problem} (seen by rank {rank})", fix)
+    ref = views[0]
+    for rank, v in enumerate(views[1:], start=1):
+        if (v["tag"], v["manifest"]) != (ref["tag"], ref["manifest"]):
+            raise HierCheckpointError(
+                root,
+                f"rank {rank} sees tag {v['tag']!r} with manifest {str(v['manifest'])[:12]}, rank 0 sees tag "
+                f"{ref['tag']!r} with manifest {str(ref['manifest'])[:12]}",
+                SHARED_FIX,
+            )
+
+
+def verify_for_load(
+    engine, load_dir: str, tag: Any, *, check: bool = True, trust_pickles: bool = False, missing_ok: bool = False
+) -> str | None:
+    """Agree on the tag (given, or what ``latest`` names) across ranks, then check
+    ``<load_dir>/<tag>`` on every rank, each rank its share of the files: the manifest when
+    ``check``, the pickles unless ``trust_pickles``; raise the same ``HierCheckpointError``
+    everywhere on any problem. Returns the tag to load. No ``latest`` and no tag is an error,
+    unless ``missing_ok`` (then None: DeepSpeed loads nothing)."""
     latest_name = "latest_universal" if engine.load_universal_checkpoint() else "latest"
     rank, world, group = dist.get_rank(), dist.get_world_size(), _dp_group(engine)
-    tag = resolve_tag(load_dir, tag, latest_name)
-    gathered: list = [None] * world
     with _guard(engine, "checkpoint load"):
-        mine = [] if tag is None else verify_tag(load_dir, tag, rank, world)
-        dist.all_gather_object(gathered, mine, group=group)
-    problems = sorted({p for part in gathered for p in part})
-    if problems:
-        path, problem = problems[0]
-        more = f" (and {len(problems) - 1} more: {[p for p, _ in problems[1:4]]})" if len(problems) > 1 else ""
-        raise HierCheckpointError(path, problem + more, _fix_text(load_dir, tag))
+        views = _gather(_view(load_dir, tag, latest_name, rank), group)
+        _agree(views, load_dir)
+        resolved = views[0]["tag"]
+        if resolved is None:
+            if missing_ok:
+                return None
+            raise missing_latest_error(load_dir, latest_name)
+        mine: list = []
+        if check:
+            mine = verify_tag(load_dir, resolved, rank, world, trust_pickles)
+        elif not trust_pickles:  # unverified, but still never a pickle that could run code
+            mine = _scan_share(os.path.join(load_dir, resolved), rank, world)
+        gathered = _gather(mine, group)
+    raise_problems([p for part in gathered for p in part], load_dir, resolved)
+    return resolved
+
+
+def _scan_share(tag_dir: str, rank: int, world: int) -> list[tuple[str, str]]:
+    from . import safe_load
+
+    problems = []
+    for rel in [n for n in list_files(tag_dir) if n.endswith(".pt")][rank::world]:
+        found = safe_load.scan(os.path.join(tag_dir, rel))
+        if found:
+            problems.append((os.path.join(tag_dir, rel), safe_load.untrusted_problem(found)))
+    return problems
+
+
+# -- conversions -----------------------------------------------------------------------------------
+
+
+def _verified_source(src_dir: str, tag: Any, trust_pickles: bool) -> str:
+    tag = resolve_tag(src_dir, tag)
+    if tag is None:
+        raise missing_latest_error(src_dir)
+    raise_problems(verify_tag(src_dir, tag, trust_pickles=trust_pickles), src_dir, tag)
     return tag
 
 
-# -- resharding ----------------------------------------------------------------------------------
+def _inside(a: str, b: str) -> bool:
+    a, b = os.path.realpath(a), os.path.realpath(b)
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
 
 
-def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) -> str:
+def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1, trust_pickles: bool = False) -> str:
     """Convert ``<src_dir>/<tag>`` (default: ``latest``) into DeepSpeed's universal format in
     ``<out_dir>/<tag>``, for loading on another number of ranks or another preset/topology
     with ``"checkpoint": {"load_universal": true}``. Weights and Adam states (exp_avg,
-    exp_avg_sq, step) carry over. The source is verified first and the result is committed
-    like a save (manifest, rename, then ``latest_universal``). Run it in one process."""
+    exp_avg_sq, step) carry over. The source is verified first, read tensors-only, and the
+    result is committed like a save (manifest, rename, then ``latest_universal``). The output
+    never replaces anything: ``out_dir`` must not be the source directory, and
+    ``<out_dir>/<tag>`` must not exist. Run it in one process."""
+    import multiprocessing
+
     from deepspeed.checkpoint import ds_to_universal
 
-    tag = resolve_tag(src_dir, tag)
-    if tag is None:
-        raise HierCheckpointError(os.path.join(src_dir, "latest"), "missing", "pass the tag to convert")
-    problems = verify_tag(src_dir, tag)
-    if problems:
-        raise HierCheckpointError(problems[0][0], problems[0][1], _fix_text(src_dir, tag))
-    check_tag_name(tag)
+    from . import safe_load
+
+    tag = _verified_source(src_dir, tag, trust_pickles)
+    final = os.path.join(out_dir, tag)
+    if _inside(out_dir, src_dir) or _inside(src_dir, out_dir):
+        raise HierCheckpointError(
+            out_dir,
+            f"the output directory overlaps the source '{src_dir}': the conversion would replace "
+            "the checkpoint it reads",
+            "give another output directory (e.g. <src>_universal)",
+        )
+    if os.path.lexists(final):
+        raise HierCheckpointError(
+            final,
+            "exists already: a conversion never replaces a checkpoint",
+            "give another output directory, or remove it yourself",
+        )
+    if workers > 1 and multiprocessing.get_start_method() != "fork":
+        # the tensors-only rule lives in this process; forked workers inherit it, others would not
+        raise HierCheckpointError(
+            src_dir, f"workers={workers} with the '{multiprocessing.get_start_method()}' start method", "use workers=1"
+        )
     os.makedirs(out_dir, exist_ok=True)
     scratch = os.path.join(out_dir, TMP_PREFIX + tag)  # ds_to_universal also writes beside its output
     shutil.rmtree(scratch, ignore_errors=True)
@@ -350,7 +379,8 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) 
         strict=True,
         inject_missing_state=False,
     )
-    ds_to_universal.main(args)
+    with safe_load.tensors_only(trust_pickles):
+        ds_to_universal.main(args)
     converted = os.path.join(scratch, tag)
     files = {rel: file_digest(os.path.join(converted, rel), sync=True) for rel in list_files(converted)}
     with open(os.path.join(src_dir, tag, MANIFEST)) as f:
@@ -359,15 +389,28 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1) 
     meta["universal_from"] = os.path.abspath(os.path.join(src_dir, tag))
     commit(out_dir, converted, tag, files, meta, True, latest_name="latest_universal")
     shutil.rmtree(scratch, ignore_errors=True)
-    return os.path.join(out_dir, tag)
+    return final
+
+
+def to_fp32(src_dir: str, tag: Any = None, trust_pickles: bool = False) -> dict:
+    """DeepSpeed's ``zero_to_fp32`` consolidation (the full fp32 state dict) of a verified tag,
+    read tensors-only."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from . import safe_load
+
+    tag = _verified_source(src_dir, tag, trust_pickles)
+    with safe_load.tensors_only(trust_pickles):
+        return get_fp32_state_dict_from_zero_checkpoint(src_dir, tag=tag)
 
 
 def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") -> int:
     """``zeropp-hier checkpoint verify DIR [--tag T]`` / ``to-universal SRC OUT [--tag T]``
-    (``universal`` is the same as ``to-universal``)."""
+    (``universal`` is the same as ``to-universal``). Checkpoint files are read tensors-only
+    unless ``--trust-pickles``."""
     ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("verify", help="check every file of a tag against its manifest")
+    v = sub.add_parser("verify", help="check every file of a tag against its manifest; list unfinished saves")
     v.add_argument("dir")
     v.add_argument("--tag", default=None)
     u = sub.add_parser(
@@ -376,16 +419,30 @@ def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") ->
     u.add_argument("src")
     u.add_argument("out")
     u.add_argument("--tag", default=None)
+    for p in (v, u):
+        p.add_argument(
+            "--trust-pickles",
+            action="store_true",
+            help="load any pickled type (runs code the files name): only for checkpoints whose writer you trust",
+        )
     a = ap.parse_args(argv)
-    if a.cmd == "verify":
-        tag = resolve_tag(a.dir, a.tag)
-        problems = verify_tag(a.dir, tag) if tag else [(os.path.join(a.dir, "latest"), "missing")]
-        for path, problem in problems:
-            print(f"BAD {path}: {problem}")
-        if not problems:
-            print(f"OK {os.path.join(a.dir, tag)}")
-        return 1 if problems else 0
-    print(to_universal(a.src, a.out, a.tag))
+    try:
+        if a.cmd == "verify":
+            for path, what in leftovers(a.dir):
+                print(f"LEFTOVER {path}: {what}")
+            tag = resolve_tag(a.dir, a.tag)
+            if tag is None:
+                raise missing_latest_error(a.dir)
+            problems = verify_tag(a.dir, tag, trust_pickles=a.trust_pickles)
+            for path, problem in problems:
+                print(f"BAD {path}: {problem}")
+            if not problems:
+                print(f"OK {os.path.join(a.dir, tag)}")
+            return 1 if problems else 0
+        print(to_universal(a.src, a.out, a.tag, trust_pickles=a.trust_pickles))
+    except HierCheckpointError as e:
+        print(f"error: {e}")
+        return 1
     return 0
 
 

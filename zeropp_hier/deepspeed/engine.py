@@ -30,7 +30,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
 from ..core.errors import HierConfigError
-from . import checkpoint
+from . import checkpoint, safe_load
 from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
 from .stage3 import HierZeroOptimizer_Stage3
@@ -183,12 +183,34 @@ class HierEngine(DeepSpeedEngine):
             exclude_frozen_parameters=exclude_frozen_parameters,
         )
 
-    def load_checkpoint(self, load_dir, tag=None, *args, verify: bool = True, **kwargs):
-        """DeepSpeed's load, after every file is checked against the manifest written at save
-        (``verify=False`` skips the check, e.g. for a checkpoint saved by stock DeepSpeed)."""
-        if verify:
-            tag = checkpoint.verify_for_load(self, load_dir, tag)
-        with self._guard("load_checkpoint"):
+    def _configure_checkpointing(self):
+        super()._configure_checkpointing()
+        # DeepSpeed's torch engine loads with weights_only=False: ours loads tensors-only
+        # ([Note: tensors-only loading] in safe_load.py). Other engines are refused at save.
+        if type(self.checkpoint_engine) is safe_load.TorchCheckpointEngine:
+            self.checkpoint_engine.__class__ = safe_load.TensorsOnlyCheckpointEngine
+            self.checkpoint_engine.trust_pickles = self.hier_config.checkpoint.trust_pickles
+
+    def load_checkpoint(
+        self,
+        load_dir,
+        tag=None,
+        *args,
+        verify: bool = True,
+        trust_pickles: bool | None = None,
+        missing_ok: bool = False,
+        **kwargs,
+    ):
+        """DeepSpeed's load, after every rank agrees on the tag and every file is checked
+        against the manifest written at save (``verify=False`` skips the manifest, e.g. for a
+        checkpoint saved by stock DeepSpeed). Files load tensors-only unless ``trust_pickles``
+        (default: ``zeropp_hier.checkpoint.trust_pickles``). No ``latest`` and no ``tag`` is an
+        error unless ``missing_ok`` (then nothing is loaded: ``(None, None)``, a fresh start)."""
+        trust = self.hier_config.checkpoint.trust_pickles if trust_pickles is None else trust_pickles
+        tag = checkpoint.verify_for_load(self, load_dir, tag, check=verify, trust_pickles=trust, missing_ok=missing_ok)
+        if tag is None:
+            return None, None
+        with self._guard("load_checkpoint"), safe_load.tensors_only(trust):
             out = super().load_checkpoint(load_dir, tag, *args, **kwargs)
         # Loaded weights replace the primary shards: copies kept from before are stale
         # (ZeRO++ served them after a load, DeepSpeed issue 7606).
