@@ -27,6 +27,11 @@ class HierTopologyError(HierConfigError):
     """The declared topology does not fit the world that was actually launched."""
 
 
+class HierUnsafeSaveError(RuntimeError):
+    """``save_checkpoint`` after a failed or interrupted step: this rank's state may be out of
+    step with its peers' ([Note: executor failure semantics] in comm/executor.py)."""
+
+
 class DeepSpeedVersionError(ImportError):
     """The installed DeepSpeed is outside the range whose internals this package was built on."""
 

@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard
+from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
-from ..core.errors import HierConfigError
+from ..core.errors import HierConfigError, HierNonFiniteError, HierUnsafeSaveError
 from . import checkpoint
 from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
@@ -55,6 +55,8 @@ class HierEngine(DeepSpeedEngine):
         self.hier_runtime: HierRuntime | None = None
         self._ds_group_timeouts: list = []  # DeepSpeed's group timeouts before ours, for destroy
         self.ds_group_timeout_s: float | None = None  # the timeout DeepSpeed's groups run with
+        self.ds_group_timeout_setting = DEEPSPEED_OWN_TIMEOUT  # reported with a timeout of theirs
+        self._step_failed: str | None = None  # what ended a step half done (no save after it)
         super().__init__(*args, **kwargs)
 
     def _configure_zero_optimizer(self, optimizer):
@@ -124,7 +126,8 @@ class HierEngine(DeepSpeedEngine):
         # DeepSpeed's own collectives (the gradient-norm all-reduce of every step, checkpoint
         # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
         # init_distributed was given) unless deepspeed_group_timeout_s asks for another
-        # ([Note: failure detection]); the guard around them reports the one in force.
+        # ([Note: failure detection]); the guard around them reports the one in force, under
+        # the name of the setting it came from.
         dp_group = getattr(opt, "dp_process_group", None)  # none without an optimizer
         ds_groups = [dp_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
         wanted = self.hier_config.deepspeed_group_timeout_s
@@ -132,6 +135,7 @@ class HierEngine(DeepSpeedEngine):
             self._ds_group_timeouts = bound_groups(ds_groups, wanted)
         current = group_timeout(dp_group) if dp_group is not None else None
         self.ds_group_timeout_s = wanted if current is None else current.total_seconds()
+        self.ds_group_timeout_setting = "deepspeed_group_timeout_s" if wanted is not None else DEEPSPEED_OWN_TIMEOUT
         return opt
 
     def _phase(self, phase: str):
@@ -145,18 +149,38 @@ class HierEngine(DeepSpeedEngine):
         rt = self.hier_runtime
         if rt is None:
             return contextlib.nullcontext()
-        return world_guard(rt.topo, rt.rank, f"DeepSpeed {phase}", self.ds_group_timeout_s)
+        return world_guard(
+            rt.topo, rt.rank, f"DeepSpeed {phase}", self.ds_group_timeout_s, self.ds_group_timeout_setting
+        )
+
+    @contextlib.contextmanager
+    def _failure_breaks(self, phase: str):
+        """An exception that leaves a step half-done breaks the executor: collectives may have
+        run on some ranks and not on others, so nothing more is issued and no save is allowed
+        ([Note: executor failure semantics] in comm/executor.py). Errors that every rank raises
+        at the same point, before any state changed (non-finite gradients under "raise", a
+        refused config), leave the ranks in step and do not."""
+        try:
+            yield
+        except (HierNonFiniteError, HierConfigError):
+            raise
+        except BaseException as e:
+            rt = self.hier_runtime
+            if rt is not None:
+                rt.executor.mark_broken(e)
+            self._step_failed = f"{type(e).__name__} in {phase}"
+            raise
 
     def forward(self, *inputs, **kwargs):
-        with self._phase("forward_gather"), self._guard("forward"):
+        with self._failure_breaks("forward"), self._phase("forward_gather"), self._guard("forward"):
             return super().forward(*inputs, **kwargs)
 
     def backward(self, loss, *args, **kwargs):
-        with self._phase("backward_gather"), self._guard("backward"):
+        with self._failure_breaks("backward"), self._phase("backward_gather"), self._guard("backward"):
             return super().backward(loss, *args, **kwargs)
 
     def step(self, *args, **kwargs):
-        with self._guard("step"):
+        with self._failure_breaks("step"), self._guard("step"):
             return super().step(*args, **kwargs)
 
     def destroy(self):
@@ -172,6 +196,7 @@ class HierEngine(DeepSpeedEngine):
     ):
         """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
         written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
+        self._refuse_unsafe_save()
         client_state = {} if client_state is None else client_state  # DeepSpeed's default, not shared
         return checkpoint.save(
             self,
@@ -181,6 +206,21 @@ class HierEngine(DeepSpeedEngine):
             client_state=client_state,
             save_latest=save_latest,
             exclude_frozen_parameters=exclude_frozen_parameters,
+        )
+
+    def _refuse_unsafe_save(self) -> None:
+        rt = self.hier_runtime
+        broken = rt.executor.broken if rt is not None else None
+        if broken is None and self._step_failed is None:
+            return
+        what = self._step_failed or f"{type(broken).__name__}"
+        first = str(broken).strip().splitlines()[0] if broken is not None and str(broken).strip() else ""
+        raise HierUnsafeSaveError(
+            f"zeropp_hier: refusing to save a checkpoint on rank {dist.get_rank()}: an earlier step "
+            f"ended with {what}{': ' + first if first else ''}. After an interrupt or a communication "
+            "error this rank's parameters, gradients and optimizer state may be out of step with its "
+            "peers' (a step half done), so a checkpoint could mix steps. Exit, and resume from the "
+            "last complete checkpoint (load_checkpoint reads 'latest'); docs/reliability.md"
         )
 
     def load_checkpoint(self, load_dir, tag=None, *args, verify: bool = True, **kwargs):

@@ -9,6 +9,7 @@ parameters call ``HierRuntime.all_gather_coalesced`` (bound in place of DeepSpee
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Iterable, Sequence
 
 import torch
@@ -27,6 +28,8 @@ from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, make_plan
 from ..core.policy import QUANTIZED
 from ..core.topology import Topology
+
+logger = logging.getLogger("zeropp_hier")
 
 
 def topology_for(cfg: HierConfig, world_size: int) -> Topology:
@@ -98,7 +101,11 @@ class HierRuntime:
         # optimizer device is (the CPU under offload_optimizer)
         self.comm_device = torch.device(get_accelerator().current_device_name())
         self.executor = CommExecutor(
-            f"rank{rank}", self.comm_device, overlap=bool(cfg.overlap), one_lane=cfg.overlap == "one_lane"
+            f"rank{rank}",
+            self.comm_device,
+            overlap=bool(cfg.overlap),
+            one_lane=cfg.overlap == "one_lane",
+            timeout_s=cfg.collective_timeout_s,
         )
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
@@ -114,9 +121,21 @@ class HierRuntime:
 
         Each engine creates its own hop groups; without this, every engine built and destroyed in
         a process (sweeps, evaluation engines, test suites) left three gloo/RCCL groups and their
-        transport threads behind, and a long-lived process slowed down as they piled up."""
-        self.executor.close()
+        transport threads behind, and a long-lived process slowed down as they piled up.
+
+        A lane still inside a collective when the executor's bounded close ends may use any hop
+        group: then no group is destroyed (that can crash the process under the running
+        collective); they go with the process, which must exit ([Note: executor failure
+        semantics] in comm/executor.py)."""
+        stuck = self.executor.close()
         self.shards.clear()
+        if stuck:
+            logger.warning(
+                f"zeropp_hier: rank {self.rank}: lanes {stuck} are still inside a collective after the "
+                "executor's bounded close; their process groups are left in place for the process's "
+                "exit (destroying them under a running collective could crash it). Exit this process."
+            )
+            return
         for hg in self.groups.values():
             dist.destroy_process_group(hg.group)
         # clear the dict in place: HierCollectives holds the same one, and the groups' transport
