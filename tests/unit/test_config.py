@@ -47,6 +47,13 @@ def ds(section, **zero):
         ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
         ("frontier", "zeropp_hier", "expected a JSON object"),
         ({"overlap": "yes"}, "zeropp_hier.overlap", '"one_lane" (overlapped, every hop group on one lane'),
+        (
+            {"numerics": {"max_consecutive_skips": 0}},
+            "zeropp_hier.numerics.max_consecutive_skips",
+            "use a positive integer: stop the job after this many skipped steps in a row (default 100)",
+        ),
+        ({"numerics": {"max_consecutive_skips": 2.5}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
+        ({"numerics": {"max_consecutive_skips": True}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
     ],
 )
 def test_section_errors(section, field, fragment):

@@ -29,7 +29,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
-from ..core.errors import HierConfigError, HierNonFiniteError, HierUnsafeSaveError
+from ..core.errors import HierConfigError, HierNonFiniteError, HierSkippedStepsError, HierUnsafeSaveError
 from . import checkpoint
 from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
@@ -158,11 +158,11 @@ class HierEngine(DeepSpeedEngine):
         """An exception that leaves a step half-done breaks the executor: collectives may have
         run on some ranks and not on others, so nothing more is issued and no save is allowed
         ([Note: executor failure semantics] in comm/executor.py). Errors that every rank raises
-        at the same point, before any state changed (non-finite gradients under "raise", a
-        refused config), leave the ranks in step and do not."""
+        at the same point with its collectives complete (non-finite gradients under "raise", the
+        cap on skipped steps, a refused config) leave the ranks in step and do not."""
         try:
             yield
-        except (HierNonFiniteError, HierConfigError):
+        except (HierNonFiniteError, HierSkippedStepsError, HierConfigError):
             raise
         except BaseException as e:
             rt = self.hier_runtime
