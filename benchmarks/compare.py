@@ -26,6 +26,7 @@ from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
+from zeropp_hier.files import write_json_atomic
 
 MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
 ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
@@ -441,20 +442,19 @@ def main(argv=None) -> int:
     )
     text = report(summary, pred, {"notes": notes})
     print(text)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "plan": plan,
-                "summary": summary,
-                "predictions": pred,
-                "probe": probe,
-                "notes": notes,
-                "quant_rate_per_rank": rates,
-                "wall_s": time.time() - t_start,
-            },
-            f,
-            indent=1,
-        )
+    write_json_atomic(
+        args.out,
+        {
+            "plan": plan,
+            "summary": summary,
+            "predictions": pred,
+            "probe": probe,
+            "notes": notes,
+            "quant_rate_per_rank": rates,
+            "wall_s": time.time() - t_start,
+        },
+        indent=1,
+    )
     bar_chart(summary, args.png)
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
     return 0

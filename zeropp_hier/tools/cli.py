@@ -239,10 +239,10 @@ def cmd_probe(args) -> int:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         v["all_to_all_s"] = float(t)
     if rank == 0:
-        text = json.dumps(out, indent=1)
         if args.out:
-            with open(args.out, "w") as f:
-                f.write(text)
+            from ..files import write_json_atomic
+
+            write_json_atomic(args.out, out, indent=1)
         if not args.quiet:
             for t, v in out["tiers"].items():
                 print(
