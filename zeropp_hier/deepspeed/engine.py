@@ -27,9 +27,11 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from ..comm.agree import agree_local, agree_same
 from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
 from ..core.errors import HierConfigError, HierNonFiniteError, HierSkippedStepsError, HierUnsafeSaveError
+from ..detect.launch_env import check_launch_env
 from . import checkpoint
 from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
@@ -113,6 +115,9 @@ class HierEngine(DeepSpeedEngine):
         # kept level per layer under a memory budget ([Note: kept levels] in core/levels.py)
         named = list(self.module.named_parameters())
         level_plan = runtime.set_levels(named) if named else None
+        # local and deterministic, but from this rank's view of the model: confirmed before the
+        # first gather uses it ([Note: agreed local checks] in comm/agree.py)
+        agree_same("kept level per layer", {"levels": None if level_plan is None else dict(level_plan.levels)})
         if level_plan is not None and runtime.rank == 0:
             from ..core.levels import summarize
 
@@ -280,25 +285,37 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     """Drop-in for ``deepspeed.initialize``: same arguments, same return value.
 
     With an enabled ``zeropp_hier`` section in the config, the engine runs the hierarchical
-    stage 3; otherwise this is exactly ``deepspeed.initialize``. The section is validated here,
-    before any process group or collective is created.
+    stage 3; otherwise this is ``deepspeed.initialize``. The section and the launch environment
+    are validated here, before DeepSpeed creates a group or starts a collective; when
+    torch.distributed is already up, every rank learns every rank's failure (one small
+    all-gather, [Note: agreed local checks]).
     """
     ds_config = config if config is not None else config_params
     # DeepSpeed's first parameter, ``args`` (an argparse namespace), positional or by keyword
     ns = args[0] if args else kwargs.get("args")
     if ds_config is None and getattr(ns, "deepspeed_config", None):
         ds_config = ns.deepspeed_config
-    cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
+
+    def local_checks() -> HierConfig:
+        """What can fail on one rank alone (its config file, its environment), agreed across
+        ranks when the world exists already ([Note: agreed local checks] in comm/agree.py)."""
+        cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
+        if not cfg.enabled:
+            return cfg
+        check_launch_env(os.environ)  # LOCAL_RANK=abc, ... named before DeepSpeed reads them
+        refusal = model_parallel_refusal(
+            kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None), kwargs.get("mesh_param")
+        )
+        if refusal is not None:
+            raise refusal
+        world = _world_size_hint()
+        if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
+            topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
+        return cfg
+
+    cfg = agree_local("zeropp_hier.initialize's checks (config, launch environment)", local_checks)
     if not cfg.enabled:
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
-    refusal = model_parallel_refusal(
-        kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None), kwargs.get("mesh_param")
-    )
-    if refusal is not None:
-        raise refusal
-    world = _world_size_hint()
-    if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
-        topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
     engine_cls = functools.partial(HierEngine, hier_config=cfg)
     with _rebound(deepspeed, "DeepSpeedEngine", engine_cls):
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
+from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.executor import CommExecutor, Job, Move
 from ..comm.groups import build_hop_groups
@@ -39,6 +40,21 @@ def topology_for(cfg: HierConfig, world_size: int) -> Topology:
 
         return detect(t.gcds_per_gpu, t.gpus_per_node).topology
     return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
+
+
+def plan_summary(cfg: HierConfig, topo: Topology, level_plan: LevelPlan | None = None) -> dict:
+    """What decides which collectives a rank issues: every rank must hold the same."""
+    plan = make_plan(cfg.preset, cfg.compression, topo)
+    return {
+        "preset": cfg.preset,
+        "chosen_by_auto": cfg.chosen_by_auto,
+        "compression": repr(cfg.compression),
+        "memory": repr(cfg.memory),
+        "numerics": repr(cfg.numerics),
+        "topology": [list(topo.dims), list(topo.rank_map) if topo.rank_map is not None else None],
+        "hops": repr(plan),
+        "levels": None if level_plan is None else dict(level_plan.levels),
+    }
 
 
 class _GatheredHandle:
@@ -146,6 +162,9 @@ class HierRuntime:
     def create(cls, cfg: HierConfig) -> HierRuntime:
         world = dist.get_world_size()
         topo = topology_for(cfg, world)
+        # before any hop group is built: a rank with another plan would create other groups
+        # and issue other collectives ([Note: agreed local checks] in comm/agree.py)
+        agree_same("plan", plan_summary(cfg, topo))
         return cls(cfg, topo, dist.get_rank())
 
     def check_partition_world(self, world: int) -> None:

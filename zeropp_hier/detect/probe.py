@@ -54,6 +54,8 @@ def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
         rec = local_record(rank, os.environ, socket.gethostname(), gpus, _showtopo() if gpus else None)
     except HierTopologyError as e:
         rec = e
+    except Exception as e:  # noqa: BLE001 - sent, not raised alone ([Note: agreed local checks])
+        rec = HierTopologyError("topology auto", f"{type(e).__name__}: {e}", "this rank could not describe itself")
     records: list = [None] * world
     dist.all_gather_object(records, rec)
     for r, got in enumerate(records):
