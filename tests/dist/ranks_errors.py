@@ -111,9 +111,10 @@ def skip_cap(config: dict, inject_rank: int, first_bad: int, steps: int) -> dict
     return out
 
 
-def interrupted_mid_step(config: dict, signal_step: int, marker_dir: str, save_dir: str) -> str:
-    """Train; in the forward of ``signal_step`` every rank announces itself (a file) and waits
-    there, in the middle of the step, for the test's signal. A KeyboardInterrupt (SIGINT) is
+def interrupted_mid_step(config: dict, signal_step: int, marker_dir: str, save_dir: str, waiters: list) -> str:
+    """Train; in the forward of ``signal_step`` the ranks in ``waiters`` announce themselves (a
+    file) and wait there, in the middle of the step, for the test's signal (the others go on
+    into the step's next gather, which waits for them). A KeyboardInterrupt (SIGINT) is
     answered as a training script should: try to save (the engine must refuse), then fail with
     the cause. SIGTERM ends the process by Python's default action."""
     from zeropp_hier.core.errors import HierUnsafeSaveError
@@ -122,7 +123,7 @@ def interrupted_mid_step(config: dict, signal_step: int, marker_dir: str, save_d
     rank = dist.get_rank()
 
     def hook(module, inputs):
-        if engine.global_steps == signal_step:
+        if engine.global_steps == signal_step and rank in waiters:
             open(os.path.join(marker_dir, f"rank{rank}"), "w").close()
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:  # the signal arrives here

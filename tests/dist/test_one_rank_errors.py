@@ -86,10 +86,10 @@ def test_skip_cap_stops_every_rank_at_the_same_step_with_the_history():
 
 # -- signals mid-step -----------------------------------------------------------------------------
 def _signal_when_all_wait(world, marker_dir, sig, ranks, stop):
-    """Send ``sig`` to ``ranks`` once every rank announced it is waiting inside the step."""
+    """Send ``sig`` to ``ranks`` once each announced it is waiting inside the step."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not stop.is_set():
-        if all(os.path.exists(os.path.join(marker_dir, f"rank{r}")) for r in range(2)):
+        if all(os.path.exists(os.path.join(marker_dir, f"rank{r}")) for r in ranks):
             time.sleep(0.2)  # inside the wait, not at its first line
             for r in ranks:
                 os.kill(world.pids[r], sig)
@@ -108,7 +108,7 @@ def _run_signalled(tmp_path, sig, ranks):
     sender.start()
     try:
         with pytest.raises(WorldError) as e:
-            world.run(ranks_errors.interrupted_mid_step, cfg, 1, str(marker_dir), str(save_dir))
+            world.run(ranks_errors.interrupted_mid_step, cfg, 1, str(marker_dir), str(save_dir), ranks)
     finally:
         stop.set()
         sender.join()
