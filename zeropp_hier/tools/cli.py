@@ -330,7 +330,8 @@ def cmd_probe(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command's parser, and its ``plan`` and ``probe`` subparsers."""
     ap = argparse.ArgumentParser(
         prog="zeropp-hier", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -377,6 +378,18 @@ def main(argv=None) -> int:
     q.add_argument("--out", help="write the JSON here (rank 0)")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(fn=cmd_probe)
+    return ap, p, q
+
+
+def options_of(command: str) -> set[str]:
+    """The option strings of subcommand ``command`` (empty for an unknown one)."""
+    _, p, q = build_parser()
+    sub = {"plan": p, "probe": q}.get(command)
+    return set(sub._option_string_actions) if sub is not None else set()
+
+
+def main(argv=None) -> int:
+    ap, p, q = build_parser()
     args = ap.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv), ap))
     # files: checked before anything runs (the probe's --out before torch.distributed starts)
     if args.command == "plan" and args.probe:
@@ -394,15 +407,16 @@ def main(argv=None) -> int:
 def _join_negative_values(argv: list[str], ap: argparse.ArgumentParser) -> list[str]:
     """``--params -5B`` as ``--params=-5B``: argparse takes a value that starts with "-" (and is
     not a plain negative number) for an option and says only "expected one argument"; joined,
-    the value reaches its check, which names it and the fix."""
-    known = {s for sp in ap._subparsers._group_actions[0].choices.values() for s in sp._option_string_actions}
+    the value reaches its check, which names it and the fix. A value that is one of the
+    command's own options (``--params --json``) is left alone: the value is missing."""
+    known = options_of(argv[0]) if argv else set()
     out: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]
         nxt = argv[i + 1] if i + 1 < len(argv) else None
         if a.startswith("--") and "=" not in a and a in known and nxt is not None and nxt.startswith("-"):
-            if nxt not in known and not nxt.startswith("--"):
+            if nxt.split("=", 1)[0] not in known:
                 out.append(f"{a}={nxt}")
                 i += 2
                 continue
