@@ -11,11 +11,11 @@ markdown table of the bytes one rank sends per step (mean over ranks) and writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from zeropp_hier.app import training
+from zeropp_hier.files import write_json_atomic
 from zeropp_hier.testing.launch import LocalWorld
 from zeropp_hier.testing.models.gpt import GPTConfig
 
@@ -72,8 +72,9 @@ def main(argv=None) -> int:
         )
     print(f"\nKB sent per rank per step (mean over 8 ranks and {args.steps} steps); model: {MODEL}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"steps": args.steps, "model": MODEL.__dict__, "bytes_per_step_per_rank": table}, f, indent=1)
+    write_json_atomic(
+        args.out, {"steps": args.steps, "model": MODEL.__dict__, "bytes_per_step_per_rank": table}, indent=1
+    )
     return 0
 
 

@@ -27,6 +27,7 @@ from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
+from zeropp_hier.files import write_json_atomic
 
 DEFAULT_NODE_MBIT = 6.0  # per GCD, the CPU-bound regime's node rate
 REGIMES = ("cpu-bound", "link-bound")
@@ -605,21 +606,20 @@ def main(argv=None) -> int:
     )
     text = report(summary, pred, {"notes": notes})
     print(text)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "plan": plan,
-                "summary": summary,
-                "predictions": pred,
-                "probe": probe,
-                "notes": notes,
-                "quant_rate_per_rank": rates,
-                "regime": regime,
-                "wall_s": time.time() - t_start,
-            },
-            f,
-            indent=1,
-        )
+    write_json_atomic(
+        args.out,
+        {
+            "plan": plan,
+            "summary": summary,
+            "predictions": pred,
+            "probe": probe,
+            "notes": notes,
+            "quant_rate_per_rank": rates,
+            "regime": regime,
+            "wall_s": time.time() - t_start,
+        },
+        indent=1,
+    )
     os.remove(raw)
     bar_chart(summary, args.png)
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 
+from zeropp_hier.files import write_json_atomic
 from zeropp_hier.testing.launch import LocalWorld
 from zeropp_hier.testing.models.gpt import GPTConfig
 
@@ -250,25 +251,25 @@ def main(argv=None) -> int:
                 flush=True,
             )
             corpus = _corpus()
-            with open(out_json, "w") as f:  # after every configuration: a partial run still reports
-                json.dump(
-                    {
-                        "args": a,
-                        "model": model_config(a).__dict__,
-                        "world": "8 ranks = 2 nodes x 2 GPUs x 2 GCDs",
-                        "corpus": {
-                            "python": corpus.python,
-                            "files": corpus.files,
-                            "sha256": corpus.sha256,
-                            "train_bytes": corpus.train.numel(),
-                            "held_out_bytes": corpus.held_out.numel(),
-                        },
-                        "configs": {n: {"preset": known[n][0], "compression": known[n][1]} for n in args.configs},
-                        "results": rows,
+            # after every configuration: a partial run still reports
+            write_json_atomic(
+                out_json,
+                {
+                    "args": a,
+                    "model": model_config(a).__dict__,
+                    "world": "8 ranks = 2 nodes x 2 GPUs x 2 GCDs",
+                    "corpus": {
+                        "python": corpus.python,
+                        "files": corpus.files,
+                        "sha256": corpus.sha256,
+                        "train_bytes": corpus.train.numel(),
+                        "held_out_bytes": corpus.held_out.numel(),
                     },
-                    f,
-                    indent=1,
-                )
+                    "configs": {n: {"preset": known[n][0], "compression": known[n][1]} for n in args.configs},
+                    "results": rows,
+                },
+                indent=1,
+            )
     rows.sort(key=lambda r: args.configs.index(r["name"]) if r["name"] in args.configs else len(args.configs))
     print_table(rows, args.steps)
     print(

@@ -19,12 +19,13 @@ configurations' forward and backward under ``set_sync_debug_mode("error")``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import traceback
 import warnings
 from pathlib import Path
+
+from zeropp_hier.files import write_json_atomic
 
 SYNC_TEXT = "synchroniz"  # torch's warning: "called a synchronizing CUDA operation"
 
@@ -303,7 +304,7 @@ def main(argv=None) -> None:
             print(report["sync_error_pass"]["error"][-3000:], flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    write_json_atomic(out, report, indent=1, default=str)
     print(f"wrote {out}")
 
 

@@ -28,12 +28,13 @@ reused (``--cold-alloc`` keeps glibc's defaults instead).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
 from pathlib import Path
+
+from zeropp_hier.files import write_json_atomic
 
 _WARM_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
 
@@ -212,7 +213,7 @@ def main(argv=None) -> None:
     result = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json_atomic(out, result, indent=2)
     m = result["machine"]
     print(
         f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "

@@ -17,9 +17,10 @@ median over ``--reps`` such runs; outputs come from torch's caching allocator as
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from zeropp_hier.files import write_json_atomic
 
 from .kernels import _parse_size
 
@@ -173,7 +174,7 @@ def main(argv=None) -> None:
     result = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json_atomic(out, result, indent=2)
     m = result["machine"]
     print(f"\n{m['device']} (driver {m['driver']}), torch {m['torch']}, kernels: {m['kernels']}\nwrote {out}")
     low = [r for r in result["rows"] if r["numel"] >= 64 << 20 and r["pct_of_copy"] < 70]

@@ -53,6 +53,9 @@ _LAZY = {
     "DeepSpeedVersionError": "zeropp_hier.core.errors",
     "HierConfigError": "zeropp_hier.core.errors",
     "HierNonFiniteError": "zeropp_hier.core.errors",
+    "HierSkippedStepsError": "zeropp_hier.core.errors",
+    "HierUnsafeSaveError": "zeropp_hier.core.errors",
+    "ExecutorBrokenError": "zeropp_hier.comm.executor",
     "HierTopologyError": "zeropp_hier.core.errors",
 }
 
@@ -125,6 +128,9 @@ __all__ = [
     "HierConfigError",
     "HierTopologyError",
     "HierNonFiniteError",
+    "HierSkippedStepsError",
+    "HierUnsafeSaveError",
+    "ExecutorBrokenError",
     "DeepSpeedVersionError",
     "HierEngine",
     "Topology",

@@ -2,7 +2,7 @@
 
     sudo python -m benchmarks.cluster setup      # build it (2 nodes x 2 packages x 2 GCDs)
     sudo python -m benchmarks.cluster status     # namespaces, qdiscs, counters
-    sudo python -m benchmarks.cluster teardown   # remove everything it made
+    sudo python -m benchmarks.cluster teardown   # remove everything it made (and nothing else)
 
 ``spec`` is the pure description, ``netns`` the side effects, ``runner`` the rank launcher.
 """

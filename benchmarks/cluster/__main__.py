@@ -33,7 +33,11 @@ def add_spec_args(ap: argparse.ArgumentParser) -> None:
         default=DEFAULT_NODE_MBIT,
         help="node-tier rate per GCD in Mbit/s; gpu and gcd follow Frontier's 4x and 16x",
     )
-    ap.add_argument("--prefix", default="zhc", help="namespace name prefix (teardown removes <prefix>-*)")
+    ap.add_argument(
+        "--prefix",
+        default="zhc",
+        help="namespace name prefix (teardown removes the <prefix>-* namespaces that setup created and marked)",
+    )
 
 
 def main(argv=None) -> int:
@@ -67,10 +71,16 @@ def main(argv=None) -> int:
         return 0
     if args.command == "teardown":
         left = netns.teardown(args.prefix)
+        others = netns.foreign(args.prefix)
+        if others:
+            print(
+                f"not touched: {others} (named {args.prefix}-* but not created by this tool's setup)",
+                file=sys.stderr,
+            )
         if any(left.values()):
             print(f"error: left behind: {left}", file=sys.stderr)
             return 1
-        print(f"removed every {args.prefix}-* namespace (and their links, qdiscs, processes)")
+        print(f"removed every {args.prefix}-* namespace that setup created (and their links, qdiscs, processes)")
         return 0
     print(
         json.dumps(

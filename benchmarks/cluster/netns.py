@@ -1,7 +1,8 @@
 """Side effects of the emulated cluster: build it, read its counters, tear it down.
 
-Everything here runs the commands ``spec.ClusterSpec`` describes. Teardown is by name prefix, so
-it also removes what an earlier run left (a killed driver, a failed setup half-way).
+Everything here runs the commands ``spec.ClusterSpec`` describes. Teardown finds namespaces by
+name prefix and removes only those that carry the mark setup wrote into them, so it also removes
+what an earlier run left (a killed driver, a failed setup half-way) and nothing else.
 
 [Note: teardown order]
 A namespace that still holds a live process survives ``ip netns delete`` (the name goes, the
@@ -10,6 +11,14 @@ So teardown first ends every
 process inside each namespace by PID (``ip netns pids``: SIGTERM, a grace period, SIGKILL), then
 deletes the namespaces, which removes their veths, bridges and qdiscs with them. Finally it checks
 that nothing with the prefix is left and says what is, rather than pretending.
+
+A name prefix alone is not ownership: ``--prefix cni`` would match other software's namespaces
+(``cni-*`` of container runtimes). Setup marks each namespace the moment it creates it (the
+alias of its loopback device, ``zeropp-hier-cluster:<prefix>``, kept by the kernel with the
+namespace), and teardown ends processes in and deletes only namespaces with the prefix *and*
+that mark; others with the prefix are listed (``foreign``) and left alone, and setup refuses to
+build over one. A setup killed between ``ip netns add`` and the mark (two commands) leaves one
+unmarked namespace; setup then names it and says to remove it by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import subprocess
 import time
 from typing import Iterable
 
-from .spec import ClusterSpec
+from .spec import ClusterSpec, marker_for
 
 
 class NotRootError(RuntimeError):
@@ -102,9 +111,29 @@ def end_processes(pids: Iterable[int], grace: float = 3.0) -> list[int]:
     return pids
 
 
+def is_ours(ns: str, prefix: str) -> bool:
+    """Whether namespace ``ns`` carries the mark that setup writes for ``prefix``."""
+    res = _run(["ip", "-n", ns, "-j", "link", "show", "dev", "lo"], check=False)
+    try:
+        return json.loads(res.stdout)[0].get("ifalias") == marker_for(prefix)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return False
+
+
+def ours(prefix: str) -> list[str]:
+    """Namespaces named ``<prefix>-*`` that setup marked as its own."""
+    return [ns for ns in list_namespaces() if ns.startswith(prefix + "-") and is_ours(ns, prefix)]
+
+
+def foreign(prefix: str) -> list[str]:
+    """Namespaces named ``<prefix>-*`` without our mark: never touched."""
+    return [ns for ns in list_namespaces() if ns.startswith(prefix + "-") and not is_ours(ns, prefix)]
+
+
 def leftovers(prefix: str) -> dict[str, list]:
-    """What still exists for ``prefix``: namespaces, processes inside them, root-namespace links."""
-    spec_ns = [ns for ns in list_namespaces() if ns.startswith(prefix + "-")]
+    """What still exists of ours for ``prefix``: marked namespaces, processes inside them,
+    root-namespace links."""
+    spec_ns = ours(prefix)
     procs = {ns: namespace_pids(ns) for ns in spec_ns}
     links = []
     out = _run(["ip", "-j", "link", "show"], check=False).stdout.strip()
@@ -116,12 +145,14 @@ def leftovers(prefix: str) -> dict[str, list]:
 
 
 def teardown(prefix: str) -> dict[str, list]:
-    """Remove every namespace (and so every veth, bridge and qdisc) named ``<prefix>-*`` after
-    ending the processes inside ([Note: teardown order]). Returns what was left (all empty
-    when clean); never raises for things already gone."""
-    for ns in [n for n in list_namespaces() if n.startswith(prefix + "-")]:
+    """Remove every namespace (and so every veth, bridge and qdisc) named ``<prefix>-*`` that
+    setup marked, after ending the processes inside ([Note: teardown order]). Returns what was
+    left of ours (all empty when clean); never raises for things already gone. Namespaces with
+    the prefix but without the mark are not touched (``foreign``)."""
+    mine = ours(prefix)
+    for ns in mine:
         end_processes(namespace_pids(ns))
-    for ns in [n for n in list_namespaces() if n.startswith(prefix + "-")]:
+    for ns in mine:
         _run(["ip", "netns", "delete", ns], check=False)
     return leftovers(prefix)
 
@@ -130,6 +161,13 @@ def setup(spec: ClusterSpec) -> None:
     """Build the cluster; on any failure, remove the half-built one before raising."""
     require_root()
     teardown(spec.prefix)  # an earlier run may have been killed before its teardown
+    clash = sorted(set(foreign(spec.prefix)) & set(spec.namespaces()))
+    if clash:
+        raise RuntimeError(
+            f"namespaces {clash} exist but were not created by this tool (no {spec.marker!r} mark): "
+            f"choose another --prefix, or, if one is a leftover of a setup killed in its first "
+            f"step, remove it with `ip netns delete NAME`"
+        )
     try:
         for cmd in spec.setup_commands():
             _run(cmd)

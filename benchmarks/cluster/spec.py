@@ -133,9 +133,15 @@ class ClusterSpec:
         return out
 
     def owns(self, namespace: str) -> bool:
-        """Whether a namespace name belongs to this spec's prefix (teardown finds leftovers
-        of an earlier, possibly differently shaped, run by prefix)."""
+        """Whether a namespace name has this spec's prefix (teardown also needs the marker:
+        ``netns.is_ours``)."""
         return namespace.startswith(self.prefix + "-")
+
+    @property
+    def marker(self) -> str:
+        """Written at setup as the alias of each namespace's loopback device: what teardown
+        requires before it touches a namespace."""
+        return marker_for(self.prefix)
 
     def address(self, node: int, gpu: int) -> str:
         return f"{SUBNET}.{node * self.gpus_per_node + gpu + 1}"
@@ -191,7 +197,11 @@ class ClusterSpec:
 
     def setup_commands(self) -> list[list[str]]:
         """Every command, in order, that builds the cluster from nothing."""
-        cmds: list[list[str]] = [["ip", "netns", "add", ns] for ns in self.namespaces()]
+        # each namespace is marked as ours the moment it exists ([Note: teardown order] in netns.py)
+        cmds: list[list[str]] = []
+        for ns in self.namespaces():
+            cmds.append(["ip", "netns", "add", ns])
+            cmds.append(["ip", "-n", ns, "link", "set", "dev", "lo", "alias", self.marker])
         bridges = [self.core_ns] + [self.switch_ns(n) for n in range(self.nodes)]
         for ns in self.namespaces():
             # IPv6 would add its own chatter (neighbour discovery) to the counters
@@ -282,6 +292,13 @@ class ClusterSpec:
 #   gpu  = sum of the packages' veth tx minus node (bytes leaving a package but not its node);
 #   gcd  = sum of the packages' lo tx (GCD-to-GCD traffic inside a package).
 # They include TCP/IP headers and the ACKs of the opposite direction (a few per cent).
+MARKER_PREFIX = "zeropp-hier-cluster:"
+
+
+def marker_for(prefix: str) -> str:
+    return MARKER_PREFIX + prefix
+
+
 def wire_bytes(tx: dict[tuple[str, str], int], spec: ClusterSpec) -> dict[str, int]:
     """Per-tier wire bytes from a {(namespace, interface): tx_bytes} snapshot (or difference)."""
     ifs = spec.counter_interfaces()

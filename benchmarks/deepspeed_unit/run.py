@@ -444,8 +444,9 @@ def main() -> None:
             config == "stock" or summary["configs"].get("stock", {}).get("complete", False)
         )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1, sort_keys=False)
+    from zeropp_hier.files import write_json_atomic
+
+    write_json_atomic(args.out, summary, indent=1, sort_keys=False)
     print(table(summary))
 
 

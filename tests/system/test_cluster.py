@@ -132,3 +132,47 @@ def test_failing_rank_ends_the_run_and_teardown_leaves_nothing(tmp_path):
         with Cluster(spec):
             run_marked(spec, [str(script)], timeout=300)
     assert netns.leftovers(prefix) == {"namespaces": [], "processes": [], "links": []}
+
+
+# -- teardown touches only what setup created ------------------------------------------------------
+def test_teardown_leaves_namespaces_it_did_not_create():
+    """A namespace named like ours but made by someone else (here: by hand, with a process in it)
+    survives ``teardown --prefix``, process and all; setup refuses to build over one; ours go."""
+    prefix = f"ztm{os.getpid() % 10000}"
+    spec = ClusterSpec.scaled(prefix=prefix, nodes=1, gpus_per_node=1, gcds_per_gpu=1)
+    other = f"{prefix}-other"
+    clash = spec.core_ns
+    sleeper = None
+    try:
+        for ns in (other, clash):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        sleeper = subprocess.Popen(["ip", "netns", "exec", other, "sleep", "600"])
+        deadline = time.monotonic() + 30
+        while not netns.namespace_pids(other) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert netns.namespace_pids(other), "the foreign process did not start"
+        # setup refuses to build over a namespace it did not create, and touches nothing
+        with pytest.raises(RuntimeError, match=rf"\['{clash}'\] exist but were not created by this tool"):
+            netns.setup(spec)
+        assert {other, clash} <= set(netns.list_namespaces()) and netns.ours(prefix) == []
+        subprocess.run(["ip", "netns", "delete", clash], check=True)
+        netns.setup(spec)
+        assert sorted(netns.ours(prefix)) == sorted(spec.namespaces()) and netns.foreign(prefix) == [other]
+        res = subprocess.run(
+            [sys.executable, "-m", "benchmarks.cluster", "teardown", "--prefix", prefix],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        assert f"not touched: ['{other}']" in res.stderr
+        assert netns.leftovers(prefix) == {"namespaces": [], "processes": [], "links": []}
+        assert other in netns.list_namespaces() and sleeper.poll() is None, "teardown touched a foreign namespace"
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait(timeout=30)
+        for ns in (other, clash):
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        netns.teardown(prefix)

@@ -50,6 +50,13 @@ def ds(section, **zero):
         ({"checkpoint": {"trust_pickles": "yes"}}, "zeropp_hier.checkpoint.trust_pickles", "only for checkpoints"),
         ({"checkpoint": {"trust": True}}, "zeropp_hier.checkpoint.trust", "unknown key"),
         ({"checkpoint": True}, "zeropp_hier.checkpoint", "expected a JSON object"),
+        (
+            {"numerics": {"max_consecutive_skips": 0}},
+            "zeropp_hier.numerics.max_consecutive_skips",
+            "use a positive integer: stop the job after this many skipped steps in a row (default 100)",
+        ),
+        ({"numerics": {"max_consecutive_skips": 2.5}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
+        ({"numerics": {"max_consecutive_skips": True}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
     ],
 )
 def test_section_errors(section, field, fragment):

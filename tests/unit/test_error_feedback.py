@@ -138,3 +138,26 @@ def test_bf16_residuals_take_half_the_memory_and_are_added_back_in_fp32():
     # a checkpoint written with fp32 residuals loads into bf16 storage (and back)
     half.load_state_dict(full.state_dict())
     assert half.residuals[KEY].dtype == torch.bfloat16
+
+
+def test_consecutive_skips_are_capped_with_their_history():
+    """``max_consecutive_skips`` skipped steps in a row raise with every skip's step and cause;
+    an applied step in between starts the count again."""
+    from zeropp_hier.comm.numerics import Numerics, Verdict
+    from zeropp_hier.core.errors import HierSkippedStepsError
+    from zeropp_hier.core.plan import make_plan
+    from zeropp_hier.core.policy import CompressionConfig, NumericsConfig
+    from zeropp_hier.core.topology import Topology
+
+    topo = Topology(2, 2, 2)
+    num = Numerics(NumericsConfig(max_consecutive_skips=3), make_plan("frontier", CompressionConfig(), topo), topo, 0)
+    clean = Verdict(())
+    num.finish_step(clean, applied=False, fp16=True)  # step 0 skipped
+    num.finish_step(clean, applied=False, fp16=True)  # step 1 skipped
+    num.finish_step(clean, applied=True, fp16=True)  # step 2 applied: the count starts again
+    num.finish_step(clean, applied=False, fp16=True)
+    num.finish_step(clean, applied=False, fp16=True)
+    with pytest.raises(HierSkippedStepsError, match=r"3 steps in a row were skipped \(steps \[3, 4, 5\]\)") as e:
+        num.finish_step(clean, applied=False, fp16=True)
+    assert [h["step"] for h in e.value.history] == [3, 4, 5]
+    assert "max_consecutive_skips = 3" in str(e.value) and "3 x DeepSpeed's overflow check" in str(e.value)

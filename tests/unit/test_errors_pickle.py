@@ -7,12 +7,20 @@ import pickle
 import pytest
 
 from zeropp_hier.comm.failures import HierCommError
-from zeropp_hier.core.errors import HierConfigError, HierNonFiniteError, HierTopologyError
+from zeropp_hier.core.errors import (
+    HierConfigError,
+    HierNonFiniteError,
+    HierSkippedStepsError,
+    HierTopologyError,
+    HierUnsafeSaveError,
+)
 
 ERRORS = [
     HierConfigError("zeropp_hier.compression.block_size", 100, "use a power of two"),
     HierTopologyError("topology", (2, 2, 2), "launch 8 ranks"),
     HierNonFiniteError(3, 1, "grad_reduce", "node", "its local gradient", [{"phase": "grad_reduce"}]),
+    HierSkippedStepsError(2, [{"step": 4, "cause": "non-finite gradient"}, {"step": 5, "cause": "overflow"}]),
+    HierUnsafeSaveError("zeropp_hier: refusing to save a checkpoint on rank 0"),
     HierCommError(
         rank=1,
         phase="forward_gather",
@@ -22,6 +30,7 @@ ERRORS = [
         kind="timeout",
         timeout_s=5.0,
         cause="Timed out waiting 5000ms",
+        setting="deepspeed_group_timeout_s",
     ),
 ]
 

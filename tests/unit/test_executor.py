@@ -2,12 +2,19 @@
 stand in for collectives by waiting on events: every wait has a timeout, so a lane that
 serializes what should overlap, or a lost slot, fails the test instead of hanging it."""
 
+import sys
 import threading
 
 import pytest
 import torch
 
-from zeropp_hier.comm.executor import CommExecutor, JobOrderError, Move
+from zeropp_hier.comm.executor import (
+    CommExecutor,
+    ExecutorBrokenError,
+    ExecutorTimeoutError,
+    JobOrderError,
+    Move,
+)
 
 CPU = torch.device("cpu")
 WAIT_S = 20.0
@@ -69,7 +76,7 @@ def test_each_lane_keeps_submission_order_even_when_a_later_job_is_ready_first()
     ex.close()
 
 
-def test_a_job_that_breaks_its_declaration_fails_alone_and_the_lanes_go_on():
+def test_a_job_that_breaks_its_declaration_fails_with_a_named_error_and_breaks_the_executor():
     ex = _ex()
 
     def wrong():
@@ -80,40 +87,160 @@ def test_a_job_that_breaks_its_declaration_fails_alone_and_the_lanes_go_on():
         yield Move("node")  # declared node then gcd: one collective missing
         return 2
 
-    def fine():
-        yield Move("node")
-        yield Move("gcd")
-        return 3
-
-    f1, f2, f3 = ex.submit(wrong(), ["node"]), ex.submit(short(), ["node", "gcd"]), ex.submit(fine(), ["node", "gcd"])
     with pytest.raises(JobOrderError, match="declared lane 'node'.*moved to 'gpu'"):
-        ex.result(f1)
+        ex.result(ex.submit(wrong(), ["node"]))
+    with pytest.raises(ExecutorBrokenError):  # the lanes' order is no longer known: nothing more runs
+        ex.submit(short(), ["node", "gcd"])
+    ex2 = _ex()
     with pytest.raises(JobOrderError, match="declared 2 collectives"):
-        ex.result(f2)
-    assert ex.result(f3) == 3
-    ex.close()
+        ex2.result(ex2.submit(short(), ["node", "gcd"]))
+    assert not ex.close() and not ex2.close()
 
 
-def test_an_error_in_a_hop_reaches_the_caller_and_skips_the_jobs_later_hops():
+def test_after_a_failed_collective_no_further_collective_is_issued():
+    """An injected failure in job 1's node hop: job 1's later hop, job 2 (queued before the
+    failure) and job 3 (submitted after) issue nothing; jobs 2 and 3 fail at once with
+    ExecutorBrokenError chained to the original error."""
     ex = _ex()
-    later: list[str] = []
+    issued: list[str] = []
+    node_started, release = threading.Event(), threading.Event()
 
     def boom():
         yield Move("node")
-        raise ValueError("peer died")
+        node_started.set()
+        release.wait(WAIT_S)
+        raise ValueError("peer died (injected)")
         yield Move("gcd")  # declared, never reached
-        later.append("boom gcd")
+        issued.append("boom gcd")
 
-    def after():
-        yield Move("gcd")
-        later.append("after")
-        return "after"
+    def later(name, lane):
+        yield Move(lane)
+        issued.append(name)
+        return name
 
-    f1, f2 = ex.submit(boom(), ["node", "gcd"]), ex.submit(after(), ["gcd"])
+    f1 = ex.submit(boom(), ["node", "gcd"])
+    f2 = ex.submit(later("two", "gcd"), ["gcd"])  # queued behind job 1's gcd slot
+    assert node_started.wait(WAIT_S)
+    release.set()
     with pytest.raises(ValueError, match="peer died"):
         ex.result(f1)
-    assert ex.result(f2) == "after" and later == ["after"]
-    ex.close()
+    with pytest.raises(ExecutorBrokenError, match="earlier collective job failed.*peer died") as e2:
+        ex.result(f2)
+    assert isinstance(e2.value.__cause__, ValueError)
+    with pytest.raises(ExecutorBrokenError, match="peer died") as e3:
+        ex.submit(later("three", "node"), ["node"])
+    assert e3.value.__cause__ is e2.value.__cause__  # the original error, chained
+    assert issued == [] and isinstance(ex.broken, ValueError)
+    assert not ex.close()
+
+
+def test_a_failure_inline_breaks_the_executor_too():
+    ex = _ex(overlap=False)
+
+    def boom():
+        yield Move("node")
+        raise ValueError("inline failure")
+
+    def fine():
+        yield Move("node")
+        return 1
+
+    with pytest.raises(ValueError, match="inline failure"):
+        ex.result(ex.submit(boom(), ["node"]))
+    with pytest.raises(ExecutorBrokenError, match="inline failure"):
+        ex.submit(fine(), ["node"])
+
+
+def test_result_waits_at_most_its_bound_then_breaks_the_executor():
+    """A lane stuck outside any collective timeout: result() gives up after its bound (here
+    an explicit one; the default is derived from timeout_s) instead of waiting forever."""
+    ex = CommExecutor("test", CPU, timeout_s=1.0)
+    release = threading.Event()
+
+    def stuck():
+        yield Move("node")
+        release.wait(WAIT_S)
+
+    fut = ex.submit(stuck(), ["node"])
+    assert fut.zeropp_deadline > 0  # a default bound exists: timeout_s x slots + slack
+    with pytest.raises(ExecutorTimeoutError, match="did not finish within its bound"):
+        ex.result(fut, timeout=0.2)
+    assert isinstance(ex.broken, ExecutorTimeoutError)
+    release.set()
+    assert not ex.close(timeout=WAIT_S)
+
+
+def test_close_is_bounded_once_for_all_lanes_and_reports_stuck_lanes():
+    """Three lanes stuck inside a 'collective': close gives up after one overall bound (not one
+    per lane) and names them; jobs queued behind them are never run."""
+    ex = CommExecutor("test", CPU)
+    release, started = threading.Event(), [threading.Event() for _ in range(3)]
+    ran: list[str] = []
+
+    def stuck(i):
+        yield Move(f"lane{i}")
+        started[i].set()
+        release.wait(WAIT_S)
+
+    def queued(i):
+        yield Move(f"lane{i}")
+        ran.append(f"queued{i}")
+
+    futs = [ex.submit(stuck(i), [f"lane{i}"]) for i in range(3)]
+    futs += [ex.submit(queued(i), [f"lane{i}"]) for i in range(3)]
+    assert all(e.wait(WAIT_S) for e in started)
+    left = ex.close(timeout=0.3)
+    # one bound for all three lanes: close returned while every lane was still stuck
+    assert not release.is_set()
+    assert sorted(left) == [f"zeropp_hier-test-lane{i}" for i in range(3)]
+    release.set()
+    for f in futs[3:]:
+        with pytest.raises(ExecutorBrokenError, match="closed"):
+            ex.result(f, timeout=WAIT_S)
+    assert ran == []
+    with pytest.raises(ExecutorBrokenError, match="closed"):
+        ex.submit(queued(0), ["lane0"])
+
+
+def test_submit_is_all_or_nothing_under_an_interrupt():
+    """A KeyboardInterrupt raised inside submit, at each line of it in turn (a trace function
+    raises it there, as Python's signal handler would between bytecodes), leaves the job queued
+    on all of its lanes or on none: either it runs to its end, or it issues no collective."""
+    lanes = ["node", "gpu", "gcd"]
+    code = CommExecutor.submit.__code__
+    lines = sorted({ln for _, _, ln in code.co_lines() if ln is not None and ln > code.co_firstlineno})
+    outcomes = set()
+    for target in lines:
+        ex = _ex()
+        issued: list[str] = []
+
+        def job():
+            for lane in lanes:
+                yield Move(lane)
+                issued.append(lane)
+            return "done"
+
+        def tracer(frame, event, arg, target=target):
+            if frame.f_code is code and event == "line" and frame.f_lineno == target:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return tracer
+
+        fut = None
+        sys.settrace(tracer)
+        try:
+            fut = ex.submit(job(), lanes)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if fut is not None:
+            assert ex.result(fut, timeout=WAIT_S) == "done"
+        ex.drain()  # a job queued before the interrupt runs its course
+        ex.close(timeout=WAIT_S)
+        outcomes.add(tuple(issued))
+        assert issued in ([], lanes), (target, issued)
+    assert () in outcomes and tuple(lanes) in outcomes
 
 
 def test_drain_waits_for_every_lane_and_a_job_without_collectives_runs():

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
+from ..files import write_json_atomic
 from ..tools.tables import fmt_bytes
 
 Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
@@ -282,8 +283,7 @@ def rank_main(spec: JobSpec) -> dict:
             for line in numerics_lines(engine):
                 report.line(line)
         if spec.out_dir:
-            with open(os.path.join(spec.out_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=1)
+            write_json_atomic(os.path.join(spec.out_dir, "summary.json"), summary, indent=1)
             report.line(f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json")
     training.release(engine)
     return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"]}

@@ -33,6 +33,37 @@ all collectives in one order on one thread and one stream, nothing pipelined acr
 lanes keep each communicator's order but not the order between communicators, which NCCL and
 RCCL need. ``serial`` (ROCm) also waits, on that thread, for each collective to complete on the
 device before issuing the next, so no two communicators have collectives in flight.
+
+[Note: executor failure semantics]
+A failed collective leaves the hop groups in an unknown state: its peers may have completed it,
+be inside it, or have failed elsewhere, and the job's later collectives were never issued on this
+rank. Issuing anything after that risks pairing collectives across ranks in the wrong order.
+So the executor has two states, working and *broken*, and one way from the first to the second:
+
+- The first job that raises (a failed collective, a job's own bug, a wait that ran past its
+  bound, an interrupt while the caller waited) breaks the executor and keeps its own error.
+  Every job not yet started fails at once with ``ExecutorBrokenError``, whose ``__cause__`` is
+  that first error, and no collective is issued after it; ``submit`` after that fails the same
+  way. Nothing repairs a broken executor: the process must exit (docs/reliability.md, "after
+  an interrupt or a communication error"), and ``HierEngine.save_checkpoint`` refuses to save
+  (the state on this rank may be out of step with its peers').
+- Every wait is bounded. Each collective ends on its own within ``collective_timeout_s``
+  (``timeout_s`` here; [Note: failure detection] in failures.py), so a job whose ``n``
+  collectives were queued behind ``m`` others ends within ``(m + n) * timeout_s``; ``result``
+  waits that long plus ``WAIT_SLACK_S`` (or its ``timeout`` argument) and then raises
+  ``ExecutorTimeoutError`` and breaks the executor. That bound only fires when a lane is stuck
+  outside a collective's own timeout (a device kernel that never ends, a backend without one).
+- ``submit`` is atomic with respect to interrupts: it queues the whole job with one put on the
+  dispatcher's queue (one call into C; Python raises ``KeyboardInterrupt`` only between
+  bytecodes), and the dispatcher thread, which never receives it, puts the job's slots on its
+  lanes. A Ctrl-C during ``submit`` leaves the job queued on all its lanes or on none.
+- ``close`` stops every lane at once: it marks the executor closed (queued jobs are skipped,
+  failing with ``ExecutorBrokenError``), wakes every lane, and joins all of them against one
+  overall deadline (``timeout_s + WAIT_SLACK_S``), so it takes at most that long whatever the
+  number of lanes. It returns the lanes still alive then (inside a collective that has not
+  ended). It never destroys a group; ``HierRuntime.close`` leaves every hop group in place when
+  a lane is still alive (destroying a communicator under a running collective can crash the
+  process), says so, and leaves the groups to the process's exit.
 """
 
 from __future__ import annotations
@@ -40,7 +71,9 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Generator, Hashable, NamedTuple, Sequence
 
 import torch
@@ -48,6 +81,11 @@ import torch
 from .busy import BusyLog
 
 ONE = ("one_lane",)  # the only lane with ``one_lane``
+# added to every bound the executor derives from ``timeout_s``: a failed collective's error needs
+# a moment to reach the waiter after the collective's own timeout ([Note: executor failure semantics])
+WAIT_SLACK_S = 30.0
+# how often a lane waiting for its turn looks whether the executor broke or closed meanwhile
+_POLL_S = 0.5
 
 
 class Move(NamedTuple):
@@ -63,6 +101,15 @@ Job = Generator[Move, None, Any]
 
 class JobOrderError(RuntimeError):
     """A job moved to a lane it did not declare: a bug in the job, reported instead of a hang."""
+
+
+class ExecutorBrokenError(RuntimeError):
+    """A job that was not run because an earlier one failed, or the executor was closed
+    ([Note: executor failure semantics]); ``__cause__`` is the first error."""
+
+
+class ExecutorTimeoutError(RuntimeError):
+    """A job did not finish within its bound: a lane is stuck outside a collective's timeout."""
 
 
 class _Done:
@@ -95,16 +142,31 @@ def _record_on(value: Any, stream: Any) -> None:
             t.record_stream(stream)
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+
+
 class CommExecutor:
-    """Runs jobs' collectives on per-hop-group lanes, each lane in submission order."""
+    """Runs jobs' collectives on per-hop-group lanes, each lane in submission order.
+
+    ``timeout_s``: the collective timeout of the groups the jobs use (``collective_timeout_s``);
+    it bounds every wait ([Note: executor failure semantics]). None: waits are unbounded."""
 
     def __init__(
-        self, name: str, device: torch.device, overlap: bool = True, one_lane: bool = False, serial: bool = False
+        self,
+        name: str,
+        device: torch.device,
+        overlap: bool = True,
+        one_lane: bool = False,
+        timeout_s: float | None = None,
+        serial: bool = False,
     ):
         self.name = name
         self.device = device
         self.overlap = overlap
         self.one_lane = one_lane
+        self.timeout_s = timeout_s
         # on a device with ``one_lane``: issue a collective only once the previous one completed
         # (no two communicators in flight, [Note: one issuing thread on GPUs] in comm/issue.py)
         self.serial = serial and one_lane
@@ -112,6 +174,15 @@ class CommExecutor:
         self._cuda = torch.cuda if (overlap and device.type == "cuda") else None
         self._lanes: dict[Hashable, tuple[queue.SimpleQueue, threading.Thread, Any]] = {}
         self._lock = threading.Lock()
+        # submit -> dispatcher: one put per job, the only thing submit does to shared state
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._dispatcher: threading.Thread | None = None
+        self._known: dict[Hashable, None] = {}  # lanes of every job submitted (drain's barrier)
+        self._broken: BaseException | None = None  # the first error; set once
+        self._closed = False
+        # collectives submitted / finished (or skipped): what a new job waits behind
+        self._slots_submitted = 0
+        self._slots_done = 0
         # submitted but not yet taken by ``result``: more than one means work was issued ahead of
         # use (what DeepSpeed's prefetch is for); ``max_outstanding`` is the high-water mark
         self.outstanding = 0
@@ -122,10 +193,40 @@ class CommExecutor:
         self._busy = 0
         self.busy_log: BusyLog | None = None  # [Note: busy intervals]; off unless record_busy()
 
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def broken(self) -> BaseException | None:
+        """The error that broke the executor, or None while it works."""
+        return self._broken
+
+    def mark_broken(self, error: BaseException) -> None:
+        """Break the executor (the first error wins): no collective is issued after this."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = error
+
+    def _refusal(self) -> ExecutorBrokenError | None:
+        first = self._broken
+        if first is not None:
+            err = ExecutorBrokenError(
+                f"zeropp_hier: executor {self.name}: this job was not run because an earlier "
+                f"collective job failed ({_first_line(first)}); no collective is issued after a "
+                "failure. Exit this process and resume from the last complete checkpoint."
+            )
+            err.__cause__ = first
+            return err
+        if self._closed:
+            return ExecutorBrokenError(f"zeropp_hier: executor {self.name} is closed (its engine was destroyed)")
+        return None
+
     # -- caller side ---------------------------------------------------------------------------
     def submit(self, job: Job, lanes: Sequence[Hashable]) -> Future:
         """Queue ``job``, whose collectives are on ``lanes`` in this order (one entry per
-        collective). Must be called from one thread, in the same program order on every rank."""
+        collective). Must be called from one thread, in the same program order on every rank.
+        Raises ``ExecutorBrokenError`` once the executor is broken or closed."""
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
         fut: Future = Future()
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
@@ -133,6 +234,8 @@ class CommExecutor:
             try:
                 fut.set_result(_Done(_run_inline(job, lanes, self.busy_log), None))
             except BaseException as e:  # noqa: B036 - handed to the waiter, as a thread would
+                if lanes:  # a failed collective (or an interrupt inside one) breaks the executor
+                    self.mark_broken(e)
                 fut.set_exception(e)
             return fut
         ready = None
@@ -140,8 +243,14 @@ class CommExecutor:
             ready = self._cuda.Event()
             ready.record(self._cuda.current_stream(self.device))
         running = _Running(job, [self.key(lane) for lane in lanes], fut, ready, lanes)
-        for i, lane in enumerate(running.lanes):
-            self._lane(lane)[0].put((running, i))
+        if self.timeout_s is not None:
+            ahead = self._slots_submitted - self._slots_done
+            bound = self.timeout_s * (ahead + len(lanes)) + WAIT_SLACK_S
+            fut.zeropp_deadline = time.monotonic() + bound  # type: ignore[attr-defined]
+        self._slots_submitted += len(lanes)
+        self._known.update(dict.fromkeys(running.lanes))
+        self._ensure_dispatcher()
+        self._inbox.put(running)  # the job is queued whole from here ([Note: executor failure semantics])
         return fut
 
     def record_busy(self, on: bool = True) -> None:
@@ -156,9 +265,33 @@ class CommExecutor:
         """The lane that runs a hop group's collectives."""
         return ONE if self.one_lane else lane
 
-    def result(self, fut: Future) -> Any:
+    def result(self, fut: Future, timeout: float | None = None) -> Any:
+        """The job's outputs. Waits at most ``timeout`` seconds (default: the bound derived from
+        ``timeout_s`` at submit); past it, raises ``ExecutorTimeoutError`` and breaks the
+        executor. An interrupt while waiting breaks it too: the job runs on without a waiter."""
         self.outstanding -= 1
-        done: _Done = fut.result()
+        deadline = getattr(fut, "zeropp_deadline", None)
+        if timeout is None and deadline is not None:
+            timeout = max(0.0, deadline - time.monotonic())
+        try:
+            done: _Done = fut.result(timeout)
+        except FutureTimeout:
+            err = ExecutorTimeoutError(
+                f"zeropp_hier: executor {self.name}: a collective job did not finish within its "
+                f"bound ({timeout:.0f} s more after it was awaited; each collective fails on its own "
+                f"within collective_timeout_s = {self.timeout_s} s): a lane is stuck outside a "
+                "collective's timeout (a device kernel that never ends, or a backend without a "
+                "timeout). The executor is broken; exit this process and resume from the last "
+                "complete checkpoint."
+            )
+            self.mark_broken(err)
+            raise err from None
+        except Exception:
+            raise
+        except BaseException as e:  # KeyboardInterrupt, SystemExit while waiting
+            if not fut.done():
+                self.mark_broken(e)
+            raise
         if done.event is not None:
             cuda = self._cuda
             assert cuda is not None  # events exist only on a device executor
@@ -171,7 +304,7 @@ class CommExecutor:
         """Wait until everything submitted so far has run (errors stay with their futures)."""
         if not self.overlap:
             return
-        lanes = list(self._lanes)
+        lanes = list(self._known)
         if not lanes:
             return
 
@@ -182,21 +315,69 @@ class CommExecutor:
 
         self.result(self.submit(barrier(), lanes))
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> list[str]:
+        """Stop every lane; wait for all of them together at most ``timeout`` seconds (default
+        ``timeout_s + WAIT_SLACK_S``, or 60). Returns the names of lanes still alive then: they
+        are inside a collective, so the caller must not destroy the groups ([Note: executor
+        failure semantics])."""
+        if timeout is None:
+            timeout = 60.0 if self.timeout_s is None else self.timeout_s + WAIT_SLACK_S
         with self._lock:
-            lanes, self._lanes = self._lanes, {}
+            self._closed = True
+            lanes = dict(self._lanes)
+            dispatcher = self._dispatcher
+        if dispatcher is not None:
+            self._inbox.put(None)
         for q, _, _ in lanes.values():
             q.put(None)
-        for _, thread, _ in lanes.values():
-            thread.join(timeout=60)
+        deadline = time.monotonic() + timeout
+        threads = [t for _, t, _ in lanes.values()] + ([dispatcher] if dispatcher is not None else [])
+        for t in threads:  # the threads stop side by side: one deadline for all
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in threads if t.is_alive()]
 
-    # -- lanes ---------------------------------------------------------------------------------
+    # -- dispatcher and lanes -------------------------------------------------------------------
+    def _ensure_dispatcher(self) -> None:
+        if self._dispatcher is None:
+            with self._lock:
+                if self._dispatcher is None:
+                    t = threading.Thread(target=self._dispatch, name=f"zeropp_hier-{self.name}-dispatch", daemon=True)
+                    self._dispatcher = t
+                    t.start()
+
+    def _dispatch(self) -> None:
+        """Puts each submitted job's slots on its lanes, in submission order."""
+        while True:
+            running = self._inbox.get()
+            if running is None:
+                return
+            refusal = self._refusal()
+            if refusal is not None:
+                self._skip(running, refusal, len(running.lanes))
+                continue
+            lanes = [self._lane(lane) for lane in running.lanes]
+            if any(lane is None for lane in lanes):  # closed meanwhile: no lane takes new work
+                self._skip(running, self._refusal(), len(running.lanes))
+                continue
+            for i, lane in enumerate(lanes):
+                lane[0].put((running, i))
+
+    def _skip(self, running: _Running, refusal: BaseException | None, slots: int) -> None:
+        with running.cond:
+            running.failed = True
+            running.cond.notify_all()
+        if refusal is not None and not running.fut.done():
+            running.fut.set_exception(refusal)
+        with self._lock:
+            self._slots_done += slots
+
     def _lane(self, key: Hashable):
+        """The lane of ``key``, started on first use; None once the executor is closed."""
         lane = self._lanes.get(key)
         if lane is None:
             with self._lock:
                 lane = self._lanes.get(key)
-                if lane is None:
+                if lane is None and not self._closed:
                     q: queue.SimpleQueue = queue.SimpleQueue()
                     stream = self._cuda.Stream(device=self.device) if self._cuda is not None else None
                     label = "-".join(key) if isinstance(key, tuple) else str(key)
@@ -215,10 +396,14 @@ class CommExecutor:
                 return
             running, index = item
             with running.cond:
-                while running.turn != index and not running.failed:
-                    running.cond.wait()
-            if running.failed:
-                continue  # an earlier collective of this job raised; its future holds the error
+                while running.turn != index and not running.failed and self._refusal() is None:
+                    running.cond.wait(_POLL_S)
+            refusal = self._refusal()
+            if running.failed or refusal is not None:
+                # an earlier collective of this job raised (its future holds the error), or the
+                # executor broke or closed: nothing more is issued
+                self._skip(running, refusal, 1)
+                continue
             with self._lock:
                 self._busy += 1
                 self.max_lanes_busy = max(self.max_lanes_busy, self._busy)
@@ -227,6 +412,7 @@ class CommExecutor:
             finally:
                 with self._lock:
                     self._busy -= 1
+                    self._slots_done += 1
 
     def _step(self, stream: Any, running: _Running, index: int) -> None:
         """Run the job from its collective ``index`` (on this lane) to its next Move or its end."""
@@ -257,12 +443,14 @@ class CommExecutor:
                 if cuda is not None:
                     event = cuda.Event()
                     event.record(stream)
-                    _record_carry(nxt, self._lane(self.key(nxt.lane))[2])
+                    nxt_lane = self._lane(self.key(nxt.lane))
+                    _record_carry(nxt, nxt_lane[2] if nxt_lane is not None else None)
             with running.cond:
                 running.event = event
                 running.turn = index + 1
                 running.cond.notify_all()
         except BaseException as e:  # noqa: B036 - the waiter re-raises it
+            self.mark_broken(e)  # before the job's other lanes wake: they must see it broken
             with running.cond:
                 running.failed = True
                 running.cond.notify_all()

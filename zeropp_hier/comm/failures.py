@@ -6,12 +6,20 @@ code) must not leave the rest of a Frontier allocation waiting. Two mechanisms e
 
 - A peer that *dies* closes its sockets; gloo then fails the pending operation at once with
   "Connection closed by peer" / "Connection reset by peer" (verified on CPU: ~0.1 s).
-- A peer that *stops* keeps its sockets open; only a timeout ends the wait. Every process group
-  the engine issues collectives on gets ``collective_timeout_s``: ours right after creation
-  (``groups.build_hop_groups``; the creation itself, a rendezvous paced by the slowest rank's
-  start-up, gets at least ``MIN_SETUP_TIMEOUT_S``), DeepSpeed's data-parallel group (its
-  gradient-norm all-reduce, on the parameters' ``ds_process_group``, which is the default group
-  when ZeRO spans the world) by ``bound_groups`` when the engine is built, until it is destroyed.
+- A peer that *stops* keeps its sockets open; only a timeout ends the wait. Our hop groups get
+  ``collective_timeout_s`` right after creation (``groups.build_hop_groups``; the creation
+  itself, a rendezvous paced by the slowest rank's start-up, gets at least
+  ``MIN_SETUP_TIMEOUT_S``). DeepSpeed's own groups (its data-parallel group: the gradient-norm
+  all-reduce of every step and the checkpoint barriers, on the parameters' ``ds_process_group``,
+  which is the default group when ZeRO spans the world) keep the timeout they were created with
+  (torch's 30 minutes, or ``init_distributed``'s) unless ``deepspeed_group_timeout_s`` is set;
+  then ``bound_groups`` gives them that when the engine is built, until it is destroyed. This
+  is deliberate: a first step with long kernel tuning, or a large checkpoint, must not abort a
+  healthy job because our hop timeout is short.
+
+Each error names the setting whose timeout ended the wait (``HierCommError.setting``):
+``collective_timeout_s`` for our hop groups, ``deepspeed_group_timeout_s`` for DeepSpeed's when
+it is set, and DeepSpeed's own timeout (with its value) when it is not.
 
 Either way the failure is re-raised as ``HierCommError``, naming the rank, the phase, the tier
 and the peer ranks of the collective it was waiting in. A rank whose exception propagates exits;
@@ -52,7 +60,7 @@ _COMM = re.compile(r"gloo|Connection (closed|reset)|Timed out waiting|Broken pip
 
 _REASONS = {
     "peer_lost": "a peer closed its connection (its process died, or exited after its own failure)",
-    "timeout": "no progress within collective_timeout_s = {timeout:g} s (a peer is stuck, died "
+    "timeout": "no progress within {setting} = {timeout:g} s (a peer is stuck, died "
     "without closing its connection, is cut off by a failed link, or waits on one that is)",
     "error": "the collective raised an error",
 }
@@ -64,7 +72,8 @@ class HierCommError(RuntimeError):
     Attributes name what the rank was doing: ``rank``, ``phase`` (``forward_gather``,
     ``backward_gather``, ``grad_reduce``, ``other_gather``, ``deepspeed step``, ``checkpoint``,
     ...), ``tier`` (the slowest tier the collective spans), ``axes``, ``peers`` (the other
-    ranks in it), ``kind`` (``peer_lost``, ``timeout``, ``error``) and ``timeout_s``.
+    ranks in it), ``kind`` (``peer_lost``, ``timeout``, ``error``), ``timeout_s`` and
+    ``setting`` (the name of the setting that gave the group its timeout).
     """
 
     def __init__(
@@ -78,10 +87,12 @@ class HierCommError(RuntimeError):
         kind: str,
         timeout_s: float | None,
         cause: str,
+        setting: str = "collective_timeout_s",
     ):
         self.rank, self.phase, self.tier, self.axes = rank, phase, tier, tuple(axes)
         self.peers, self.kind, self.timeout_s, self.cause = tuple(peers), kind, timeout_s, cause
-        reason = _REASONS[kind].format(timeout=timeout_s if timeout_s is not None else float("nan"))
+        self.setting = setting
+        reason = _REASONS[kind].format(timeout=timeout_s if timeout_s is not None else float("nan"), setting=setting)
         first = cause.strip().splitlines()[0] if cause.strip() else ""
         super().__init__(
             f"zeropp_hier collective failed on rank {rank} in {phase}, tier '{tier}' "
@@ -100,6 +111,7 @@ class HierCommError(RuntimeError):
             kind=self.kind,
             timeout_s=self.timeout_s,
             cause=self.cause,
+            setting=self.setting,
         )
         return (_rebuild_comm_error, (type(self), fields))
 
@@ -139,6 +151,7 @@ def collective_guard(
     peers: Sequence[int],
     timeout_s: float | None,
     any_runtime_error: bool = True,
+    setting: str = "collective_timeout_s",
 ) -> Iterator[None]:
     """Re-raise a failure of the collective(s) inside as ``HierCommError``.
 
@@ -165,12 +178,25 @@ def collective_guard(
             kind=kind,
             timeout_s=timeout_s,
             cause=str(e),
+            setting=setting,
         ) from e
 
 
-def world_guard(topo: Topology, rank: int, phase: str, timeout_s: float | None):
-    """Guard for DeepSpeed's own collectives, which span every rank (its data-parallel group)."""
+# the name under which a timeout of DeepSpeed's own groups is reported when
+# deepspeed_group_timeout_s is not set (they run with the timeout they were created with)
+DEEPSPEED_OWN_TIMEOUT = (
+    "DeepSpeed's own group timeout (torch's default or init_distributed's; "
+    "zeropp_hier.deepspeed_group_timeout_s bounds it)"
+)
+
+
+def world_guard(
+    topo: Topology, rank: int, phase: str, timeout_s: float | None, setting: str = "deepspeed_group_timeout_s"
+):
+    """Guard for DeepSpeed's own collectives, which span every rank (its data-parallel group);
+    ``setting`` names where their timeout came from."""
     return collective_guard(
+        setting=setting,
         rank=rank,
         phase=phase,
         tier=slowest_tier(topo, AXES),

@@ -106,11 +106,14 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> Issue
     return IssueMode(True, True, serial, f"{library}: {why}")
 
 
-def executor_for(mode: IssueMode, name: str, device: torch.device) -> CommExecutor:
-    """The executor that runs hop collectives in ``mode``."""
+def executor_for(mode: IssueMode, name: str, device: torch.device, timeout_s: float | None = None) -> CommExecutor:
+    """The executor that runs hop collectives in ``mode``; ``timeout_s`` bounds its waits
+    ([Note: executor failure semantics] in comm/executor.py)."""
     from .executor import CommExecutor
 
-    return CommExecutor(name, device, overlap=mode.background, one_lane=mode.one_lane, serial=mode.serial)
+    return CommExecutor(
+        name, device, overlap=mode.background, one_lane=mode.one_lane, serial=mode.serial, timeout_s=timeout_s
+    )
 
 
 __all__ = ["IssueMode", "OVERLAP_CHOICES", "backend_for", "executor_for", "resolve_issue_mode"]

@@ -27,7 +27,9 @@ decision:
 - bf16/fp32, "skip": DeepSpeed 0.19 skips a step whose gradient norm is not finite; we check
   that it did (a step we flagged must not be applied) and report it.
 - bf16/fp32, "raise": HierNonFiniteError on every rank, before the optimizer runs.
-A skipped step also drops the error-feedback residuals ([Note: error feedback]).
+A skipped step also drops the error-feedback residuals ([Note: error feedback]). Skips are
+capped: ``numerics.max_consecutive_skips`` skipped steps in a row (any cause, fp16 overflow
+included) raise HierSkippedStepsError on every rank, with the step and cause of each skip.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..core.errors import HierNonFiniteError
+from ..core.errors import HierNonFiniteError, HierSkippedStepsError
 from ..core.plan import CommPlan, Hop
 from ..core.policy import NumericsConfig
 from ..core.topology import Topology
@@ -296,6 +298,8 @@ class Numerics:
         self.monitor = NonFiniteMonitor(reduce_locations(plan))
         self.report = StepReport()
         self._steps_seen = 0
+        # skipped steps since the last applied one (not reset with the stats: the cap counts them)
+        self.consecutive_skips: list[dict] = []
         self._step_of: Callable[[], int] | None = None
 
     def bind_step_counter(self, owner, attr: str = "global_steps") -> None:
@@ -340,6 +344,7 @@ class Numerics:
         step = self.current_step()
         self._steps_seen += 1
         if applied:
+            self.consecutive_skips.clear()
             if verdict.any:  # must not happen: DeepSpeed applied non-finite gradients
                 loc, rank = verdict.first()
                 raise RuntimeError(
@@ -356,10 +361,15 @@ class Numerics:
             cause = "DeepSpeed's overflow check (the gradient norm was not finite)"
         self.report.skipped_steps.append(step)
         self.report.events.append({"step": step, "action": "skipped", "cause": cause, "seen": verdict.as_list()})
+        self.consecutive_skips.append({"step": step, "cause": cause})
         if self.rank == 0:
             msg = f"zeropp_hier: step {step} skipped, weights unchanged: {cause}"
             # fp16 overflow is routine (the loss scaler is searching); elsewhere it is news
             (log.info if fp16 else log.warning)(msg)
+        # every rank took the same verdict and DeepSpeed's overflow decision is agreed: all ranks
+        # count the same skips and raise at the same step
+        if len(self.consecutive_skips) >= self.cfg.max_consecutive_skips:
+            raise HierSkippedStepsError(self.cfg.max_consecutive_skips, list(self.consecutive_skips))
 
     def restore_error_feedback(self, state, device) -> None:
         why = self.error_feedback.load_state_dict(state, device)

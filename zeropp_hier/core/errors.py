@@ -27,6 +27,11 @@ class HierTopologyError(HierConfigError):
     """The declared topology does not fit the world that was actually launched."""
 
 
+class HierUnsafeSaveError(RuntimeError):
+    """``save_checkpoint`` after a failed or interrupted step: this rank's state may be out of
+    step with its peers' ([Note: executor failure semantics] in comm/executor.py)."""
+
+
 class DeepSpeedVersionError(ImportError):
     """The installed DeepSpeed is outside the range whose internals this package was built on."""
 
@@ -56,3 +61,28 @@ class HierNonFiniteError(FloatingPointError):
 
     def __reduce__(self):
         return (type(self), (self.step, self.rank, self.phase, self.tier, self.where, self.seen))
+
+
+class HierSkippedStepsError(FloatingPointError):
+    """``zeropp_hier.numerics.max_consecutive_skips`` steps in a row were skipped (non-finite
+    gradients, or fp16 overflow): raised on every rank at the same step, with ``history``, one
+    ``{"step", "cause"}`` per skipped step, oldest first."""
+
+    def __init__(self, limit: int, history: list):
+        self.limit = limit
+        self.history = history
+        steps = [h["step"] for h in history]
+        shown = steps if len(steps) <= 10 else [*steps[:5], "...", *steps[-5:]]
+        causes: dict[str, int] = {}
+        for h in history:
+            causes[h["cause"]] = causes.get(h["cause"], 0) + 1
+        why = "; ".join(f"{n} x {c}" for c, n in causes.items())
+        super().__init__(
+            f"zeropp_hier: {len(history)} steps in a row were skipped (steps {shown}), the limit set by "
+            f"zeropp_hier.numerics.max_consecutive_skips = {limit}; the weights have not changed since "
+            f"step {steps[0] if steps else '?'}. Causes: {why}. Find the cause (inputs, loss, learning "
+            "rate, loss scale), resume from the last checkpoint, or raise max_consecutive_skips"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.limit, self.history))

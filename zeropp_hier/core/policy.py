@@ -28,6 +28,9 @@ MIN_BLOCK, MAX_BLOCK = 32, 4096
 DEFAULT_BLOCK_SIZE = 256
 NONFINITE_POLICIES = ("skip", "raise")
 DEFAULT_SAMPLE_EVERY = 16
+# consecutive skipped steps before the job stops: fp16's loss scaler needs about two skips per
+# halving of its scale (hysteresis 2) to come down from 2^16, so a healthy run never nears this
+DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 
 # [Note: preset compression defaults]
 # Hybrid compression (arXiv 2409.02423): compress hard where the data tolerates it *and* the
@@ -57,7 +60,7 @@ PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
 PRESET_ERROR_FEEDBACK: dict[str, Any] = {"zero3": "auto", "zeropp": False, "frontier": "auto"}
 
 _COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size", "error_feedback")
-_NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype")
+_NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutive_skips")
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ class NumericsConfig:
     # per compressed gradient stage and bucket: for a 20B model, GBs per GCD in fp32); the
     # residual is added back in fp32 either way
     residual_dtype: str = "fp32"
+    # this many skipped steps in a row (non-finite gradients, fp16 overflow) stop the job with
+    # HierSkippedStepsError and the history of the skips, instead of skipping forever
+    max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
 
 def _is_int(v: Any) -> bool:
@@ -264,7 +270,17 @@ def parse_numerics(v: Any, field: str) -> NumericsConfig:
             residual_dtype,
             'use "fp32" (default) or "bf16" (half the memory of the error-feedback residuals)',
         )
-    return NumericsConfig(nonfinite=nonfinite, sample_every=every, residual_dtype=residual_dtype)
+    cap = d.get("max_consecutive_skips", DEFAULT_MAX_CONSECUTIVE_SKIPS)
+    if not _is_int(cap) or cap < 1:
+        raise HierConfigError(
+            f"{field}.max_consecutive_skips",
+            cap,
+            f"use a positive integer: stop the job after this many skipped steps in a row "
+            f"(default {DEFAULT_MAX_CONSECUTIVE_SKIPS})",
+        )
+    return NumericsConfig(
+        nonfinite=nonfinite, sample_every=every, residual_dtype=residual_dtype, max_consecutive_skips=cap
+    )
 
 
 def check_numerics_against_deepspeed(numerics: NumericsConfig, ds_config: Mapping, field: str) -> None:

@@ -4,7 +4,8 @@ measured (or declared) link rates.
 [Note: auto preset]
 At ``initialize`` every rank takes part in the same steps, so all end with the same choice:
 
-1. link rates per tier: from ``auto.probe_file`` (``zeropp-hier probe --out``), from
+1. link rates per tier: from ``auto.probe_file`` (``zeropp-hier probe --out``; rank 0 reads it
+   and broadcasts the rates, or the problem, to every rank), from
    ``auto.tier_gbps``, or measured now with two all-gathers per tier (``auto.probe_kb``, a
    fraction of a second per tier on real links); a measured time is the slowest rank's
    (an all-reduce), so every rank computes the same rates;
@@ -46,13 +47,7 @@ PROBE_TARGET_S = 0.05
 def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> tuple[dict, str]:
     a = cfg.auto
     if a.probe_file is not None:
-        import json
-
-        with open(a.probe_file) as f:
-            probe = json.load(f)
-        return {t: (float(v["bandwidth"]), float(v["latency"])) for t, v in probe["tiers"].items()}, (
-            f"probe file {a.probe_file}"
-        )
+        return _probe_file_rates(a.probe_file, rank), f"probe file {a.probe_file} (read by rank 0)"
     if a.tier_gbps is not None:
         return {t: (gbps * 1e9, 0.0) for t, gbps in a.tier_gbps}, "declared tier_gbps"
     from ..comm.groups import build_hop_groups
@@ -69,6 +64,26 @@ def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> 
     return {t: (v["bandwidth"], v["latency"]) for t, v in measured.items()}, (
         f"probed at initialize ({used} of {a.probe_kb} KB)"
     )
+
+
+def _probe_file_rates(path: str, rank: int) -> dict:
+    """Rank 0 reads the file and broadcasts what it found, the rates or the problem: every rank
+    plans from the same rates, and a file missing or different on another node cannot split
+    the ranks ([Note: agreed local checks] in comm/agree.py). Collective."""
+    from ..core.errors import HierConfigError
+    from ..detect.probe_file import FIX, read_probe
+
+    box: list = [None]
+    if rank == 0:
+        try:
+            box[0] = ("ok", read_probe(path))
+        except Exception as e:  # noqa: BLE001 - broadcast, raised on every rank below
+            box[0] = ("error", str(e) if str(e) else type(e).__name__)
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status != "ok":
+        raise HierConfigError("zeropp_hier.auto.probe_file", path, f"rank 0 read it: {value}; {FIX}")
+    return value
 
 
 def _memory_per_gcd(device: torch.device, topo: Topology) -> float:

@@ -27,9 +27,11 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from ..comm.failures import bound_groups, group_timeout, restore_groups, world_guard
+from ..comm.agree import agree_local, agree_same
+from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
-from ..core.errors import HierConfigError
+from ..core.errors import HierConfigError, HierNonFiniteError, HierSkippedStepsError, HierUnsafeSaveError
+from ..detect.launch_env import check_launch_env
 from . import checkpoint, safe_load
 from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
@@ -55,6 +57,8 @@ class HierEngine(DeepSpeedEngine):
         self.hier_runtime: HierRuntime | None = None
         self._ds_group_timeouts: list = []  # DeepSpeed's group timeouts before ours, for destroy
         self.ds_group_timeout_s: float | None = None  # the timeout DeepSpeed's groups run with
+        self.ds_group_timeout_setting = DEEPSPEED_OWN_TIMEOUT  # reported with a timeout of theirs
+        self._step_failed: str | None = None  # what ended a step half done (no save after it)
         super().__init__(*args, **kwargs)
 
     def _configure_zero_optimizer(self, optimizer):
@@ -111,6 +115,9 @@ class HierEngine(DeepSpeedEngine):
         # kept level per layer under a memory budget ([Note: kept levels] in core/levels.py)
         named = list(self.module.named_parameters())
         level_plan = runtime.set_levels(named) if named else None
+        # local and deterministic, but from this rank's view of the model: confirmed before the
+        # first gather uses it ([Note: agreed local checks] in comm/agree.py)
+        agree_same("kept level per layer", {"levels": None if level_plan is None else dict(level_plan.levels)})
         if level_plan is not None and runtime.rank == 0:
             from ..core.levels import summarize
 
@@ -124,7 +131,8 @@ class HierEngine(DeepSpeedEngine):
         # DeepSpeed's own collectives (the gradient-norm all-reduce of every step, checkpoint
         # barriers) run on its groups. They keep their own timeout (torch's 30 min, or what
         # init_distributed was given) unless deepspeed_group_timeout_s asks for another
-        # ([Note: failure detection]); the guard around them reports the one in force.
+        # ([Note: failure detection]); the guard around them reports the one in force, under
+        # the name of the setting it came from.
         dp_group = getattr(opt, "dp_process_group", None)  # none without an optimizer
         ds_groups = [dp_group, *(getattr(p, "ds_process_group", None) for p in self.module.parameters())]
         wanted = self.hier_config.deepspeed_group_timeout_s
@@ -132,6 +140,7 @@ class HierEngine(DeepSpeedEngine):
             self._ds_group_timeouts = bound_groups(ds_groups, wanted)
         current = group_timeout(dp_group) if dp_group is not None else None
         self.ds_group_timeout_s = wanted if current is None else current.total_seconds()
+        self.ds_group_timeout_setting = "deepspeed_group_timeout_s" if wanted is not None else DEEPSPEED_OWN_TIMEOUT
         return opt
 
     def _phase(self, phase: str):
@@ -145,18 +154,38 @@ class HierEngine(DeepSpeedEngine):
         rt = self.hier_runtime
         if rt is None:
             return contextlib.nullcontext()
-        return world_guard(rt.topo, rt.rank, f"DeepSpeed {phase}", self.ds_group_timeout_s)
+        return world_guard(
+            rt.topo, rt.rank, f"DeepSpeed {phase}", self.ds_group_timeout_s, self.ds_group_timeout_setting
+        )
+
+    @contextlib.contextmanager
+    def _failure_breaks(self, phase: str):
+        """An exception that leaves a step half-done breaks the executor: collectives may have
+        run on some ranks and not on others, so nothing more is issued and no save is allowed
+        ([Note: executor failure semantics] in comm/executor.py). Errors that every rank raises
+        at the same point with its collectives complete (non-finite gradients under "raise", the
+        cap on skipped steps, a refused config) leave the ranks in step and do not."""
+        try:
+            yield
+        except (HierNonFiniteError, HierSkippedStepsError, HierConfigError):
+            raise
+        except BaseException as e:
+            rt = self.hier_runtime
+            if rt is not None:
+                rt.executor.mark_broken(e)
+            self._step_failed = f"{type(e).__name__} in {phase}"
+            raise
 
     def forward(self, *inputs, **kwargs):
-        with self._phase("forward_gather"), self._guard("forward"):
+        with self._failure_breaks("forward"), self._phase("forward_gather"), self._guard("forward"):
             return super().forward(*inputs, **kwargs)
 
     def backward(self, loss, *args, **kwargs):
-        with self._phase("backward_gather"), self._guard("backward"):
+        with self._failure_breaks("backward"), self._phase("backward_gather"), self._guard("backward"):
             return super().backward(loss, *args, **kwargs)
 
     def step(self, *args, **kwargs):
-        with self._guard("step"):
+        with self._failure_breaks("step"), self._guard("step"):
             return super().step(*args, **kwargs)
 
     def destroy(self):
@@ -172,6 +201,7 @@ class HierEngine(DeepSpeedEngine):
     ):
         """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
         written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
+        self._refuse_unsafe_save()
         client_state = {} if client_state is None else client_state  # DeepSpeed's default, not shared
         return checkpoint.save(
             self,
@@ -181,6 +211,21 @@ class HierEngine(DeepSpeedEngine):
             client_state=client_state,
             save_latest=save_latest,
             exclude_frozen_parameters=exclude_frozen_parameters,
+        )
+
+    def _refuse_unsafe_save(self) -> None:
+        rt = self.hier_runtime
+        broken = rt.executor.broken if rt is not None else None
+        if broken is None and self._step_failed is None:
+            return
+        what = self._step_failed or f"{type(broken).__name__}"
+        first = str(broken).strip().splitlines()[0] if broken is not None and str(broken).strip() else ""
+        raise HierUnsafeSaveError(
+            f"zeropp_hier: refusing to save a checkpoint on rank {dist.get_rank()}: an earlier step "
+            f"ended with {what}{': ' + first if first else ''}. After an interrupt or a communication "
+            "error this rank's parameters, gradients and optimizer state may be out of step with its "
+            "peers' (a step half done), so a checkpoint could mix steps. Exit, and resume from the "
+            "last complete checkpoint (load_checkpoint reads 'latest'); docs/reliability.md"
         )
 
     def _configure_checkpointing(self):
@@ -262,25 +307,37 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     """Drop-in for ``deepspeed.initialize``: same arguments, same return value.
 
     With an enabled ``zeropp_hier`` section in the config, the engine runs the hierarchical
-    stage 3; otherwise this is exactly ``deepspeed.initialize``. The section is validated here,
-    before any process group or collective is created.
+    stage 3; otherwise this is ``deepspeed.initialize``. The section and the launch environment
+    are validated here, before DeepSpeed creates a group or starts a collective; when
+    torch.distributed is already up, every rank learns every rank's failure (one small
+    all-gather, [Note: agreed local checks]).
     """
     ds_config = config if config is not None else config_params
     # DeepSpeed's first parameter, ``args`` (an argparse namespace), positional or by keyword
     ns = args[0] if args else kwargs.get("args")
     if ds_config is None and getattr(ns, "deepspeed_config", None):
         ds_config = ns.deepspeed_config
-    cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
+
+    def local_checks() -> HierConfig:
+        """What can fail on one rank alone (its config file, its environment), agreed across
+        ranks when the world exists already ([Note: agreed local checks] in comm/agree.py)."""
+        cfg = hier_config_from_ds(_load_ds_config(ds_config, None))
+        if not cfg.enabled:
+            return cfg
+        check_launch_env(os.environ)  # LOCAL_RANK=abc, ... named before DeepSpeed reads them
+        refusal = model_parallel_refusal(
+            kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None), kwargs.get("mesh_param")
+        )
+        if refusal is not None:
+            raise refusal
+        world = _world_size_hint()
+        if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
+            topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
+        return cfg
+
+    cfg = agree_local("zeropp_hier.initialize's checks (config, launch environment)", local_checks)
     if not cfg.enabled:
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
-    refusal = model_parallel_refusal(
-        kwargs.get("mpu"), kwargs.get("model", args[1] if len(args) > 1 else None), kwargs.get("mesh_param")
-    )
-    if refusal is not None:
-        raise refusal
-    world = _world_size_hint()
-    if world is not None and cfg.topology.mode != "auto":  # auto is checked when detected
-        topology_for(cfg, world)  # raises HierTopologyError before DeepSpeed starts
     engine_cls = functools.partial(HierEngine, hier_config=cfg)
     with _rebound(deepspeed, "DeepSpeedEngine", engine_cls):
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from ..comm import gather
+from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
 from ..comm.executor import CommExecutor, Job
@@ -45,6 +46,21 @@ def topology_for(cfg: HierConfig, world_size: int) -> Topology:
 
         return detect(t.gcds_per_gpu, t.gpus_per_node).topology
     return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
+
+
+def plan_summary(cfg: HierConfig, topo: Topology, level_plan: LevelPlan | None = None) -> dict:
+    """What decides which collectives a rank issues: every rank must hold the same."""
+    plan = make_plan(cfg.preset, cfg.compression, topo)
+    return {
+        "preset": cfg.preset,
+        "chosen_by_auto": cfg.chosen_by_auto,
+        "compression": repr(cfg.compression),
+        "memory": repr(cfg.memory),
+        "numerics": repr(cfg.numerics),
+        "topology": [list(topo.dims), list(topo.rank_map) if topo.rank_map is not None else None],
+        "hops": repr(plan),
+        "levels": None if level_plan is None else dict(level_plan.levels),
+    }
 
 
 class _GatheredHandle:
@@ -107,7 +123,9 @@ class HierRuntime:
             log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
             if self.issue_mode.warning:
                 log.warning("zeropp_hier: %s", self.issue_mode.warning)
-        self.executor = executor_for(self.issue_mode, f"rank{rank}", self.comm_device)
+        self.executor = executor_for(
+            self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s
+        )
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
@@ -121,9 +139,21 @@ class HierRuntime:
 
         Each engine creates its own hop groups; without this, every engine built and destroyed in
         a process (sweeps, evaluation engines, test suites) left three gloo/RCCL groups and their
-        transport threads behind, and a long-lived process slowed down as they piled up."""
-        self.executor.close()
+        transport threads behind, and a long-lived process slowed down as they piled up.
+
+        A lane still inside a collective when the executor's bounded close ends may use any hop
+        group: then no group is destroyed (that can crash the process under the running
+        collective); they go with the process, which must exit ([Note: executor failure
+        semantics] in comm/executor.py)."""
+        stuck = self.executor.close()
         self.shards.clear()
+        if stuck:
+            log.warning(
+                f"zeropp_hier: rank {self.rank}: lanes {stuck} are still inside a collective after the "
+                "executor's bounded close; their process groups are left in place for the process's "
+                "exit (destroying them under a running collective could crash it). Exit this process."
+            )
+            return
         for hg in self.groups.values():
             dist.destroy_process_group(hg.group)
         # clear the dict in place: HierCollectives holds the same one, and the groups' transport
@@ -134,6 +164,9 @@ class HierRuntime:
     def create(cls, cfg: HierConfig) -> HierRuntime:
         world = dist.get_world_size()
         topo = topology_for(cfg, world)
+        # before any hop group is built: a rank with another plan would create other groups
+        # and issue other collectives ([Note: agreed local checks] in comm/agree.py)
+        agree_same("plan", plan_summary(cfg, topo))
         return cls(cfg, topo, dist.get_rank())
 
     def check_partition_world(self, world: int) -> None:

@@ -40,6 +40,7 @@ collectives, are the same.
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, NamedTuple, Sequence
 
 from ..core.errors import HierTopologyError
@@ -154,6 +155,17 @@ def node_packages(
     return None, None
 
 
+def _local_rank(env: Mapping[str, str], rank: int) -> int:
+    v = env.get("LOCAL_RANK")
+    if v is None:
+        return rank
+    if not re.fullmatch(r"[0-9]+", v.strip()):
+        raise HierTopologyError(
+            "LOCAL_RANK", v, "set it to this process's index on its node, a whole number >= 0 (or run under srun)"
+        )
+    return int(v)
+
+
 def local_record(
     rank: int,
     env: Mapping[str, str],
@@ -175,7 +187,7 @@ def local_record(
                 f"differs from the torch.distributed rank {rank}; set RANK from "
                 "SLURM_PROCID (zeropp_hier.app.train does) or give the topology explicitly",
             )
-    local_rank = task.localid if task is not None else int(env.get("LOCAL_RANK", rank))
+    local_rank = task.localid if task is not None else _local_rank(env, rank)
     host = env.get("SLURMD_NODENAME") or hostname
     device = package = package_source = None
     if gpu_count > 0:

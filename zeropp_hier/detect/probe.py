@@ -62,6 +62,8 @@ def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
         )
     except HierTopologyError as e:
         rec = e
+    except Exception as e:  # noqa: BLE001 - sent, not raised alone ([Note: agreed local checks])
+        rec = HierTopologyError("topology auto", f"{type(e).__name__}: {e}", "this rank could not describe itself")
     records: list = [None] * world
     dist.all_gather_object(records, rec)
     for r, got in enumerate(records):

@@ -75,7 +75,7 @@ def parse_tasks_per_node(spec: str) -> tuple[int, ...]:
 
 def _int(env: Mapping[str, str], name: str) -> int:
     v = env.get(name)
-    if v is None or not v.strip().isdigit():
+    if v is None or not re.fullmatch(r"[0-9]+", v.strip()):
         raise HierTopologyError(
             name,
             v,

@@ -15,17 +15,83 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from dataclasses import replace
 
 PUBLISHED = {"frontier/zeropp": 1.71, "zeropp/zero3": 1.4}
 
 
+# [Note: command-line values]
+# Every value is checked by its argparse ``type`` (or, for a file, right after parsing), before
+# anything runs: a bad one ends in argparse's usage line and "argument --flag: got VALUE; FIX",
+# exit status 2, never a traceback. Numbers must be finite and inside a range that the planner
+# can compute with; 0 or a negative count is refused rather than replaced by a default.
+MAX_PARAMS = 1e16  # ten quadrillion parameters: far above any model, far below float overflow
+MAX_COUNT = 10**7  # d_model, sequence length, ...: above any real value, small enough to compute with
+MAX_LAYERS = 100_000  # the planner works per layer: bounded so that a typo cannot run for hours
+
+
 def parse_count(text: str) -> float:
-    """'20B', '3.4M', '1.3e9' -> number."""
+    """'20B', '3.4M', '1.3e9' -> number (ValueError for anything else)."""
     t = text.strip().upper()
     mult = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(t[-1:], None)
     return float(t[:-1]) * mult if mult else float(t)
+
+
+def _params(text: str) -> float:
+    fix = "give a positive parameter count such as 20B, 3.4M, 125000 or 1.3e9 (suffixes K, M, B or G, T)"
+    try:
+        v = parse_count(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; {fix}") from None
+    if not math.isfinite(v) or v < 1 or v > MAX_PARAMS:
+        raise argparse.ArgumentTypeError(f"got {text!r} ({v:g}); {fix}, at most {MAX_PARAMS:g}")
+    return v
+
+
+def _int_in(lo: int, hi: int, what: str):
+    def check(text: str) -> int:
+        try:
+            v = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; give {what}: a whole number from {lo} to {hi}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"got {text!r}; give {what}: a whole number from {lo} to {hi}")
+        return v
+
+    check.__name__ = what  # argparse names the type in some messages
+    return check
+
+
+def _positive_float(what: str, hi: float = 1e12):
+    def check(text: str) -> float:
+        fix = f"give {what}: a number above 0 and at most {hi:g}"
+        try:
+            v = float(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; {fix}") from None
+        if not (math.isfinite(v) and 0 < v <= hi):
+            raise argparse.ArgumentTypeError(f"got {text!r}; {fix}")
+        return v
+
+    check.__name__ = what
+    return check
+
+
+def _sizes(text: str) -> list[int]:
+    fix = (
+        "give two or more different message sizes in bytes, comma-separated, each a multiple of 4 "
+        "from 4 to 2^34, e.g. 65536,16777216"
+    )
+    try:
+        sizes = [int(s.strip()) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; {fix}") from None
+    if len(sizes) < 2 or len(set(sizes)) < 2 or any(not 4 <= s <= 2**34 or s % 4 for s in sizes):
+        raise argparse.ArgumentTypeError(f"got {text!r}; {fix}")
+    return sizes
 
 
 def gpt_shape(params: float) -> tuple[int, int]:
@@ -37,12 +103,20 @@ def gpt_shape(params: float) -> tuple[int, int]:
 
 
 def _tier_bw(text: str) -> dict[str, float]:
-    out = {}
+    fix = (
+        "give TIER=GB/s pairs, comma-separated, each tier (gcd, gpu, node) at most once and each rate "
+        "a number above 0 and at most 1e6, e.g. gcd=200,gpu=50,node=12.5"
+    )
+    out: dict[str, float] = {}
     for part in text.split(","):
-        k, _, v = part.partition("=")
-        if k not in ("gcd", "gpu", "node") or not v:
-            raise argparse.ArgumentTypeError(f"--tier-bw: expected gcd=GB/s,gpu=GB/s,node=GB/s, got {part!r}")
-        out[k] = float(v) * 1e9
+        k, _, v = part.strip().partition("=")
+        try:
+            gbps = float(v)
+        except ValueError:
+            gbps = float("nan")
+        if k not in ("gcd", "gpu", "node") or k in out or not (math.isfinite(gbps) and 0 < gbps <= 1e6):
+            raise argparse.ArgumentTypeError(f"got {text!r} (at {part!r}); {fix}")
+        out[k] = gbps * 1e9
     return out
 
 
@@ -61,17 +135,19 @@ def build_plan_inputs(args):
             tiers[t] = P.TierLink(bw, tiers[t].latency)
         cluster = replace(cluster, tiers=tiers, source=cluster.source + "; tier bandwidths from --tier-bw")
     if args.probe:
-        with open(args.probe) as f:
-            cluster = P.with_probed_tiers(cluster, json.load(f))
-    if args.memory_gb:
+        tiers = args.probe_tiers if hasattr(args, "probe_tiers") else _read_probe_arg(args.probe)
+        probed = {"tiers": {t: {"bandwidth": bw, "latency": lat} for t, (bw, lat) in tiers.items()}}
+        cluster = P.with_probed_tiers(cluster, probed)
+    if args.memory_gb is not None:
         cluster = replace(cluster, memory_per_gcd=args.memory_gb * 1e9)
-    if args.device_tflops:
+    if args.device_tflops is not None:
         cluster = replace(cluster, device_flops=args.device_tflops * 1e12)
-    params = parse_count(args.params)
+    params = args.params if isinstance(args.params, float) else _params(args.params)
     layers, d = gpt_shape(params)
-    layers, d = args.layers or layers, args.d_model or d
+    layers = args.layers if args.layers is not None else layers
+    d = args.d_model if args.d_model is not None else d
     wl = P.gpt_workload(params, layers, d, args.seq_len, args.micro_batch, weight_bytes=args.dtype_bytes)
-    if args.tokens_per_gcd:
+    if args.tokens_per_gcd is not None:
         wl = replace(wl, tokens_per_gcd=args.tokens_per_gcd)
     return cluster, wl, (layers, d)
 
@@ -236,10 +312,10 @@ def cmd_probe(args) -> int:
         )
         v["all_to_all_s"] = slowest(seconds, device)
     if rank == 0:
-        text = json.dumps(out, indent=1)
         if args.out:
-            with open(args.out, "w") as f:
-                f.write(text)
+            from ..files import write_json_atomic
+
+            write_json_atomic(args.out, out, indent=1)
         if not args.quiet:
             for t, v in out["tiers"].items():
                 print(
@@ -251,24 +327,36 @@ def cmd_probe(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command's parser, and its ``plan`` and ``probe`` subparsers."""
     ap = argparse.ArgumentParser(
         prog="zeropp-hier", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="rank layouts and compression for a model and cluster (prediction)")
-    p.add_argument("--cluster", default="frontier", help="frontier | emulated")
-    p.add_argument("--nodes", type=int, default=48)
-    p.add_argument("--node-mbit", type=float, default=6.0, help="emulated cluster: node Mbit/s per GCD")
-    p.add_argument("--params", default="20B", help="parameters, e.g. 20B, 3.4M")
-    p.add_argument("--layers", type=int)
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--tokens-per-gcd", type=int, help="override seq_len * micro_batch")
+    p.add_argument("--cluster", default="frontier", choices=("frontier", "emulated"))
+    p.add_argument("--nodes", type=_int_in(1, 100_000, "a number of nodes"), default=48)
+    p.add_argument(
+        "--node-mbit",
+        type=_positive_float("node Mbit/s per GCD", 1e9),
+        default=6.0,
+        help="emulated cluster: node Mbit/s per GCD",
+    )
+    p.add_argument("--params", type=_params, default="20B", help="parameters, e.g. 20B, 3.4M")
+    p.add_argument("--layers", type=_int_in(1, MAX_LAYERS, "a number of layers"))
+    p.add_argument("--d-model", type=_int_in(1, MAX_COUNT, "a model width"))
+    p.add_argument("--seq-len", type=_int_in(1, MAX_COUNT, "a sequence length in tokens"), default=2048)
+    p.add_argument("--micro-batch", type=_int_in(1, MAX_COUNT, "a micro-batch size"), default=1)
+    p.add_argument(
+        "--tokens-per-gcd",
+        type=_int_in(1, 10**12, "a number of tokens per GCD per step"),
+        help="override seq_len * micro_batch",
+    )
     p.add_argument("--dtype-bytes", type=int, default=2, choices=(2, 4))
-    p.add_argument("--memory-gb", type=float, help="memory limit per GCD")
-    p.add_argument("--device-tflops", type=float, help="achieved TFLOP/s per GCD")
+    p.add_argument("--memory-gb", type=_positive_float("GB of memory per GCD", 1e6), help="memory limit per GCD")
+    p.add_argument(
+        "--device-tflops", type=_positive_float("achieved TFLOP/s per GCD", 1e6), help="achieved TFLOP/s per GCD"
+    )
     p.add_argument("--tier-bw", type=_tier_bw, help="per-GCD GB/s per direction, e.g. gcd=200,gpu=50,node=12.5")
     p.add_argument("--probe", help="JSON written by `zeropp-hier probe --out`")
     p.add_argument("--json", action="store_true")
@@ -279,18 +367,80 @@ def main(argv=None) -> int:
     )
     p.set_defaults(fn=cmd_plan)
     q = sub.add_parser("probe", help="time all_gather / all_to_all per tier in the current world")
-    q.add_argument("--gpus-per-node", type=int, default=4)
-    q.add_argument("--gcds-per-gpu", type=int, default=2)
-    q.add_argument("--sizes", default="65536,16777216", help="bytes per rank, small,large")
-    q.add_argument("--reps", type=int, default=2)
-    q.add_argument("--backend", help="default: nccl with a GPU, else gloo")
+    q.add_argument("--gpus-per-node", type=_int_in(1, 1024, "a number of GPU packages per node"), default=4)
+    q.add_argument("--gcds-per-gpu", type=_int_in(1, 64, "a number of GCDs per package"), default=2)
+    q.add_argument("--sizes", type=_sizes, default="65536,16777216", help="bytes per rank, small,large")
+    q.add_argument("--reps", type=_int_in(1, 10_000, "a number of repetitions"), default=2)
+    q.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl with a GPU, else gloo")
     q.add_argument("--out", help="write the JSON here (rank 0)")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(fn=cmd_probe)
-    args = ap.parse_args(argv)
-    if args.command == "plan" and args.params is None:
-        ap.error("--params is required")
+    return ap, p, q
+
+
+def options_of(command: str) -> set[str]:
+    """The option strings of subcommand ``command`` (empty for an unknown one)."""
+    _, p, q = build_parser()
+    sub = {"plan": p, "probe": q}.get(command)
+    return set(sub._option_string_actions) if sub is not None else set()
+
+
+def main(argv=None) -> int:
+    ap, p, q = build_parser()
+    args = ap.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv), ap))
+    # files: checked before anything runs (the probe's --out before torch.distributed starts)
+    if args.command == "plan" and args.probe:
+        try:
+            args.probe_tiers = _read_probe_arg(args.probe)
+        except argparse.ArgumentTypeError as e:
+            p.error(f"argument --probe: {e}")
+    if args.command == "probe" and args.out:
+        problem = _out_problem(args.out)
+        if problem:
+            q.error(f"argument --out: got {args.out!r}; {problem}")
     return args.fn(args)
+
+
+def _join_negative_values(argv: list[str], ap: argparse.ArgumentParser) -> list[str]:
+    """``--params -5B`` as ``--params=-5B``: argparse takes a value that starts with "-" (and is
+    not a plain negative number) for an option and says only "expected one argument"; joined,
+    the value reaches its check, which names it and the fix. A value that is one of the
+    command's own options (``--params --json``) is left alone: the value is missing."""
+    known = options_of(argv[0]) if argv else set()
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a.startswith("--") and "=" not in a and a in known and nxt is not None and nxt.startswith("-"):
+            if nxt.split("=", 1)[0] not in known:
+                out.append(f"{a}={nxt}")
+                i += 2
+                continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _read_probe_arg(path: str) -> dict:
+    from ..detect.probe_file import FIX, ProbeFileError, read_probe
+
+    try:
+        return read_probe(path)
+    except ProbeFileError as e:
+        raise argparse.ArgumentTypeError(f"got {path!r}: {e}; {FIX}") from None
+
+
+def _out_problem(path: str) -> str | None:
+    """Why the probe's output file could not be written, or None."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory; give a file name"
+    if not os.path.isdir(directory):
+        return f"its directory {directory!r} does not exist; create it or give another path"
+    if not os.access(directory, os.W_OK):
+        return f"its directory {directory!r} is not writable; give another path"
+    return None
 
 
 if __name__ == "__main__":

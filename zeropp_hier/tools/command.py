@@ -17,6 +17,7 @@ Docs: docs/usage.md#the-zeropp-hier-command.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -57,9 +58,40 @@ def _report(rest: list[str]) -> int:
 
 
 def _checkpoint(rest: list[str]) -> int:
+    problem = checkpoint_dir_problem(rest)
+    if problem:
+        print(f"zeropp-hier checkpoint: error: {problem}", file=sys.stderr)
+        return 2
     from ..deepspeed import checkpoint
 
     return checkpoint.main(rest, prog="zeropp-hier checkpoint")
+
+
+def checkpoint_dir_problem(rest: list[str]) -> str | None:
+    """The checkpoint directory named on a ``verify`` / ``to-universal`` command line is absent
+    or not a directory: said here, before the checkpoint tool looks inside it."""
+    if not rest or rest[0] not in ("verify", "to-universal"):
+        return None
+    positional, skip = [], False
+    for a in rest[1:]:
+        if skip:
+            skip = False
+        elif a == "--tag":
+            skip = True
+        elif not a.startswith("-"):
+            positional.append(a)
+    if not positional:
+        return None  # the tool's own parser says what is missing
+    name = "DIR" if rest[0] == "verify" else "SRC"
+    d = positional[0]
+    if not os.path.exists(d):
+        return (
+            f"{rest[0]} {name} {d!r}: no such directory; give the checkpoint directory that save_checkpoint "
+            "wrote (the one holding 'latest' and the tag directories)"
+        )
+    if not os.path.isdir(d):
+        return f"{rest[0]} {name} {d!r}: not a directory; give the checkpoint directory, not a file in it"
+    return None
 
 
 def _import_benchmarks(module: str):

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..core.topology import TIERS
+from ..files import write_atomic
 
 COLUMNS = (
     "job",
@@ -128,8 +129,8 @@ def main(argv=None) -> int:
     if args.sort:
         rows.sort(key=lambda r: (r[args.sort] is None, r[args.sort]))
     md = to_markdown(rows)
-    (args.sweep_dir / "sweep_report.md").write_text(md)
-    (args.sweep_dir / "sweep_report.csv").write_text(to_csv(rows))
+    write_atomic(args.sweep_dir / "sweep_report.md", md)
+    write_atomic(args.sweep_dir / "sweep_report.csv", to_csv(rows))
     print(md, end="")
     print(f"\nwrote {args.sweep_dir / 'sweep_report.md'} and {args.sweep_dir / 'sweep_report.csv'}")
     return 0
