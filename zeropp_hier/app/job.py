@@ -1,6 +1,7 @@
 """The main job, shared by its two front ends (``python -m zeropp_hier.app.train``, the Hydra app,
-and ``python -m zeropp_hier.app.demo``, the argparse one): train the small GPT, report each step,
-write the metrics.
+and ``python -m zeropp_hier.app.demo``, the argparse one): train a GPT-NeoX of a named size
+(``app/models.py``), built sharded, on prepared token files (``app/data.py``) or synthetic
+batches, report each step, write the metrics.
 
 A ``JobSpec`` is plain, picklable data, so the same spec runs on ranks this process spawns
 (``LocalWorld``) or, under ``srun``/``torchrun``, in this process as one rank of many.
@@ -18,6 +19,7 @@ from typing import Any, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..tools.tables import fmt_bytes
+from .models import CHECKPOINTING, Checkpointing, ModelSpec
 
 Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -38,12 +40,9 @@ class JobSpec:
     steps: int = 30
     dtype: Dtype = "fp32"
     micro_batch: int = 4
-    # GPT (zeropp_hier.testing.models.gpt.GPTConfig)
-    vocab_size: int = 256
-    seq_len: int = 32
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 4
+    model: ModelSpec = field(default_factory=ModelSpec)  # zeropp_hier.app.models; default: tiny
+    activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
+    data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
     # the "topology" value of the zeropp_hier section ("auto", or a dict)
     topology: Any = field(default_factory=lambda: {"gpus_per_node": 2, "gcds_per_gpu": 2})
     local_world: int = 8  # ranks to start when not under a launcher
@@ -65,6 +64,11 @@ class JobSpec:
             raise HierConfigError("dtype", self.dtype, "use fp32, bf16 or fp16")
         if self.progress not in PROGRESS:
             raise HierConfigError("progress", self.progress, "use auto, on or off")
+        if self.activation_checkpointing not in CHECKPOINTING:
+            raise HierConfigError(
+                "activation_checkpointing", self.activation_checkpointing, f"use one of {list(CHECKPOINTING)}"
+            )
+        self.model.check()
 
 
 def ds_config_for(spec: JobSpec) -> dict:
@@ -172,7 +176,6 @@ def rank_main(spec: JobSpec) -> dict:
     import zeropp_hier
     from zeropp_hier.app import training
     from zeropp_hier.core.topology import TIERS
-    from zeropp_hier.testing.models.gpt import GPTConfig
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
@@ -183,24 +186,37 @@ def rank_main(spec: JobSpec) -> dict:
             log.addHandler(h)
         log.setLevel(logging.INFO)
         log.propagate = False
-    model_cfg = GPTConfig(
-        vocab_size=spec.vocab_size,
-        seq_len=spec.seq_len,
-        d_model=spec.d_model,
-        n_heads=spec.n_heads,
-        n_layers=spec.n_layers,
+    model_cfg = spec.model
+    batch_fn = None
+    if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
+        from .data import Loader, TokenData
+
+        tokens = TokenData(spec.data_path)
+        if tokens.vocab_size > model_cfg.vocab_size:
+            from ..core.errors import HierConfigError
+
+            raise HierConfigError(
+                "model.vocab_size",
+                model_cfg.vocab_size,
+                f"the data's tokenizer has {tokens.vocab_size} tokens: use a model with at least as many",
+            )
+        loader = Loader(tokens, model_cfg.seq_len, spec.micro_batch, rank, world, spec.seed)
+        batch_fn = lambda index, batch, r: loader.batch(index)  # noqa: E731
+    engine = training.build_engine(
+        ds_config_for(spec), model_cfg, seed=spec.seed, checkpointing=spec.activation_checkpointing
     )
-    engine = training.build_engine(ds_config_for(spec), model_cfg, seed=spec.seed)
     rt = getattr(engine, "hier_runtime", None)
     hier = rt is not None
     tokens_per_step = world * spec.micro_batch * model_cfg.seq_len
     n_params = sum(p.ds_numel for p in engine.module.parameters())
     report = _Reporter(spec, rank == 0)
     mode = spec.topology if isinstance(spec.topology, str) else (spec.topology or {}).get("mode", "manual")
+    arch = {"neox": "GPT-NeoX", "gpt": "GPT"}[model_cfg.arch]
     report.line(
         f"zeropp-hier: preset={spec.preset} compression={spec.compression or 'preset default'} "
-        f"dtype={spec.dtype} world={world}, GPT {n_params / 1e6:.2f}M params, "
-        f"{tokens_per_step} tokens/step"
+        f"dtype={spec.dtype} world={world}, {arch} {n_params / 1e6:.2f}M params "
+        f"({model_cfg.layers} layers x {model_cfg.hidden}), {tokens_per_step} tokens/step, "
+        f"data {spec.data_path or 'synthetic'}, activation checkpointing {spec.activation_checkpointing}"
     )
     # which kernels each rank runs (a rank on another CPU may pick another variant)
     from zeropp_hier.quant import kernel_info
@@ -242,7 +258,7 @@ def rank_main(spec: JobSpec) -> dict:
         report.step(row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s{sent}{mark}")
 
     t0 = time.perf_counter()
-    training.train_steps(engine, spec.steps, on_step=on_step)
+    training.train_steps(engine, spec.steps, on_step=on_step, batch_fn=batch_fn)
     elapsed = time.perf_counter() - t0
     report.close()
     summary = {
