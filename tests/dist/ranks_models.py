@@ -22,23 +22,37 @@ def _reset_peak_rss() -> None:
         f.write("5")
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
 def build_peak_then_train(spec: models.ModelSpec, config: dict, steps: int) -> dict:
     """Peak resident memory while this rank builds ``spec`` sharded, against the model's size;
     then train ``steps`` steps on it."""
+    import ctypes
+
     import torch.distributed as dist
 
     import zeropp_hier
 
+    # glibc raises its mmap threshold each time a large block is freed, after which blocks of
+    # that size come from the heap and freed ones stay resident: the peak would then count
+    # memory already released (one module's gathered weights after another). A fixed 1 MiB
+    # threshold maps every large block on its own and unmaps it when freed, so the resident
+    # peak follows the bytes actually held.
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
     # one small build first, so that one-time costs (modules transformers imports lazily, the
     # first process groups) are not counted as the model's
     warm = models.build(models.ModelSpec(), config)
     del warm
     gc.collect()
+    libc.malloc_trim(0)
     dist.barrier()
     _reset_peak_rss()
     base_kib = _proc_status_kib("VmRSS")
     model = models.build(spec, config)
     peak_kib = _proc_status_kib("VmHWM")
+    libc.mallopt(M_MMAP_THRESHOLD, 128 << 10)  # glibc's initial value (kept fixed from now on)
     dist.barrier()
     params = list(model.parameters())
     out = {

@@ -5,10 +5,10 @@ from zeropp_hier.app.training import ds_config
 
 from . import ranks_models
 
-# ~88M parameters (350 MB of fp32): big enough that one rank's shards (1/8) plus the largest
+# ~116M parameters (465 MB of fp32): big enough that one rank's shards (1/8) plus the largest
 # module gathered while it is initialised (one MLP, 19 MB) stay well below the whole; a
 # 2048-token vocabulary keeps the embedding from being the largest module by far.
-SPEC = ModelSpec(vocab_size=2048, seq_len=16, hidden=768, heads=12, layers=12, intermediate=3072)
+SPEC = ModelSpec(vocab_size=2048, seq_len=16, hidden=768, heads=12, layers=16, intermediate=3072)
 
 
 def test_no_rank_holds_the_whole_model_while_building_it(world8):
@@ -18,7 +18,12 @@ def test_no_rank_holds_the_whole_model_while_building_it(world8):
     cfg["zero_optimization"].update(reduce_bucket_size=2_000_000, sub_group_size=10_000_000)
     results = world8.run(ranks_models.build_peak_then_train, SPEC, cfg, 2)
     full = results[0]["full_fp32_bytes"]
-    assert full >= 4 * 80e6  # the ratio is about a model of some size: > 80M parameters
+    print(
+        "peak MiB per rank while building:",
+        [round(r["peak_delta_bytes"] / 2**20) for r in results],
+        f"model {full / 2**20:.0f} MiB fp32",
+    )
+    assert full >= 4 * 100e6  # the ratio is about a model of some size: > 100M parameters
     for rank, r in enumerate(results):
         assert r["full_fp32_bytes"] == full
         assert r["local_numel"] == 0, f"rank {rank} holds full parameters after building"
@@ -29,8 +34,3 @@ def test_no_rank_holds_the_whole_model_while_building_it(world8):
             f"model {full / 2**20:.0f} MiB fp32 (ratio {ratio:.2f} < 4)"
         )
         assert len(r["losses"]) == 2 and all(x == x for x in r["losses"])  # trained, finite
-    print(
-        "peak MiB per rank:",
-        [round(r["peak_delta_bytes"] / 2**20) for r in results],
-        f"model {full / 2**20:.0f} MiB",
-    )

@@ -168,6 +168,25 @@ def numerics_lines(engine) -> list[str]:
     return lines
 
 
+def peak_memory_bytes(device) -> int:
+    """This rank's peak memory: the accelerator's peak allocation, or on a CPU the process's
+    peak resident set (VmHWM; Linux)."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
 def rank_main(spec: JobSpec) -> dict:
     """One rank of the job (torch.distributed already initialised)."""
     import torch
@@ -234,6 +253,13 @@ def rank_main(spec: JobSpec) -> dict:
 
         for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
             report.line(line)
+    from . import flops, models
+
+    device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None
+    flops_token = flops.flops_per_token(
+        n_params, models.input_embedding_params(model_cfg), model_cfg.layers, model_cfg.hidden, model_cfg.seq_len
+    )
+    peak = flops.peak_tflops(device_name)
     history: list[dict] = []
     prev = {t: 0 for t in TIERS}
     skipped = [engine.skipped_steps]
@@ -242,6 +268,9 @@ def rank_main(spec: JobSpec) -> dict:
         t = torch.tensor([loss], dtype=torch.float64, device=engine.device)  # NCCL takes device tensors only
         dist.all_reduce(t)
         row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds, "seconds": seconds}
+        row["tflops_per_gcd"] = flops.tflops_per_gcd(flops_token, tokens_per_step, seconds, world)
+        row["mfu"] = flops.mfu(row["tflops_per_gcd"], peak)
+        row["peak_memory_bytes"] = peak_memory_bytes(engine.device)  # this rank's (rank 0's in the file)
         sent = ""
         if hier:
             snap = zeropp_hier.comm_stats(engine)["bytes"]
@@ -255,7 +284,10 @@ def rank_main(spec: JobSpec) -> dict:
         skipped[0] = engine.skipped_steps
         mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
         history.append(row)
-        report.step(row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s{sent}{mark}")
+        perf = f"{row['tflops_per_gcd']:.3g} TFLOP/s/GCD {flops.mfu_text(row['mfu'], device_name)}"
+        report.step(
+            row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}"
+        )
 
     t0 = time.perf_counter()
     training.train_steps(engine, spec.steps, on_step=on_step, batch_fn=batch_fn)
@@ -271,7 +303,16 @@ def rank_main(spec: JobSpec) -> dict:
         "tokens_per_s": tokens_per_step * spec.steps / elapsed,
         "seconds": elapsed,
         "kernels": kernels,
+        # [Note: model FLOPs] in app/flops.py: 6 N + 12 L h s per token, recomputation not counted
+        "flops_per_token": flops_token,
+        "device": device_name or "cpu",
+        "tflops_per_gcd": flops.tflops_per_gcd(flops_token, tokens_per_step * spec.steps, elapsed, world),
+        "peak_bf16_tflops": peak,
     }
+    summary["mfu"] = flops.mfu(summary["tflops_per_gcd"], peak)
+    mem: list = [None] * world
+    dist.all_gather_object(mem, peak_memory_bytes(engine.device))
+    summary["peak_memory_bytes_per_rank"] = mem
     if hier:
         st = zeropp_hier.comm_stats(engine)
         summary["topology"] = {
@@ -285,8 +326,10 @@ def rank_main(spec: JobSpec) -> dict:
             summary["auto"] = {k: st["auto"][k] for k in ("chosen", "runner_up", "rates_gbps", "source")}
     if rank == 0:
         report.line(
-            f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "
-            f"{summary['final_loss']:.4f} (first {summary['first_loss']:.4f})"
+            f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, "
+            f"{summary['tflops_per_gcd']:.3g} TFLOP/s per GCD ({flops.mfu_text(summary['mfu'], device_name)}), "
+            f"final loss {summary['final_loss']:.4f} (first {summary['first_loss']:.4f}), "
+            f"peak memory per rank {fmt_bytes(max(mem))} (max over ranks)"
         )
         if hier:
             from ..tools import tables

@@ -95,6 +95,13 @@ def n_params(spec: ModelSpec) -> int:
     return 2 * v * h + L * block + 2 * h
 
 
+def input_embedding_params(spec: ModelSpec) -> int:
+    """Parameters of the embeddings that are only looked up, never in a matrix product (the
+    FLOP count leaves them out): GPT-NeoX's input embedding; the hand-written GPT's position
+    embedding (its token embedding is also its output head)."""
+    return spec.vocab_size * spec.hidden if spec.arch == "neox" else spec.seq_len * spec.hidden
+
+
 def neox_config(spec: ModelSpec):
     from transformers import GPTNeoXConfig
 
