@@ -43,6 +43,9 @@ class JobSpec:
     model: ModelSpec = field(default_factory=ModelSpec)  # zeropp_hier.app.models; default: tiny
     activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
     data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
+    save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/resume.py
+    checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
+    resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
     # the "topology" value of the zeropp_hier section ("auto", or a dict)
     topology: Any = field(default_factory=lambda: {"gpus_per_node": 2, "gcds_per_gpu": 2})
     local_world: int = 8  # ranks to start when not under a launcher
@@ -69,6 +72,18 @@ class JobSpec:
                 "activation_checkpointing", self.activation_checkpointing, f"use one of {list(CHECKPOINTING)}"
             )
         self.model.check()
+        if not isinstance(self.save_every, int) or self.save_every < 0:
+            raise HierConfigError("save_every", self.save_every, "use 0 (no checkpoints) or a positive step count")
+        if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
+            raise HierConfigError(
+                "checkpoint_dir", self.checkpoint_dir, "name a directory for save_every / resume (or set out_dir)"
+            )
+
+    @property
+    def ckpt_dir(self) -> str | None:
+        if self.checkpoint_dir:
+            return self.checkpoint_dir
+        return os.path.join(self.out_dir, "checkpoints") if self.out_dir else None
 
 
 def ds_config_for(spec: JobSpec) -> dict:
@@ -207,6 +222,7 @@ def rank_main(spec: JobSpec) -> dict:
         log.propagate = False
     model_cfg = spec.model
     batch_fn = None
+    loader = None
     if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
         from .data import Loader, TokenData
 
@@ -289,8 +305,40 @@ def rank_main(spec: JobSpec) -> dict:
             row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}"
         )
 
+    from . import resume
+
+    accum = engine.gradient_accumulation_steps()
+
+    def data_state(next_step: int) -> dict:
+        if loader is not None:
+            return loader.state(next_step * accum)
+        return {"sample": next_step * accum * world * spec.micro_batch, "seed": spec.seed}
+
+    start = 0
+    if spec.resume:
+        job = resume.load(engine, spec.ckpt_dir, spec.resume)
+        start = int(job["step"])
+        if loader is not None and loader.index_of(job["data"]) != start * accum:
+            from ..core.errors import HierConfigError
+
+            raise HierConfigError("resume", spec.resume, f"data position {job['data']} is not step {start}'s")
+        if start >= spec.steps:
+            from ..core.errors import HierConfigError
+
+            raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
+        report.line(
+            f"resumed from {spec.ckpt_dir} ({spec.resume}) at step {start}, data sample {job['data']['sample']}"
+        )
+
+    def on_step_and_save(step: int, loss: float, seconds: float) -> None:
+        on_step(step, loss, seconds)
+        done = step + 1
+        if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
+            tag = resume.save(engine, spec.ckpt_dir, done, data_state(done))
+            report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
+
     t0 = time.perf_counter()
-    training.train_steps(engine, spec.steps, on_step=on_step, batch_fn=batch_fn)
+    training.train_steps(engine, spec.steps - start, start=start, on_step=on_step_and_save, batch_fn=batch_fn)
     elapsed = time.perf_counter() - t0
     report.close()
     summary = {
@@ -300,13 +348,13 @@ def rank_main(spec: JobSpec) -> dict:
         "tokens_per_step": tokens_per_step,
         "first_loss": history[0]["loss"],
         "final_loss": history[-1]["loss"],
-        "tokens_per_s": tokens_per_step * spec.steps / elapsed,
+        "tokens_per_s": tokens_per_step * len(history) / elapsed,
         "seconds": elapsed,
         "kernels": kernels,
         # [Note: model FLOPs] in app/flops.py: 6 N + 12 L h s per token, recomputation not counted
         "flops_per_token": flops_token,
         "device": device_name or "cpu",
-        "tflops_per_gcd": flops.tflops_per_gcd(flops_token, tokens_per_step * spec.steps, elapsed, world),
+        "tflops_per_gcd": flops.tflops_per_gcd(flops_token, tokens_per_step * len(history), elapsed, world),
         "peak_bf16_tflops": peak,
     }
     summary["mfu"] = flops.mfu(summary["tflops_per_gcd"], peak)
@@ -320,13 +368,15 @@ def rank_main(spec: JobSpec) -> dict:
             "mode": mode,
             "rank_map": None if rt.topo.is_identity_map else list(rt.topo.rank_map),
         }
-        summary["bytes_per_step"] = {p: {t: v / spec.steps for t, v in per.items()} for p, per in st["bytes"].items()}
+        summary["bytes_per_step"] = {
+            p: {t: v / len(history) for t, v in per.items()} for p, per in st["bytes"].items()
+        }
         summary["comm_stats"] = st
         if st.get("auto"):  # "preset": "auto": what it chose ([Note: auto preset])
             summary["auto"] = {k: st["auto"][k] for k in ("chosen", "runner_up", "rates_gbps", "source")}
     if rank == 0:
         report.line(
-            f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, "
+            f"done: {len(history)} steps, mean {summary['tokens_per_s']:.0f} tok/s, "
             f"{summary['tflops_per_gcd']:.3g} TFLOP/s per GCD ({flops.mfu_text(summary['mfu'], device_name)}), "
             f"final loss {summary['final_loss']:.4f} (first {summary['first_loss']:.4f}), "
             f"peak memory per rank {fmt_bytes(max(mem))} (max over ranks)"
@@ -345,7 +395,8 @@ def rank_main(spec: JobSpec) -> dict:
                 json.dump(summary, f, indent=1)
             report.line(f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json")
     training.release(engine)
-    return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"]}
+    losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
+    return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
 
 
 # -- launching ------------------------------------------------------------------------------
