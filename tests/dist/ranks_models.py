@@ -25,14 +25,15 @@ def _reset_peak_rss() -> None:
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
-def build_peak_then_train(spec: models.ModelSpec, config: dict, steps: int) -> dict:
-    """Peak resident memory while this rank builds ``spec`` sharded, against the model's size;
-    then train ``steps`` steps on it."""
+_BUILT: dict = {}  # this rank's model between build_peak and train_built (two tasks, two time budgets)
+
+
+def build_peak(spec: models.ModelSpec, config: dict) -> dict:
+    """Peak resident memory while this rank builds ``spec`` sharded, against the model's size.
+    The model stays on the rank for ``train_built``."""
     import ctypes
 
     import torch.distributed as dist
-
-    import zeropp_hier
 
     # glibc raises its mmap threshold each time a large block is freed, after which blocks of
     # that size come from the heap and freed ones stay resident: the peak would then count
@@ -55,31 +56,40 @@ def build_peak_then_train(spec: models.ModelSpec, config: dict, steps: int) -> d
     libc.mallopt(M_MMAP_THRESHOLD, 128 << 10)  # glibc's initial value (kept fixed from now on)
     dist.barrier()
     params = list(model.parameters())
-    out = {
+    _BUILT.update(model=model, config=config)
+    return {
         "peak_delta_bytes": (peak_kib - base_kib) * 1024,
         "full_fp32_bytes": 4 * sum(p.ds_numel for p in params),
         "shard_bytes": sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params),
-        "params": sum(p.ds_numel for p in params),
         "local_numel": sum(p.numel() for p in params),  # 0: nothing but shards is held
     }
-    engine, *_ = zeropp_hier.initialize(model=model, model_parameters=params, config=config)
-    out["losses"] = training.train_steps(engine, steps)
+
+
+def train_built(steps: int) -> list[float]:
+    """Train the model ``build_peak`` left on this rank."""
+    import zeropp_hier
+
+    model, config = _BUILT.pop("model"), _BUILT.pop("config")
+    engine, *_ = zeropp_hier.initialize(model=model, model_parameters=model.parameters(), config=config)
+    losses = training.train_steps(engine, steps)
     training.release(engine)
-    return out
+    return losses
 
 
 def checkpointed_runs(configs: dict, spec: models.ModelSpec, api: str, steps: int) -> dict:
     """Each named config trained from the same seed with activation checkpointing ``api``; also
-    how often one block's MLP ran forward (twice per micro-step when backward recomputes it)."""
+    how often one block ran forward (twice per micro-step when backward recomputes it)."""
     out = {}
     for name, cfg in configs.items():
         engine = training.build_engine(cfg, spec, checkpointing=api)
         lm = engine.module.lm if isinstance(engine.module, models.CausalLM) else engine.module
-        mlp = lm.gpt_neox.layers[0].mlp if hasattr(lm, "gpt_neox") else lm.blocks[0].fc
+        # the block's first submodule, counted as it starts: torch's non-reentrant recompute
+        # stops as soon as it has what backward needs, before the block's last module ends
+        first = lm.gpt_neox.layers[0].input_layernorm if hasattr(lm, "gpt_neox") else lm.blocks[0].ln1
         calls = [0]
-        handle = mlp.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        handle = first.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
         losses = training.train_steps(engine, steps)
         handle.remove()
-        out[name] = {"losses": losses, "state": training.gathered_state(engine), "mlp_forwards": calls[0]}
+        out[name] = {"losses": losses, "state": training.gathered_state(engine), "block_forwards": calls[0]}
         training.release(engine)
     return out

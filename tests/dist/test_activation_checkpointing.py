@@ -31,7 +31,7 @@ def test_backward_recomputes_every_block(runs):
     for r in results:
         for name, res in r.items():
             # one forward and one recompute per micro-step (accumulation 1)
-            assert res["mlp_forwards"] == 2 * STEPS, f"{api} {name}: {res['mlp_forwards']} MLP forwards"
+            assert res["block_forwards"] == 2 * STEPS, f"{api} {name}: {res['block_forwards']} block forwards"
 
 
 def test_exact_presets_equal_stock_with_the_same_checkpointing(runs):
