@@ -42,16 +42,21 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
     # peak follows the bytes actually held.
     libc = ctypes.CDLL("libc.so.6")
     libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    # one small build first, so that one-time costs (modules transformers imports lazily, the
-    # first process groups) are not counted as the model's
-    warm = models.build(models.ModelSpec(), config)
+    # the hierarchy's process groups first, and one small build under them, so that one-time
+    # costs (the groups' buffers, modules transformers imports lazily) are not counted as the
+    # model's; the measured build then runs under the same groups, as an engine's would
+    from zeropp_hier.core.config import hier_config_from_ds
+    from zeropp_hier.deepspeed.runtime import HierRuntime
+
+    runtime = HierRuntime.create(hier_config_from_ds(config))
+    warm = models.build(models.ModelSpec(), config, hier_runtime=runtime)
     del warm
     gc.collect()
     libc.malloc_trim(0)
     dist.barrier()
     _reset_peak_rss()
     base_kib = _proc_status_kib("VmRSS")
-    model = models.build(spec, config)
+    model = models.build(spec, config, hier_runtime=runtime)
     peak_kib = _proc_status_kib("VmHWM")
     libc.mallopt(M_MMAP_THRESHOLD, 128 << 10)  # glibc's initial value (kept fixed from now on)
     dist.barrier()

@@ -151,9 +151,18 @@ def _hier_init_applies(ds_config: dict) -> bool:
     return cfg.enabled and cfg.preset != "auto"
 
 
-def build(spec: ModelSpec, ds_config: dict, seed: int = 0) -> nn.Module:
+def _hier_init(hier_runtime):
+    import functools
+
+    import zeropp_hier
+
+    return zeropp_hier.Init if hier_runtime is None else functools.partial(zeropp_hier.Init, hier_runtime=hier_runtime)
+
+
+def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) -> nn.Module:
     """The model ``spec``, partitioned during construction when ``ds_config`` is ZeRO stage 3
-    ([Note: building a model sharded]); every rank must call it (it is collective then)."""
+    ([Note: building a model sharded]); every rank must call it (it is collective then).
+    ``hier_runtime``: build under that existing runtime (its process groups) instead of a new one."""
     spec.check()
     torch.manual_seed(seed)
     if spec.arch == "gpt":
@@ -164,9 +173,7 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0) -> nn.Module:
             return GPT(cfg)
         import deepspeed
 
-        import zeropp_hier
-
-        init = zeropp_hier.Init if _hier_init_applies(ds_config) else deepspeed.zero.Init
+        init = _hier_init(hier_runtime) if _hier_init_applies(ds_config) else deepspeed.zero.Init
         with init(config_dict_or_path=ds_config):
             return GPT(cfg)
     from transformers import GPTNeoXForCausalLM
@@ -179,11 +186,9 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0) -> nn.Module:
 
         keep = HfDeepSpeedConfig(ds_config)  # transformers sees ZeRO-3 while it is alive
         if _hier_init_applies(ds_config):
-            import zeropp_hier
-
             from ..deepspeed.engine import _rebound
 
-            ctx = _rebound(deepspeed.zero, "Init", zeropp_hier.Init)
+            ctx = _rebound(deepspeed.zero, "Init", _hier_init(hier_runtime))
     with ctx:
         lm = GPTNeoXForCausalLM._from_config(neox_config(spec))
     lm.train()
