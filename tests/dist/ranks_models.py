@@ -37,11 +37,11 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
 
     # glibc raises its mmap threshold each time a large block is freed, after which blocks of
     # that size come from the heap and freed ones stay resident: the peak would then count
-    # memory already released (one module's gathered weights after another). A fixed 1 MiB
-    # threshold maps every large block on its own and unmaps it when freed, so the resident
-    # peak follows the bytes actually held.
+    # memory already released (one module's gathered weights after another). A fixed 64 KiB
+    # threshold maps every block of a bias or more on its own and unmaps it when freed, so the
+    # resident peak follows the bytes actually held.
     libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    libc.mallopt(M_MMAP_THRESHOLD, 64 << 10)
     # the hierarchy's process groups first, and one small build under them, so that one-time
     # costs (the groups' buffers, modules transformers imports lazily) are not counted as the
     # model's; the measured build then runs under the same groups, as an engine's would

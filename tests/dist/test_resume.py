@@ -13,15 +13,15 @@ STEPS, K = 4, 2
 
 
 def _spec(tmp_path, name, **kw) -> JobSpec:
-    return JobSpec(
+    fields = dict(
         steps=STEPS,
         micro_batch=2,
         model=ModelSpec(seq_len=32),
         data_path=str(tmp_path / "data"),
         progress="off",
         out_dir=str(tmp_path / name),
-        **kw,
     )
+    return JobSpec(**{**fields, **kw})
 
 
 def test_resume_latest_continues_exactly(world8, tmp_path):
