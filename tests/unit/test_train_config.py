@@ -6,6 +6,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from zeropp_hier.app.job import JobSpec, launcher_env
+from zeropp_hier.app.models import MODELS
 from zeropp_hier.app.train import spec_from_config
 
 
@@ -18,7 +19,7 @@ def test_defaults_are_the_readme_demo():
     spec = spec_from_config(OmegaConf.to_container(_compose(), resolve=True))
     assert spec.preset == "frontier" and spec.compression is None and spec.steps == 30
     assert spec.local_world == 8 and spec.topology == {"gpus_per_node": 2, "gcds_per_gpu": 2}
-    assert (spec.d_model, spec.n_layers, spec.micro_batch) == (64, 4, 4)
+    assert spec.model == MODELS["tiny"] and spec.micro_batch == 4 and spec.data_path is None
 
 
 def test_yaml_defaults_equal_the_typed_spec():
@@ -49,11 +50,20 @@ def test_yaml_choices_are_the_spec_literals():
 
 
 def test_groups_select_preset_compression_and_auto_topology():
-    cfg = _compose(["preset=zeropp", "compression=hybrid", "topology=auto_sim", "model=gpt_small"])
+    cfg = _compose(["preset=zeropp", "compression=hybrid", "topology=auto_sim", "model=small"])
     spec = spec_from_config(OmegaConf.to_container(cfg, resolve=True))
     assert spec.preset == "zeropp" and spec.compression["gradients"] == {"gpu": "int8", "node": "int4"}
     assert spec.topology == {"mode": "auto", "gpus_per_node": 2, "gcds_per_gpu": 2}
-    assert spec.d_model == 128
+    assert spec.model == MODELS["small"]
+
+
+def test_token_data_needs_its_path(tmp_path):
+    cfg = OmegaConf.to_container(_compose(["data=tokens"]), resolve=True)
+    with pytest.raises(ValueError, match="'data.path'"):
+        spec_from_config(cfg)
+    cfg = OmegaConf.to_container(_compose(["data=tokens", f"data.path={tmp_path}", "activation_checkpointing=torch"]))
+    spec = spec_from_config(cfg)
+    assert spec.data_path == str(tmp_path) and spec.activation_checkpointing == "torch"
 
 
 def test_unknown_data_kind_names_the_field():

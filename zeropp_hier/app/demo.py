@@ -17,6 +17,7 @@ import json
 import sys
 
 from .job import DTYPES, PRESETS, JobSpec, launch
+from .models import CHECKPOINTING, MODELS
 
 DEFAULT = JobSpec()  # every flag's default comes from the one spec
 
@@ -37,8 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--gcds-per-gpu", type=int, default=topo["gcds_per_gpu"])
     ap.add_argument("--dtype", choices=DTYPES, default=d.dtype)
     ap.add_argument("--micro-batch", type=int, default=d.micro_batch)
-    ap.add_argument("--d-model", type=int, default=d.d_model)
-    ap.add_argument("--layers", type=int, default=d.n_layers)
+    ap.add_argument("--model", choices=list(MODELS), default="tiny", help="named size (zeropp_hier.app.models)")
+    ap.add_argument("--activation-checkpointing", choices=CHECKPOINTING, default=d.activation_checkpointing)
+    ap.add_argument("--data", default=d.data_path, help="a `zeropp-hier data prepare` directory (default: synthetic)")
     ap.add_argument("--out-dir", default=d.out_dir, help="write metrics.jsonl and summary.json here")
     return ap.parse_args(argv)
 
@@ -53,8 +55,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         steps=args.steps,
         dtype=args.dtype,
         micro_batch=args.micro_batch,
-        d_model=args.d_model,
-        n_layers=args.layers,
+        model=MODELS[args.model],
+        activation_checkpointing=args.activation_checkpointing,
+        data_path=args.data,
         topology={"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
         local_world=args.nodes * args.gpus_per_node * args.gcds_per_gpu,
         out_dir=args.out_dir,

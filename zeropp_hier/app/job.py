@@ -1,6 +1,7 @@
 """The main job, shared by its two front ends (``python -m zeropp_hier.app.train``, the Hydra app,
-and ``python -m zeropp_hier.app.demo``, the argparse one): train the small GPT, report each step,
-write the metrics.
+and ``python -m zeropp_hier.app.demo``, the argparse one): train a GPT-NeoX of a named size
+(``app/models.py``), built sharded, on prepared token files (``app/data.py``) or synthetic
+batches, report each step, write the metrics.
 
 A ``JobSpec`` is plain, picklable data, so the same spec runs on ranks this process spawns
 (``LocalWorld``) or, under ``srun``/``torchrun``, in this process as one rank of many.
@@ -19,6 +20,7 @@ from typing import Any, Literal, Mapping, get_args
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..files import write_json_atomic
 from ..tools.tables import fmt_bytes
+from .models import CHECKPOINTING, Checkpointing, ModelSpec
 
 Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -39,12 +41,12 @@ class JobSpec:
     steps: int = 30
     dtype: Dtype = "fp32"
     micro_batch: int = 4
-    # GPT (zeropp_hier.testing.models.gpt.GPTConfig)
-    vocab_size: int = 256
-    seq_len: int = 32
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 4
+    model: ModelSpec = field(default_factory=ModelSpec)  # zeropp_hier.app.models; default: tiny
+    activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
+    data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
+    save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/resume.py
+    checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
+    resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
     # the "topology" value of the zeropp_hier section ("auto", or a dict)
     topology: Any = field(default_factory=lambda: {"gpus_per_node": 2, "gcds_per_gpu": 2})
     local_world: int = 8  # ranks to start when not under a launcher
@@ -66,6 +68,23 @@ class JobSpec:
             raise HierConfigError("dtype", self.dtype, "use fp32, bf16 or fp16")
         if self.progress not in PROGRESS:
             raise HierConfigError("progress", self.progress, "use auto, on or off")
+        if self.activation_checkpointing not in CHECKPOINTING:
+            raise HierConfigError(
+                "activation_checkpointing", self.activation_checkpointing, f"use one of {list(CHECKPOINTING)}"
+            )
+        self.model.check()
+        if not isinstance(self.save_every, int) or self.save_every < 0:
+            raise HierConfigError("save_every", self.save_every, "use 0 (no checkpoints) or a positive step count")
+        if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
+            raise HierConfigError(
+                "checkpoint_dir", self.checkpoint_dir, "name a directory for save_every / resume (or set out_dir)"
+            )
+
+    @property
+    def ckpt_dir(self) -> str | None:
+        if self.checkpoint_dir:
+            return self.checkpoint_dir
+        return os.path.join(self.out_dir, "checkpoints") if self.out_dir else None
 
 
 def ds_config_for(spec: JobSpec) -> dict:
@@ -165,6 +184,25 @@ def numerics_lines(engine) -> list[str]:
     return lines
 
 
+def peak_memory_bytes(device) -> int:
+    """This rank's peak memory: the accelerator's peak allocation, or on a CPU the process's
+    peak resident set (VmHWM; Linux)."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
 def rank_main(spec: JobSpec) -> dict:
     """One rank of the job (torch.distributed already initialised)."""
     import torch
@@ -173,7 +211,6 @@ def rank_main(spec: JobSpec) -> dict:
     import zeropp_hier
     from zeropp_hier.app import training
     from zeropp_hier.core.topology import TIERS
-    from zeropp_hier.testing.models.gpt import GPTConfig
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
@@ -184,24 +221,38 @@ def rank_main(spec: JobSpec) -> dict:
             log.addHandler(h)
         log.setLevel(logging.INFO)
         log.propagate = False
-    model_cfg = GPTConfig(
-        vocab_size=spec.vocab_size,
-        seq_len=spec.seq_len,
-        d_model=spec.d_model,
-        n_heads=spec.n_heads,
-        n_layers=spec.n_layers,
+    model_cfg = spec.model
+    batch_fn = None
+    loader = None
+    if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
+        from .data import Loader, TokenData
+
+        tokens = TokenData(spec.data_path)
+        if tokens.vocab_size > model_cfg.vocab_size:
+            from ..core.errors import HierConfigError
+
+            raise HierConfigError(
+                "model.vocab_size",
+                model_cfg.vocab_size,
+                f"the data's tokenizer has {tokens.vocab_size} tokens: use a model with at least as many",
+            )
+        loader = Loader(tokens, model_cfg.seq_len, spec.micro_batch, rank, world, spec.seed)
+        batch_fn = lambda index, batch, r: loader.batch(index)  # noqa: E731
+    engine = training.build_engine(
+        ds_config_for(spec), model_cfg, seed=spec.seed, checkpointing=spec.activation_checkpointing
     )
-    engine = training.build_engine(ds_config_for(spec), model_cfg, seed=spec.seed)
     rt = getattr(engine, "hier_runtime", None)
     hier = rt is not None
     tokens_per_step = world * spec.micro_batch * model_cfg.seq_len
     n_params = sum(p.ds_numel for p in engine.module.parameters())
     report = _Reporter(spec, rank == 0)
     mode = spec.topology if isinstance(spec.topology, str) else (spec.topology or {}).get("mode", "manual")
+    arch = {"neox": "GPT-NeoX", "gpt": "GPT"}[model_cfg.arch]
     report.line(
         f"zeropp-hier: preset={spec.preset} compression={spec.compression or 'preset default'} "
-        f"dtype={spec.dtype} world={world}, GPT {n_params / 1e6:.2f}M params, "
-        f"{tokens_per_step} tokens/step"
+        f"dtype={spec.dtype} world={world}, {arch} {n_params / 1e6:.2f}M params "
+        f"({model_cfg.layers} layers x {model_cfg.hidden}), {tokens_per_step} tokens/step, "
+        f"data {spec.data_path or 'synthetic'}, activation checkpointing {spec.activation_checkpointing}"
     )
     # which kernels each rank runs (a rank on another CPU may pick another variant)
     from zeropp_hier.quant import kernel_info
@@ -219,6 +270,13 @@ def rank_main(spec: JobSpec) -> dict:
 
         for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
             report.line(line)
+    from . import flops, models
+
+    device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None
+    flops_token = flops.flops_per_token(
+        n_params, models.input_embedding_params(model_cfg), model_cfg.layers, model_cfg.hidden, model_cfg.seq_len
+    )
+    peak = flops.peak_tflops(device_name)
     history: list[dict] = []
     prev = {t: 0 for t in TIERS}
     skipped = [engine.skipped_steps]
@@ -227,6 +285,9 @@ def rank_main(spec: JobSpec) -> dict:
         t = torch.tensor([loss], dtype=torch.float64, device=engine.device)  # NCCL takes device tensors only
         dist.all_reduce(t)
         row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds, "seconds": seconds}
+        row["tflops_per_gcd"] = flops.tflops_per_gcd(flops_token, tokens_per_step, seconds, world)
+        row["mfu"] = flops.mfu(row["tflops_per_gcd"], peak)
+        row["peak_memory_bytes"] = peak_memory_bytes(engine.device)  # this rank's (rank 0's in the file)
         sent = ""
         if hier:
             snap = zeropp_hier.comm_stats(engine)["bytes"]
@@ -240,10 +301,45 @@ def rank_main(spec: JobSpec) -> dict:
         skipped[0] = engine.skipped_steps
         mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
         history.append(row)
-        report.step(row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s{sent}{mark}")
+        perf = f"{row['tflops_per_gcd']:.3g} TFLOP/s/GCD {flops.mfu_text(row['mfu'], device_name)}"
+        report.step(
+            row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}"
+        )
+
+    from . import resume
+
+    accum = engine.gradient_accumulation_steps()
+
+    def data_state(next_step: int) -> dict:
+        if loader is not None:
+            return loader.state(next_step * accum)
+        return {"sample": next_step * accum * world * spec.micro_batch, "seed": spec.seed}
+
+    start = 0
+    if spec.resume:
+        job = resume.load(engine, spec.ckpt_dir, spec.resume)
+        start = int(job["step"])
+        if loader is not None and loader.index_of(job["data"]) != start * accum:
+            from ..core.errors import HierConfigError
+
+            raise HierConfigError("resume", spec.resume, f"data position {job['data']} is not step {start}'s")
+        if start >= spec.steps:
+            from ..core.errors import HierConfigError
+
+            raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
+        report.line(
+            f"resumed from {spec.ckpt_dir} ({spec.resume}) at step {start}, data sample {job['data']['sample']}"
+        )
+
+    def on_step_and_save(step: int, loss: float, seconds: float) -> None:
+        on_step(step, loss, seconds)
+        done = step + 1
+        if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
+            tag = resume.save(engine, spec.ckpt_dir, done, data_state(done))
+            report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
 
     t0 = time.perf_counter()
-    training.train_steps(engine, spec.steps, on_step=on_step)
+    training.train_steps(engine, spec.steps - start, start=start, on_step=on_step_and_save, batch_fn=batch_fn)
     elapsed = time.perf_counter() - t0
     report.close()
     summary = {
@@ -253,10 +349,19 @@ def rank_main(spec: JobSpec) -> dict:
         "tokens_per_step": tokens_per_step,
         "first_loss": history[0]["loss"],
         "final_loss": history[-1]["loss"],
-        "tokens_per_s": tokens_per_step * spec.steps / elapsed,
+        "tokens_per_s": tokens_per_step * len(history) / elapsed,
         "seconds": elapsed,
         "kernels": kernels,
+        # [Note: model FLOPs] in app/flops.py: 6 N + 12 L h s per token, recomputation not counted
+        "flops_per_token": flops_token,
+        "device": device_name or "cpu",
+        "tflops_per_gcd": flops.tflops_per_gcd(flops_token, tokens_per_step * len(history), elapsed, world),
+        "peak_bf16_tflops": peak,
     }
+    summary["mfu"] = flops.mfu(summary["tflops_per_gcd"], peak)
+    mem: list = [None] * world
+    dist.all_gather_object(mem, peak_memory_bytes(engine.device))
+    summary["peak_memory_bytes_per_rank"] = mem
     if hier:
         st = zeropp_hier.comm_stats(engine)
         summary["topology"] = {
@@ -264,14 +369,18 @@ def rank_main(spec: JobSpec) -> dict:
             "mode": mode,
             "rank_map": None if rt.topo.is_identity_map else list(rt.topo.rank_map),
         }
-        summary["bytes_per_step"] = {p: {t: v / spec.steps for t, v in per.items()} for p, per in st["bytes"].items()}
+        summary["bytes_per_step"] = {
+            p: {t: v / len(history) for t, v in per.items()} for p, per in st["bytes"].items()
+        }
         summary["comm_stats"] = st
         if st.get("auto"):  # "preset": "auto": what it chose ([Note: auto preset])
             summary["auto"] = {k: st["auto"][k] for k in ("chosen", "runner_up", "rates_gbps", "source")}
     if rank == 0:
         report.line(
-            f"done: {spec.steps} steps, mean {summary['tokens_per_s']:.0f} tok/s, final loss "
-            f"{summary['final_loss']:.4f} (first {summary['first_loss']:.4f})"
+            f"done: {len(history)} steps, mean {summary['tokens_per_s']:.0f} tok/s, "
+            f"{summary['tflops_per_gcd']:.3g} TFLOP/s per GCD ({flops.mfu_text(summary['mfu'], device_name)}), "
+            f"final loss {summary['final_loss']:.4f} (first {summary['first_loss']:.4f}), "
+            f"peak memory per rank {fmt_bytes(max(mem))} (max over ranks)"
         )
         if hier:
             from ..tools import tables
@@ -286,7 +395,8 @@ def rank_main(spec: JobSpec) -> dict:
             write_json_atomic(os.path.join(spec.out_dir, "summary.json"), summary, indent=1)
             report.line(f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json")
     training.release(engine)
-    return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"]}
+    losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
+    return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
 
 
 # -- launching ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 ``zeropp-hier train`` (``python -m zeropp_hier.app.train`` is the same):
 
     zeropp-hier train                                   # the README demo: 8 CPU ranks, 2x2x2
+    zeropp-hier train data=tokens data.path=DIR model=small activation_checkpointing=torch
     zeropp-hier train preset=zeropp compression=none steps=50
     zeropp-hier train -m preset=zero3,frontier compression=preset_default,none
     zeropp-hier report multirun/<date>/<time>           # one table for the sweep
@@ -27,29 +28,39 @@ from .job import JobSpec, launch
 def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: dict | None = None) -> JobSpec:
     """The composed config (a plain dict) -> the job. Unknown keys were already refused by
     Hydra's struct mode; values are checked by ``JobSpec.check`` and at ``initialize``."""
-    m, d, t = cfg["model"], cfg["data"], cfg["topology"]
-    if d.get("kind") != "synthetic":
-        from ..core.errors import HierConfigError
+    from ..core.errors import HierConfigError
+    from .models import ModelSpec
 
+    m, d, t = cfg["model"], cfg["data"], cfg["topology"]
+    if d.get("kind") not in ("synthetic", "tokens"):
         raise HierConfigError(
             "data.kind",
             d.get("kind"),
-            "only 'synthetic' exists (data=synthetic); the job generates its tokens on every rank",
+            "use data=synthetic (generated on every rank) or data=tokens data.path=DIR "
+            "(a `zeropp-hier data prepare` directory)",
         )
+    path = d.get("path") if d["kind"] == "tokens" else None
+    if d["kind"] == "tokens":
+        if not path:
+            raise HierConfigError("data.path", path, "name the directory `zeropp-hier data prepare --out DIR` wrote")
+        import os
+
+        path = os.path.abspath(path)  # every rank, and summary.json, see the same directory
     return JobSpec(
         preset=cfg["preset"]["name"],
         compression=cfg["compression"]["spec"],
         steps=cfg["steps"],
         dtype=cfg["dtype"],
         micro_batch=d["micro_batch"],
-        vocab_size=m["vocab_size"],
-        seq_len=m["seq_len"],
-        d_model=m["d_model"],
-        n_heads=m["n_heads"],
-        n_layers=m["n_layers"],
+        model=ModelSpec(**m),
+        activation_checkpointing=cfg["activation_checkpointing"],
+        data_path=path,
         topology=t["section"],
         local_world=t["local_ranks"],
         regather=cfg["regather"],
+        save_every=cfg["save_every"],
+        checkpoint_dir=cfg["checkpoint_dir"],
+        resume=cfg["resume"],
         lr=cfg["lr"],
         seed=cfg["seed"],
         out_dir=out_dir,

@@ -1,5 +1,6 @@
-"""One training run of the small GPT on the current rank: shared by the demo, the benchmarks
-and the tests, so that all of them exercise the same code path."""
+"""One training run on the current rank: shared by the job, the benchmarks and the tests, so
+that all of them exercise the same code path. The model is a ``ModelSpec`` (the job's
+GPT-NeoX sizes, zeropp_hier.app.models) or the hand-written GPT's ``GPTConfig``."""
 
 from __future__ import annotations
 
@@ -64,11 +65,21 @@ def ds_config(
     return cfg
 
 
-def build_engine(config: dict, model_cfg: GPTConfig = GPTConfig(), seed: int = 0):
+def build_engine(config: dict, model_cfg: Any = GPTConfig(), seed: int = 0, checkpointing: str = "none"):
+    """An engine for ``model_cfg``: a ``ModelSpec`` is built sharded under ZeRO-3
+    ([Note: building a model sharded] in models.py); a ``GPTConfig`` whole, as the tests of
+    the hand-written GPT always did. ``checkpointing``: activation checkpointing per block
+    ("none", "torch", "deepspeed")."""
     import zeropp_hier
 
-    torch.manual_seed(seed)
-    model = GPT(model_cfg)
+    from . import models
+
+    if isinstance(model_cfg, models.ModelSpec):
+        model = models.build(model_cfg, config, seed=seed)
+    else:
+        torch.manual_seed(seed)
+        model = GPT(model_cfg)
+    models.enable_checkpointing(model, checkpointing)  # type: ignore[arg-type]
     engine, *_ = zeropp_hier.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine
 

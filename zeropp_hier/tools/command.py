@@ -3,6 +3,7 @@ the same). Each subcommand hands the rest of its command line, unchanged, to the
 implements it, so ``zeropp-hier <subcommand> --help`` shows that tool's own options.
 
     zeropp-hier train [Hydra overrides]          the main job (zeropp_hier.app.train); -m sweeps
+    zeropp-hier data prepare --stdlib --out D    tokenize text into token files for train (zeropp_hier.app.data)
     zeropp-hier plan --params 20B --nodes 48     predicted step of every layout (zeropp_hier.tools.planner)
     zeropp-hier probe --out probe.json           time each tier in the current world (one process per rank)
     zeropp-hier report multirun/<date>/<time>    one table for a sweep (zeropp_hier.tools.sweep_report)
@@ -55,6 +56,12 @@ def _report(rest: list[str]) -> int:
     from . import sweep_report
 
     return sweep_report.main(rest)
+
+
+def _data(rest: list[str]) -> int:
+    from ..app import data
+
+    return data.main(rest, prog="zeropp-hier data")
 
 
 def _checkpoint(rest: list[str]) -> int:
@@ -122,6 +129,7 @@ def _cluster(rest: list[str]) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "train": (_train, "the main job, a Hydra app: arguments are Hydra overrides (preset=zeropp steps=5; -m sweeps)"),
+    "data": (_data, "prepare DIR: tokenize local text (or --stdlib) into memory-mapped token files"),
     "plan": (_plan_or_probe("plan"), "predict one step of every layout and compression, ranked (arithmetic only)"),
     "probe": (_plan_or_probe("probe"), "time all_gather / all_to_all per tier in the current world (bandwidth)"),
     "report": (_report, "one table (markdown + CSV) for the runs of a Hydra sweep"),

@@ -56,6 +56,9 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(c.d_model)
         self.head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init)
+        # activation checkpointing per block: "none", "torch" (torch.utils.checkpoint,
+        # non-reentrant) or "deepspeed" (deepspeed.checkpointing.checkpoint, as Megatron calls it)
+        self.checkpoint = "none"
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -68,7 +71,16 @@ class GPT(nn.Module):
         t = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
-            x = blk(x)
+            if self.checkpoint == "torch" and self.training:
+                from torch.utils.checkpoint import checkpoint
+
+                x = checkpoint(blk, x, use_reentrant=False)
+            elif self.checkpoint == "deepspeed" and self.training:
+                import deepspeed
+
+                x = deepspeed.checkpointing.checkpoint(blk, x)
+            else:
+                x = blk(x)
         if self.head is None:  # output head tied to the input embedding (GPT-2 style)
             logits = F.linear(self.ln_f(x), self.wte.weight)
         else:

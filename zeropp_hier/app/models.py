@@ -1,0 +1,229 @@
+"""The job's models: ``transformers``' GPT-NeoX built from a config (never downloaded) in named
+sizes, partitioned while it is built so that no rank ever holds the whole model.
+
+[Note: building a model sharded]
+``transformers`` builds a model under ZeRO-3 partitioning when a ``HfDeepSpeedConfig`` with
+stage 3 is alive while the model class is constructed (its documented non-Trainer integration):
+``from_config`` then enters ``deepspeed.zero.Init``, every submodule's parameters are cut into
+1/world shards as soon as that submodule's ``__init__`` returns, and the weights are initialised
+afterwards one module at a time from a gather (``initialize_weights_zero3``). The most a rank
+holds is its shards plus one module's full parameters. For the ``zeropp_hier`` presets the same
+call runs with ``deepspeed.zero.Init`` rebound to ``zeropp_hier.Init`` (for that one call, as
+``zeropp_hier.initialize`` rebinds DeepSpeed's engine class), so the gathers of that
+initialisation already go through the hierarchy and the parameters are bound to its runtime.
+``tests/dist/test_models.py`` measures the peak against the model's size.
+
+The hand-written GPT (``zeropp_hier.testing.models.gpt``) stays for tests that need a model
+without ``transformers`` (``arch: gpt``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+Arch = Literal["neox", "gpt"]
+Checkpointing = Literal["none", "torch", "deepspeed"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model, typed; the defaults are the ``tiny`` size (the quickstart's)."""
+
+    arch: Arch = "neox"
+    vocab_size: int = 256  # a byte-level corpus needs 256
+    seq_len: int = 64  # tokens per sample (GPT-NeoX's max_position_embeddings)
+    hidden: int = 64
+    heads: int = 4
+    layers: int = 4
+    intermediate: int = 256  # MLP width (4 x hidden in every published GPT-NeoX shape)
+    rotary_pct: float = 0.25  # share of each head's dimensions that rotary embeddings rotate
+    parallel_residual: bool = True  # attention and MLP read the same input (GPT-NeoX-20B, Pythia)
+
+    def check(self) -> None:
+        from ..core.errors import HierConfigError
+
+        if self.arch not in ARCHS:
+            raise HierConfigError("model.arch", self.arch, f"use one of {list(ARCHS)}")
+        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "intermediate"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise HierConfigError(f"model.{name}", v, "use a positive integer")
+        if self.hidden % self.heads:
+            raise HierConfigError(
+                "model.heads",
+                self.heads,
+                f"must divide model.hidden ({self.hidden}); e.g. heads={self.hidden // 64 or 1}",
+            )
+        if self.arch == "gpt" and self.intermediate != 4 * self.hidden:
+            raise HierConfigError(
+                "model.intermediate", self.intermediate, f"arch gpt has 4 x hidden = {4 * self.hidden}"
+            )
+        if not 0.0 < self.rotary_pct <= 1.0:
+            raise HierConfigError("model.rotary_pct", self.rotary_pct, "use a fraction in (0, 1]")
+
+
+# Named sizes; configs/model/<name>.yaml repeats each (tests/unit/test_models.py keeps them equal).
+# Shapes from the papers: Pythia (Biderman et al. 2023, Table 1: 160M = 12 layers x 768, 12 heads;
+# 1.4B = 24 layers x 2048, 16 heads; vocabulary 50304) and GPT-NeoX-20B (Black et al. 2022:
+# 44 layers x 6144, 64 heads, rotary on 25% of each head, parallel residual, vocabulary 50432,
+# 2048 tokens), which is also transformers' GPTNeoXConfig default.
+MODELS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(),
+    "small": ModelSpec(vocab_size=50304, seq_len=2048, hidden=768, heads=12, layers=12, intermediate=3072),
+    "neox_1_4b": ModelSpec(vocab_size=50304, seq_len=2048, hidden=2048, heads=16, layers=24, intermediate=8192),
+    "neox_20b": ModelSpec(vocab_size=50432, seq_len=2048, hidden=6144, heads=64, layers=44, intermediate=24576),
+}
+
+
+def n_params(spec: ModelSpec) -> int:
+    """Parameters of the model ``spec`` builds (arithmetic; equal to the built model's count)."""
+    h, i, v, L = spec.hidden, spec.intermediate, spec.vocab_size, spec.layers
+    if spec.arch == "gpt":  # untied head off: tied to the embedding (GPTConfig's default)
+        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+        return v * h + spec.seq_len * h + L * block + 2 * h
+    # GPT-NeoX: two LayerNorms, fused QKV and output projection with biases, MLP with biases;
+    # untied input embedding and output head, final LayerNorm
+    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+    return 2 * v * h + L * block + 2 * h
+
+
+def input_embedding_params(spec: ModelSpec) -> int:
+    """Parameters of the embeddings that are only looked up, never in a matrix product (the
+    FLOP count leaves them out): GPT-NeoX's input embedding; the hand-written GPT's position
+    embedding (its token embedding is also its output head)."""
+    return spec.vocab_size * spec.hidden if spec.arch == "neox" else spec.seq_len * spec.hidden
+
+
+def neox_config(spec: ModelSpec):
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        intermediate_size=spec.intermediate,
+        max_position_embeddings=spec.seq_len,
+        rotary_pct=spec.rotary_pct,
+        use_parallel_residual=spec.parallel_residual,
+        tie_word_embeddings=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cache=False,
+    )
+
+
+class CausalLM(nn.Module):
+    """``loss = model(inputs, targets)``, as the job's training loop calls every model: the
+    Hugging Face model's logits against next-token targets the data already shifted."""
+
+    def __init__(self, lm: nn.Module, spec: ModelSpec, keep_alive=None):
+        super().__init__()
+        self.lm = lm
+        self.config = spec  # vocab_size and seq_len, as GPTConfig has them (synthetic batches)
+        self._keep_alive = keep_alive  # the HfDeepSpeedConfig transformers holds a weak reference to
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        logits = self.lm(input_ids=idx, use_cache=False).logits
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def _is_stage3(ds_config: dict) -> bool:
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
+
+
+def _hier_init_applies(ds_config: dict) -> bool:
+    """Whether the model can be built under ``zeropp_hier.Init``: an enabled section with a named
+    preset ("auto" chooses at initialize, from the built model: stock partitioning then)."""
+    from ..core.config import hier_config_from_ds
+
+    cfg = hier_config_from_ds(ds_config)
+    return cfg.enabled and cfg.preset != "auto"
+
+
+def _hier_init(hier_runtime):
+    import functools
+
+    import zeropp_hier
+
+    return zeropp_hier.Init if hier_runtime is None else functools.partial(zeropp_hier.Init, hier_runtime=hier_runtime)
+
+
+def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) -> nn.Module:
+    """The model ``spec``, partitioned during construction when ``ds_config`` is ZeRO stage 3
+    ([Note: building a model sharded]); every rank must call it (it is collective then).
+    ``hier_runtime``: build under that existing runtime (its process groups) instead of a new one."""
+    spec.check()
+    torch.manual_seed(seed)
+    if spec.arch == "gpt":
+        from ..testing.models.gpt import GPT, GPTConfig
+
+        cfg = GPTConfig(spec.vocab_size, spec.seq_len, spec.hidden, spec.heads, spec.layers)
+        if not _is_stage3(ds_config):
+            return GPT(cfg)
+        import deepspeed
+
+        init = _hier_init(hier_runtime) if _hier_init_applies(ds_config) else deepspeed.zero.Init
+        with init(config_dict_or_path=ds_config):
+            return GPT(cfg)
+    from transformers import GPTNeoXForCausalLM
+
+    keep = None
+    ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if _is_stage3(ds_config):
+        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep = HfDeepSpeedConfig(ds_config)  # transformers sees ZeRO-3 while it is alive
+        if _hier_init_applies(ds_config):
+            from ..deepspeed.engine import _rebound
+
+            ctx = _rebound(deepspeed.zero, "Init", _hier_init(hier_runtime))
+    with ctx:
+        lm = GPTNeoXForCausalLM._from_config(neox_config(spec))
+    lm.train()
+    return CausalLM(lm, spec, keep_alive=keep)
+
+
+def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
+    """Activation checkpointing per transformer block: ``torch`` = ``torch.utils.checkpoint``
+    non-reentrant; ``deepspeed`` = ``deepspeed.checkpointing.checkpoint`` (what Megatron-style
+    models call). Backward recomputes each block's forward, which gathers its weights again."""
+    from ..core.errors import HierConfigError
+
+    if api not in CHECKPOINTING:
+        raise HierConfigError("activation_checkpointing", api, f"use one of {list(CHECKPOINTING)}")
+    if api == "none":
+        return
+    if isinstance(model, CausalLM):
+        lm = model.lm
+        if api == "torch":
+            enable = getattr(lm, "activation_checkpointing_enable", None)
+            if enable is not None:  # transformers >= 5
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            import deepspeed
+
+            # transformers takes any checkpoint function through this (its enable methods
+            # always use torch's); transformers passes the block's tensors positionally, as
+            # DeepSpeed's reentrant checkpoint needs
+            lm._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+        return
+    from ..testing.models.gpt import GPT
+
+    if isinstance(model, GPT):
+        model.checkpoint = api
+        return
+    raise HierConfigError("activation_checkpointing", api, f"not available for a {type(model).__name__}")
