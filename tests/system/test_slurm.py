@@ -58,7 +58,7 @@ def test_cpu_batch_job_detects_topology_and_reports_bytes_per_tier(slurm, tmp_pa
     assert re.search(r"NumTasks=8\b", show), show
 
 
-def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path) -> str:
+def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path, overrides=("preset=zeropp",)) -> str:
     env = {
         **os.environ,
         "RENDER_ONLY": "1",
@@ -72,7 +72,7 @@ def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path) -> str:
         "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz",
     }
     p = subprocess.run(
-        ["bash", str(FRONTIER / "train.sbatch"), "preset=zeropp"],
+        ["bash", str(FRONTIER / "train.sbatch"), *overrides],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -133,6 +133,33 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
     # the node count comes from Slurm: a 3-node allocation gives 24 tasks with the same script
     out3 = _render(slurm, 3, "frontier[08001-08003]", tmp_path)
     assert "+ srun -N 3 -n 24 --ntasks-per-node=8 -c7" in out3
+
+
+# The paper's run (Xu et al., arXiv 2501.04266: a 20B GPT on 48 Frontier nodes = 384 GCDs) and
+# its ZeRO++ side-by-side, as docs/frontier.md gives them.
+NEOX_20B = ("model=neox_20b", "data=tokens", "data.path=/lustre/orion/alice/tokens", "activation_checkpointing=torch")
+
+
+@pytest.mark.parametrize("preset", ["frontier", "zeropp"])
+def test_frontier_script_renders_the_20b_run_as_a_job_the_app_accepts(slurm, tmp_path, preset):
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from zeropp_hier.app.train import spec_from_config
+
+    out = _render(slurm, 48, "frontier[00001-00048]", tmp_path, (*NEOX_20B, f"preset={preset}"))
+    train = [ln for ln in out.splitlines() if ln.startswith("+ srun") and "zeropp_hier.app.train" in ln]
+    assert len(train) == 1 and train[0].startswith("+ srun -N 48 -n 384 --ntasks-per-node=8 "), out
+    # the overrides the ranks receive compose into the job's typed spec: the published 20B shape
+    overrides = train[0].split(" -m zeropp_hier.app.train ")[1].split()
+    assert overrides[:2] == ["launcher=srun", "topology=auto"]
+    with initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
+        cfg = compose("train", overrides=[o for o in overrides if not o.startswith(("launcher=", "topology="))])
+    spec = spec_from_config(OmegaConf.to_container(cfg, resolve=True))
+    assert spec.preset == preset and spec.activation_checkpointing == "torch"
+    m = spec.model
+    assert (m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size) == (44, 6144, 64, 2048, 50432)
+    assert spec.data_path == "/lustre/orion/alice/tokens"
 
 
 def test_frontier_script_states_the_node_count_once_and_never_uses_torchrun():
