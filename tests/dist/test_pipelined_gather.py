@@ -1,4 +1,4 @@
-"""Pipelined hops ([Note: pipelined hops] in comm/gather.py) on 8 real gloo ranks (2 nodes x 2
+"""Pipelined hops ([Note: chunked gathers] in comm/gather.py) on 8 real gloo ranks (2 nodes x 2
 GPUs x 2 GCDs, a permuted rank map) without DeepSpeed: a gather cut into column chunks, one job
 per chunk on the executor's lanes, gives bit for bit the unchunked gather's values, kept copies
 and bytes (exact and int8/int4), and its tiers' collectives of different chunks are in flight

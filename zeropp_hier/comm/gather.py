@@ -182,7 +182,7 @@ def gather_bucket(
     return finish_bucket(ctx, dtype, sizes, slots, numels, keep)(full)
 
 
-# [Note: pipelined hops]
+# [Note: chunked gathers]
 # One gather runs its hops in sequence (each needs the previous one's output), so while its
 # slow ``node`` hop runs, the ``gpu`` and ``gcd`` links wait. With ``zeropp_hier.pipeline.chunks``
 # above 1, a bucket is cut into column chunks of every rank's segment and each chunk is its own
@@ -191,7 +191,7 @@ def gather_bucket(
 # comm/executor.py), and the executor's slot order alone pipelines the tiers: on lanes (gloo),
 # chunk i's ``gcd`` hop, chunk i+1's ``gpu`` hop and chunk i+2's ``node`` hop run at once, so a
 # gather costs about its slowest tier plus the others' time for one chunk (fill and drain;
-# ``pipelined_time`` in tools/planner.py) instead of the sum of its tiers.
+# [Note: pipelined hops] in tools/planner.py) instead of the sum of its tiers.
 #
 # Same bytes, same values: a gather only moves columns, and chunk edges fall on whole blocks of
 # every quantizing hop and of an encoded start ([Note: blocks never straddle]: slots are whole
@@ -251,7 +251,7 @@ def chunk_jobs(
     finish: Callable[[Buffer], Any],
     carry: Sequence[torch.Tensor] = (),
 ) -> list[Generator[Move, None, Any]]:
-    """[Note: pipelined hops]: one job per column range of the start buffer (made by the first
+    """[Note: chunked gathers]: one job per column range of the start buffer (made by the first
     job, when it starts on its lane), each to be submitted in order with the lanes of ``hops``.
     The last job returns ``finish(full)`` of the assembled buffer; the others return None."""
     held: dict[str, Buffer] = {}

@@ -169,7 +169,7 @@ MAX_PIPELINE_CHUNKS = 64
 @dataclass(frozen=True)
 class PipelineConfig:
     # column chunks per gather bucket, each its own job so that the hops of different chunks
-    # run on their links at once ([Note: pipelined hops] in comm/gather.py); 1: off (default)
+    # run on their links at once ([Note: chunked gathers] in comm/gather.py); 1: off (default)
     chunks: int = 1
 
 

@@ -54,7 +54,7 @@ class _GatheredHandle:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], futures: Sequence, executor: CommExecutor):
         self.params = params
-        self.futures = futures  # one job, or one per chunk ([Note: pipelined hops] in comm/gather.py)
+        self.futures = futures  # one job, or one per chunk ([Note: chunked gathers] in comm/gather.py)
         self.executor = executor
         self.complete = False
 
@@ -82,7 +82,7 @@ class _Bucket(NamedTuple):
     make_start: Callable[[], gather.Buffer]  # the start buffer, made when the job starts
     carry: tuple[torch.Tensor, ...]  # kept copies made on other lanes that the first hop reads
     width: int  # elements of every rank's segment (the slots side by side)
-    align: int  # chunk edges on multiples of this ([Note: pipelined hops] in comm/gather.py)
+    align: int  # chunk edges on multiples of this ([Note: chunked gathers] in comm/gather.py)
     finish: Callable[[gather.Buffer], dict[int, torch.Tensor]]  # full tensors by ds_id; keeps copies
 
 
@@ -192,7 +192,7 @@ class HierRuntime:
         lanes = [hop.axes for _, src, _ in work for hop in gather.hops_for(self.plan, src, phase)]
 
         chunks = self.cfg.pipeline.chunks
-        if chunks > 1:  # [Note: pipelined hops] in comm/gather.py: a job per chunk of each bucket
+        if chunks > 1:  # [Note: chunked gathers] in comm/gather.py: a job per chunk of each bucket
             futures = []
             for ps, src, shards in work:
                 b = self._bucket(ps, src, shards, phase)

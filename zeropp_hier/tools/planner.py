@@ -435,7 +435,7 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
 # [Note: pipelined hops]
 # A job (one gather, one gradient bucket's stages) runs its hops in sequence: unpipelined it costs
 # the sum of its hops' times. Cut into ``c`` chunks that the executor's lanes run as a pipeline
-# (comm/gather.py, [Note: pipelined hops] there), hop t of chunk i starts once hop t of chunk i-1
+# ([Note: chunked gathers] in comm/gather.py), hop t of chunk i starts once hop t of chunk i-1
 # and hop t-1 of chunk i are done: a flow shop of identical jobs, whose makespan is
 # ``sum(tau) + (c - 1) * max(tau)`` with ``tau_t = T_t / c + alpha_t`` (``T_t`` the hop's time
 # for the whole job, ``alpha_t`` its fixed cost per collective, paid once per chunk). That is
