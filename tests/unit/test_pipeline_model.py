@@ -58,3 +58,25 @@ def test_bad_input():
     with pytest.raises(ValueError, match="3 hop times but 2 latencies"):
         P.pipelined_time(HOPS, 2, [0.1, 0.1])
     assert P.pipelined_time([], 4) == 0.0
+
+
+@pytest.mark.parametrize(
+    "width, align, chunks", [(1536, 256, 3), (1536, 256, 4), (1536, 256, 64), (708, 1, 3), (64, 64, 8)]
+)
+def test_column_ranges_cover_the_row_on_whole_blocks(width, align, chunks):
+    from zeropp_hier.comm.gather import column_ranges
+
+    ranges = column_ranges(width, align, chunks)
+    assert ranges[0][0] == 0 and ranges[-1][1] == width
+    assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))  # contiguous, in order
+    assert all(a % align == 0 and b > a for a, b in ranges)  # whole blocks, none empty
+    assert len(ranges) == min(chunks, width // align)
+    widths = [b - a for a, b in ranges]
+    assert max(widths) - min(widths) <= align  # near-equal
+
+
+def test_column_ranges_refuse_a_row_of_partial_blocks():
+    from zeropp_hier.comm.gather import column_ranges
+
+    with pytest.raises(AssertionError, match="not whole 256-element blocks"):
+        column_ranges(1000, 256, 2)

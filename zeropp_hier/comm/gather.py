@@ -266,7 +266,8 @@ def chunk_jobs(
             return None
         held.clear()
         parts = [p for p in done if p is not None]
-        assert len(parts) == len(ranges), "a chunk of a pipelined gather ended after the last one"
+        if len(parts) != len(ranges):  # its error is in that chunk's future, taken first
+            raise RuntimeError(f"zeropp_hier: {len(ranges) - len(parts)} earlier chunk(s) of this gather failed")
         done.clear()
         if isinstance(parts[0], Encoded):
             full: Buffer = Encoded.cat(parts)  # type: ignore[arg-type]

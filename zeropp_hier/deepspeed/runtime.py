@@ -62,10 +62,17 @@ class _GatheredHandle:
         if self.complete:
             return
         full: dict[int, torch.Tensor] = {}
+        failed: BaseException | None = None
         for fut in self.futures:  # in submission order; a pipelined bucket's last chunk returns it
-            got = self.executor.result(fut)
+            try:
+                got = self.executor.result(fut)
+            except BaseException as e:  # noqa: B036 - the first job's error is raised once all are taken
+                failed = failed or e
+                continue
             if got is not None:
                 full.update(got)
+        if failed is not None:
+            raise failed
         for p in self.params:
             t = full[p.ds_id]
             if t.is_cuda:  # made on the executor's stream, used on the caller's from now on
