@@ -257,3 +257,65 @@ def test_pipelined_chunks_put_two_tiers_on_their_links_at_once(bare8):
         assert r["overlaps"], (
             f"{what}: no two tiers' collectives of different chunks in flight together in {r['tries']} gathers"
         )
+
+
+def reduce_run(cases: dict, rank_map: list, pipeline_chunks: int) -> dict:
+    """A gradient bucket's stages as one job per column chunk (``ctx.pipeline_chunks``) against
+    ``reduce_rows`` over the same chunks in one job, and (exact) against the unchunked job."""
+    import torch
+
+    from zeropp_hier.comm import reduce
+    from zeropp_hier.core import layout
+
+    out = {}
+    for name, (preset, compression) in cases.items():
+        ctx, plan, backward, groups, stats = _setup(preset, compression, rank_map)
+        world, ex = ctx.world, ctx.executor
+        exact = all(h.scheme == "none" for h in plan.reduce)
+        gen = torch.Generator().manual_seed(99 + ctx.rank)
+        if exact:  # integers: every summation order gives one sum
+            grads = [torch.randint(-64, 65, (n,), generator=gen).float() for n in NUMELS]
+        else:
+            grads = [torch.randn(n, generator=gen) for n in NUMELS]
+        whole = ex.result(reduce.submit_reduce_scatter(ctx, grads, torch.float32))
+        # the chunks the pipelined path cuts (as submit_reduce_scatter does), in one job
+        pad = reduce.row_pad(ctx)
+        packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
+        width = packed.rows.shape[1]
+        chunks = reduce.column_chunks(width, pad, world, world * -(-width // pipeline_chunks))
+        lanes = [h.axes for _ in chunks for h in plan.reduce]
+        numels = [g.numel() for g in grads]
+        one_job = ex.result(
+            ex.submit(reduce.reduce_rows(ctx, packed, chunks, numels, torch.float32, None, 1.0), lanes)
+        )
+        ctx.pipeline_chunks = pipeline_chunks
+        ex.record_busy()
+        piped = ex.result(reduce.submit_reduce_scatter(ctx, grads, torch.float32))
+        per_lane: dict = {}
+        for lane, _, _ in ex.busy_log.intervals():
+            per_lane["-".join(lane)] = per_lane.get("-".join(lane), 0) + 1
+        ex.record_busy(False)
+        out[name] = {
+            "chunks": len(chunks),
+            "per_lane": per_lane,
+            "outstanding": ex.outstanding,
+            "same_chunks": all(torch.equal(a, b) for a, b in zip(piped, one_job)),
+            "same_whole": all(torch.equal(a, b) for a, b in zip(piped, whole)),
+            "exact": exact,
+        }
+        _teardown(ctx, groups)
+    return out
+
+
+def test_pipelined_gradient_stages_are_bit_identical(bare8):
+    chunks = 4
+    for rank, r in enumerate(bare8.run(reduce_run, CASES, RANK_MAP, chunks)):
+        for name, c in r.items():
+            what = f"rank {rank} {name}"
+            assert c["chunks"] > 1, what
+            # one collective per stage per chunk, each on its stage's lane
+            assert set(c["per_lane"].values()) == {c["chunks"]}, (what, c["per_lane"])
+            assert c["outstanding"] == 0, f"{what}: submit_all left {c['outstanding']} jobs outstanding"
+            assert c["same_chunks"], f"{what}: pipelined stages differ from the same chunks in one job"
+            if c["exact"]:
+                assert c["same_whole"], f"{what}: pipelined exact stages differ from the unchunked job"

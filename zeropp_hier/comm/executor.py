@@ -144,6 +144,29 @@ class CommExecutor:
             self._lane(lane)[0].put((running, i))
         return fut
 
+    def submit_all(self, jobs: Sequence[Job], lanes: Sequence[Hashable]) -> Future:
+        """Queue ``jobs`` in order, each with ``lanes``, as one piece of work (the chunks of a
+        pipelined bucket, [Note: chunked gathers] in comm/gather.py): one future, which gives the
+        last job's value, or the first failed job's error. The last job must end after the
+        others (its last collective on the same lane as theirs)."""
+        if len(jobs) == 1:
+            return self.submit(jobs[0], lanes)
+        high = self.max_outstanding
+        futures = [self.submit(job, lanes) for job in jobs]
+        self.outstanding -= len(jobs) - 1  # one piece of work for the caller's ``result``
+        self.max_outstanding = max(high, self.outstanding)
+        whole: Future = Future()
+
+        def settle(last: Future) -> None:
+            for f in futures:  # every one done by now: the last ends after the others
+                if f.exception() is not None:
+                    whole.set_exception(f.exception())
+                    return
+            whole.set_result(last.result())
+
+        futures[-1].add_done_callback(settle)
+        return whole
+
     def record_busy(self, on: bool = True) -> None:
         """Start (anew) or stop recording each collective's busy interval ([Note: busy
         intervals]); read them with ``busy_log.intervals()``. From the caller's thread; a

@@ -210,6 +210,10 @@ def gather_bucket(
 # into one full buffer (the unchunked gather's own result), so the peak is at most one full
 # buffer above the unchunked gather's, briefly, at the end.
 #
+# Gradient buckets do the same with their streamed column chunks ([Note: streamed gradient
+# stages] in comm/reduce.py): ``reduce.pipelined_rows`` makes a job per chunk, submitted together
+# with ``CommExecutor.submit_all`` (one future: the last chunk's value or the first error).
+#
 # One lane (NCCL) and one_lane/serial (RCCL) stay correct but pipeline nothing between tiers:
 # one host thread issues every collective in program order (chunk 0's node, gpu, gcd hops, then
 # chunk 1's ...), and serial waits for each to complete before the next, because the GPU rules

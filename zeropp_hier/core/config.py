@@ -168,8 +168,9 @@ MAX_PIPELINE_CHUNKS = 64
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    # column chunks per gather bucket, each its own job so that the hops of different chunks
-    # run on their links at once ([Note: chunked gathers] in comm/gather.py); 1: off (default)
+    # column chunks per gather bucket and per gradient bucket, each its own job so that the hops
+    # of different chunks run on their links at once ([Note: chunked gathers] in
+    # comm/gather.py); 1: off (default)
     chunks: int = 1
 
 
@@ -185,7 +186,7 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
             f"{field}.chunks",
             chunks,
             f"use an integer from 1 (default: no pipelining) to {MAX_PIPELINE_CHUNKS}: the number of column "
-            "chunks each gather bucket is cut into so that its hops run on their links at once",
+            "chunks each gather and gradient bucket is cut into so that its hops run on their links at once",
         )
     return PipelineConfig(chunks)
 

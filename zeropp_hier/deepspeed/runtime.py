@@ -136,7 +136,9 @@ class HierRuntime:
         self.shards: dict[int, torch.Tensor] = {}
         self._frozen: dict[int, torch.nn.Parameter] = {}  # kept shards of parameters that do not train
         # what the gather and reduce-scatter drivers run on
-        self.comm = CommContext(topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics)
+        self.comm = CommContext(
+            topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics, pipeline_chunks=cfg.pipeline.chunks
+        )
 
     def close(self) -> None:
         """Destroy this runtime's process groups (local: no collective).
