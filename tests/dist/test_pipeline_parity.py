@@ -1,5 +1,5 @@
 """Whole-engine parity of pipelined hops ([Note: chunked gathers] in comm/gather.py): ``frontier``
-without compression, every gather bucket cut into chunks, against stock DeepSpeed ZeRO-3 in the
+without compression, every gather and gradient bucket cut into chunks, against stock DeepSpeed ZeRO-3 in the
 same 8-rank world (2 nodes x 2 GPUs x 2 GCDs), beside the same preset unchunked."""
 
 from zeropp_hier.app.training import ds_config
@@ -29,8 +29,8 @@ def test_pipelined_frontier_matches_stock(world8):
             assert_states_close(res[name]["state"], res["stock"]["state"], 1e-5, what)
         what = f"rank {rank} pipelined"
         plain, piped = res["frontier_exact"]["stats"], res["pipelined"]["stats"]
-        for phase in ("forward_gather", "backward_gather"):
-            # the same bytes on every tier, in more collectives: the gathers really were chunked
+        for phase in ("forward_gather", "backward_gather", "grad_reduce"):
+            # the same bytes on every tier, in more collectives: gathers and stages really were chunked
             assert piped["bytes"][phase] == plain["bytes"][phase], (what, phase)
             for tier, calls in plain["calls"][phase].items():
                 if calls:
