@@ -165,6 +165,10 @@ class CommExecutor:
             whole.set_result(last.result())
 
         futures[-1].add_done_callback(settle)
+        # the last job's wait bound, where ``submit`` sets one, holds for the whole: it ends last
+        deadline = getattr(futures[-1], "zeropp_deadline", None)
+        if deadline is not None:
+            whole.zeropp_deadline = deadline  # type: ignore[attr-defined]
         return whole
 
     def record_busy(self, on: bool = True) -> None:
