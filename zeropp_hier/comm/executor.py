@@ -152,7 +152,14 @@ class CommExecutor:
         if len(jobs) == 1:
             return self.submit(jobs[0], lanes)
         high = self.max_outstanding
-        futures = [self.submit(job, lanes) for job in jobs]
+        futures: list[Future] = []
+        try:
+            for job in jobs:
+                futures.append(self.submit(job, lanes))
+        except BaseException:  # a refused submit: nothing of this work reaches the caller's result
+            self.outstanding -= len(futures)
+            self.max_outstanding = max(high, self.outstanding)
+            raise
         self.outstanding -= len(jobs) - 1  # one piece of work for the caller's ``result``
         self.max_outstanding = max(high, self.outstanding)
         whole: Future = Future()
