@@ -57,6 +57,11 @@ def ds(section, **zero):
         ),
         ({"numerics": {"max_consecutive_skips": 2.5}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
         ({"numerics": {"max_consecutive_skips": True}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
+        ({"pipeline": {"chunks": 0}}, "zeropp_hier.pipeline.chunks", "use an integer from 1 (default: no pipelining)"),
+        ({"pipeline": {"chunks": 65}}, "zeropp_hier.pipeline.chunks", "to 64"),
+        ({"pipeline": {"chunks": True}}, "zeropp_hier.pipeline.chunks", "use an integer"),
+        ({"pipeline": {"chunk": 4}}, "zeropp_hier.pipeline.chunk", "unknown key; allowed keys are ['chunks']"),
+        ({"pipeline": 4}, "zeropp_hier.pipeline", "expected a JSON object"),
     ],
 )
 def test_section_errors(section, field, fragment):
@@ -154,6 +159,12 @@ def test_overlap_takes_true_false_and_one_lane():
     assert parse_section({}).overlap is True
     assert parse_section({"overlap": False}).overlap is False
     assert parse_section({"overlap": "one_lane"}).overlap == "one_lane"
+
+
+def test_pipeline_chunks_default_off():
+    assert parse_section({}).pipeline.chunks == 1
+    assert parse_section({"pipeline": {}}).pipeline.chunks == 1
+    assert parse_section({"pipeline": {"chunks": 4}}).pipeline.chunks == 4
 
 
 def test_checkpoint_trust_pickles_defaults_to_false():

@@ -306,3 +306,29 @@ def test_one_lane_keeps_one_order_across_hop_groups():
     ex.result(fa), ex.result(fb)
     assert order == ["a node", "b gcd"] and ex.max_lanes_busy == 1
     ex.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_submit_all_is_one_piece_of_work_with_the_last_value_or_the_first_error(overlap):
+    """The chunks of a pipelined bucket ([Note: chunked gathers]): one future, the last job's
+    value; an earlier job's error, not the last one's, when both fail; nothing left outstanding."""
+    ex = _ex(overlap)
+    seen: list[int] = []
+
+    def chunk(i, fail=False):
+        yield Move("node")
+        yield Move("gcd")
+        seen.append(i)
+        if fail:
+            raise ValueError(f"chunk {i} failed")
+        return i
+
+    fut = ex.submit_all([chunk(0), chunk(1), chunk(2)], ["node", "gcd"])
+    assert ex.result(fut) == 2 and seen == [0, 1, 2]
+    assert ex.outstanding == 0 and ex.max_outstanding == 1
+    # the first failure is what the caller sees (inline, or where a failure stops the executor
+    # from running more, it may come from ``submit_all`` itself, naming it)
+    with pytest.raises(Exception, match="chunk 1 failed"):
+        ex.result(ex.submit_all([chunk(0), chunk(1, fail=True), chunk(2, fail=True)], ["node", "gcd"]))
+    assert ex.outstanding == 0
+    ex.close()

@@ -27,6 +27,9 @@ class CommContext:
     # elements (all rows together) of one column chunk of a gradient bucket's stages
     # ([Note: streamed gradient stages] in comm/reduce.py)
     stream_chunk_elems: int = layout.STREAM_CHUNK_ELEMS
+    # column chunks of a gradient bucket run as separate, pipelined jobs (``zeropp_hier.pipeline``,
+    # [Note: chunked gathers] in comm/gather.py); 1: one job
+    pipeline_chunks: int = 1
     me: Coord = field(init=False)
     _index_order: torch.Tensor | None = field(init=False, repr=False)
     _rank_order: torch.Tensor | None = field(init=False, repr=False)

@@ -253,6 +253,40 @@ class CommExecutor:
         self._inbox.put(running)  # the job is queued whole from here ([Note: executor failure semantics])
         return fut
 
+    def submit_all(self, jobs: Sequence[Job], lanes: Sequence[Hashable]) -> Future:
+        """Queue ``jobs`` in order, each with ``lanes``, as one piece of work (the chunks of a
+        pipelined bucket, [Note: chunked gathers] in comm/gather.py): one future, which gives the
+        last job's value, or the first failed job's error. The last job must end after the
+        others (its last collective on the same lane as theirs)."""
+        if len(jobs) == 1:
+            return self.submit(jobs[0], lanes)
+        high = self.max_outstanding
+        futures: list[Future] = []
+        try:
+            for job in jobs:
+                futures.append(self.submit(job, lanes))
+        except BaseException:  # a refused submit: nothing of this work reaches the caller's result
+            self.outstanding -= len(futures)
+            self.max_outstanding = max(high, self.outstanding)
+            raise
+        self.outstanding -= len(jobs) - 1  # one piece of work for the caller's ``result``
+        self.max_outstanding = max(high, self.outstanding)
+        whole: Future = Future()
+
+        def settle(last: Future) -> None:
+            for f in futures:  # every one done by now: the last ends after the others
+                if f.exception() is not None:
+                    whole.set_exception(f.exception())
+                    return
+            whole.set_result(last.result())
+
+        futures[-1].add_done_callback(settle)
+        # the last job's wait bound, where ``submit`` sets one, holds for the whole: it ends last
+        deadline = getattr(futures[-1], "zeropp_deadline", None)
+        if deadline is not None:
+            whole.zeropp_deadline = deadline  # type: ignore[attr-defined]
+        return whole
+
     def record_busy(self, on: bool = True) -> None:
         """Start (anew) or stop recording each collective's busy interval ([Note: busy
         intervals]); read them with ``busy_log.intervals()``. From the caller's thread; a

@@ -14,7 +14,7 @@ these tensors and back.
 
 from __future__ import annotations
 
-from typing import Generator, NamedTuple, Sequence
+from typing import Any, Callable, Generator, NamedTuple, Sequence
 
 import torch
 
@@ -179,5 +179,121 @@ def gather_bucket(
 ) -> Generator[Move, None, Gathered]:
     """One bucket: the hops, then the copies to keep (``keep``, per tensor) and the values."""
     full = yield from hop_steps(ctx, hops, start, phase, carry)
-    kept: list[Buffer | None] = cut_kept(ctx, full, slots, keep) if keep is not None else [None] * len(sizes)
-    return Gathered(split_full(ctx, full, dtype, sizes, slots, numels), kept)
+    return finish_bucket(ctx, dtype, sizes, slots, numels, keep)(full)
+
+
+# [Note: chunked gathers]
+# One gather runs its hops in sequence (each needs the previous one's output), so while its
+# slow ``node`` hop runs, the ``gpu`` and ``gcd`` links wait. With ``zeropp_hier.pipeline.chunks``
+# above 1, a bucket is cut into column chunks of every rank's segment and each chunk is its own
+# job (``chunk_jobs``), submitted in chunk order with the same hop lanes. Each lane then keeps one
+# program order on every rank (rule 1 of [Note: one order of hop collectives] in
+# comm/executor.py), and the executor's slot order alone pipelines the tiers: on lanes (gloo),
+# chunk i's ``gcd`` hop, chunk i+1's ``gpu`` hop and chunk i+2's ``node`` hop run at once, so a
+# gather costs about its slowest tier plus the others' time for one chunk (fill and drain;
+# [Note: pipelined hops] in tools/planner.py) instead of the sum of its tiers.
+#
+# Same bytes, same values: a gather only moves columns, and chunk edges fall on whole blocks of
+# every quantizing hop and of an encoded start ([Note: blocks never straddle]: slots are whole
+# blocks), so every block, scale and byte is the one the unchunked gather makes; the chunks are
+# put side by side (``torch.cat`` / ``Encoded.cat``) before the copies to keep and the values
+# are cut, bit for bit the unchunked result.
+#
+# Ordering: every chunk's last hop is on the same lane, which takes slots in submission order,
+# so chunk i's job ends (its result stored) before chunk i+1's, and the last chunk's job finds
+# every chunk done and assembles them; the start buffer is made by chunk 0's job on the first
+# hop's lane, before any later chunk reads it there. On a GPU those are one stream per lane.
+#
+# Staging bound: each chunk holds only its latest hop's output (at most its share of the full
+# buffer) and a running collective its input beside it, so the chunks in flight together hold at
+# most one full gathered buffer plus one chunk's input per tier; the assembly then copies them
+# into one full buffer (the unchunked gather's own result), so the peak is at most one full
+# buffer above the unchunked gather's, briefly, at the end.
+#
+# Gradient buckets do the same with their streamed column chunks ([Note: streamed gradient
+# stages] in comm/reduce.py): ``reduce.pipelined_rows`` makes a job per chunk, submitted together
+# with ``CommExecutor.submit_all`` (one future: the last chunk's value or the first error).
+#
+# One lane (NCCL) and one_lane/serial (RCCL) stay correct but pipeline nothing between tiers:
+# one host thread issues every collective in program order (chunk 0's node, gpu, gcd hops, then
+# chunk 1's ...), and serial waits for each to complete before the next, because the GPU rules
+# ([Note: one issuing thread on GPUs] in comm/issue.py) allow no two communicators' collectives
+# in flight out of one agreed order. Tiers could overlap there only inside one communicator
+# (batched point-to-point transfers), which this does not do; chunking then only adds latency.
+
+
+def column_ranges(width: int, align: int, chunks: int) -> list[tuple[int, int]]:
+    """At most ``chunks`` column ranges covering ``[0, width)`` with every edge on a multiple of
+    ``align`` (``width`` is one, [Note: blocks never straddle]); near-equal widths, fewer
+    ranges when there are fewer than ``chunks`` blocks."""
+    if width % align:
+        raise AssertionError(f"a gather row of {width} elements is not whole {align}-element blocks")
+    blocks = width // align
+    n = max(1, min(chunks, blocks))
+    edges = [align * (blocks * i // n) for i in range(n + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def columns(buf: Buffer, a: int, b: int) -> Buffer:
+    """Columns ``[a, b)`` of every row of a [n, p, g, S] buffer, plain or encoded."""
+    if isinstance(buf, Encoded):
+        return buf.payload(a, b - a)
+    return buf[..., a:b].contiguous()
+
+
+def chunk_align(hops: Sequence[Hop], start_block: int = 1) -> int:
+    """Granularity of chunk edges: every quantizing hop's block, and an encoded start's."""
+    return max(slot_align(hops), start_block)
+
+
+def chunk_jobs(
+    ctx: CommContext,
+    hops: Sequence[Hop],
+    make_start: Callable[[], Buffer],
+    ranges: Sequence[tuple[int, int]],
+    phase: str,
+    finish: Callable[[Buffer], Any],
+    carry: Sequence[torch.Tensor] = (),
+) -> list[Generator[Move, None, Any]]:
+    """[Note: chunked gathers]: one job per column range of the start buffer (made by the first
+    job, when it starts on its lane), each to be submitted in order with the lanes of ``hops``.
+    The last job returns ``finish(full)`` of the assembled buffer; the others return None."""
+    held: dict[str, Buffer] = {}
+    done: list[Buffer | None] = [None] * len(ranges)
+
+    def job(i: int, a: int, b: int) -> Generator[Move, None, Any]:
+        if i == 0:
+            held["start"] = make_start()
+        piece = columns(held["start"], a, b)
+        done[i] = yield from hop_steps(ctx, hops, piece, phase, carry)
+        if i < len(ranges) - 1:
+            return None
+        held.clear()
+        parts = [p for p in done if p is not None]
+        if len(parts) != len(ranges):  # its error is in that chunk's future, taken first
+            raise RuntimeError(f"zeropp_hier: {len(ranges) - len(parts)} earlier chunk(s) of this gather failed")
+        done.clear()
+        if isinstance(parts[0], Encoded):
+            full: Buffer = Encoded.cat(parts)  # type: ignore[arg-type]
+        else:
+            full = parts[0] if len(parts) == 1 else torch.cat(parts, dim=3)  # type: ignore[arg-type]
+        return finish(full)
+
+    return [job(i, a, b) for i, (a, b) in enumerate(ranges)]
+
+
+def finish_bucket(
+    ctx: CommContext,
+    dtype: torch.dtype,
+    sizes: Sequence[int],
+    slots: Sequence[int],
+    numels: Sequence[int],
+    keep: Sequence[tuple[str, ...] | None] | None = None,
+) -> Callable[[Buffer], Gathered]:
+    """The end of ``gather_bucket`` as a function of the gathered buffer (for ``chunk_jobs``)."""
+
+    def finish(full: Buffer) -> Gathered:
+        kept: list[Buffer | None] = cut_kept(ctx, full, slots, keep) if keep is not None else [None] * len(sizes)
+        return Gathered(split_full(ctx, full, dtype, sizes, slots, numels), kept)
+
+    return finish

@@ -53,9 +53,49 @@ def submit_reduce_scatter(
     pad = row_pad(ctx)
     packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
     numels = [g.numel() for g in grads]
-    chunks = column_chunks(packed.rows.shape[1], pad, world, ctx.stream_chunk_elems)
+    width = packed.rows.shape[1]
+    if ctx.pipeline_chunks > 1:  # a job per chunk ([Note: chunked gathers] in comm/gather.py)
+        per = world * -(-width // ctx.pipeline_chunks)
+        chunks = column_chunks(width, pad, world, min(ctx.stream_chunk_elems, per))
+        jobs = pipelined_rows(ctx, packed, chunks, numels, wire_dtype, key, loss_scale)
+        return ctx.executor.submit_all(jobs, [hop.axes for hop in ctx.plan.reduce])
+    chunks = column_chunks(width, pad, world, ctx.stream_chunk_elems)
     lanes = [hop.axes for _ in chunks for hop in ctx.plan.reduce]
     return ctx.executor.submit(reduce_rows(ctx, packed, chunks, numels, wire_dtype, key, loss_scale), lanes)
+
+
+def pipelined_rows(
+    ctx: CommContext,
+    packed: layout.GradRows,
+    chunks: Sequence[tuple[int, int]],
+    numels: Sequence[int],
+    wire_dtype: torch.dtype,
+    key: tuple[str, ...] | None,
+    loss_scale: float,
+) -> list[Generator[Move, None, list[torch.Tensor] | None]]:
+    """``reduce_rows`` as one job per column chunk, to be submitted in order: chunk i's slow
+    stage runs beside chunk i+1's faster one on lanes. Every chunk's last stage is on one lane,
+    so each chunk's job writes its columns before the next one's, and the last job hands out
+    the chunks. The same chunks, error-feedback keys and sums as ``reduce_rows`` over ``chunks``:
+    bit for bit its result."""
+    rows = packed.rows
+    out = rows.new_empty(rows.shape[1])
+
+    def job(i: int, a: int, b: int) -> Generator[Move, None, list[torch.Tensor] | None]:
+        if i == 0:
+            ctx.hooks.check_local(rows)
+        buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
+        ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
+        for s, hop in enumerate(ctx.plan.reduce):
+            yield Move(hop.axes, (buf, rows, out))
+            hook = ctx.hooks.reduce_hook(ckey, s, hop, loss_scale)
+            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook)
+        out[a:b].copy_(buf.reshape(-1))
+        if i < len(chunks) - 1:
+            return None
+        return layout.unpack_my_chunks(out, numels, packed.chunk, ctx.rank, packed.slots)
+
+    return [job(i, a, b) for i, (a, b) in enumerate(chunks)]
 
 
 def column_chunks(width: int, pad: int, world: int, chunk_elems: int) -> list[tuple[int, int]]:

@@ -50,6 +50,7 @@ _SECTION_KEYS = (
     "memory",
     "auto",
     "checkpoint",
+    "pipeline",
 )
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
@@ -162,6 +163,34 @@ def _parse_checkpoint(v: Any) -> CheckpointConfig:
     return CheckpointConfig(trust)
 
 
+MAX_PIPELINE_CHUNKS = 64
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    # column chunks per gather bucket and per gradient bucket, each its own job so that the hops
+    # of different chunks run on their links at once ([Note: chunked gathers] in
+    # comm/gather.py); 1: off (default)
+    chunks: int = 1
+
+
+def _parse_pipeline(v: Any) -> PipelineConfig:
+    field = f"{SECTION}.pipeline"
+    if v is None:
+        return PipelineConfig()
+    d = _check_mapping(v, field)
+    _check_keys(d, ("chunks",), field)
+    chunks = d.get("chunks", 1)
+    if not _is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS:
+        raise HierConfigError(
+            f"{field}.chunks",
+            chunks,
+            f"use an integer from 1 (default: no pipelining) to {MAX_PIPELINE_CHUNKS}: the number of column "
+            "chunks each gather and gradient bucket is cut into so that its hops run on their links at once",
+        )
+    return PipelineConfig(chunks)
+
+
 @dataclass(frozen=True)
 class HierConfig:
     enabled: bool = False
@@ -182,6 +211,7 @@ class HierConfig:
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    pipeline: PipelineConfig = PipelineConfig()
     # what "auto" chose, once resolved at initialize (None before, and for a named preset)
     chosen_by_auto: str | None = None
 
@@ -299,6 +329,7 @@ def parse_section(section: Any) -> HierConfig:
         memory=_parse_memory(d.get("memory"), preset),
         auto=_parse_auto(d.get("auto"), preset),
         checkpoint=_parse_checkpoint(d.get("checkpoint")),
+        pipeline=_parse_pipeline(d.get("pipeline")),
     )
 
 

@@ -14,7 +14,7 @@ docs/design.md#deepspeed-hook-points.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,7 @@ from ..core import layout, levels
 from ..core.config import HierConfig
 from ..core.errors import HierTopologyError
 from ..core.levels import LevelPlan
-from ..core.plan import CommPlan, make_plan
+from ..core.plan import CommPlan, Hop, make_plan
 from ..core.topology import Topology
 
 log = logging.getLogger("zeropp_hier")
@@ -68,16 +68,27 @@ class _GatheredHandle:
     the handle is made ([Note: one order of hop collectives]); ``wait`` takes their outputs and
     hands the full tensors to the parameters."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], future, executor: CommExecutor):
+    def __init__(self, params: Sequence[torch.nn.Parameter], futures: Sequence, executor: CommExecutor):
         self.params = params
-        self.future = future
+        self.futures = futures  # one job, or one per chunk ([Note: chunked gathers] in comm/gather.py)
         self.executor = executor
         self.complete = False
 
     def wait(self, handle_dependency: bool = True) -> None:
         if self.complete:
             return
-        full = self.executor.result(self.future)
+        full: dict[int, torch.Tensor] = {}
+        failed: BaseException | None = None
+        for fut in self.futures:  # in submission order; a pipelined bucket's last chunk returns it
+            try:
+                got = self.executor.result(fut)
+            except BaseException as e:  # noqa: B036 - the first job's error is raised once all are taken
+                failed = failed or e
+                continue
+            if got is not None:
+                full.update(got)
+        if failed is not None:
+            raise failed
         for p in self.params:
             t = full[p.ds_id]
             if t.is_cuda:  # made on the executor's stream, used on the caller's from now on
@@ -85,6 +96,17 @@ class _GatheredHandle:
             p.data = t
             p.ds_status = ZeroParamStatus.AVAILABLE
         self.complete = True
+
+
+class _Bucket(NamedTuple):
+    """What the gather jobs of one bucket run on (``HierRuntime._bucket``)."""
+
+    hops: tuple[Hop, ...]
+    make_start: Callable[[], gather.Buffer]  # the start buffer, made when the job starts
+    carry: tuple[torch.Tensor, ...]  # kept copies made on other lanes that the first hop reads
+    width: int  # elements of every rank's segment (the slots side by side)
+    align: int  # chunk edges on multiples of this ([Note: chunked gathers] in comm/gather.py)
+    finish: Callable[[gather.Buffer], dict[int, torch.Tensor]]  # full tensors by ds_id; keeps copies
 
 
 class HierRuntime:
@@ -132,7 +154,9 @@ class HierRuntime:
         self.shards: dict[int, torch.Tensor] = {}
         self._frozen: dict[int, torch.nn.Parameter] = {}  # kept shards of parameters that do not train
         # what the gather and reduce-scatter drivers run on
-        self.comm = CommContext(topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics)
+        self.comm = CommContext(
+            topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics, pipeline_chunks=cfg.pipeline.chunks
+        )
 
     def close(self) -> None:
         """Destroy this runtime's process groups (local: no collective).
@@ -209,35 +233,62 @@ class HierRuntime:
         # order ([Note: one order of hop collectives] in comm/executor.py)
         lanes = [hop.axes for _, src, _ in work for hop in gather.hops_for(self.plan, src, phase)]
 
+        chunks = self.cfg.pipeline.chunks
+        if chunks > 1:  # [Note: chunked gathers] in comm/gather.py: a job per chunk of each bucket
+            futures = []
+            for ps, src, shards in work:
+                b = self._bucket(ps, src, shards, phase)
+                ranges = gather.column_ranges(b.width, b.align, chunks)
+                bucket_lanes = [h.axes for h in b.hops]
+                for job in gather.chunk_jobs(self.comm, b.hops, b.make_start, ranges, phase, b.finish, b.carry):
+                    futures.append(self.executor.submit(job, bucket_lanes))
+            return _GatheredHandle(params, futures, self.executor)
+
         def gather_all() -> Job:
             full: dict[int, torch.Tensor] = {}
             for ps, src, shards in work:
                 full.update((yield from self._gather_bucket(ps, src, shards, phase)))
             return full
 
-        return _GatheredHandle(params, self.executor.submit(gather_all(), lanes), self.executor)
+        return _GatheredHandle(params, [self.executor.submit(gather_all(), lanes)], self.executor)
 
     def _gather_bucket(self, ps: list, src: tuple[str, ...], shards: list | None, phase: str) -> Job:
-        """The job of one bucket: its parameters as plain tensors for the gather driver
-        (``comm/gather.py``), run from the primary partitions (``src`` empty) or from kept copies
-        spanning ``src``; the copies it keeps and the full tensors it returns, back to the
-        parameters. The primary partitions are read when the job starts (on its lane)."""
+        """The job of one bucket, unchunked: its hops, then its ``finish``."""
+        b = self._bucket(ps, src, shards, phase)
+        full = yield from gather.hop_steps(self.comm, b.hops, b.make_start(), phase, b.carry)
+        return b.finish(full)
+
+    def _bucket(self, ps: list, src: tuple[str, ...], shards: list | None, phase: str) -> _Bucket:
+        """One bucket: its parameters as plain tensors for the gather driver (``comm/gather.py``),
+        run from the primary partitions (``src`` empty) or from kept copies spanning ``src``;
+        ``finish`` hands the copies it keeps and the full tensors back to the parameters. The
+        primary partitions are read by ``make_start``, called when the job starts (on its lane)."""
         sizes = [p.ds_tensor.ds_numel for p in ps]
         numels = [p.ds_numel for p in ps]
         # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
         # straddle]); kept copies have the slots of the forward gather that made them. Exact
         # gathers ([Note: every gather through the hierarchy]) need no padding.
         slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align)
-        start: gather.Buffer
         carry: tuple[torch.Tensor, ...] = ()
+        start_block = 1
         if src:
             assert shards is not None
-            start = Encoded.cat(shards) if isinstance(shards[0], Encoded) else torch.cat(shards, dim=3)
+            kept_shards = shards
+
+            def make_start() -> gather.Buffer:
+                if isinstance(kept_shards[0], Encoded):
+                    return Encoded.cat(kept_shards)
+                return torch.cat(kept_shards, dim=3)
+
             # the kept copies were made on the forward's lanes
             carry = tuple(t for s in shards for t in ((s.data, s.scales) if isinstance(s, Encoded) else (s,)))
+            start_block = shards[0].block_size if isinstance(shards[0], Encoded) else 1
         else:
-            parts = [p.ds_tensor.data.reshape(-1) for p in ps]
-            start = gather.primary_buffer(parts, sizes, numels, slots, self.rank)
+
+            def make_start() -> gather.Buffer:
+                parts = [p.ds_tensor.data.reshape(-1) for p in ps]
+                return gather.primary_buffer(parts, sizes, numels, slots, self.rank)
+
         # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
         # the next steps): gathers outside the step (engine construction, GatheredParameters,
         # persistent re-gathers) keep nothing, so a weight changed between steps by any route
@@ -248,17 +299,22 @@ class HierRuntime:
             keep = [None if getattr(p, "ds_persist", False) else self.kept_axes_of(p.ds_id) for p in ps]
         dtype = ps[0].ds_tensor.dtype
         hops = gather.hops_for(self.plan, src, phase)
-        got = yield from gather.gather_bucket(self.comm, hops, start, phase, dtype, sizes, slots, numels, keep, carry)
-        kept_now = False
-        for p, piece in zip(ps, got.kept):
-            if piece is not None:
-                self.shards[p.ds_id] = piece
-                kept_now = True
-                if not p.requires_grad:
-                    self._frozen[p.ds_id] = p
-        if kept_now:
-            self.stats.note_kept(self.shard_bytes())
-        return {p.ds_id: t.view(p.ds_shape).to(p.ds_tensor.dtype) for p, t in zip(ps, got.values)}
+        cut = gather.finish_bucket(self.comm, dtype, sizes, slots, numels, keep)
+
+        def finish(full: gather.Buffer) -> dict[int, torch.Tensor]:
+            got = cut(full)
+            kept_now = False
+            for p, piece in zip(ps, got.kept):
+                if piece is not None:
+                    self.shards[p.ds_id] = piece
+                    kept_now = True
+                    if not p.requires_grad:
+                        self._frozen[p.ds_id] = p
+            if kept_now:
+                self.stats.note_kept(self.shard_bytes())
+            return {p.ds_id: t.view(p.ds_shape).to(p.ds_tensor.dtype) for p, t in zip(ps, got.values)}
+
+        return _Bucket(hops, make_start, carry, sum(slots), gather.chunk_align(hops, start_block), finish)
 
     def kept_axes_of(self, ds_id: int) -> tuple[str, ...] | None:
         return self._kept_of.get(ds_id, self.plan.kept_axes)

@@ -432,6 +432,48 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha)
 
 
+# [Note: pipelined hops]
+# A job (one gather, one gradient bucket's stages) runs its hops in sequence: unpipelined it costs
+# the sum of its hops' times. Cut into ``c`` chunks that the executor's lanes run as a pipeline
+# ([Note: chunked gathers] in comm/gather.py), hop t of chunk i starts once hop t of chunk i-1
+# and hop t-1 of chunk i are done: a flow shop of identical jobs, whose makespan is
+# ``sum(tau) + (c - 1) * max(tau)`` with ``tau_t = T_t / c + alpha_t`` (``T_t`` the hop's time
+# for the whole job, ``alpha_t`` its fixed cost per collective, paid once per chunk). That is
+# the slowest hop's time plus fill and drain (every other hop's time for one chunk), and each
+# chunk pays every hop's latency again, so more chunks shorten fill and drain but add
+# latency; ``best_chunks`` takes the minimum. The model holds where each hop has its own link
+# and its own lane (gloo's lanes): hops that share a physical link (the gpu and node tiers both
+# cross a package's links) are one resource and should be passed as one stage, and with one
+# issuing lane (NCCL) or serial issue (RCCL) the hops do not overlap: use ``sequential_time``.
+
+
+def sequential_time(hop_s: Sequence[float], latency_s: Sequence[float] | None = None) -> float:
+    """A job's hops one after another ([Note: pipelined hops]): the sum of their times."""
+    lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
+    return float(sum(hop_s) + sum(lat))
+
+
+def pipelined_time(hop_s: Sequence[float], chunks: int, latency_s: Sequence[float] | None = None) -> float:
+    """A job of hops taking ``hop_s`` seconds each (whole job, in hop order; ``latency_s`` per
+    collective) cut into ``chunks`` pipelined chunks ([Note: pipelined hops]): the slowest
+    chunk-hop ``chunks`` times, plus every other hop once (fill and drain)."""
+    if chunks < 1:
+        raise ValueError(f"chunks = {chunks}: a job is cut into at least one chunk")
+    if len(hop_s) == 0:
+        return 0.0
+    lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
+    if len(lat) != len(hop_s):
+        raise ValueError(f"{len(hop_s)} hop times but {len(lat)} latencies")
+    tau = [t / chunks + a for t, a in zip(hop_s, lat)]
+    return float(sum(tau) + (chunks - 1) * max(tau))
+
+
+def best_chunks(hop_s: Sequence[float], latency_s: Sequence[float] | None = None, max_chunks: int = 64) -> int:
+    """The chunk count in 1..``max_chunks`` with the shortest ``pipelined_time`` (the smallest on
+    a tie)."""
+    return min(range(1, max_chunks + 1), key=lambda c: (pipelined_time(hop_s, c, latency_s), c))
+
+
 # --------------------------------------------------------------------------------------------
 # memory
 # gradient staging ([Note: streamed gradient stages] in deepspeed/runtime.py): the packed fp32
