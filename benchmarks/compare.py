@@ -51,6 +51,10 @@ VARIANTS = {
     # package copies for half the transformer blocks (blocks.0-1, with the embeddings and ln_f,
     # upgraded in model order; 1.19 of 1.81 MB per rank), node copies for blocks.2-3
     "zeropp/half-blocks": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 0.0012}},
+    # pipelined hops ([Note: chunked gathers]): each gather and gradient bucket cut into 4
+    # block-aligned chunks, so the lanes run different chunks' hops on different tiers at once
+    "frontier/pipe": {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 4}},
+    "zeropp/pipe": {"kind": "ours", "preset": "zeropp", "pipeline": {"chunks": 4}},
     # int4 gradients on the package links too (a candidate of "auto")
     "frontier/int4-gpu": {
         "kind": "ours",

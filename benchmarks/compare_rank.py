@@ -101,6 +101,8 @@ def ds_config_for(cfg: dict, plan: dict) -> dict:
         c["zeropp_hier"]["overlap"] = cfg["overlap"]
     if "memory" in cfg:
         c["zeropp_hier"]["memory"] = cfg["memory"]
+    if "pipeline" in cfg:
+        c["zeropp_hier"]["pipeline"] = cfg["pipeline"]
     return c
 
 
