@@ -80,3 +80,15 @@ def test_whole_nodes_or_a_clear_error():
     with pytest.raises(HierConfigError) as e:
         memory_check.check(JobSpec(memory_gb=1.0), 6, 6, None)
     assert e.value.field == "topology"
+
+
+def test_the_frontier_20b_run_fits_with_auto_topology():
+    """docs/frontier.md's 20B run (topology=auto, fp32 default, activation checkpointing) on
+    384 MI250X GCDs: auto is modelled as Frontier's 4 packages of 2 GCDs, and both presets fit."""
+    for preset in ("frontier", "zeropp"):
+        spec = JobSpec(
+            model=MODELS["neox_20b"], preset=preset, topology={"mode": "auto"}, activation_checkpointing="torch"
+        )
+        lines = memory_check.check(spec, 384, 8, "AMD Instinct MI250X")
+        assert "48x4x2" in lines[0] and "budget 64 GB" in lines[0]
+        assert lines[-1].startswith(f"| {preset} |") and lines[-1].endswith("| yes |")

@@ -44,17 +44,18 @@ def device_budget(device_name: str | None, ranks_per_node: int, total_bytes: flo
     return total_bytes, f"{device_name}: {total_bytes / GB:.0f} GB"
 
 
-def _layout(spec: JobSpec, world: int, ranks_per_node: int) -> tuple[int, int, int, str]:
+def _layout(spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None) -> tuple[int, int, int, str]:
     """(nodes, gpus_per_node, gcds_per_gpu) the planner models, and a note on where they come from."""
     topo = spec.topology if isinstance(spec.topology, dict) else {}
-    if topo.get("mode", "manual") != "auto" and "gpus_per_node" in topo and "gcds_per_gpu" in topo:
+    if "gpus_per_node" in topo and "gcds_per_gpu" in topo:  # declared, or auto's simulated shape
         gpn, gpg = int(topo["gpus_per_node"]), int(topo["gcds_per_gpu"])
         note = "topology as configured"
     else:
-        # auto: the detected shape is known only once ranks run; one GCD per package makes every
-        # kept copy (zeropp's node copy, frontier's package copy) its largest, so the check is safe
-        gpn, gpg = ranks_per_node, 1
-        note = f"topology auto: assumed {ranks_per_node} packages of 1 GCD per node (the largest kept copies)"
+        # auto: detected once ranks run. Packages of two GCDs on a MI250X, and on CPUs pairs of
+        # consecutive local ranks ([Note: auto topology rules]); one device per package elsewhere
+        gpg = 2 if (device_name is None or "MI250X" in device_name) and ranks_per_node % 2 == 0 else 1
+        gpn = ranks_per_node // gpg
+        note = f"topology auto: assumed {gpn} packages of {gpg} per node"
     per_node = gpn * gpg
     if per_node < 1 or world % per_node:
         raise HierConfigError(
@@ -91,7 +92,7 @@ def check(
         budget, source = spec.memory_gb * GB, f"memory_gb={spec.memory_gb:g}"
     else:
         budget, source = device_budget(device_name, ranks_per_node, device_bytes)
-    nodes, gpn, gpg, note = _layout(spec, world, ranks_per_node)
+    nodes, gpn, gpg, note = _layout(spec, world, ranks_per_node, device_name)
     cluster = replace(
         P.frontier(nodes), name=f"{nodes}x{gpn}x{gpg}", gpus_per_node=gpn, gcds_per_gpu=gpg, memory_per_gcd=budget
     )
