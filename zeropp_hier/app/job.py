@@ -132,6 +132,11 @@ class _Reporter:
             os.makedirs(spec.out_dir, exist_ok=True)
             self.jsonl = open(os.path.join(spec.out_dir, "metrics.jsonl"), "w")
 
+    def resumed_at(self, start: int, steps: int) -> None:
+        """A resumed run trains steps start..steps-1: the bar counts those, not ``steps``."""
+        if self.bar is not None:
+            self.bar.reset(total=steps - start)
+
     def line(self, text: str) -> None:
         if not self.enabled:
             return
@@ -330,6 +335,7 @@ def rank_main(spec: JobSpec) -> dict:
             from ..core.errors import HierConfigError
 
             raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
+        report.resumed_at(start, spec.steps)
         report.line(
             f"resumed from {spec.ckpt_dir} ({spec.resume}) at step {start}, data sample {job['data']['sample']}"
         )
