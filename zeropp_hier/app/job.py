@@ -402,7 +402,13 @@ def rank_main(spec: JobSpec) -> dict:
                 report.line(line)
         if spec.out_dir:
             write_json_atomic(os.path.join(spec.out_dir, "summary.json"), summary, indent=1)
-            report.line(f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json")
+            from . import chart
+
+            title = f"{arch} {n_params / 1e6:.1f}M, preset {spec.preset}, {spec.dtype}, {world} ranks"
+            png = chart.write(history, spec.out_dir, title)
+            report.line(
+                f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json, {os.path.basename(png)}"
+            )
     training.release(engine)
     losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
     return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
