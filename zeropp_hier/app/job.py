@@ -54,6 +54,7 @@ class JobSpec:
     lr: float = 3e-3
     seed: int = 0
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
+    memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
 
@@ -75,6 +76,8 @@ class JobSpec:
         self.model.check()
         if not isinstance(self.save_every, int) or self.save_every < 0:
             raise HierConfigError("save_every", self.save_every, "use 0 (no checkpoints) or a positive step count")
+        if self.memory_gb is not None and not (isinstance(self.memory_gb, (int, float)) and self.memory_gb > 0):
+            raise HierConfigError("memory_gb", self.memory_gb, "use a positive number of GB, or null for the device's")
         if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
             raise HierConfigError(
                 "checkpoint_dir", self.checkpoint_dir, "name a directory for save_every / resume (or set out_dir)"
@@ -128,6 +131,11 @@ class _Reporter:
         if spec.out_dir:
             os.makedirs(spec.out_dir, exist_ok=True)
             self.jsonl = open(os.path.join(spec.out_dir, "metrics.jsonl"), "w")
+
+    def resumed_at(self, start: int, steps: int) -> None:
+        """A resumed run trains steps start..steps-1: the bar counts those, not ``steps``."""
+        if self.bar is not None:
+            self.bar.reset(total=steps - start)
 
     def line(self, text: str) -> None:
         if not self.enabled:
@@ -327,6 +335,7 @@ def rank_main(spec: JobSpec) -> dict:
             from ..core.errors import HierConfigError
 
             raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
+        report.resumed_at(start, spec.steps)
         report.line(
             f"resumed from {spec.ckpt_dir} ({spec.resume}) at step {start}, data sample {job['data']['sample']}"
         )
@@ -393,7 +402,13 @@ def rank_main(spec: JobSpec) -> dict:
                 report.line(line)
         if spec.out_dir:
             write_json_atomic(os.path.join(spec.out_dir, "summary.json"), summary, indent=1)
-            report.line(f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json")
+            from . import chart
+
+            title = f"{arch} {n_params / 1e6:.1f}M, preset {spec.preset}, {spec.dtype}, {world} ranks"
+            png = chart.write(history, spec.out_dir, title)
+            report.line(
+                f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json, {os.path.basename(png)}"
+            )
     training.release(engine)
     losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
     return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
@@ -431,6 +446,29 @@ def launcher_env(env: Mapping[str, str], gpus_visible: int) -> dict | None:
     return out
 
 
+def memory_lines(spec: JobSpec, env: Mapping[str, str] | None, gpus: int) -> list[str]:
+    """The planner's memory table for this job (printed by rank 0, or by the process that spawns
+    the ranks); raises ``HierConfigError`` when the layout cannot fit. ``env``: ``launcher_env``'s."""
+    from . import memory_check
+
+    if env is None:  # this process spawns spec.local_world ranks on this machine
+        world, per_node, rank = spec.local_world, spec.local_world, 0
+    else:
+        merged = {**os.environ, **env}
+        world, rank = int(merged["WORLD_SIZE"]), int(merged["RANK"])
+        per_node = int(merged.get("LOCAL_SIZE") or merged.get("LOCAL_WORLD_SIZE") or world)
+    name, total = None, None
+    if gpus:
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+        total = float(torch.cuda.get_device_properties(0).total_memory)
+    lines = memory_check.check(spec, world, per_node, name, total)
+    if rank == 0:
+        print("\n".join(lines), flush=True)
+    return lines
+
+
 def launch(spec: JobSpec) -> dict:
     """Run the job: as one rank under a launcher, or on ``spec.local_world`` spawned ranks.
     Returns this process's rank result (rank 0's when it spawned the ranks)."""
@@ -452,6 +490,7 @@ def launch(spec: JobSpec) -> dict:
                 f"{reason}; use dtype=bf16 (same memory and wire size; no loss scaling needed) or dtype=fp32",
             )
     env = launcher_env(os.environ, gpus)
+    memory_lines(spec, env, gpus)  # refuses here, before any rank builds a model
     if env is not None:
         os.environ.update(env)
         import deepspeed

@@ -64,6 +64,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         lr=cfg["lr"],
         seed=cfg["seed"],
         out_dir=out_dir,
+        memory_gb=cfg["memory_gb"],
         progress=cfg["progress"],
         label=label or {},
     )

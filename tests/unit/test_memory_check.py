@@ -1,0 +1,94 @@
+"""The job's memory check (app/memory_check.py): the planner's table before the model is built,
+and a refusal naming the field, the predicted GB, the budget and the fix. No ranks start."""
+
+import pytest
+
+from zeropp_hier.app import job, memory_check
+from zeropp_hier.app.job import JobSpec
+from zeropp_hier.app.models import MODELS
+from zeropp_hier.core.errors import HierConfigError
+from zeropp_hier.tools import planner
+
+
+def test_too_big_a_model_is_refused_before_any_rank_starts(monkeypatch):
+    def must_not_run(*a, **k):
+        raise AssertionError("the job went on to build a model")
+
+    # launch() must refuse before it spawns ranks or builds an engine
+    monkeypatch.setattr("zeropp_hier.testing.launch.LocalWorld", must_not_run)
+    monkeypatch.setattr("zeropp_hier.app.training.build_engine", must_not_run)
+    for key in ("RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    spec = JobSpec(model=MODELS["neox_20b"], local_world=8, memory_gb=16.0)
+    with pytest.raises(HierConfigError) as e:
+        job.launch(spec)
+    assert e.value.field == "model"
+    msg = str(e.value)
+    assert "16 GB budget" in msg and "memory_gb=16" in msg
+    needed = float(msg.split("needs ")[1].split(" GB")[0])
+    assert needed > 16
+
+
+def test_predicted_gb_equals_the_planner_memory():
+    spec = JobSpec(
+        model=MODELS["neox_1_4b"], micro_batch=1, dtype="bf16", activation_checkpointing="torch", memory_gb=100.0
+    )
+    lines = memory_check.check(spec, 8, 8, None)
+    m = MODELS["neox_1_4b"]
+    from zeropp_hier.app.models import n_params
+
+    wl = planner.gpt_workload(float(n_params(m)), m.layers, m.hidden, m.seq_len, 1, weight_bytes=2, vocab=m.vocab_size)
+    cluster = planner.emulated(nodes=2, gpus_per_node=2, gcds_per_gpu=2)
+    cand = planner.Candidate("frontier", False, "frontier", planner._compression("frontier"))
+    total = planner.memory(cand, cluster, wl).total / 1e9
+    row = next(line for line in lines if line.startswith("| frontier |"))
+    assert float(row.split("|")[-3]) == pytest.approx(total, rel=1e-2)
+
+
+def test_a_preset_that_fits_is_named_as_the_fix():
+    spec = JobSpec(
+        model=MODELS["neox_1_4b"], micro_batch=1, dtype="bf16", activation_checkpointing="torch", memory_gb=9.0
+    )
+    with pytest.raises(HierConfigError) as e:
+        memory_check.check(spec, 8, 8, None)
+    assert e.value.field == "preset" and e.value.value == "frontier"
+    assert "preset zeropp fits" in str(e.value) and "9 GB budget" in str(e.value)
+
+
+def test_a_fitting_spec_passes_and_prints_the_table():
+    lines = memory_check.check(JobSpec(memory_gb=1.0), 8, 8, None)
+    assert "budget 1 GB (memory_gb=1)" in lines[0] and "2x2x2" in lines[0]
+    row = next(line for line in lines if line.startswith("| frontier |"))
+    assert row.rstrip().endswith("| yes |")
+
+
+def test_device_budgets():
+    assert memory_check.device_budget("AMD Instinct MI250X", 8)[0] == 64e9
+    assert memory_check.device_budget("NVIDIA H100 80GB HBM3", 4)[0] == 80e9
+    assert memory_check.device_budget("NVIDIA A100-SXM4-40GB", 4, 40e9)[0] == 40e9
+    cpu8, cpu1 = memory_check.device_budget(None, 8)[0], memory_check.device_budget(None, 1)[0]
+    assert cpu8 == pytest.approx(cpu1 / 8)
+
+
+def test_memory_gb_is_checked():
+    with pytest.raises(HierConfigError) as e:
+        JobSpec(memory_gb=-1).check()
+    assert e.value.field == "memory_gb"
+
+
+def test_whole_nodes_or_a_clear_error():
+    with pytest.raises(HierConfigError) as e:
+        memory_check.check(JobSpec(memory_gb=1.0), 6, 6, None)
+    assert e.value.field == "topology"
+
+
+def test_the_frontier_20b_run_fits_with_auto_topology():
+    """docs/frontier.md's 20B run (topology=auto, fp32 default, activation checkpointing) on
+    384 MI250X GCDs: auto is modelled as Frontier's 4 packages of 2 GCDs, and both presets fit."""
+    for preset in ("frontier", "zeropp"):
+        spec = JobSpec(
+            model=MODELS["neox_20b"], preset=preset, topology={"mode": "auto"}, activation_checkpointing="torch"
+        )
+        lines = memory_check.check(spec, 384, 8, "AMD Instinct MI250X")
+        assert "48x4x2" in lines[0] and "budget 64 GB" in lines[0]
+        assert lines[-1].startswith(f"| {preset} |") and lines[-1].endswith("| yes |")

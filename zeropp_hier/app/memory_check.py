@@ -1,0 +1,147 @@
+"""The job's memory check: the planner's memory per GCD for this model and layout, printed before
+the model is built, and a refusal when the chosen layout cannot fit.
+
+Pure: the planner's arithmetic (``tools/planner.memory``, docs/design.md#memory-per-gcd) on the
+job's shape; no torch.distributed. ``launch`` calls it on every rank before any rank builds a
+model, so every rank refuses alike and nothing is spent on a run that cannot fit.
+
+The budget per rank is ``JobSpec.memory_gb`` when given, else the device's memory: a MI250X GCD
+64 GB, an H100 80 GB (the vendors' specifications), another GPU what torch reports, a CPU the
+machine's RAM shared by the ranks of one node.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..core.errors import HierConfigError
+from ..tools import planner as P
+from .models import n_params
+
+if TYPE_CHECKING:
+    from .job import JobSpec
+
+GB = 1e9
+# device memory by name (substring of torch.cuda.get_device_name): MI250X 128 GB HBM2e per GPU,
+# 64 GB per GCD (AMD's MI250X specification); H100 80 GB (NVIDIA's H100 SXM/PCIe specification)
+DEVICE_MEMORY = (("MI250X", 64 * GB), ("H100", 80 * GB))
+
+
+def device_budget(device_name: str | None, ranks_per_node: int, total_bytes: float | None = None) -> tuple[float, str]:
+    """Bytes one rank may use, and where the number comes from. ``device_name`` None: a CPU rank,
+    whose share is the machine's RAM over the ranks of the node; ``total_bytes``: what the device
+    reports (used for a GPU not in ``DEVICE_MEMORY``)."""
+    if device_name is None:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return ram / max(1, ranks_per_node), f"CPU: {ram / GB:.0f} GB RAM / {ranks_per_node} ranks per node"
+    for key, size in DEVICE_MEMORY:
+        if key in device_name:
+            return size, f"{key}: {size / GB:.0f} GB"
+    if total_bytes is None:
+        raise HierConfigError("memory_gb", None, f"the memory of {device_name!r} is unknown: give memory_gb")
+    return total_bytes, f"{device_name}: {total_bytes / GB:.0f} GB"
+
+
+def _layout(spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None) -> tuple[int, int, int, str]:
+    """(nodes, gpus_per_node, gcds_per_gpu) the planner models, and a note on where they come from."""
+    topo = spec.topology if isinstance(spec.topology, dict) else {}
+    if "gpus_per_node" in topo and "gcds_per_gpu" in topo:  # declared, or auto's simulated shape
+        gpn, gpg = int(topo["gpus_per_node"]), int(topo["gcds_per_gpu"])
+        note = "topology as configured"
+    else:
+        # auto: detected once ranks run. Packages of two GCDs on a MI250X, and on CPUs pairs of
+        # consecutive local ranks ([Note: auto topology rules]); one device per package elsewhere
+        gpg = 2 if (device_name is None or "MI250X" in device_name) and ranks_per_node % 2 == 0 else 1
+        gpn = ranks_per_node // gpg
+        note = f"topology auto: assumed {gpn} packages of {gpg} per node"
+    per_node = gpn * gpg
+    if per_node < 1 or world % per_node:
+        raise HierConfigError(
+            "topology",
+            spec.topology,
+            f"{world} ranks are not whole nodes of {per_node}: launch a multiple of {per_node}",
+        )
+    return world // per_node, gpn, gpg, note
+
+
+def _candidates(spec: JobSpec) -> list[P.Candidate]:
+    comp = spec.compression
+    if spec.preset == "stock":
+        return [P.Candidate("stock", True, "zero3", P._compression("zero3"))]
+    if spec.preset == "auto":
+        return P.auto_candidates()
+    if isinstance(comp, dict):
+        c = P._compression(
+            spec.preset,
+            schemes={k: v for k, v in comp.items() if k != "block_size"},
+            block=int(comp.get("block_size", 256)),
+        )
+    else:
+        c = P._compression(spec.preset, comp)
+    return [P.Candidate(spec.preset, False, spec.preset, c)]
+
+
+def check(
+    spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
+) -> list[str]:
+    """The memory table's lines; raises ``HierConfigError`` when the job's layout cannot fit."""
+    m = spec.model
+    if spec.memory_gb is not None:
+        budget, source = spec.memory_gb * GB, f"memory_gb={spec.memory_gb:g}"
+    else:
+        budget, source = device_budget(device_name, ranks_per_node, device_bytes)
+    nodes, gpn, gpg, note = _layout(spec, world, ranks_per_node, device_name)
+    cluster = replace(
+        P.frontier(nodes), name=f"{nodes}x{gpn}x{gpg}", gpus_per_node=gpn, gcds_per_gpu=gpg, memory_per_gcd=budget
+    )
+    wl = P.gpt_workload(
+        float(n_params(m)),
+        m.layers,
+        m.hidden,
+        m.seq_len,
+        spec.micro_batch,
+        weight_bytes=4 if spec.dtype == "fp32" else 2,
+        activation_checkpointing=spec.activation_checkpointing != "none",
+        vocab=m.vocab_size,
+    )
+    preds = [P.predict(c, cluster, wl) for c in _candidates(spec)]
+    names = list(dict.fromkeys(k for p in preds for k in p.memory.parts))  # auto: candidates differ
+    lines = [
+        f"memory per rank (planner's model, docs/design.md#memory-per-gcd), {world} ranks as "
+        f"{nodes}x{gpn}x{gpg} ({note}); budget {budget / GB:.3g} GB ({source}):",
+        "| layout | " + " | ".join(names) + " | total GB | fits |",
+        "|---|" + "---|" * (len(names) + 2),
+    ]
+    for p in preds:
+        parts = " | ".join(f"{p.memory.parts[k] / GB:.3g}" if k in p.memory.parts else "-" for k in names)
+        fits = "yes" if p.memory.fits else "NO"
+        lines.append(f"| {p.candidate.name} | {parts} | {p.memory.total / GB:.3g} | {fits} |")
+    if any(p.memory.fits for p in preds):
+        return lines
+    need = min(preds, key=lambda p: p.memory.total)
+    # another preset that fits is the cheapest fix; else the model (or the budget) must change
+    others = [
+        P.predict(c, cluster, wl)
+        for c in (P.Candidate(n, False, n, P._compression(n)) for n in ("zeropp", "zero3"))
+        if c.preset != spec.preset
+    ]
+    fitting = [p for p in others if p.memory.fits]
+    if fitting and spec.preset not in ("stock", "auto"):
+        field, value = "preset", spec.preset
+        fix = f"preset {fitting[0].candidate.name} fits ({fitting[0].memory.total / GB:.3g} GB); " + P._relax(need)
+    else:
+        field, value = "model", f"{n_params(m) / 1e9:.3g}B params, {m.layers} layers x {m.hidden}"
+        fix = (
+            P._relax(need)
+            + " Or a smaller model, micro_batch or seq_len"
+            + (", or activation_checkpointing=torch." if spec.activation_checkpointing == "none" else ".")
+        )
+    big = max(need.memory.parts, key=need.memory.parts.get)
+    raise HierConfigError(
+        field,
+        value,
+        f"needs {need.memory.total / GB:.3g} GB per rank ({need.candidate.name}; largest part {big} "
+        f"{need.memory.parts[big] / GB:.3g} GB) of a {budget / GB:.3g} GB budget ({source}). {fix}",
+    )
