@@ -137,7 +137,13 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
 
 # The paper's run (Xu et al., arXiv 2501.04266: a 20B GPT on 48 Frontier nodes = 384 GCDs) and
 # its ZeRO++ side-by-side, as docs/frontier.md gives them.
-NEOX_20B = ("model=neox_20b", "data=tokens", "data.path=/lustre/orion/alice/tokens", "activation_checkpointing=torch")
+NEOX_20B = (
+    "model=neox_20b",
+    "data=tokens",
+    "data.path=/lustre/orion/alice/tokens",
+    "activation_checkpointing=torch",
+    "dtype=bf16",
+)
 
 
 @pytest.mark.parametrize("preset", ["frontier", "zeropp"])
@@ -145,6 +151,7 @@ def test_frontier_script_renders_the_20b_run_as_a_job_the_app_accepts(slurm, tmp
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
+    from zeropp_hier.app import memory_check
     from zeropp_hier.app.train import spec_from_config
 
     out = _render(slurm, 48, "frontier[00001-00048]", tmp_path, (*NEOX_20B, f"preset={preset}"))
@@ -159,7 +166,10 @@ def test_frontier_script_renders_the_20b_run_as_a_job_the_app_accepts(slurm, tmp
     assert spec.preset == preset and spec.activation_checkpointing == "torch"
     m = spec.model
     assert (m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size) == (44, 6144, 64, 2048, 50432)
-    assert spec.data_path == "/lustre/orion/alice/tokens"
+    assert spec.data_path == "/lustre/orion/alice/tokens" and spec.dtype == "bf16"
+    # the job's own check before building (the planner's memory model) lets it start on MI250X
+    table = memory_check.check(spec, 384, 8, "AMD Instinct MI250X")
+    assert any(row.startswith(f"| {preset} |") and row.rstrip().endswith("| yes |") for row in table), table
 
 
 def test_frontier_script_states_the_node_count_once_and_never_uses_torchrun():
