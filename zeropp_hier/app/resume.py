@@ -51,8 +51,12 @@ def load(engine, ckpt_dir: str, resume: str) -> dict:
     """Collective: restore ``resume`` ("latest" or a tag) into ``engine``; returns the job's
     state (step, data position)."""
     from ..core.errors import HierConfigError
+    from ..deepspeed.engine import HierEngine
 
-    path, client = engine.load_checkpoint(ckpt_dir, tag=None if resume == "latest" else resume)
+    # our engine refuses a missing 'latest' unless asked not to; the job names its own field
+    # instead (stock DeepSpeed's engine returns (None, None) for it by itself)
+    extra = {"missing_ok": True} if isinstance(engine, HierEngine) else {}
+    path, client = engine.load_checkpoint(ckpt_dir, tag=None if resume == "latest" else resume, **extra)
     if path is None:
         raise HierConfigError(
             "resume", resume, f"no checkpoint found in {ckpt_dir}: set checkpoint_dir to the saved run's directory"
