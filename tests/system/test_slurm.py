@@ -40,7 +40,11 @@ def test_cpu_batch_job_detects_topology_and_reports_bytes_per_tier(slurm, tmp_pa
     assert "auto topology: 2 nodes x 2 GPUs x 2 GCDs on 1 host(s)" in out, out[-4000:]
     assert "topology (auto-detected): 2 nodes x 2 GPUs x 2 GCDs" in out
     assert "world=8" in out
-    steps = re.findall(r"step +(\d+) \| loss ([\d.]+) \| +\d+ tok/s \| sent/rank node +([\d.]+) (K?M?B) +gpu", out)
+    steps = re.findall(
+        r"step +(\d+) \| loss ([\d.]+) \| +\d+ tok/s \| [\d.e+-]+ TFLOP/s/GCD [^|]*"
+        r"\| sent/rank node +([\d.]+) (K?M?B) +gpu",
+        out,
+    )
     assert [int(s[0]) for s in steps] == list(range(STEPS)), out[-4000:]
     # rank 0's metrics, in the run directory named after the job and step (launcher=srun)
     run_dir = tmp_path / "outputs" / f"slurm-{job}.0"
