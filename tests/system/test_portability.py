@@ -91,7 +91,9 @@ def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
 
 def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(qemu, tmp_path):
     res = subprocess.run(
-        _emulated(qemu, NO_AVX512, "-m", "zeropp_hier.train", "dtype=fp16", "steps=1", f"hydra.run.dir={tmp_path}"),
+        _emulated(
+            qemu, NO_AVX512, "-m", "zeropp_hier.app.train", "dtype=fp16", "steps=1", f"hydra.run.dir={tmp_path}"
+        ),
         cwd=ROOT,
         env=_env(HYDRA_FULL_ERROR="0"),
         capture_output=True,
@@ -116,7 +118,7 @@ def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
     for rank in range(8):
         args = [
             "-m",
-            "zeropp_hier.train",
+            "zeropp_hier.app.train",
             "steps=2",
             "progress=off",
             f"hydra.run.dir={tmp_path}",

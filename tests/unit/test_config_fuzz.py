@@ -13,18 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zeropp_hier.core.config import (
-    DEFAULT_BLOCK_SIZE,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     FIXED_PRESETS,
-    PRESET_COMPRESSION,
     PRESETS,
-    SCHEMES,
     hier_config_from_ds,
     parse_section,
 )
 from zeropp_hier.core.errors import HierConfigError, HierTopologyError
 from zeropp_hier.core.plan import make_plan
-from zeropp_hier.core.policy import _COMPRESSION_KEYS
+from zeropp_hier.core.policy import _COMPRESSION_KEYS, DEFAULT_BLOCK_SIZE, PRESET_COMPRESSION, SCHEMES
 from zeropp_hier.core.topology import TIERS
 from zeropp_hier.deepspeed.runtime import topology_for
 

@@ -1,7 +1,7 @@
 """The package's layers import lazily: pure modules pull in neither DeepSpeed nor process groups,
-the public names still resolve, the DeepSpeed version check still fires on first use, and the old
-``python -m zeropp_hier.{train,demo,cli}`` commands still reach the moved modules. Each check runs
-in a fresh interpreter: this process has long imported everything."""
+the public names still resolve, the DeepSpeed version check still fires on first use, and the
+tools' modules run on their own (``python -m zeropp_hier.app.{train,demo}``, ``...tools.cli``).
+Each check runs in a fresh interpreter: this process has long imported everything."""
 
 import json
 import os
@@ -92,13 +92,13 @@ def test_pure_modules_import_without_deepspeed_and_the_public_api_resolves_lazil
     assert out["unknown_is_attribute_error"]
 
 
-def test_old_module_commands_are_aliases_of_the_moved_ones():
-    demo = _python("-m", "zeropp_hier.demo", "--help")
+def test_module_commands_run_on_their_own():
+    demo = _python("-m", "zeropp_hier.app.demo", "--help")
     assert demo.returncode == 0 and "--preset" in demo.stdout, demo.stderr[-2000:]
-    cli = _python("-m", "zeropp_hier.cli", "--help")
+    cli = _python("-m", "zeropp_hier.tools.cli", "--help")
     assert cli.returncode == 0 and "plan" in cli.stdout and "probe" in cli.stdout, cli.stderr[-2000:]
     # Hydra prints the composed config and exits without running the job
-    train = _python("-m", "zeropp_hier.train", "--cfg", "job", "steps=3")
+    train = _python("-m", "zeropp_hier.app.train", "--cfg", "job", "steps=3")
     assert train.returncode == 0 and "steps: 3" in train.stdout, train.stderr[-2000:]
 
 

@@ -12,17 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import HierConfigError
-
-# Compression and numerics live in policy.py; re-exported here, where they used to be defined.
-from .policy import (  # noqa: F401
-    DEFAULT_BLOCK_SIZE,
-    MAX_BLOCK,
-    MIN_BLOCK,
-    PRESET_COMPRESSION,
-    SCHEMES,
+from .policy import (
     CompressionConfig,
     NumericsConfig,
-    TierSchemes,
     check_numerics_against_deepspeed,
     parse_compression,
     parse_numerics,
