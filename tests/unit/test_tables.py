@@ -33,4 +33,4 @@ def test_topology_and_bytes_tables():
     }
     lines = tables.bytes_lines(per, "bytes:")
     assert lines[1].split() == ["phase", "node", "gpu", "gcd"]
-    assert lines[-1].split()[:3] == ["total", "4.0", "MB"]
+    assert lines[-1].split()[:3] == ["total", "4", "MB"]

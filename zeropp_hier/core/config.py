@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
 from .policy import (
     CompressionConfig,
@@ -19,11 +20,11 @@ from .policy import (
     parse_compression,
     parse_numerics,
 )
+from .topology import TIERS
 
 SECTION = "zeropp_hier"
 PRESETS = ("zero3", "zeropp", "frontier", "auto")
 FIXED_PRESETS = PRESETS[:3]  # what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
-TIER_NAMES = ("gcd", "gpu", "node")
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
 # comm/failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
@@ -66,8 +67,8 @@ def _parse_memory(v: Any, preset: str) -> MemoryConfig:
     field = f"{SECTION}.memory"
     if v is None:
         return MemoryConfig()
-    d = _check_mapping(v, field)
-    _check_keys(d, ("kept_shards_gb",), field)
+    d = check_mapping(v, field)
+    check_keys(d, ("kept_shards_gb",), field)
     gb = d.get("kept_shards_gb")
     if gb is not None:
         if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb >= 0 or gb == float("inf"):
@@ -101,8 +102,8 @@ def _parse_auto(v: Any, preset: str) -> AutoConfig:
         return AutoConfig()
     if preset != "auto":
         raise HierConfigError(field, v, 'only "preset": "auto" reads it; remove it or set the preset to "auto"')
-    d = _check_mapping(v, field)
-    _check_keys(d, ("probe_file", "tier_gbps", "probe_kb"), field)
+    d = check_mapping(v, field)
+    check_keys(d, ("probe_file", "tier_gbps", "probe_kb"), field)
     pf = d.get("probe_file")
     if pf is not None and (not isinstance(pf, str) or not pf):
         raise HierConfigError(
@@ -111,8 +112,8 @@ def _parse_auto(v: Any, preset: str) -> AutoConfig:
     tg = d.get("tier_gbps")
     tiers = None
     if tg is not None:
-        m = _check_mapping(tg, f"{field}.tier_gbps")
-        if set(m) != set(TIER_NAMES) or not all(
+        m = check_mapping(tg, f"{field}.tier_gbps")
+        if set(m) != set(TIERS) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf") for x in m.values()
         ):
             raise HierConfigError(
@@ -121,11 +122,11 @@ def _parse_auto(v: Any, preset: str) -> AutoConfig:
                 'give positive GB/s per GCD for each of "gcd", "gpu", "node" '
                 '(Frontier: {"gcd": 200, "gpu": 50, "node": 12.5})',
             )
-        tiers = tuple((t, float(m[t])) for t in TIER_NAMES)
+        tiers = tuple((t, float(m[t])) for t in TIERS)
     if pf is not None and tiers is not None:
         raise HierConfigError(field, v, "give probe_file or tier_gbps, not both")
     kb = d.get("probe_kb", 256)
-    if not _is_int(kb) or not 16 <= kb <= 65536:
+    if not is_int(kb) or not 16 <= kb <= 65536:
         raise HierConfigError(f"{field}.probe_kb", kb, "use an integer number of KB from 16 to 65536 (default 256)")
     return AutoConfig(pf, tiers, kb)
 
@@ -142,8 +143,8 @@ def _parse_checkpoint(v: Any) -> CheckpointConfig:
     field = f"{SECTION}.checkpoint"
     if v is None:
         return CheckpointConfig()
-    d = _check_mapping(v, field)
-    _check_keys(d, ("trust_pickles",), field)
+    d = check_mapping(v, field)
+    check_keys(d, ("trust_pickles",), field)
     trust = d.get("trust_pickles", False)
     if not isinstance(trust, bool):
         raise HierConfigError(
@@ -170,10 +171,10 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
     field = f"{SECTION}.pipeline"
     if v is None:
         return PipelineConfig()
-    d = _check_mapping(v, field)
-    _check_keys(d, ("chunks",), field)
+    d = check_mapping(v, field)
+    check_keys(d, ("chunks",), field)
     chunks = d.get("chunks", 1)
-    if not _is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS:
+    if not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS:
         raise HierConfigError(
             f"{field}.chunks",
             chunks,
@@ -208,28 +209,12 @@ class HierConfig:
     chosen_by_auto: str | None = None
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_keys(d: Mapping, allowed: tuple[str, ...], where: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise HierConfigError(f"{where}.{k}", d[k], f"unknown key; allowed keys are {list(allowed)}")
-
-
-def _check_mapping(v: Any, field: str) -> Mapping:
-    if not isinstance(v, Mapping):
-        raise HierConfigError(field, v, "expected a JSON object")
-    return v
-
-
 def _parse_topology(v: Any) -> TopologyConfig:
     field = f"{SECTION}.topology"
     if v == "auto":
         v = {"mode": "auto"}
-    d = _check_mapping(v, field)
-    _check_keys(d, _TOPOLOGY_KEYS, field)
+    d = check_mapping(v, field)
+    check_keys(d, _TOPOLOGY_KEYS, field)
     mode = d.get("mode", "manual")
     if mode not in ("manual", "auto"):
         raise HierConfigError(f"{field}.mode", mode, 'use "auto" (detect at initialize) or "manual"')
@@ -245,14 +230,14 @@ def _parse_topology(v: Any) -> TopologyConfig:
         if x is None and mode == "auto":  # not declared: detected
             vals[k] = None
             continue
-        if not _is_int(x) or x < 1:
+        if not is_int(x) or x < 1:
             raise HierConfigError(
                 f"{field}.{k}", x, "use a positive integer (Frontier: gcds_per_gpu=2, gpus_per_node=4)"
             )
         vals[k] = x
     rank_map = d.get("rank_map")
     if rank_map is not None:
-        if not isinstance(rank_map, (list, tuple)) or not all(_is_int(r) for r in rank_map):
+        if not isinstance(rank_map, (list, tuple)) or not all(is_int(r) for r in rank_map):
             raise HierConfigError(
                 f"{field}.rank_map",
                 rank_map,
@@ -265,7 +250,7 @@ def _parse_topology(v: Any) -> TopologyConfig:
 
 def _seconds(value: Any, key: str, what: str) -> float:
     """A timeout of the section, in seconds within the allowed range; ``what`` ends the fix."""
-    if not (_is_int(value) or isinstance(value, float)) or not (
+    if not (is_int(value) or isinstance(value, float)) or not (
         MIN_COLLECTIVE_TIMEOUT_S <= value <= MAX_COLLECTIVE_TIMEOUT_S
     ):
         raise HierConfigError(
@@ -280,8 +265,8 @@ def parse_section(section: Any) -> HierConfig:
     """Validate the ``zeropp_hier`` section alone (no knowledge of the world size)."""
     if section is None:
         return HierConfig(enabled=False)
-    d = _check_mapping(section, SECTION)
-    _check_keys(d, _SECTION_KEYS, SECTION)
+    d = check_mapping(section, SECTION)
+    check_keys(d, _SECTION_KEYS, SECTION)
     enabled = d.get("enabled", True)
     if not isinstance(enabled, bool):
         raise HierConfigError(f"{SECTION}.enabled", enabled, "use true or false")

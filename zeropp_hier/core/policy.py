@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
 from .topology import TIERS
 
@@ -125,22 +126,6 @@ class NumericsConfig:
     max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_mapping(v: Any, field: str) -> Mapping:
-    if not isinstance(v, Mapping):
-        raise HierConfigError(field, v, "expected a JSON object")
-    return v
-
-
-def _check_keys(d: Mapping, allowed: tuple[str, ...], where: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise HierConfigError(f"{where}.{k}", d[k], f"unknown key; allowed keys are {list(allowed)}")
-
-
 def _merge_schemes(base: Mapping[str, str], v: Any, field: str) -> dict[str, str]:
     """``v`` is one scheme for every tier, or a per-tier object merged over ``base``."""
     merged = {t: base.get(t, "none") for t in TIERS}
@@ -149,8 +134,8 @@ def _merge_schemes(base: Mapping[str, str], v: Any, field: str) -> dict[str, str
         if v not in SCHEMES:
             raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object per tier {list(TIERS)}")
     elif v is not None:
-        d = _check_mapping(v, field)
-        _check_keys(d, TIERS, field)
+        d = check_mapping(v, field)
+        check_keys(d, TIERS, field)
         merged.update(d)
     for tier, scheme in merged.items():
         if scheme not in SCHEMES:
@@ -159,7 +144,7 @@ def _merge_schemes(base: Mapping[str, str], v: Any, field: str) -> dict[str, str
 
 
 def _check_block(v: Any, field: str) -> int:
-    if not _is_int(v) or v < MIN_BLOCK or v > MAX_BLOCK or v & (v - 1):
+    if not is_int(v) or v < MIN_BLOCK or v > MAX_BLOCK or v & (v - 1):
         raise HierConfigError(
             field, v, f"use a power of two from {MIN_BLOCK} to {MAX_BLOCK} (default {DEFAULT_BLOCK_SIZE})"
         )
@@ -170,7 +155,7 @@ def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
     if v is None:
         return DEFAULT_BLOCK_SIZE, TierBlocks()
     if isinstance(v, Mapping):
-        _check_keys(v, TIERS, field)
+        check_keys(v, TIERS, field)
         per = {t: _check_block(v[t], f"{field}.{t}") for t in v}
         return DEFAULT_BLOCK_SIZE, TierBlocks(**per)
     b = _check_block(v, field)
@@ -192,7 +177,7 @@ def _parse_error_feedback(v: Any, grads: Mapping[str, str], default: Any, field:
     per: dict[str, Any] = {t: _ef_value(default, field) for t in TIERS}
     explicit: set[str] = set()
     if isinstance(v, Mapping):
-        _check_keys(v, TIERS, field)
+        check_keys(v, TIERS, field)
         for t, x in v.items():
             per[t] = _ef_value(x, f"{field}.{t}")
             explicit.add(t)
@@ -221,8 +206,8 @@ def parse_compression(v: Any, preset: str, field: str) -> CompressionConfig:
         if v not in SCHEMES:
             raise HierConfigError(field, v, f"use one of {list(SCHEMES)} or an object with {list(_COMPRESSION_KEYS)}")
         v = {"weights": v, "gradients": v}
-    d = _check_mapping(v, field)
-    _check_keys(d, _COMPRESSION_KEYS, field)
+    d = check_mapping(v, field)
+    check_keys(d, _COMPRESSION_KEYS, field)
     block, blocks = _parse_blocks(d.get("block_size"), f"{field}.block_size")
     weights = _merge_schemes(defaults["weights"], d.get("weights"), f"{field}.weights")
     fwd = _merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
@@ -244,8 +229,8 @@ def parse_compression(v: Any, preset: str, field: str) -> CompressionConfig:
 def parse_numerics(v: Any, field: str) -> NumericsConfig:
     if v is None:
         return NumericsConfig()
-    d = _check_mapping(v, field)
-    _check_keys(d, _NUMERICS_KEYS, field)
+    d = check_mapping(v, field)
+    check_keys(d, _NUMERICS_KEYS, field)
     nonfinite = d.get("nonfinite", "skip")
     if nonfinite not in NONFINITE_POLICIES:
         raise HierConfigError(
@@ -256,7 +241,7 @@ def parse_numerics(v: Any, field: str) -> NumericsConfig:
             "HierNonFiniteError naming the step, rank and stage)",
         )
     every = d.get("sample_every", DEFAULT_SAMPLE_EVERY)
-    if not _is_int(every) or every < 0:
+    if not is_int(every) or every < 0:
         raise HierConfigError(
             f"{field}.sample_every",
             every,
@@ -271,7 +256,7 @@ def parse_numerics(v: Any, field: str) -> NumericsConfig:
             'use "fp32" (default) or "bf16" (half the memory of the error-feedback residuals)',
         )
     cap = d.get("max_consecutive_skips", DEFAULT_MAX_CONSECUTIVE_SKIPS)
-    if not _is_int(cap) or cap < 1:
+    if not is_int(cap) or cap < 1:
         raise HierConfigError(
             f"{field}.max_consecutive_skips",
             cap,

@@ -214,6 +214,7 @@ def cmd_plan(args) -> int:
 def published_comparison(cluster, wl, preds) -> str:
     """Predicted ratios beside the published ones, and what moves them."""
     from . import planner as P
+    from .tables import fmt_bytes
 
     f_zpp = P.ratio(preds, "ds-zeropp", "frontier")
     zpp_z3 = P.ratio(preds, "ds-zero3", "ds-zeropp")
@@ -241,8 +242,8 @@ def published_comparison(cluster, wl, preds) -> str:
     z3, zpp = by["ds-zero3"], by["ds-zeropp"]
     lines.append(
         f"- stock ZeRO-3's node traffic is a flat ring, which crosses each node's links about once per "
-        f"collective: {P.fmt_bytes(z3.tier_bytes['node'])} vs ZeRO++'s "
-        f"{P.fmt_bytes(zpp.tier_bytes['node'])} per step. The model charges rings at the link rates of "
+        f"collective: {fmt_bytes(z3.tier_bytes['node'])} vs ZeRO++'s "
+        f"{fmt_bytes(zpp.tier_bytes['node'])} per step. The model charges rings at the link rates of "
         "docs/design.md#hardware-tiers; if the real inter-node rings get much less than 12.5 GB/s "
         "per GCD (congestion, fewer NICs per ring), ZeRO-3 suffers more and ZeRO++/ZeRO-3 "
         "approaches the published ~1.4x."

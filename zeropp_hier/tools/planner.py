@@ -56,6 +56,7 @@ from ..core import levels
 from ..core.plan import STREAM_CHUNK_ELEMS, CommPlan, make_plan
 from ..core.policy import CompressionConfig, parse_compression
 from ..core.topology import AXES, TIERS, Topology
+from .tables import fmt_bytes
 
 GB = 1e9
 
@@ -777,13 +778,6 @@ def with_probed_tiers(cluster: ClusterModel, probe: Mapping) -> ClusterModel:
 def ratio(preds: Iterable[Prediction], slow: str, fast: str) -> float:
     by = {p.candidate.name: p for p in preds}
     return by[slow].step_s / by[fast].step_s
-
-
-def fmt_bytes(x: float) -> str:
-    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.3g} {unit}"
-    return f"{x:.0f} B"
 
 
 def table(preds: Sequence[Prediction]) -> list[str]:

@@ -70,12 +70,12 @@ def topology_lines(topo: Topology, mode: str = "manual") -> list[str]:
     return [head, *table(["tier", "size", "of"], rows)]
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.1f} {unit}"
-        n /= 1000.0
-    return str(n)
+def fmt_bytes(x: float) -> str:
+    """Bytes in decimal units, three significant digits: '4 MB', '46.1 KB', '1.44 TB'."""
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g} {unit}"
+    return f"{x:.0f} B"
 
 
 def bytes_lines(per_phase: Mapping[str, Mapping[str, float]], title: str) -> list[str]:
