@@ -231,7 +231,7 @@ def compute_estimate(summary: dict) -> float | None:
 def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate: float):
     """The planner's cluster and workload for a run of this benchmark (also what the planner
     test re-runs from a recorded JSON)."""
-    from zeropp_hier.tools import planner as P
+    from zeropp_hier.planner import model as P
 
     topo = plan["topology"]
     gcds_per_node = topo["gpus_per_node"] * topo["gcds_per_gpu"]
@@ -261,7 +261,7 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
 
 
 def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
-    from zeropp_hier.tools import planner as P
+    from zeropp_hier.planner import model as P
 
     cl, wl = planner_inputs(plan, probe, compute_s, quant_rate)
     by = {p.candidate.name: p for p in P.rank(cl, wl)}

@@ -5,9 +5,10 @@ module of ``core``) imports neither DeepSpeed nor process groups. The first name
 DeepSpeed (``initialize``, ``Init``, ``patch_deepspeed``, ...) imports ``zeropp_hier.deepspeed``,
 which checks the installed DeepSpeed version first.
 
-Layers: ``core`` (pure model of the job) < ``comm`` (process groups, collectives) <
-``deepspeed`` (the integration); ``detect`` (topology auto-detection), ``tools`` (planner, CLI),
-``app`` (the main job), ``testing`` (local CPU worlds, a small GPT), ``quant`` (kernels).
+Layers: ``core`` (pure model of the job) < ``planner`` (pure cost model, ranking, tables) and
+``comm`` (process groups, collectives) < ``deepspeed`` (the integration); ``detect`` (topology
+auto-detection), ``app`` (the main job), ``tools`` (the subcommands), ``testing`` (local CPU
+worlds, a small GPT), ``quant`` (kernels).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from zeropp_hier.app import job, memory_check
 from zeropp_hier.app.job import JobSpec
 from zeropp_hier.app.models import MODELS
 from zeropp_hier.core.errors import HierConfigError
-from zeropp_hier.tools import planner
+from zeropp_hier.planner import model as planner
 
 
 def test_too_big_a_model_is_refused_before_any_rank_starts(monkeypatch):

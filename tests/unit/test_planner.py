@@ -13,7 +13,7 @@ import pytest
 from benchmarks.compare import planner_inputs
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology
-from zeropp_hier.tools import planner as P
+from zeropp_hier.planner import model as P
 from zeropp_hier.tools.cli import main as cli_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -252,7 +252,7 @@ def test_plan_imports_no_torch():
 
 
 def test_memory_counts_error_feedback_residuals_and_gradient_staging():
-    from zeropp_hier.tools import planner as P
+    from zeropp_hier.planner import model as P
 
     cl = P.frontier(nodes=48)
     wl = P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8)

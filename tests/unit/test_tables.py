@@ -1,9 +1,9 @@
-"""The tables the main job and ``zeropp-hier plan --hops`` print (zeropp_hier.tools.tables)."""
+"""The tables the main job and ``zeropp-hier plan --hops`` print (zeropp_hier.planner.tables)."""
 
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology
-from zeropp_hier.tools import tables
+from zeropp_hier.planner import tables
 
 
 def test_columns_align_and_numbers_are_right_aligned():

@@ -19,7 +19,7 @@ from typing import Any, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..files import write_json_atomic
-from ..tools.tables import fmt_bytes
+from ..planner.tables import fmt_bytes
 from .models import CHECKPOINTING, Checkpointing, ModelSpec
 
 Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
@@ -170,7 +170,7 @@ def numerics_lines(engine) -> list[str]:
     num = zeropp_hier.comm_stats(engine)["numerics"]
     plan = engine.hier_runtime.plan
     hops = {"forward_gather": plan.forward, "backward_gather": plan.backward, "grad_reduce": plan.reduce}
-    from ..tools.tables import table
+    from ..planner.tables import table
 
     rows = []
     for phase, tiers in num["relative_error"].items():
@@ -274,7 +274,7 @@ def rank_main(spec: JobSpec) -> dict:
         )
     )
     if hier:
-        from ..tools import tables
+        from ..planner import tables
 
         for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
             report.line(line)
@@ -392,7 +392,7 @@ def rank_main(spec: JobSpec) -> dict:
             f"peak memory per rank {fmt_bytes(max(mem))} (max over ranks)"
         )
         if hier:
-            from ..tools import tables
+            from ..planner import tables
 
             for line in tables.bytes_lines(
                 summary["bytes_per_step"], "bytes sent by rank 0 per step, by phase and tier:"

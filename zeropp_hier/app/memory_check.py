@@ -1,7 +1,7 @@
 """The job's memory check: the planner's memory per GCD for this model and layout, printed before
 the model is built, and a refusal when the chosen layout cannot fit.
 
-Pure: the planner's arithmetic (``tools/planner.memory``, docs/design.md#memory-per-gcd) on the
+Pure: the planner's arithmetic (``planner/model.memory``, docs/design.md#memory-per-gcd) on the
 job's shape; no torch.distributed. ``launch`` calls it on every rank before any rank builds a
 model, so every rank refuses alike and nothing is spent on a run that cannot fit.
 
@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..core.errors import HierConfigError
-from ..tools import planner as P
+from ..planner import model as P
 from .models import n_params
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
    smallest over all ranks (an all-reduce);
 3. the model as the planner sees it: its parameter count, layers ([Note: kept levels]),
    weight width and largest tensor;
-4. ``tools.planner.rank`` over ``planner.auto_candidates``, on rank 0 only: our presets with
+4. ``planner.model.rank`` over ``planner.model.auto_candidates``, on rank 0 only: our presets with
    the policy's compression and frontier with per-layer kept levels; the fastest predicted
    candidate that fits is chosen. Compute time does not enter: the planner adds it alike to
    every candidate. Rank 0 broadcasts the choice and its record (one ``broadcast_object_list``
@@ -99,7 +99,7 @@ def _memory_per_gcd(device: torch.device, topo: Topology) -> float:
 def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int, device: torch.device):
     """The config with the chosen preset, compression and kept budget, and a record of the
     choice ([Note: auto preset]). Collective."""
-    from ..tools import planner as P
+    from ..planner import model as P
 
     t0 = time.perf_counter()
     rates, source = _rates(cfg, topo, rank, device)

@@ -1,2 +1,2 @@
-"""Command-line tools: the analytical planner and ``zeropp-hier plan|probe`` (cli), and the
-sweep comparison table (sweep_report)."""
+"""Command-line tools behind the ``zeropp-hier`` subcommands: ``plan`` and ``probe`` (cli; the
+arithmetic is ``zeropp_hier.planner``) and the sweep comparison table (sweep_report)."""

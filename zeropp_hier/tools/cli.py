@@ -6,7 +6,7 @@
     torchrun --nproc-per-node 8 -m zeropp_hier.tools.cli probe --out probe.json   # measure tiers
     zeropp-hier plan --probe probe.json ...                   # plan with measured tiers
 
-``plan`` is pure arithmetic (``zeropp_hier.tools.planner``); ``probe`` runs collectives in the current
+``plan`` is pure arithmetic (``zeropp_hier.planner``); ``probe`` runs collectives in the current
 torch.distributed world (env:// variables as set by torchrun, srun wrappers or our emulated
 cluster) over each tier's groups and reports per-GCD bandwidth and latency.
 """
@@ -121,7 +121,7 @@ def _tier_bw(text: str) -> dict[str, float]:
 
 
 def build_plan_inputs(args):
-    from . import planner as P
+    from ..planner import model as P
 
     if args.cluster == "frontier":
         cluster = P.frontier(args.nodes)
@@ -153,7 +153,7 @@ def build_plan_inputs(args):
 
 
 def cmd_plan(args) -> int:
-    from . import planner as P
+    from ..planner import model as P
 
     cluster, wl, (layers, d) = build_plan_inputs(args)
     preds = P.rank(cluster, wl)
@@ -193,7 +193,7 @@ def cmd_plan(args) -> int:
             print("\n".join(P.level_lines(p)))
     if args.hops:
         from ..core.plan import make_plan
-        from .tables import plan_lines, topology_lines
+        from ..planner.tables import plan_lines, topology_lines
 
         print()
         for line in topology_lines(cluster.topology):
@@ -213,8 +213,8 @@ def cmd_plan(args) -> int:
 
 def published_comparison(cluster, wl, preds) -> str:
     """Predicted ratios beside the published ones, and what moves them."""
-    from . import planner as P
-    from .tables import fmt_bytes
+    from ..planner import model as P
+    from ..planner.tables import fmt_bytes
 
     f_zpp = P.ratio(preds, "ds-zeropp", "frontier")
     zpp_z3 = P.ratio(preds, "ds-zero3", "ds-zeropp")

@@ -4,7 +4,7 @@ implements it, so ``zeropp-hier <subcommand> --help`` shows that tool's own opti
 
     zeropp-hier train [Hydra overrides]          the main job (zeropp_hier.app.train); -m sweeps
     zeropp-hier data prepare --stdlib --out D    tokenize text into token files for train (zeropp_hier.app.data)
-    zeropp-hier plan --params 20B --nodes 48     predicted step of every layout (zeropp_hier.tools.planner)
+    zeropp-hier plan --params 20B --nodes 48     predicted step of every layout (zeropp_hier.planner)
     zeropp-hier probe --out probe.json           time each tier in the current world (one process per rank)
     zeropp-hier report multirun/<date>/<time>    one table for a sweep (zeropp_hier.tools.sweep_report)
     zeropp-hier checkpoint verify DIR            check a tag against its manifest
