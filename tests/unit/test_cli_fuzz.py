@@ -1,6 +1,6 @@
 """The command line never crashes on a bad value: over 1,200 generated bad values of every
 option of ``zeropp-hier plan``, ``probe`` and ``checkpoint`` (driven in-process through
-``zeropp_hier.tools.command.main``), each ends with a non-zero exit and one clean error line
+``zeropp_hier.__main__.main``), each ends with a non-zero exit and one clean error line
 naming the option and the value, never a traceback ([Note: command-line values] in
 zeropp_hier/tools/cli.py).
 
@@ -19,7 +19,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zeropp_hier.tools import command
+from zeropp_hier import __main__ as command
 
 FUZZ = settings(
     max_examples=1200,

@@ -85,7 +85,7 @@ def test_refusals_name_the_field(tmp_path, prepared):
 
 
 def test_cli_prepares_a_directory_of_text(tmp_path, capsys):
-    from zeropp_hier.tools.command import main
+    from zeropp_hier.__main__ import main
 
     src = tmp_path / "src"
     src.mkdir()

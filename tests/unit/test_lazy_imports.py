@@ -121,3 +121,20 @@ def test_one_command_dispatches_to_each_tool():
     assert cluster.returncode == 0 and "teardown" in cluster.stdout, cluster.stderr[-2000:]
     bad = _python("-m", "zeropp_hier", "trian")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_cluster_outside_the_checkout_says_how_to_run_it(tmp_path):
+    """``benchmarks/`` is not installed with the package: with only ``zeropp_hier`` importable
+    (as after ``pip install``), ``cluster`` stops with one line saying how to run it."""
+    (tmp_path / "zeropp_hier").symlink_to(ROOT / "zeropp_hier")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    p = subprocess.run(
+        [sys.executable, "-m", "zeropp_hier", "cluster", "status"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "needs the repository checkout" in p.stderr and "python -m benchmarks.cluster" in p.stderr

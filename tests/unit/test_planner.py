@@ -240,7 +240,7 @@ def test_plan_imports_no_torch():
 
     code = (
         "import sys, io, contextlib\n"
-        "from zeropp_hier.tools.command import main\n"
+        "from zeropp_hier.__main__ import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['plan', '--nodes', '2'])\n"
         "print('torch' in sys.modules)\n"
