@@ -15,9 +15,9 @@ import os
 import sys
 
 from zeropp_hier.app import training
+from zeropp_hier.app.gpt import GPTConfig
 from zeropp_hier.files import write_json_atomic
-from zeropp_hier.testing.launch import LocalWorld
-from zeropp_hier.testing.models.gpt import GPTConfig
+from zeropp_hier.launch.world import LocalWorld
 
 MODEL = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=4)
 CONFIGS = {

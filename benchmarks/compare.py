@@ -96,7 +96,7 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
 
 
 def params_of(model: dict) -> int:
-    from zeropp_hier.testing.models.gpt import GPT, GPTConfig
+    from zeropp_hier.app.gpt import GPT, GPTConfig
 
     return sum(p.numel() for p in GPT(GPTConfig(**model)).parameters())
 

@@ -26,7 +26,7 @@ def build(cfg: dict, model_cfg, ds_cfg: dict):
     import torch
 
     from zeropp_hier.app import training
-    from zeropp_hier.testing.models.gpt import GPT
+    from zeropp_hier.app.gpt import GPT
 
     if cfg["kind"] == "stock":
         torch.manual_seed(0)
@@ -201,7 +201,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import mark, send_result
-    from zeropp_hier.testing.models.gpt import GPTConfig
+    from zeropp_hier.app.gpt import GPTConfig
 
     model_cfg = GPTConfig(**plan["model"])
     rate = quant_rate()

@@ -4,7 +4,7 @@
     python -m benchmarks.convergence --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
 
 A byte-level GPT (vocab 256, untied head) is trained on the Python standard library's own
-sources (``zeropp_hier.testing.text``: no download, deterministic for a Python version) on 8 local CPU
+sources (``zeropp_hier.app.text``: no download, deterministic for a Python version) on 8 local CPU
 ranks = 2 nodes x 2 GPUs x 2 GCDs, gloo. Every configuration starts from the same seed and sees
 the same batches in the same order, one after the other in the same world: stock DeepSpeed
 ZeRO-3, then each preset and compression scheme. DeepSpeed's prefetch and reuse distance are 0,
@@ -27,9 +27,9 @@ import os
 import sys
 import time
 
+from zeropp_hier.app.gpt import GPTConfig
 from zeropp_hier.files import write_json_atomic
-from zeropp_hier.testing.launch import LocalWorld
-from zeropp_hier.testing.models.gpt import GPTConfig
+from zeropp_hier.launch.world import LocalWorld
 
 INT4_EVERYWHERE = {"weights": "int4", "gradients": "int4", "error_feedback": False}
 # name -> (preset or None for stock DeepSpeed, compression override or None for the preset's)
@@ -61,7 +61,7 @@ def model_config(a: dict) -> GPTConfig:
 
 @functools.lru_cache(maxsize=1)
 def _corpus():
-    from zeropp_hier.testing import text
+    from zeropp_hier.app import text
 
     return text.stdlib_corpus()
 
@@ -70,8 +70,8 @@ def _held_out_loss(state: dict, model_cfg: GPTConfig, a: dict, rank: int) -> flo
     """Loss of the exact final weights on held-out files (plain PyTorch copy of the model)."""
     import torch
 
-    from zeropp_hier.testing import text
-    from zeropp_hier.testing.models.gpt import GPT
+    from zeropp_hier.app import text
+    from zeropp_hier.app.gpt import GPT
 
     model = GPT(model_cfg)
     model.load_state_dict(state)
@@ -91,8 +91,7 @@ def train_one(name: str, preset, compression, a: dict) -> dict:
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier.app import training
-    from zeropp_hier.testing import text
+    from zeropp_hier.app import text, training
 
     rank = dist.get_rank()
     corpus = _corpus()

@@ -90,7 +90,7 @@ def _batch(engine, model_cfg, step: int):
     sync-debug windows: it is the input, not the engine's work)."""
     import torch
 
-    from zeropp_hier.testing.models.gpt import synthetic_batch
+    from zeropp_hier.app.gpt import synthetic_batch
 
     x, y = synthetic_batch(model_cfg, engine.train_micro_batch_size_per_gpu(), step, torch.distributed.get_rank())
     return x.to(engine.device), y.to(engine.device)
@@ -98,7 +98,7 @@ def _batch(engine, model_cfg, step: int):
 
 def rank_run(configs: dict, steps: int, model_kw: dict) -> dict:
     """On every rank: train each config on the GPU, steps under sync-debug "warn"."""
-    from zeropp_hier.testing.models.gpt import GPTConfig
+    from zeropp_hier.app.gpt import GPTConfig
 
     model_cfg = GPTConfig(**model_kw)
     # no try: a failure on one rank must fail the world at once (its peers would wait)
@@ -153,7 +153,7 @@ def rank_error_pass(configs: dict, steps: int, model_kw: dict) -> dict:
     import torch
 
     from zeropp_hier.app import training
-    from zeropp_hier.testing.models.gpt import GPTConfig
+    from zeropp_hier.app.gpt import GPTConfig
 
     model_cfg = GPTConfig(**model_kw)
     out = {}
@@ -247,7 +247,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     import torch
 
-    from zeropp_hier.testing.launch import LocalWorld, WorldError
+    from zeropp_hier.launch.world import LocalWorld, WorldError
 
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu_engine.py: no GPU visible to torch")

@@ -1,6 +1,6 @@
 import pytest
 
-from zeropp_hier.testing.launch import SharedWorld
+from zeropp_hier.launch.world import SharedWorld
 
 
 def _world(size):

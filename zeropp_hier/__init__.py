@@ -7,8 +7,8 @@ which checks the installed DeepSpeed version first.
 
 Layers: ``core`` (pure model of the job) < ``planner`` (pure cost model, ranking, tables) and
 ``comm`` (process groups, collectives) < ``deepspeed`` (the integration); ``detect`` (topology
-auto-detection), ``app`` (the main job), ``tools`` (the subcommands), ``testing`` (local CPU
-worlds, a small GPT), ``quant`` (kernels).
+auto-detection), ``app`` (the main job and its models), ``launch`` (local CPU worlds), ``tools``
+(the subcommands), ``quant`` (kernels).
 """
 
 from __future__ import annotations

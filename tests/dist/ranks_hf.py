@@ -54,7 +54,7 @@ def shm_buffers_left() -> list[str]:
 
     import torch.distributed as dist
 
-    from zeropp_hier.testing.shm_hygiene import buffer_name
+    from zeropp_hier.launch.shm_hygiene import buffer_name
     names = [buffer_name(os.getuid(), os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], r)
              for r in range(dist.get_world_size())]
     return [n for n in names if os.path.exists(os.path.join("/dev/shm", n))]

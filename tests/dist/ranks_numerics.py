@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import training
-from zeropp_hier.testing.models.gpt import GPTConfig, synthetic_batch
+from zeropp_hier.app.gpt import GPTConfig, synthetic_batch
 
 INJECT_PARAM = "blocks.0.fc.weight"
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import training
-from zeropp_hier.testing.models.gpt import synthetic_batch
+from zeropp_hier.app.gpt import synthetic_batch
 
 
 # -- dead and stuck ranks -------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def initialize_bad_configs(configs: list) -> dict:
     and whether the world still answers a collective afterwards (nobody left inside one)."""
     import zeropp_hier
     from zeropp_hier.core.errors import HierConfigError
-    from zeropp_hier.testing.models.gpt import GPT, GPTConfig
+    from zeropp_hier.app.gpt import GPT, GPTConfig
 
     groups_before = _process_groups()
     outcomes = []

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from zeropp_hier.app import training
 from zeropp_hier.core import layout
-from zeropp_hier.testing.models.gpt import GPTConfig
+from zeropp_hier.app.gpt import GPTConfig
 
 
 def run_configs(configs: dict, steps: int, model_cfg: GPTConfig = GPTConfig()) -> dict:
@@ -47,7 +47,7 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
     shards_after_load = len(rt.shards)
     # one forward rebuilds the kept shards from the loaded weights
     c = second.module.config
-    from zeropp_hier.testing.models.gpt import synthetic_batch
+    from zeropp_hier.app.gpt import synthetic_batch
     x, y = synthetic_batch(c, second.train_micro_batch_size_per_gpu(), 0, dist.get_rank())
     with torch.no_grad():
         second(x, y)
@@ -94,7 +94,7 @@ def init_parity(steps: int) -> dict:
     import deepspeed
 
     import zeropp_hier
-    from zeropp_hier.testing.models.gpt import GPT
+    from zeropp_hier.app.gpt import GPT
     out = {}
     for name, cfg, init, initialize in (
             ("stock", training.ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
@@ -121,7 +121,7 @@ def modified_weights(steps: int) -> dict:
     next steps must see the new weights (stock vs frontier)."""
     import deepspeed
 
-    from zeropp_hier.testing.models.gpt import synthetic_batch
+    from zeropp_hier.app.gpt import synthetic_batch
     out = {}
     for name, cfg in (("stock", training.ds_config(None)),
                       ("hier", training.ds_config("frontier", compression="none"))):

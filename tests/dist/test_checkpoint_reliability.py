@@ -14,7 +14,7 @@ import torch
 
 from zeropp_hier.app.training import ds_config
 from zeropp_hier.deepspeed import checkpoint
-from zeropp_hier.testing.launch import LocalWorld, WorldError
+from zeropp_hier.launch.world import LocalWorld, WorldError
 
 from ..helpers import assert_losses_close, assert_states_close, max_state_diff
 from . import ranks_reliability as rs

@@ -16,7 +16,7 @@ import torch
 
 from zeropp_hier.app.training import ds_config
 from zeropp_hier.deepspeed import checkpoint, safe_load
-from zeropp_hier.testing.launch import LocalWorld
+from zeropp_hier.launch.world import LocalWorld
 
 from ..helpers import max_state_diff
 from . import ranks_checkpoint as rc

@@ -8,7 +8,7 @@ so no summation order can change a sum); within the quantization bounds with int
 
 import pytest
 
-from zeropp_hier.testing.launch import SharedWorld
+from zeropp_hier.launch.world import SharedWorld
 
 RANK_MAP = [5, 0, 7, 2, 1, 4, 3, 6]
 NUMELS = [1000, 37, 4096, 7, 513]  # tails, a tensor smaller than the world, one over a block

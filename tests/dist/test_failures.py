@@ -7,7 +7,7 @@ import pytest
 
 from zeropp_hier.app.training import ds_config
 from zeropp_hier.core.topology import Topology
-from zeropp_hier.testing.launch import LocalWorld, WorldError
+from zeropp_hier.launch.world import LocalWorld, WorldError
 
 from . import ranks_reliability as rs
 from ..helpers import marked_processes

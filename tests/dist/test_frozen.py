@@ -12,7 +12,7 @@ TRAINABLE = ("blocks.1.", "ln_f.")  # everything else (embeddings, block 0) is f
 def frozen_run(cfgs, steps):
     import zeropp_hier
     from zeropp_hier.app import training
-    from zeropp_hier.testing.models.gpt import GPT, GPTConfig
+    from zeropp_hier.app.gpt import GPT, GPTConfig
     import torch
     out = {}
     for name, cfg in cfgs.items():

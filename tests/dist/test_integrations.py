@@ -4,7 +4,7 @@ and the config flag. The Trainer runs on 4 real ranks (1 node x 2 packages x 2 G
 itself, without a world: tests/unit/test_patch.py."""
 import pytest
 
-from zeropp_hier.testing.launch import LocalWorld
+from zeropp_hier.launch.world import LocalWorld
 
 from . import ranks_hf
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from zeropp_hier.app.training import ds_config
-from zeropp_hier.testing.launch import LocalWorld, WorldError
+from zeropp_hier.launch.world import LocalWorld, WorldError
 
 from ..helpers import marked_processes
 from . import ranks_errors

@@ -6,7 +6,7 @@ together (busy intervals, comm/busy.py), where one unchunked gather's never are.
 
 import pytest
 
-from zeropp_hier.testing.launch import SharedWorld
+from zeropp_hier.launch.world import SharedWorld
 
 RANK_MAP = [5, 0, 7, 2, 1, 4, 3, 6]
 NUMELS = [1000, 37, 4096, 7, 513]  # tails, a tensor smaller than the world, one over a block

@@ -7,7 +7,7 @@ test fails."""
 
 import pytest
 
-from zeropp_hier.testing.launch import SharedWorld
+from zeropp_hier.launch.world import SharedWorld
 
 DELAY_S = 1.0
 REPS = 2

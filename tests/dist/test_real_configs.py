@@ -158,7 +158,7 @@ def refusals(victim_rank_groups):
     import torch.distributed as dist
     import deepspeed
     import zeropp_hier
-    from zeropp_hier.testing.models.gpt import GPT, GPTConfig
+    from zeropp_hier.app.gpt import GPT, GPTConfig
     out = {}
     cfg = _cfg("frontier")
     groups = [dist.new_group(g) for g in victim_rank_groups]  # every rank creates every group
@@ -253,7 +253,7 @@ def no_optimizer_and_args_keyword(cfg_path: str) -> dict:
 
     import zeropp_hier
     from zeropp_hier.deepspeed.partition import HierOffload
-    from zeropp_hier.testing.models.gpt import GPT, GPTConfig, synthetic_batch
+    from zeropp_hier.app.gpt import GPT, GPTConfig, synthetic_batch
 
     out = {}
     cfg = _cfg("frontier", compression="none")

@@ -7,7 +7,7 @@ import pytest
 from zeropp_hier.app import data
 from zeropp_hier.app.job import JobSpec, rank_main
 from zeropp_hier.app.models import ModelSpec
-from zeropp_hier.testing.text import stdlib_files
+from zeropp_hier.app.text import stdlib_files
 
 STEPS, K = 4, 2
 
@@ -46,7 +46,7 @@ def test_resume_latest_continues_exactly(world8, tmp_path):
 
 
 def test_resume_refuses_a_missing_checkpoint(world8, tmp_path):
-    from zeropp_hier.testing.launch import WorldError
+    from zeropp_hier.launch.world import WorldError
 
     data.prepare(stdlib_files()[:41], str(tmp_path / "data"))
     spec = _spec(tmp_path, "x", checkpoint_dir=str(tmp_path / "none"), resume="latest")

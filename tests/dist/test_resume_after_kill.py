@@ -16,7 +16,7 @@ import pytest
 from zeropp_hier.app import data
 from zeropp_hier.app.job import JobSpec, rank_main
 from zeropp_hier.app.models import ModelSpec
-from zeropp_hier.testing.text import stdlib_files
+from zeropp_hier.app.text import stdlib_files
 
 STEPS, EVERY = 8, 2
 

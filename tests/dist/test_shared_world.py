@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from zeropp_hier.testing.launch import WorldError
+from zeropp_hier.launch.world import WorldError
 
 KILLED_RANK = 5
 _seen: dict = {}

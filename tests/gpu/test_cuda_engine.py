@@ -5,7 +5,7 @@ proves and what it does not: no NCCL, no link speeds)."""
 import pytest
 
 from benchmarks.gpu_engine import compare, configs_for, rank_run
-from zeropp_hier.testing.launch import LocalWorld
+from zeropp_hier.launch.world import LocalWorld
 
 STEPS = 4
 MODEL = dict(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=4)

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from zeropp_hier.testing.launch import free_port
+from zeropp_hier.launch.world import free_port
 
 PACKAGES = ("slurm-wlm", "munge")
 

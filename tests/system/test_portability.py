@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.testing.launch import free_port
+from zeropp_hier.launch.world import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_AVX512, NO_AVX2 = "Haswell-v4", "Nehalem"

@@ -1,6 +1,6 @@
 import pytest
 
-from zeropp_hier.testing.launch import LocalWorld
+from zeropp_hier.launch.world import LocalWorld
 
 from ..lanes import lane_marker
 

@@ -15,7 +15,7 @@ def test_too_big_a_model_is_refused_before_any_rank_starts(monkeypatch):
         raise AssertionError("the job went on to build a model")
 
     # launch() must refuse before it spawns ranks or builds an engine
-    monkeypatch.setattr("zeropp_hier.testing.launch.LocalWorld", must_not_run)
+    monkeypatch.setattr("zeropp_hier.launch.world.LocalWorld", must_not_run)
     monkeypatch.setattr("zeropp_hier.app.training.build_engine", must_not_run)
     for key in ("RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)

@@ -7,7 +7,7 @@ token ids, ``uint16`` when the vocabulary fits, else ``uint32``, documents conca
 ``index.json`` with what the loader needs: the dtype, each split's token count, the tokenizer
 (``{"kind": "byte", "vocab_size": 256}``: a document's UTF-8 bytes, one token each, no download
 and nothing to train), the number of documents and a SHA-256 of the token files. Every 20th
-input file goes to ``val`` (``zeropp_hier.testing.text.HELD_OUT_EVERY``, as the convergence
+input file goes to ``val`` (``zeropp_hier.app.text.HELD_OUT_EVERY``, as the convergence
 benchmark holds out its corpus), each document ends with a newline.
 
 [Note: sample order]
@@ -60,7 +60,7 @@ def _input_files(inputs: Sequence[str], pattern: str) -> list[Path]:
 
 def prepare(files: Iterable[Path], out_dir: str, source: str = "") -> dict:
     """Tokenize ``files`` (byte level) into ``out_dir`` ([Note: token files]); returns the index."""
-    from ..testing.text import HELD_OUT_EVERY
+    from .text import HELD_OUT_EVERY
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     if a.stdlib == bool(a.inputs):
         ap.error("name input files/directories or --stdlib (one of them)")
     if a.stdlib:
-        from ..testing.text import stdlib_files
+        from .text import stdlib_files
 
         files, source = stdlib_files(), "python standard library"
     else:

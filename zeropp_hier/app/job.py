@@ -499,7 +499,7 @@ def launch(spec: JobSpec) -> dict:
         ds_logger.setLevel(logging.WARNING)  # one rank's INFO lines times thousands of ranks
         deepspeed.init_distributed(dist_backend=None if gpus else "gloo")
         if not gpus:
-            from ..testing.shm_hygiene import release_deepspeed_shm
+            from ..launch.shm_hygiene import release_deepspeed_shm
 
             release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
         out = rank_main(spec)
@@ -507,7 +507,7 @@ def launch(spec: JobSpec) -> dict:
 
         dist.destroy_process_group()
         return out
-    from ..testing.launch import LocalWorld
+    from ..launch.world import LocalWorld
 
     if gpus:
         # NCCL refuses two ranks of one communicator on one GPU; gloo takes CUDA tensors (through

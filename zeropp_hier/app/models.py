@@ -13,7 +13,7 @@ call runs with ``deepspeed.zero.Init`` rebound to ``zeropp_hier.Init`` (for that
 initialisation already go through the hierarchy and the parameters are bound to its runtime.
 ``tests/dist/test_models.py`` measures the peak against the model's size.
 
-The hand-written GPT (``zeropp_hier.testing.models.gpt``) stays for tests that need a model
+The hand-written GPT (``zeropp_hier.app.gpt``) stays for tests that need a model
 without ``transformers`` (``arch: gpt``).
 """
 
@@ -166,7 +166,7 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     spec.check()
     torch.manual_seed(seed)
     if spec.arch == "gpt":
-        from ..testing.models.gpt import GPT, GPTConfig
+        from .gpt import GPT, GPTConfig
 
         cfg = GPTConfig(spec.vocab_size, spec.seq_len, spec.hidden, spec.heads, spec.layers)
         if not _is_stage3(ds_config):
@@ -221,7 +221,7 @@ def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
             # DeepSpeed's reentrant checkpoint needs
             lm._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
         return
-    from ..testing.models.gpt import GPT
+    from .gpt import GPT
 
     if isinstance(model, GPT):
         model.checkpoint = api

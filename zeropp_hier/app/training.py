@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..testing.models.gpt import GPT, GPTConfig, synthetic_batch
+from .gpt import GPT, GPTConfig, synthetic_batch
 
 DTYPE_SECTIONS = {
     "fp32": {},

@@ -1,1 +1,0 @@
-from .gpt import GPT, GPTConfig  # noqa: F401
