@@ -9,7 +9,7 @@ value and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from .errors import HierConfigError
 
@@ -21,6 +21,7 @@ from .policy import (  # noqa: F401
     PRESET_COMPRESSION,
     SCHEMES,
     CompressionConfig,
+    FixedPreset,
     NumericsConfig,
     TierSchemes,
     check_numerics_against_deepspeed,
@@ -29,8 +30,15 @@ from .policy import (  # noqa: F401
 )
 
 SECTION = "zeropp_hier"
-PRESETS = ("zero3", "zeropp", "frontier", "auto")
-FIXED_PRESETS = PRESETS[:3]  # what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
+# each choice a Literal type and the tuple of its values read from it (as in policy.py)
+Preset = Literal["zero3", "zeropp", "frontier", "auto"]
+PRESETS: tuple[Preset, ...] = get_args(Preset)
+# what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
+FIXED_PRESETS: tuple[FixedPreset, ...] = get_args(FixedPreset)
+TopologyMode = Literal["manual", "auto"]
+TOPOLOGY_MODES: tuple[TopologyMode, ...] = get_args(TopologyMode)
+OverlapMode = Literal["lanes", "one_lane"]  # besides true / false
+OVERLAP_MODES: tuple[OverlapMode, ...] = get_args(OverlapMode)
 TIER_NAMES = ("gcd", "gpu", "node")
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
@@ -60,7 +68,9 @@ class TopologyConfig:
     gcds_per_gpu: int | None = 2  # None only in "auto" mode: not declared, to be detected
     gpus_per_node: int | None = 4
     rank_map: tuple[int, ...] | None = None
-    mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
+    mode: TopologyMode = (
+        "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
+    )
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,7 @@ class MemoryConfig:
     kept_shards_gb: float | None = None
 
 
-def _parse_memory(v: Any, preset: str) -> MemoryConfig:
+def _parse_memory(v: Any, preset: Preset) -> MemoryConfig:
     field = f"{SECTION}.memory"
     if v is None:
         return MemoryConfig()
@@ -103,7 +113,7 @@ class AutoConfig:
     probe_kb: int = 256  # the probe's larger message per tier (the smaller is 1/16 of it)
 
 
-def _parse_auto(v: Any, preset: str) -> AutoConfig:
+def _parse_auto(v: Any, preset: Preset) -> AutoConfig:
     field = f"{SECTION}.auto"
     if v is None:
         return AutoConfig()
@@ -194,7 +204,7 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
 @dataclass(frozen=True)
 class HierConfig:
     enabled: bool = False
-    preset: str = "frontier"
+    preset: Preset = "frontier"
     topology: TopologyConfig = TopologyConfig()
     compression: CompressionConfig = CompressionConfig()
     numerics: NumericsConfig = NumericsConfig()
@@ -207,12 +217,13 @@ class HierConfig:
     # compute ([Note: one order of hop collectives] in comm/executor.py): true, the mode safe for
     # the backend ([Note: one issuing thread on GPUs] in comm/issue.py); "lanes": one lane per hop
     # group; "one_lane": one lane for all; false: inline
-    overlap: bool | str = True
+    overlap: bool | OverlapMode = True
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     pipeline: PipelineConfig = PipelineConfig()
-    # what "auto" chose, once resolved at initialize (None before, and for a named preset)
+    # what "auto" chose (the planner's candidate name, e.g. "frontier/fit"), once resolved at
+    # initialize (None before, and for a named preset)
     chosen_by_auto: str | None = None
 
 
@@ -239,7 +250,7 @@ def _parse_topology(v: Any) -> TopologyConfig:
     d = _check_mapping(v, field)
     _check_keys(d, _TOPOLOGY_KEYS, field)
     mode = d.get("mode", "manual")
-    if mode not in ("manual", "auto"):
+    if mode not in TOPOLOGY_MODES:
         raise HierConfigError(f"{field}.mode", mode, 'use "auto" (detect at initialize) or "manual"')
     if mode == "auto" and d.get("rank_map") is not None:
         raise HierConfigError(
@@ -308,7 +319,7 @@ def parse_section(section: Any) -> HierConfig:
             ds_timeout, "deepspeed_group_timeout_s", "for DeepSpeed's own groups, or null (default: they keep theirs)"
         )
     overlap = d.get("overlap", True)
-    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane"):
+    if not isinstance(overlap, bool) and overlap not in OVERLAP_MODES:
         raise HierConfigError(
             f"{SECTION}.overlap",
             overlap,
@@ -333,7 +344,7 @@ def parse_section(section: Any) -> HierConfig:
     )
 
 
-def _parse_compression_for(v: Any, preset: str) -> CompressionConfig:
+def _parse_compression_for(v: Any, preset: Preset) -> CompressionConfig:
     if preset == "auto":
         if v is not None:
             raise HierConfigError(

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..core import levels
 from ..core.plan import STREAM_CHUNK_ELEMS, CommPlan, make_plan
-from ..core.policy import CompressionConfig, parse_compression
+from ..core.policy import CompressionConfig, FixedPreset, parse_compression
 from ..core.topology import AXES, TIERS, Topology
 
 GB = 1e9
@@ -162,7 +162,7 @@ def gpt_workload(
 class Candidate(NamedTuple):
     name: str
     stock: bool  # stock DeepSpeed (its collectives) or zeropp_hier (ours)
-    preset: str  # zero3 | zeropp | frontier (stock ZeRO++ is the zeropp layout)
+    preset: FixedPreset  # stock ZeRO++ is the zeropp layout
     compression: CompressionConfig
     note: str = ""
     kept_gb: float | None = None  # memory.kept_shards_gb: a budget for the kept copies per GCD
@@ -170,7 +170,7 @@ class Candidate(NamedTuple):
 
 
 def _compression(
-    preset: str, override: str | None = None, block: int = 256, schemes: dict | None = None
+    preset: FixedPreset, override: str | None = None, block: int = 256, schemes: dict | None = None
 ) -> CompressionConfig:
     """The compression the runtime would resolve for this preset (same parser as the config)."""
     section: dict = {"block_size": block}
