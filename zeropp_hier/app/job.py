@@ -107,6 +107,10 @@ def ds_config_for(spec: JobSpec) -> dict:
     return cfg
 
 
+class _JobLogHandler(logging.StreamHandler):
+    """The job's own handler of the package's log, added once per process."""
+
+
 class _Reporter:
     """Rank 0's output: a progress bar, one line per step, metrics.jsonl."""
 
@@ -152,8 +156,9 @@ class _Reporter:
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(row) + "\n")
             self.jsonl.flush()
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{row['loss']:.3f}")
+        if self.bar is not None:  # made whenever the reporter is enabled
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -223,10 +228,8 @@ def rank_main(spec: JobSpec) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
         log = logging.getLogger("zeropp_hier")
-        if not any(getattr(h, "_zeropp_hier_job", False) for h in log.handlers):
-            h = logging.StreamHandler(sys.stdout)
-            h._zeropp_hier_job = True
-            log.addHandler(h)
+        if not any(isinstance(h, _JobLogHandler) for h in log.handlers):
+            log.addHandler(_JobLogHandler(sys.stdout))
         log.setLevel(logging.INFO)
         log.propagate = False
     model_cfg = spec.model
@@ -273,7 +276,7 @@ def rank_main(spec: JobSpec) -> dict:
             f"{k} on ranks {','.join(str(r) for r in range(world) if kernels[r] == k)}" for k in dict.fromkeys(kernels)
         )
     )
-    if hier:
+    if rt is not None:
         from ..planner import tables
 
         for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
@@ -292,7 +295,12 @@ def rank_main(spec: JobSpec) -> dict:
     def on_step(step: int, loss: float, seconds: float) -> None:
         t = torch.tensor([loss], dtype=torch.float64, device=engine.device)  # NCCL takes device tensors only
         dist.all_reduce(t)
-        row = {"step": step, "loss": float(t) / world, "tokens_per_s": tokens_per_step / seconds, "seconds": seconds}
+        row: dict[str, Any] = {
+            "step": step,
+            "loss": float(t) / world,
+            "tokens_per_s": tokens_per_step / seconds,
+            "seconds": seconds,
+        }
         row["tflops_per_gcd"] = flops.tflops_per_gcd(flops_token, tokens_per_step, seconds, world)
         row["mfu"] = flops.mfu(row["tflops_per_gcd"], peak)
         row["peak_memory_bytes"] = peak_memory_bytes(engine.device)  # this rank's (rank 0's in the file)
@@ -325,6 +333,7 @@ def rank_main(spec: JobSpec) -> dict:
 
     start = 0
     if spec.resume:
+        assert spec.ckpt_dir is not None  # JobSpec.check: resume needs a directory
         job = resume.load(engine, spec.ckpt_dir, spec.resume)
         start = int(job["step"])
         if loader is not None and loader.index_of(job["data"]) != start * accum:
@@ -344,6 +353,7 @@ def rank_main(spec: JobSpec) -> dict:
         on_step(step, loss, seconds)
         done = step + 1
         if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
+            assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
             tag = resume.save(engine, spec.ckpt_dir, done, data_state(done))
             report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
 
@@ -371,7 +381,7 @@ def rank_main(spec: JobSpec) -> dict:
     mem: list = [None] * world
     dist.all_gather_object(mem, peak_memory_bytes(engine.device))
     summary["peak_memory_bytes_per_rank"] = mem
-    if hier:
+    if rt is not None:
         st = zeropp_hier.comm_stats(engine)
         summary["topology"] = {
             "dims": list(rt.topo.dims),

@@ -128,6 +128,7 @@ def check(
         if c.preset != spec.preset
     ]
     fitting = [p for p in others if p.memory.fits]
+    value: object  # the refused field's value: a preset name or a description of the model
     if fitting and spec.preset not in ("stock", "auto"):
         field, value = "preset", spec.preset
         fix = f"preset {fitting[0].candidate.name} fits ({fitting[0].memory.total / GB:.3g} GB); " + P._relax(need)
@@ -138,7 +139,7 @@ def check(
             + " Or a smaller model, micro_batch or seq_len"
             + (", or activation_checkpointing=torch." if spec.activation_checkpointing == "none" else ".")
         )
-    big = max(need.memory.parts, key=need.memory.parts.get)
+    big = max(need.memory.parts, key=lambda part: need.memory.parts[part])
     raise HierConfigError(
         field,
         value,

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # transformers is imported only when a NeoX model is built
+    from transformers import PreTrainedModel
 
 Arch = Literal["neox", "gpt"]
 Checkpointing = Literal["none", "torch", "deepspeed"]
@@ -112,7 +115,7 @@ def neox_config(spec: ModelSpec):
         num_attention_heads=spec.heads,
         intermediate_size=spec.intermediate,
         max_position_embeddings=spec.seq_len,
-        rotary_pct=spec.rotary_pct,
+        rotary_pct=spec.rotary_pct,  # type: ignore[call-arg]  # transformers 5 takes 4.x's name through **kwargs
         use_parallel_residual=spec.parallel_residual,
         tie_word_embeddings=False,
         hidden_dropout=0.0,
@@ -125,7 +128,7 @@ class CausalLM(nn.Module):
     """``loss = model(inputs, targets)``, as the job's training loop calls every model: the
     Hugging Face model's logits against next-token targets the data already shifted."""
 
-    def __init__(self, lm: nn.Module, spec: ModelSpec, keep_alive=None):
+    def __init__(self, lm: PreTrainedModel, spec: ModelSpec, keep_alive=None):
         super().__init__()
         self.lm = lm
         self.config = spec  # vocab_size and seq_len, as GPTConfig has them (synthetic batches)

@@ -17,7 +17,7 @@ Hydra run directory.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -75,8 +75,9 @@ def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    label = {"overrides": list(hc.overrides.task), "job_num": hc.job.get("num")}
+    plain = cast(dict, OmegaConf.to_container(cfg, resolve=True))  # a DictConfig becomes a dict
+    # HydraConfig.get() is typed as the HydraConf dataclass but is a DictConfig at run time
+    label = {"overrides": list(hc.overrides.task), "job_num": cast(DictConfig, hc.job).get("num")}
     out = launch(spec_from_config(plain, out_dir=hc.runtime.output_dir, label=label))
     return out["final_loss"]  # Hydra keeps it as the job's return value (sweepers can use it)
 

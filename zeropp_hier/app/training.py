@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .gpt import GPT, GPTConfig, synthetic_batch
 
-DTYPE_SECTIONS = {
+DTYPE_SECTIONS: dict[str, dict[str, Any]] = {
     "fp32": {},
     "fp16": {"fp16": {"enabled": True, "initial_scale_power": 8}},
     "bf16": {"bf16": {"enabled": True}},
@@ -138,7 +138,7 @@ def run(config: dict, steps: int, model_cfg: GPTConfig = GPTConfig(), seed: int 
 
     engine = build_engine(config, model_cfg, seed)
     losses = train_steps(engine, steps)
-    out = {"losses": losses}
+    out: dict[str, Any] = {"losses": losses}
     if want_state:
         out["state"] = gathered_state(engine)
     if getattr(engine, "hier_runtime", None) is not None:

@@ -17,7 +17,7 @@ from .failures import as_timedelta, set_group_timeout, setup_timeout
 
 class HopGroup(NamedTuple):
     axes: tuple[str, ...]
-    group: object  # torch.distributed ProcessGroup
+    group: dist.ProcessGroup
     peers: tuple[int, ...]  # members in block (coordinate) order
     # torch orders a group's members by global rank. ``x.index_select(0, peer_from_torch)``
     # turns blocks in torch's order into peer order, ``torch_from_peer`` the other way round

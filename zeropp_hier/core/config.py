@@ -9,12 +9,13 @@ value and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
 from .policy import (
     CompressionConfig,
+    FixedPreset,
     NumericsConfig,
     check_numerics_against_deepspeed,
     parse_compression,
@@ -23,8 +24,15 @@ from .policy import (
 from .topology import TIERS
 
 SECTION = "zeropp_hier"
-PRESETS = ("zero3", "zeropp", "frontier", "auto")
-FIXED_PRESETS = PRESETS[:3]  # what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
+# each choice a Literal type and the tuple of its values read from it (as in policy.py)
+Preset = Literal["zero3", "zeropp", "frontier", "auto"]
+PRESETS: tuple[Preset, ...] = get_args(Preset)
+# what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
+FIXED_PRESETS: tuple[FixedPreset, ...] = get_args(FixedPreset)
+TopologyMode = Literal["manual", "auto"]
+TOPOLOGY_MODES: tuple[TopologyMode, ...] = get_args(TopologyMode)
+OverlapMode = Literal["lanes", "one_lane"]  # besides true / false
+OVERLAP_MODES: tuple[OverlapMode, ...] = get_args(OverlapMode)
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
 # comm/failures.py): far above any healthy wait, far below a job's wall time (torch's default: 30 min).
@@ -53,7 +61,9 @@ class TopologyConfig:
     gcds_per_gpu: int | None = 2  # None only in "auto" mode: not declared, to be detected
     gpus_per_node: int | None = 4
     rank_map: tuple[int, ...] | None = None
-    mode: str = "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
+    mode: TopologyMode = (
+        "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
+    )
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ class MemoryConfig:
     kept_shards_gb: float | None = None
 
 
-def _parse_memory(v: Any, preset: str) -> MemoryConfig:
+def _parse_memory(v: Any, preset: Preset) -> MemoryConfig:
     field = f"{SECTION}.memory"
     if v is None:
         return MemoryConfig()
@@ -96,7 +106,7 @@ class AutoConfig:
     probe_kb: int = 256  # the probe's larger message per tier (the smaller is 1/16 of it)
 
 
-def _parse_auto(v: Any, preset: str) -> AutoConfig:
+def _parse_auto(v: Any, preset: Preset) -> AutoConfig:
     field = f"{SECTION}.auto"
     if v is None:
         return AutoConfig()
@@ -187,7 +197,7 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
 @dataclass(frozen=True)
 class HierConfig:
     enabled: bool = False
-    preset: str = "frontier"
+    preset: Preset = "frontier"
     topology: TopologyConfig = TopologyConfig()
     compression: CompressionConfig = CompressionConfig()
     numerics: NumericsConfig = NumericsConfig()
@@ -200,12 +210,13 @@ class HierConfig:
     # compute ([Note: one order of hop collectives] in comm/executor.py): true, the mode safe for
     # the backend ([Note: one issuing thread on GPUs] in comm/issue.py); "lanes": one lane per hop
     # group; "one_lane": one lane for all; false: inline
-    overlap: bool | str = True
+    overlap: bool | OverlapMode = True
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     pipeline: PipelineConfig = PipelineConfig()
-    # what "auto" chose, once resolved at initialize (None before, and for a named preset)
+    # what "auto" chose (the planner's candidate name, e.g. "frontier/fit"), once resolved at
+    # initialize (None before, and for a named preset)
     chosen_by_auto: str | None = None
 
 
@@ -216,7 +227,7 @@ def _parse_topology(v: Any) -> TopologyConfig:
     d = check_mapping(v, field)
     check_keys(d, _TOPOLOGY_KEYS, field)
     mode = d.get("mode", "manual")
-    if mode not in ("manual", "auto"):
+    if mode not in TOPOLOGY_MODES:
         raise HierConfigError(f"{field}.mode", mode, 'use "auto" (detect at initialize) or "manual"')
     if mode == "auto" and d.get("rank_map") is not None:
         raise HierConfigError(
@@ -285,7 +296,7 @@ def parse_section(section: Any) -> HierConfig:
             ds_timeout, "deepspeed_group_timeout_s", "for DeepSpeed's own groups, or null (default: they keep theirs)"
         )
     overlap = d.get("overlap", True)
-    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane"):
+    if not isinstance(overlap, bool) and overlap not in OVERLAP_MODES:
         raise HierConfigError(
             f"{SECTION}.overlap",
             overlap,
@@ -310,7 +321,7 @@ def parse_section(section: Any) -> HierConfig:
     )
 
 
-def _parse_compression_for(v: Any, preset: str) -> CompressionConfig:
+def _parse_compression_for(v: Any, preset: Preset) -> CompressionConfig:
     if preset == "auto":
         if v is not None:
             raise HierConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, TierBlocks, TierFlags, TierSchemes
+from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, Scheme, TierBlocks, TierFlags, TierSchemes
 from .topology import AXES, Topology, normalize_axes
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
@@ -24,7 +24,7 @@ STREAM_CHUNK_ELEMS = 1 << 24
 
 class Hop(NamedTuple):
     axes: tuple[str, ...]  # canonical order
-    scheme: str  # none | fp16 | bf16 | int8 | int4
+    scheme: Scheme
     block_size: int = DEFAULT_BLOCK_SIZE  # of the hop's tier
     error_feedback: bool = False  # gradient stages only ([Note: error feedback])
 

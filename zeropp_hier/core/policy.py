@@ -17,17 +17,27 @@ parsers, ``plan.py`` turns the result into hops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, Union, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
 from .topology import TIERS
 
-SCHEMES = ("none", "fp16", "bf16", "int8", "int4")
-QUANTIZED = ("int8", "int4")
+# Each choice is a Literal type and its tuple of values, the tuple read from the type so that the
+# two cannot drift: the type is what mypy checks, the tuple what the parsers check at run time.
+Scheme = Literal["none", "fp16", "bf16", "int8", "int4"]
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
+QUANTIZED: tuple[Scheme, ...] = ("int8", "int4")
 MIN_BLOCK, MAX_BLOCK = 32, 4096
 DEFAULT_BLOCK_SIZE = 256
-NONFINITE_POLICIES = ("skip", "raise")
+NonfinitePolicy = Literal["skip", "raise"]
+NONFINITE_POLICIES: tuple[NonfinitePolicy, ...] = get_args(NonfinitePolicy)
+ResidualDtype = Literal["fp32", "bf16"]
+RESIDUAL_DTYPES: tuple[ResidualDtype, ...] = get_args(ResidualDtype)
+# a preset that names its compression ("auto" chooses among these: core/config.py)
+FixedPreset = Literal["zero3", "zeropp", "frontier"]
+# error feedback of one tier as written: on, off, or "auto" (on where the gradients are int4)
+ErrorFeedback = Union[bool, Literal["auto"]]
 DEFAULT_SAMPLE_EVERY = 16
 # consecutive skipped steps before the job stops: fp16's loss scaler needs about two skips per
 # halving of its scale (hysteresis 2) to come down from 2^16, so a healthy run never nears this
@@ -53,12 +63,12 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 # benchmarks/convergence.py measures the consequence on real text
 # (docs/benchmarks.md#convergence-on-real-text): frontier's default within 1% of uncompressed
 # ZeRO-3, int4 everywhere not.
-PRESET_COMPRESSION: dict[str, dict[str, dict[str, str]]] = {
+PRESET_COMPRESSION: dict[FixedPreset, dict[str, dict[str, Scheme]]] = {
     "zero3": {"weights": {}, "gradients": {}},
     "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
     "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int4"}},
 }
-PRESET_ERROR_FEEDBACK: dict[str, Any] = {"zero3": "auto", "zeropp": False, "frontier": "auto"}
+PRESET_ERROR_FEEDBACK: dict[FixedPreset, ErrorFeedback] = {"zero3": "auto", "zeropp": False, "frontier": "auto"}
 
 _COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size", "error_feedback")
 _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutive_skips")
@@ -68,11 +78,11 @@ _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutiv
 class TierSchemes:
     """Compression scheme for one kind of traffic, per tier."""
 
-    gcd: str = "none"
-    gpu: str = "none"
-    node: str = "none"
+    gcd: Scheme = "none"
+    gpu: Scheme = "none"
+    node: Scheme = "none"
 
-    def of(self, tier: str) -> str:
+    def of(self, tier: str) -> Scheme:
         return getattr(self, tier)
 
 
@@ -115,20 +125,20 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class NumericsConfig:
-    nonfinite: str = "skip"  # bf16/fp32: skip the step and report, or raise HierNonFiniteError
+    nonfinite: NonfinitePolicy = "skip"  # bf16/fp32: skip the step and report, or raise HierNonFiniteError
     sample_every: int = DEFAULT_SAMPLE_EVERY  # compression error sampled every N-th call; 0 = off
     # error-feedback residuals are kept in this dtype: "bf16" halves their memory (one residual
     # per compressed gradient stage and bucket: for a 20B model, GBs per GCD in fp32); the
     # residual is added back in fp32 either way
-    residual_dtype: str = "fp32"
+    residual_dtype: ResidualDtype = "fp32"
     # this many skipped steps in a row (non-finite gradients, fp16 overflow) stop the job with
     # HierSkippedStepsError and the history of the skips, instead of skipping forever
     max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
 
-def _merge_schemes(base: Mapping[str, str], v: Any, field: str) -> dict[str, str]:
+def _merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, Scheme]:
     """``v`` is one scheme for every tier, or a per-tier object merged over ``base``."""
-    merged = {t: base.get(t, "none") for t in TIERS}
+    merged: dict[str, Any] = {t: base.get(t, "none") for t in TIERS}  # checked below, whatever its source
     if isinstance(v, str):
         merged = {t: v for t in TIERS}
         if v not in SCHEMES:
@@ -165,16 +175,16 @@ def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
 _EF_FIX = 'use true, false or "auto" (on where gradients are int4), or an object per tier, e.g. {"node": true}'
 
 
-def _ef_value(v: Any, field: str) -> Any:
+def _ef_value(v: Any, field: str) -> ErrorFeedback:
     if v not in ("auto", True, False) or isinstance(v, (int, float)) and not isinstance(v, bool):
         raise HierConfigError(field, v, _EF_FIX)
     return v
 
 
-def _parse_error_feedback(v: Any, grads: Mapping[str, str], default: Any, field: str) -> TierFlags:
+def _parse_error_feedback(v: Any, grads: Mapping[str, Scheme], default: ErrorFeedback, field: str) -> TierFlags:
     """Resolve to one flag per tier. "auto" means on where the tier's gradients are int4 (the
     scheme whose error is large enough to matter, [Note: preset compression defaults])."""
-    per: dict[str, Any] = {t: _ef_value(default, field) for t in TIERS}
+    per: dict[str, ErrorFeedback] = {t: _ef_value(default, field) for t in TIERS}
     explicit: set[str] = set()
     if isinstance(v, Mapping):
         check_keys(v, TIERS, field)
@@ -198,7 +208,7 @@ def _parse_error_feedback(v: Any, grads: Mapping[str, str], default: Any, field:
     return TierFlags(**flags)
 
 
-def parse_compression(v: Any, preset: str, field: str) -> CompressionConfig:
+def parse_compression(v: Any, preset: FixedPreset, field: str) -> CompressionConfig:
     defaults = PRESET_COMPRESSION[preset]
     if v is None:
         v = {}
@@ -249,7 +259,7 @@ def parse_numerics(v: Any, field: str) -> NumericsConfig:
             f"collective (0 = never; default {DEFAULT_SAMPLE_EVERY})",
         )
     residual_dtype = d.get("residual_dtype", "fp32")
-    if residual_dtype not in ("fp32", "bf16"):
+    if residual_dtype not in RESIDUAL_DTYPES:
         raise HierConfigError(
             f"{field}.residual_dtype",
             residual_dtype,

@@ -205,7 +205,7 @@ def save(
                 break
         gathered = _gather((mine, failure), group)
         raise_rank_errors([f for _, f in gathered], "hashing the saved files")
-        outcome = [None]
+        outcome: list[tuple[int, str, str] | None] = [None]
         if rank == 0:
             files = {k: v for part, _ in gathered for k, v in part.items()}
             rt = engine.hier_runtime

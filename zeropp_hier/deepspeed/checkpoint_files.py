@@ -249,6 +249,7 @@ def verify_tag(
     manifest, problem = read_manifest(tag_dir)
     if problem is not None:
         return [problem]
+    assert manifest is not None  # read_manifest returns a manifest or a problem
     problems = []
     if rank == 0:
         files, links = tag_entries(tag_dir)

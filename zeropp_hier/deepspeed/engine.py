@@ -315,8 +315,9 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     ds_config = config if config is not None else config_params
     # DeepSpeed's first parameter, ``args`` (an argparse namespace), positional or by keyword
     ns = args[0] if args else kwargs.get("args")
-    if ds_config is None and getattr(ns, "deepspeed_config", None):
-        ds_config = ns.deepspeed_config
+    ns_config = getattr(ns, "deepspeed_config", None)
+    if ds_config is None and ns_config:
+        ds_config = ns_config
 
     def local_checks() -> HierConfig:
         """What can fail on one rank alone (its config file, its environment), agreed across

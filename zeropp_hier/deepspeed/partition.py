@@ -9,9 +9,10 @@ DeepSpeed's own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, cast
 
 import deepspeed
+import torch
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 from deepspeed.runtime.zero.partition_parameters import Init as _DSInit
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
@@ -20,6 +21,7 @@ from deepspeed.runtime.zero.utils import is_zero_param
 from ..core.config import hier_config_from_ds
 from ..core.errors import HierConfigError
 from .runtime import HierRuntime
+from .zero_param import ZeroParam
 
 
 def _load_ds_config(config_dict_or_path: Any, config: Any) -> dict:
@@ -34,14 +36,14 @@ def _load_ds_config(config_dict_or_path: Any, config: Any) -> dict:
         return json.load(f)
 
 
-def runtime_of(param) -> HierRuntime | None:
+def runtime_of(param: torch.nn.Parameter) -> HierRuntime | None:
     """The runtime a partitioned parameter gathers through (None for stock parameters)."""
     fn = getattr(param, "all_gather_coalesced", None)
     owner = getattr(fn, "__self__", None)
     return owner if isinstance(owner, HierRuntime) else None
 
 
-def refuse_foreign_storage(param, name: str) -> None:
+def refuse_foreign_storage(param: torch.nn.Parameter, name: str) -> None:
     """Parameters partitioned by a stock ``deepspeed.zero.Init`` with ZeRO++ settings carry their
     own hpZ copy (``ds_secondary_tensor``) or int8 storage (``ds_quant_scale``); our gather reads
     the plain primary shard, so binding them would ignore those and serve wrong weights."""
@@ -60,7 +62,7 @@ def refuse_foreign_storage(param, name: str) -> None:
         )
 
 
-def bind(param, runtime: HierRuntime) -> None:
+def bind(param: ZeroParam, runtime: HierRuntime) -> None:
     """Route a partitioned parameter's gathers through ``runtime``.
 
     Its ``partition`` closure is wrapped too: DeepSpeed calls it with ``has_been_updated=True``
@@ -82,7 +84,8 @@ def bind(param, runtime: HierRuntime) -> None:
     # latency-bound at scale. Routed here, the parameters of one call take the hops of the plan
     # as one coalesced bucket per dtype, and comm_stats counts them (phase "other_gather" outside
     # forward and backward).
-    def all_gather(param_list=None, async_op=False, hierarchy=0):
+    # the signatures of DeepSpeed 0.19's closures (Init._convert_to_deepspeed_param)
+    def all_gather(param_list: Iterable[ZeroParam] | None = None, async_op: bool = False, hierarchy: int = 0) -> Any:
         params = [param] if param_list is None else list(param_list)
         ours = [p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE and runtime_of(p) is runtime]
         taken = {id(p) for p in ours}
@@ -99,14 +102,19 @@ def bind(param, runtime: HierRuntime) -> None:
             handles.extend(out or [])
         return handles if async_op else None
 
-    def partition(param_list=None, hierarchy=0, has_been_updated=False, free_data=True):
+    def partition(
+        param_list: list[ZeroParam] | None = None,
+        hierarchy: int = 0,
+        has_been_updated: bool = False,
+        free_data: bool = True,
+    ) -> None:
         if has_been_updated:
             runtime.drop_shards(param_list if param_list is not None else [param])
         return ds_partition(
             param_list=param_list, hierarchy=hierarchy, has_been_updated=has_been_updated, free_data=free_data
         )
 
-    partition.zeropp_hier_runtime = runtime
+    partition.zeropp_hier_runtime = runtime  # type: ignore[attr-defined]  # a marker on the closure, read back by getattr above
     param.partition = partition
     param.all_gather = all_gather
 
@@ -142,7 +150,7 @@ class Init(_DSInit):
         self.hier_runtime = hier_runtime
         super().__init__(*args, **kwargs)
 
-    def _convert_to_deepspeed_param(self, param):
+    def _convert_to_deepspeed_param(self, param: ZeroParam) -> None:
         super()._convert_to_deepspeed_param(param)
         if self.hier_runtime is not None:
             self.hier_runtime.check_partition_world(param.ds_zero_partition_world_size)
@@ -156,7 +164,7 @@ class HierOffload(DeepSpeedZeRoOffload):
         self.hier_runtime = hier_runtime
         super().__init__(*args, **kwargs)
 
-    def _convert_to_zero_parameters(self, ds_config, module, mpu):
+    def _convert_to_zero_parameters(self, ds_config: Any, module: torch.nn.Module, mpu: Any) -> None:
         params = list(module.parameters())
         fresh = [p for p in params if not is_zero_param(p)]
         if fresh and len(fresh) == len(params):
@@ -173,7 +181,8 @@ class HierOffload(DeepSpeedZeRoOffload):
             # Some parameters were partitioned before (zeropp_hier.Init or deepspeed.zero.Init):
             # convert the rest the way DeepSpeed does, then route every gather through us.
             super()._convert_to_zero_parameters(ds_config, module, mpu)
-        for name, p in module.named_parameters():
+        for name, param in module.named_parameters():
+            p = cast(ZeroParam, param)  # converted above: DeepSpeed has set its attributes
             refuse_foreign_storage(p, name)
             owner = runtime_of(p)
             if owner is not None and owner is not self.hier_runtime:

@@ -35,6 +35,7 @@ from ..core.errors import HierTopologyError
 from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, Hop, make_plan
 from ..core.topology import Topology
+from .zero_param import ZeroParam
 
 log = logging.getLogger("zeropp_hier")
 
@@ -45,6 +46,8 @@ def topology_for(cfg: HierConfig, world_size: int) -> Topology:
         from ..detect.probe import detect
 
         return detect(t.gcds_per_gpu, t.gpus_per_node).topology
+    # manual mode: the parser has made both integers (None is "detect", auto mode only)
+    assert t.gpus_per_node is not None and t.gcds_per_gpu is not None
     return Topology.for_world(world_size, t.gpus_per_node, t.gcds_per_gpu, t.rank_map)
 
 
@@ -68,7 +71,7 @@ class _GatheredHandle:
     the handle is made ([Note: one order of hop collectives]); ``wait`` takes their outputs and
     hands the full tensors to the parameters."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], futures: Sequence, executor: CommExecutor):
+    def __init__(self, params: Sequence[ZeroParam], futures: Sequence, executor: CommExecutor):
         self.params = params
         self.futures = futures  # one job, or one per chunk ([Note: chunked gathers] in comm/gather.py)
         self.executor = executor
@@ -151,8 +154,8 @@ class HierRuntime:
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
-        self.shards: dict[int, torch.Tensor] = {}
-        self._frozen: dict[int, torch.nn.Parameter] = {}  # kept shards of parameters that do not train
+        self.shards: dict[int, torch.Tensor | Encoded] = {}
+        self._frozen: dict[int, ZeroParam] = {}  # kept shards of parameters that do not train
         # what the gather and reduce-scatter drivers run on
         self.comm = CommContext(
             topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics, pipeline_chunks=cfg.pipeline.chunks
@@ -205,7 +208,7 @@ class HierRuntime:
 
     # -- gathers -------------------------------------------------------------------------------
     def all_gather_coalesced(
-        self, params: Iterable[torch.nn.Parameter], safe_mode: bool = False, quantize: bool = False
+        self, params: Iterable[ZeroParam], safe_mode: bool = False, quantize: bool = False
     ) -> _GatheredHandle:
         """Replacement for DeepSpeed's per-parameter ``all_gather_coalesced`` closure."""
         params = sorted(params, key=lambda p: p.ds_id)  # same order on every rank
@@ -222,7 +225,7 @@ class HierRuntime:
         use_shards = self.phase != "other_gather"
         for p in params:
             # the source: the primary (()), or a kept copy spanning these axes
-            src = self.kept_axes_of(p.ds_id) if use_shards and p.ds_id in self.shards else ()
+            src = (self.kept_axes_of(p.ds_id) or ()) if use_shards and p.ds_id in self.shards else ()
             buckets.setdefault((src, p.ds_tensor.dtype), []).append(p)
         work = [
             (ps, src, [self.shards[p.ds_id] for p in ps] if src else None)
@@ -252,13 +255,13 @@ class HierRuntime:
 
         return _GatheredHandle(params, [self.executor.submit(gather_all(), lanes)], self.executor)
 
-    def _gather_bucket(self, ps: list, src: tuple[str, ...], shards: list | None, phase: str) -> Job:
+    def _gather_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> Job:
         """The job of one bucket, unchunked: its hops, then its ``finish``."""
         b = self._bucket(ps, src, shards, phase)
         full = yield from gather.hop_steps(self.comm, b.hops, b.make_start(), phase, b.carry)
         return b.finish(full)
 
-    def _bucket(self, ps: list, src: tuple[str, ...], shards: list | None, phase: str) -> _Bucket:
+    def _bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> _Bucket:
         """One bucket: its parameters as plain tensors for the gather driver (``comm/gather.py``),
         run from the primary partitions (``src`` empty) or from kept copies spanning ``src``;
         ``finish`` hands the copies it keeps and the full tensors back to the parameters. The
@@ -319,7 +322,7 @@ class HierRuntime:
     def kept_axes_of(self, ds_id: int) -> tuple[str, ...] | None:
         return self._kept_of.get(ds_id, self.plan.kept_axes)
 
-    def set_levels(self, named_params: Sequence[tuple[str, torch.nn.Parameter]]) -> LevelPlan | None:
+    def set_levels(self, named_params: Sequence[tuple[str, ZeroParam]]) -> LevelPlan | None:
         """Choose each layer's kept level under ``memory.kept_shards_gb`` ([Note: kept levels]).
         Local and deterministic: every rank sees the same names and sizes, so all choose alike."""
         budget = self.cfg.memory.kept_shards_gb
@@ -357,7 +360,7 @@ class HierRuntime:
             self.shards.clear()
             self._frozen.clear()
 
-    def drop_shards(self, params: Iterable[torch.nn.Parameter]) -> None:
+    def drop_shards(self, params: Iterable[ZeroParam]) -> None:
         """These parameters' full weights changed outside the optimizer: their copies are stale."""
         for p in params:
             self.shards.pop(p.ds_id, None)
@@ -367,7 +370,7 @@ class HierRuntime:
         """Bytes of the kept copies on this rank (encoded ones at their encoded size)."""
         return sum(t.nbytes if isinstance(t, Encoded) else t.numel() * t.element_size() for t in self.shards.values())
 
-    def kept_weights(self, p: torch.nn.Parameter) -> torch.Tensor:
+    def kept_weights(self, p: ZeroParam) -> torch.Tensor:
         """A parameter's kept copy as values [n, p, g, slot] in its dtype (decoded if encoded)."""
         t = self.shards[p.ds_id]
         return self.coll.decode(t, p.ds_tensor.dtype) if isinstance(t, Encoded) else t

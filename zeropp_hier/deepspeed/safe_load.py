@@ -127,7 +127,7 @@ def tensors_only(trust: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.load = _real_load  # type: ignore[assignment]
+        torch.load = _real_load
 
 
 class TensorsOnlyCheckpointEngine(TorchCheckpointEngine):

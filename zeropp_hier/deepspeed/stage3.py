@@ -8,7 +8,8 @@ table of every overridden method: docs/design.md#deepspeed-hook-points."""
 from __future__ import annotations
 
 import collections
-from typing import List
+from concurrent.futures import Future
+from typing import Any, Callable, List
 
 import deepspeed.runtime.zero.stage3 as _ds_stage3
 import torch
@@ -17,6 +18,7 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from ..comm import reduce as comm_reduce
 from .partition import HierOffload
 from .runtime import HierRuntime
+from .zero_param import ZeroParam
 
 ERROR_FEEDBACK_KEY = "zeropp_hier_error_feedback"
 
@@ -25,22 +27,23 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     def __init__(self, *args, hier_runtime: HierRuntime, **kwargs):
         # set before DeepSpeed's constructor: it builds the parameter manager, which needs it
         self.hier_runtime = hier_runtime
-        self._pending_reduce = None  # (params, future, backward) of the bucket in flight
+        # (params, future, backward) of the bucket in flight
+        self._pending_reduce: tuple[list[ZeroParam], Future, int] | None = None
         self._reduce_now = False
         self.buckets_overlapped = 0  # buckets whose stages ran while backward went on
         self._backwards_done = 0  # epilogues run: tells a bucket of an aborted backward
         super().__init__(*args, **kwargs)
 
-    def initialize_ds_offload(self, *args, **kwargs):
+    def initialize_ds_offload(self, *args: Any, **kwargs: Any) -> HierOffload:
         return HierOffload(*args, hier_runtime=self.hier_runtime, **kwargs)
 
-    def invalidate_secondary_tensor(self):
+    def invalidate_secondary_tensor(self) -> None:
         # Called by DeepSpeed after every optimizer step and around checkpoint load/save; frozen
         # parameters' copies stay valid (HierEngine.load_checkpoint drops them all after a load).
         super().invalidate_secondary_tensor()
         self.hier_runtime.invalidate_shards(keep_frozen=True)
 
-    def _post_step(self, timer_names):
+    def _post_step(self, timer_names: set[str]) -> None:
         # The primary shards just changed. DeepSpeed re-gathers persistent parameters here before
         # it calls invalidate_secondary_tensor; that gather now runs through us
         # ([Note: every gather through the hierarchy]) and must not be served stale kept shards.
@@ -50,16 +53,16 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # DeepSpeed's private ``__avg_scatter_grads`` (name-mangled, so overridden by its mangled
     # name): it receives the bucket's parameters and returns this rank's averaged chunk of each.
     def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(
-        self, params_to_reduce: List[torch.nn.Parameter], communication_data_type: torch.dtype
+        self, params_to_reduce: List[ZeroParam], communication_data_type: torch.dtype
     ) -> List[torch.Tensor]:
         return self._averaged(
             params_to_reduce,
             self.hier_runtime.executor.result(self._submit(params_to_reduce, communication_data_type)),
         )
 
-    def _submit(self, params: List[torch.nn.Parameter], communication_data_type: torch.dtype):
+    def _submit(self, params: List[ZeroParam], communication_data_type: torch.dtype) -> Future:
         self._assert_same_partition_group(params)
-        grads = [p.grad for p in params]
+        grads = [_grad(p) for p in params]
         # The bucket's parameter names (DeepSpeed sorted it by ds_id) name it for error
         # feedback: unlike ds_ids, which count up across every engine a process builds, names
         # are the same in the engine that saves a checkpoint and in the one that loads it.
@@ -68,7 +71,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
             self.hier_runtime.comm, grads, communication_data_type, key=key, loss_scale=float(self.loss_scale)
         )
 
-    def _averaged(self, params: List[torch.nn.Parameter], parts: List[torch.Tensor]) -> List[torch.Tensor]:
+    def _averaged(self, params: List[ZeroParam], parts: List[torch.Tensor]) -> List[torch.Tensor]:
         world = self.hier_runtime.topo.world_size
         averaging = self._gradient_averaging_world_size(params, world)
         if averaging != world:  # expert-parallel parameters average over another group size
@@ -126,11 +129,13 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     def _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(
         self, communication_data_type: torch.dtype
     ) -> None:
-        stock = DeepSpeedZeroOptimizer_Stage3._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads
+        stock: Callable[[HierZeroOptimizer_Stage3, torch.dtype], None] = (
+            DeepSpeedZeroOptimizer_Stage3._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads
+        )
         bucket = self.ipg_buckets[communication_data_type]
         if not self.hier_runtime.cfg.overlap or getattr(self, "zenflow", False):
             return stock(self, communication_data_type)
-        params = bucket.params
+        params: List[ZeroParam] = bucket.params
         if not params:  # 1
             return
         self._check_bucket(params)  # 3, 4
@@ -156,13 +161,13 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         if self._reduce_now:
             self._finish_pending_reduce()
 
-    def _check_bucket(self, params: List[torch.nn.Parameter]) -> None:
+    def _check_bucket(self, params: List[ZeroParam]) -> None:
         seen: set[int] = set()
         for p in params:
             name = self.param_names.get(p, p.ds_id)
-            if p.grad.numel() != p.ds_numel:
+            if _grad(p).numel() != p.ds_numel:
                 raise RuntimeError(
-                    f"zeropp_hier: the gradient of {name} has {p.grad.numel()} "
+                    f"zeropp_hier: the gradient of {name} has {_grad(p).numel()} "
                     f"elements but the parameter has {p.ds_numel}; a gradient must match its parameter"
                 )
             if p.ds_id in seen:
@@ -194,7 +199,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
                 event.record()
                 self.param_reduce_events.append(event)
 
-    def independent_gradient_partition_epilogue(self):
+    def independent_gradient_partition_epilogue(self) -> None:
         self._reduce_now = True  # the step needs every chunk: nothing left pending past here
         try:
             self._finish_pending_reduce()
@@ -204,7 +209,7 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         self._backwards_done += 1
 
     # -- numerics around the step ([Note: non-finite gradients] in comm/numerics.py) -----------
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
         numerics = self.hier_runtime.numerics
         # collective: every rank, every step, same result; on the communication device, not
         # self.device (the CPU under optimizer offload, which NCCL/RCCL cannot all-reduce)
@@ -219,12 +224,12 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # -- error feedback in checkpoints ([Note: error feedback] in comm/error_feedback.py) ----
     # The residuals are per rank, like this rank's optimizer state, so they travel in the same
     # per-rank file (zero_pp_rank_*_optim_states.pt), written and read by DeepSpeed.
-    def state_dict(self):
+    def state_dict(self) -> dict:
         sd = super().state_dict()
         sd[ERROR_FEEDBACK_KEY] = self.hier_runtime.numerics.error_feedback.state_dict()
         return sd
 
-    def _rigid_load_state_dict(self, state_dict, load_optimizer_states=True):
+    def _rigid_load_state_dict(self, state_dict: dict, load_optimizer_states: bool = True) -> None:
         super()._rigid_load_state_dict(state_dict, load_optimizer_states=load_optimizer_states)
         numerics = self.hier_runtime.numerics
         if load_optimizer_states:
@@ -233,6 +238,14 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
             numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.hier_runtime.comm_device)
         else:  # residuals belong to the optimizer trajectory that was just replaced
             numerics.error_feedback.reset()
+
+
+def _grad(p: ZeroParam) -> torch.Tensor:
+    """A bucketed parameter's gradient: DeepSpeed puts a parameter in a bucket only once it has
+    copied the gradient in."""
+    if p.grad is None:
+        raise RuntimeError(f"zeropp_hier: parameter ds_id {p.ds_id} is in a gradient bucket without a gradient")
+    return p.grad
 
 
 def _throttle(events: collections.deque, limit: int) -> None:

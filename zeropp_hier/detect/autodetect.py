@@ -73,7 +73,7 @@ class Detected(NamedTuple):
     def describe(self) -> str:
         t = self.topology
         hosts = ", ".join(self.hosts[:4]) + (", ..." if len(self.hosts) > 4 else "")
-        rm = "identity" if t.is_identity_map else list(t.rank_map)
+        rm = "identity" if t.rank_map is None or t.is_identity_map else list(t.rank_map)
         return (
             f"auto topology: {t.num_nodes} nodes x {t.gpus_per_node} GPUs x {t.gcds_per_gpu} GCDs "
             f"on {len(self.hosts)} host(s) [{hosts}]; packages from {self.source}; rank_map {rm}"

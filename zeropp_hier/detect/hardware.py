@@ -20,7 +20,7 @@ FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_fp16", "amx_tile", "amx_bf16", "
 
 
 def _cpuinfo() -> tuple[str, set[str]]:
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = platform.processor() or platform.machine(), set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Callable, Mapping
@@ -83,7 +84,7 @@ def measure_tiers(
             y = torch.empty(k * x.numel(), device=device)
             # the first size warms the group's connections up; later sizes need no warm-up
             ag[nbytes] = slowest(
-                timed(lambda x=x, y=y: dist.all_gather_into_tensor(y, x, group=hg.group), sync, reps, int(i == 0)),
+                timed(functools.partial(dist.all_gather_into_tensor, y, x, group=hg.group), sync, reps, int(i == 0)),
                 device,
             )
         lo, hi = min(ag), max(ag)

@@ -61,8 +61,8 @@ def table_mismatch(topo: ShowTopo) -> str | None:
     closest = min(topo.weights[i][j] for i in range(n) for j in range(n) if i != j)
     for k in range(0, n, GCDS_PER_MI250X):
         if topo.weights[k][k + 1] != closest:
-            w = topo.weights[k][k + 1]
-            return f"GPU{k} and GPU{k + 1} are not directly linked (weight {w}, smallest {closest})"
+            weight = topo.weights[k][k + 1]
+            return f"GPU{k} and GPU{k + 1} are not directly linked (weight {weight}, smallest {closest})"
         if topo.numa is not None and topo.numa.get(k) != topo.numa.get(k + 1):
             return f"GPU{k} and GPU{k + 1} sit on NUMA nodes {topo.numa.get(k)} and {topo.numa.get(k + 1)}"
     return None

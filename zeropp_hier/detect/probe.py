@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import HierTopologyError
-from .autodetect import Detected, build_topology, local_record
+from .autodetect import Detected, RankRecord, build_topology, local_record
 from .node_read import read_xgmi_num_links
 
 logger = logging.getLogger("zeropp_hier")
@@ -50,6 +50,7 @@ def _showtopo() -> str | None:
 def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
     """Collective: every rank of the default group must call it."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    rec: RankRecord | HierTopologyError
     try:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         rec = local_record(

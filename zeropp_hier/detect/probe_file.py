@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..core.topology import TIERS
 
@@ -36,7 +36,8 @@ def parse_probe(data: str | bytes) -> dict[str, tuple[float, float]]:
             raise ProbeFileError(f"unknown tier {tier!r} (tiers are {list(TIERS)})")
         if not isinstance(v, Mapping):
             raise ProbeFileError(f"tier {tier!r} is not an object")
-        bw, lat = v.get("bandwidth"), v.get("latency")
+        bw: Any = v.get("bandwidth")  # JSON values: checked below
+        lat: Any = v.get("latency")
         if not _number(bw) or math.isnan(bw) or bw <= 0:
             raise ProbeFileError(f"tier {tier!r} has bandwidth {bw!r}; it must be a positive number of bytes/s")
         if not _number(lat) or not math.isfinite(lat) or lat < 0:

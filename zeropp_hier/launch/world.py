@@ -29,7 +29,7 @@ import time
 import traceback
 import uuid
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 
 def free_port() -> int:
@@ -236,7 +236,7 @@ class LocalWorld:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
+        return [cast(int, p.pid) for p in self.procs]  # started in __init__: each has its pid
 
     def _drain(self, answers: dict, failures: dict, wait: float) -> None:
         try:
@@ -252,7 +252,8 @@ class LocalWorld:
         exited: dict[int, float] = {}
         failed_at: dict[int, float] = {}
         start = time.monotonic()
-        first_failure = last_event = None
+        first_failure: float | None = None
+        last_event = start  # of the last failure or exit (read only once there is a failure)
         while True:
             self._drain(answers, failures, 0.05)
             now = time.monotonic()
@@ -286,6 +287,7 @@ class LocalWorld:
         killed = [r for r in range(world) if r not in exited]
         # the others may be blocked in a collective with the failed rank: stop waiting
         self.close(force=True)
+        assert first_failure is not None  # the loop above ends on a failure
         exit_after = {r: t - first_failure for r, t in exited.items()}
         first = min(failures, key=lambda r: (failed_at[r], r))
         summary = "\n".join(

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..core import levels
 from ..core.plan import STREAM_CHUNK_ELEMS, CommPlan, make_plan
-from ..core.policy import CompressionConfig, parse_compression
+from ..core.policy import CompressionConfig, FixedPreset, parse_compression
 from ..core.topology import AXES, TIERS, Topology
 from .tables import fmt_bytes
 
@@ -163,7 +163,7 @@ def gpt_workload(
 class Candidate(NamedTuple):
     name: str
     stock: bool  # stock DeepSpeed (its collectives) or zeropp_hier (ours)
-    preset: str  # zero3 | zeropp | frontier (stock ZeRO++ is the zeropp layout)
+    preset: FixedPreset  # stock ZeRO++ is the zeropp layout
     compression: CompressionConfig
     note: str = ""
     kept_gb: float | None = None  # memory.kept_shards_gb: a budget for the kept copies per GCD
@@ -171,7 +171,7 @@ class Candidate(NamedTuple):
 
 
 def _compression(
-    preset: str, override: str | None = None, block: int = 256, schemes: dict | None = None
+    preset: FixedPreset, override: str | None = None, block: int = 256, schemes: dict | None = None
 ) -> CompressionConfig:
     """The compression the runtime would resolve for this preset (same parser as the config)."""
     section: dict = {"block_size": block}
@@ -249,8 +249,9 @@ def collectives(
     out: list[Collective] = []
     fwd, enc = _gather(plan.forward, "forward_gather", topo, params / w, params, None)
     out += fwd
+    shares: dict[tuple[str, ...] | None, float]  # the axes of a kept copy (None: none) -> share
     if plan.kept_axes is None:
-        shares = {"none": 1.0}
+        shares = {None: 1.0}
     elif lp is None:
         shares = {plan.kept_axes: 1.0}
     else:
@@ -258,9 +259,9 @@ def collectives(
         shares = {}
         for lvl, count in lp.counts().items():
             if count:
-                shares[levels.LEVEL_AXES[lvl] or "none"] = count / n
+                shares[levels.LEVEL_AXES[lvl]] = count / n
     for axes, share in shares.items():
-        if axes == "none":  # no kept copy: the forward's gather again
+        if axes is None:  # no kept copy: the forward's gather again
             out += [
                 c._replace(phase="backward_gather", send_elems=c.send_elems * share, quant_elems=c.quant_elems * share)
                 for c in fwd
@@ -552,7 +553,7 @@ class Prediction:
 
     @property
     def dominant_tier(self) -> str:
-        return max(self.tier_s, key=self.tier_s.get)
+        return max(self.tier_s, key=lambda t: self.tier_s[t])
 
     @property
     def comm_s(self) -> float:
@@ -657,7 +658,7 @@ def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
             )
     for p in preds:
         if not p.memory.fits:
-            big = max(p.memory.parts, key=p.memory.parts.get)
+            big = max(p.memory.parts, key=lambda part: p.memory.parts[part])
             lines.append(
                 f"does not fit: {p.candidate.name} needs {p.memory.total / GB:.1f} GB per GCD of "
                 f"{cluster.memory_per_gcd / GB:.0f} GB; largest part: {big} "
@@ -671,6 +672,7 @@ def level_lines(p: Prediction) -> list[str]:
     lp = p.kept_levels
     if lp is None:
         return []
+    assert lp.budget_bytes is not None  # level_plan always gives assign a budget
     budget = "what the rest leaves" if p.candidate.fit else f"{p.candidate.kept_gb:g} GB"
     lines = [
         f"{p.candidate.name}: kept copies within {budget} per GCD ({lp.budget_bytes / GB:.1f} GB), "

@@ -14,11 +14,13 @@ cluster) over each tier's groups and reports per-GCD bandwidth and latency.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import sys
 from dataclasses import replace
+from typing import Any
 
 PUBLISHED = {"frontier/zeropp": 1.71, "zeropp/zero3": 1.4}
 
@@ -135,8 +137,8 @@ def build_plan_inputs(args):
             tiers[t] = P.TierLink(bw, tiers[t].latency)
         cluster = replace(cluster, tiers=tiers, source=cluster.source + "; tier bandwidths from --tier-bw")
     if args.probe:
-        tiers = args.probe_tiers if hasattr(args, "probe_tiers") else _read_probe_arg(args.probe)
-        probed = {"tiers": {t: {"bandwidth": bw, "latency": lat} for t, (bw, lat) in tiers.items()}}
+        rates = args.probe_tiers if hasattr(args, "probe_tiers") else _read_probe_arg(args.probe)
+        probed = {"tiers": {t: {"bandwidth": bw, "latency": lat} for t, (bw, lat) in rates.items()}}
         cluster = P.with_probed_tiers(cluster, probed)
     if args.memory_gb is not None:
         cluster = replace(cluster, memory_per_gcd=args.memory_gb * 1e9)
@@ -293,7 +295,7 @@ def cmd_probe(args) -> int:
     topo = Topology.for_world(world, args.gpus_per_node, args.gcds_per_gpu)
     groups = build_hop_groups(topo, [(t,) for t in TIERS], rank)
     sizes = [int(s) for s in args.sizes.split(",")]
-    out = {
+    out: dict[str, Any] = {
         "world": world,
         "topology": {"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
         "backend": dist.get_backend(),
@@ -309,7 +311,7 @@ def cmd_probe(args) -> int:
         big = torch.ones(k * (sizes[-1] // 4 // k), device=device)
         recv = torch.empty_like(big)
         seconds = timed(
-            lambda r=recv, b=big, g=hg.group: dist.all_to_all_single(r, b, group=g), device_sync(device), args.reps
+            functools.partial(dist.all_to_all_single, recv, big, group=hg.group), device_sync(device), args.reps
         )
         v["all_to_all_s"] = slowest(seconds, device)
     if rank == 0:
