@@ -195,6 +195,18 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     return CausalLM(lm, spec, keep_alive=keep)
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a model ``build`` made (or of the engine's ``module``), in
+    order: where per-block hooks go (activation checkpointing, the benchmarks' device time)."""
+    if isinstance(model, CausalLM):
+        return list(model.lm.gpt_neox.layers)
+    from ..testing.models.gpt import GPT
+
+    if isinstance(model, GPT):
+        return list(model.blocks)
+    raise TypeError(f"no transformer blocks known for a {type(model).__name__}")
+
+
 def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
     """Activation checkpointing per transformer block: ``torch`` = ``torch.utils.checkpoint``
     non-reentrant; ``deepspeed`` = ``deepspeed.checkpointing.checkpoint`` (what Megatron-style
