@@ -167,6 +167,8 @@ def run_one(name: str, cfg: dict, plan: dict, label: str, marks: bool = True) ->
     if executor is not None:  # [Note: busy intervals] in zeropp_hier/comm/busy.py
         executor.record_busy()
     first = len(run.windows)
+    # the job's row of each step all-reduces one float (the mean loss) after the step's timer
+    # stops: outside the step times, inside the wire counters (~100 bytes per rank per step)
     rows = run.train(plan["steps"], start=plan["warmup"])
     windows = run.windows[first:]
     busy = executor.busy_log.intervals() if executor is not None and executor.busy_log is not None else None
