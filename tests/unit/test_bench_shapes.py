@@ -69,3 +69,18 @@ def test_overrides_merge_into_the_job_config():
     assert cfg["zeropp_hier"]["pipeline"] == {"chunks": 4} and cfg["zeropp_hier"]["preset"] == "frontier"
     assert cfg["zero_optimization"]["stage3_prefetch_bucket_size"] == 0  # prefetch off: the job's regather
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 500
+
+
+def test_a_model_asked_for_whole_is_whole_beside_a_live_zero3_config():
+    """The convergence benchmark evaluates final weights in a whole copy while the run's
+    ``HfDeepSpeedConfig`` may still be alive in the process."""
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    live = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    assert is_deepspeed_zero3_enabled()
+    spec = dataclasses.replace(SHAPES["base"], vocab_size=64, layers=1)
+    model = models.build(spec, {})
+    assert sum(p.numel() for p in model.parameters()) == models.n_params(spec)
+    assert is_deepspeed_zero3_enabled()  # restored afterwards
+    del live

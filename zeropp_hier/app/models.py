@@ -159,6 +159,22 @@ def _hier_init(hier_runtime):
     return zeropp_hier.Init if hier_runtime is None else functools.partial(zeropp_hier.Init, hier_runtime=hier_runtime)
 
 
+@contextlib.contextmanager
+def _hf_zero3_off():
+    """transformers decides whether to partition from a process-wide weak reference to the last
+    live ``HfDeepSpeedConfig``; an engine built earlier in this process (e.g. the one whose
+    weights a whole copy is being built to evaluate) can keep its config alive. A model asked
+    for without ZeRO-3 is built whole regardless."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = ref
+
+
 def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) -> nn.Module:
     """The model ``spec``, partitioned during construction when ``ds_config`` is ZeRO stage 3
     ([Note: building a model sharded]); every rank must call it (it is collective then).
@@ -179,12 +195,13 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     from transformers import GPTNeoXForCausalLM
 
     keep = None
-    ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+    ctx: contextlib.AbstractContextManager = _hf_zero3_off()
     if _is_stage3(ds_config):
         import deepspeed
         from transformers.integrations import HfDeepSpeedConfig
 
         keep = HfDeepSpeedConfig(ds_config)  # transformers sees ZeRO-3 while it is alive
+        ctx = contextlib.nullcontext()
         if _hier_init_applies(ds_config):
             from ..deepspeed.engine import _rebound
 
