@@ -4,18 +4,21 @@
     sudo python -m benchmarks.compare --rounds 1 --steps 1  # smoke run
 
 Builds the emulated cluster (benchmarks/cluster: 2 nodes x 2 packages x 2 GCDs, tbf links in
-Frontier's per-GCD ratios), probes each tier, then runs the same GPT (fp32, DeepSpeed prefetch
-and reuse distance 0 so that backward re-gathers as for a large model) under every
-configuration in one 8-rank world, round after round in a rotating order, and finally one pass
-with the links unshaped (the CPU-bound part of each step). Reports median step time, tokens/s,
-wire bytes per tier per step from the interface counters (the same for stock DeepSpeed and for
-us) beside ``comm_stats`` for ours, peak RSS per rank, ratios, and the planner's predictions;
-writes JSON and a PNG bar chart. The cluster is torn down at the end, on error and on signals.
+Frontier's per-GCD ratios), probes each tier, then trains the same GPT-NeoX shape
+(``--shape``, benchmarks/shapes.py; fp32, DeepSpeed prefetch and reuse distance 0 so that
+backward re-gathers as for a large model) through the training job's own code
+(benchmarks/compare_rank.py) under every configuration in one 8-rank world, round after round
+in a rotating order, and finally one pass with the links unshaped (the CPU-bound part of each
+step). Reports median step time, tokens/s, wire bytes per tier per step from the interface
+counters (the same for stock DeepSpeed and for us) beside ``comm_stats`` for ours, peak RSS per
+rank, ratios, and the planner's predictions; writes JSON and a PNG bar chart. The cluster is
+torn down at the end, on error and on signals.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -27,11 +30,11 @@ from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
+from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.files import write_json_atomic
 
 DEFAULT_NODE_MBIT = 6.0  # per GCD, the CPU-bound regime's node rate
 REGIMES = ("cpu-bound", "link-bound")
-MODEL = dict(vocab_size=1024, seq_len=64, d_model=256, n_heads=4, n_layers=4)  # ~3.4M parameters
 ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
 DEFAULT = ORDER[:5]
 # variants for the overlap question (name them with --configs): prefetch off, and every
@@ -95,10 +98,10 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
     }
 
 
-def params_of(model: dict) -> int:
-    from zeropp_hier.app.gpt import GPT, GPTConfig
+def params_of(shape: str) -> int:
+    from zeropp_hier.app.models import n_params
 
-    return sum(p.numel() for p in GPT(GPTConfig(**model)).parameters())
+    return n_params(SHAPES[shape])
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +347,7 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
     return "\n".join(lines)
 
 
-def bar_chart(summary: dict, path: str) -> None:
+def bar_chart(summary: dict, path: str, shape: str = DEFAULT_SHAPE) -> None:
     try:
         import matplotlib
     except ImportError:  # optional: the table and the JSON carry every number
@@ -363,7 +366,7 @@ def bar_chart(summary: dict, path: str) -> None:
         color=["#888", "#aaa", "#4a7", "#39c", "#c63", "#a5c"][: len(names)],
     )
     a1.set_ylabel("median step time (s)")
-    a1.set_title("step time, emulated 2x2x2 cluster")
+    a1.set_title(f"step time, emulated cluster, shape {shape}")
     a2.bar(names, [s[n]["wire_per_step"]["node"] / 1e6 for n in names], color="#c63")
     a2.set_ylabel("node-tier wire MB per step")
     a2.set_title("inter-node bytes (interface counters)")
@@ -400,6 +403,12 @@ def main(argv=None) -> int:
         help="link-bound regime: the largest unshaped step over the slowest preset's link bound",
     )
     ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument(
+        "--shape",
+        choices=list(SHAPES),
+        default=DEFAULT_SHAPE,
+        help="the GPT-NeoX shape every configuration trains (benchmarks/shapes.py)",
+    )
     ap.add_argument("--no-unshaped", action="store_true", help="skip the unshaped (CPU-bound) pass")
     ap.add_argument(
         "--no-probe", action="store_true", help="skip the link probe: the planner takes the tbf rates (a shorter run)"
@@ -455,7 +464,7 @@ def main(argv=None) -> int:
         args.node_mbit = DEFAULT_NODE_MBIT  # link-bound: the calibration's placeholder (unshaped)
     if args.fair:
         args.gpus_per_node, args.dtype = 4, "bf16"
-        args.prefetch_bucket = args.prefetch_bucket or 12 * MODEL["d_model"] ** 2  # ~ one layer
+        args.prefetch_bucket = args.prefetch_bucket or 12 * SHAPES[args.shape].hidden ** 2  # ~ one layer
         if args.reduce_bucket is None:
             args.reduce_bucket = args.prefetch_bucket
         if args.out == ap.get_default("out"):
@@ -481,9 +490,12 @@ def main(argv=None) -> int:
 
     spec = spec_at(args.node_mbit)
     quant_problem = stock_quantization_problem()
+    model = SHAPES[args.shape]
     plan = {
-        "model": MODEL,
-        "params": params_of(MODEL),
+        "shape": args.shape,
+        "model": planner_model(model),  # the planner's view (planner_inputs)
+        "model_spec": dataclasses.asdict(model),  # what the ranks build (zeropp_hier.app.models)
+        "params": params_of(args.shape),
         "micro_batch": args.micro_batch,
         "regather": True,
         "dtype": args.dtype,
@@ -504,7 +516,9 @@ def main(argv=None) -> int:
         + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),
     }
     notes = [
-        f"Model: GPT {MODEL}, {plan['params'] / 1e6:.2f}M parameters, {args.dtype}, micro-batch "
+        f"Model: GPT-NeoX shape {args.shape} ({model.layers} layers x hidden {model.hidden}, {model.heads} heads, "
+        f"vocabulary {model.vocab_size}, {model.seq_len} tokens), {plan['params'] / 1e6:.2f}M parameters, "
+        f"built and trained by the job's code (zeropp_hier.app.job.Run), {args.dtype}, micro-batch "
         f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
         "stage3_max_reuse_distance=0 (backward re-gathers)"
         + (f", reduce_bucket_size={args.reduce_bucket}." if args.reduce_bucket else ".")
@@ -625,7 +639,7 @@ def main(argv=None) -> int:
         indent=1,
     )
     os.remove(raw)
-    bar_chart(summary, args.png)
+    bar_chart(summary, args.png, args.shape)
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
     return 0
 

@@ -2,7 +2,10 @@
 
     python -m benchmarks.compare_rank '<json plan>'
 
-The plan lists configurations (stock DeepSpeed or a zeropp_hier preset), rounds and steps. One
+Every configuration is the training job's own code (``zeropp_hier.app.job.Run``: the job's
+config, the model shape built sharded, its step loop and metrics), stock DeepSpeed as the job's
+``stock`` preset with the benchmark's extra DeepSpeed keys. The plan lists configurations (stock
+DeepSpeed or a zeropp_hier preset), the model shape, rounds and steps. One
 world runs all of them, round after round, in a rotating order so that drift in the shared
 machine's load hits every configuration alike. Around the measured steps of each configuration
 rank 0 raises marks ([Note: marks] in benchmarks/cluster/rankside.py) so the driver can read the
@@ -20,20 +23,26 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
 
 
-def build(cfg: dict, model_cfg, ds_cfg: dict):
-    """Stock configurations go through plain ``deepspeed.initialize``; ours through ours."""
-    import deepspeed
-    import torch
+def job_spec(cfg: dict, plan: dict):
+    """The job (``zeropp_hier.app.job``) of one configuration: the plan's model shape, dtype,
+    micro-batch and topology; stock configurations are the job's ``stock`` preset (DeepSpeed
+    ZeRO-3 with no zeropp_hier section: plain ``deepspeed.initialize``, the same model built
+    under stock ``deepspeed.zero.Init`` from the same seed)."""
+    from zeropp_hier.app.job import JobSpec
+    from zeropp_hier.app.models import ModelSpec
 
-    from zeropp_hier.app import training
-    from zeropp_hier.app.gpt import GPT
-
-    if cfg["kind"] == "stock":
-        torch.manual_seed(0)
-        model = GPT(model_cfg)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_cfg)
-        return engine
-    return training.build_engine(ds_cfg, model_cfg)
+    return JobSpec(
+        preset="stock" if cfg["kind"] == "stock" else cfg["preset"],
+        compression=cfg.get("compression"),
+        dtype=plan.get("dtype", "fp32"),
+        micro_batch=plan["micro_batch"],
+        model=ModelSpec(**plan["model_spec"]),
+        topology=dict(plan["topology"]),
+        regather=plan["regather"],
+        local_world=plan["world"],
+        seed=0,
+        progress="off",
+    )
 
 
 # [Note: device-time compute]
@@ -62,48 +71,44 @@ def add_device_time(model, device_ms: float) -> None:
             time.sleep(2 * wait_s)
             return grad
 
-    blocks = model.module.blocks if hasattr(model, "module") else model.blocks
-    for blk in blocks:
-        blk.register_forward_hook(lambda _m, _i, out: DeviceTime.apply(out))
+    from zeropp_hier.app.models import blocks
+
+    _wait_after = _device_time_hook(DeviceTime.apply)
+    for blk in blocks(model.module if hasattr(model, "module") else model):
+        blk.register_forward_hook(_wait_after)
 
 
-def ds_config_for(cfg: dict, plan: dict) -> dict:
-    from zeropp_hier.app import training
+def _device_time_hook(fn):
+    """A forward hook applying ``fn`` to a block's hidden states (a tensor, or a tuple's first)."""
 
-    topo = plan["topology"]
-    dtype, bucket = plan.get("dtype", "fp32"), plan.get("prefetch_bucket", 0)
-    if cfg["kind"] == "stock":
-        c = training.ds_config(None, micro_batch=plan["micro_batch"], regather=plan["regather"], dtype=dtype)
-        c["zero_optimization"].update(cfg.get("zero", {}))
-    else:
-        c = training.ds_config(
-            cfg["preset"],
-            micro_batch=plan["micro_batch"],
-            regather=plan["regather"],
-            compression=cfg.get("compression"),
-            gpus_per_node=topo["gpus_per_node"],
-            gcds_per_gpu=topo["gcds_per_gpu"],
-            dtype=dtype,
-        )
+    def hook(_module, _inputs, out):
+        if isinstance(out, tuple):
+            return (fn(out[0]), *out[1:])
+        return fn(out)
+
+    return hook
+
+
+def ds_overrides(cfg: dict, plan: dict) -> dict:
+    """What the benchmark sets beyond the job's config (``job.ds_config_for``): stock ZeRO++'s
+    ``zero`` keys, DeepSpeed's prefetch and gradient buckets, our overlap/memory/pipeline keys."""
+    zero = dict(cfg.get("zero", {}))
+    bucket = plan.get("prefetch_bucket", 0)
     if bucket and cfg.get("prefetch", True):
         # prefetch ahead of use; reuse distance 0 and at most about one bucket of live parameters,
         # as for a model much larger than this one: without the live limit DeepSpeed keeps this
         # small model gathered from forward into backward, and backward gathers nothing
-        c["zero_optimization"].update(
-            stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0, stage3_max_live_parameters=bucket
-        )
+        zero.update(stage3_prefetch_bucket_size=bucket, stage3_max_reuse_distance=0, stage3_max_live_parameters=bucket)
     if plan.get("reduce_bucket"):
         # gradient buckets of about one layer, as a model much larger than DeepSpeed's 5e8-element
         # default bucket has: backward fills several, and each is reduced while backward goes on
         # (with the default this small model is one bucket, reduced after backward ends)
-        c["zero_optimization"]["reduce_bucket_size"] = plan["reduce_bucket"]
-    if "overlap" in cfg:
-        c["zeropp_hier"]["overlap"] = cfg["overlap"]
-    if "memory" in cfg:
-        c["zeropp_hier"]["memory"] = cfg["memory"]
-    if "pipeline" in cfg:
-        c["zeropp_hier"]["pipeline"] = cfg["pipeline"]
-    return c
+        zero["reduce_bucket_size"] = plan["reduce_bucket"]
+    out: dict = {"zero_optimization": zero} if zero else {}
+    ours = {k: cfg[k] for k in ("overlap", "memory", "pipeline") if k in cfg}
+    if ours:
+        out["zeropp_hier"] = ours
+    return out
 
 
 def forget_hpz_group() -> None:
@@ -129,14 +134,18 @@ def quant_rate(elems: int = 1 << 20, reps: int = 3) -> float:
     return elems * reps / (time.perf_counter() - t0)
 
 
-def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
+def run_one(name: str, cfg: dict, plan: dict, label: str, marks: bool = True) -> dict:
+    """One configuration on this rank: build, warm up, measure. ``marks=False`` runs it outside
+    the emulated cluster (no driver to answer [Note: marks]), as the tests do."""
     import torch.distributed as dist
 
     import zeropp_hier
-    from benchmarks.cluster.rankside import mark, peak_rss_bytes, peak_rss_reset
+    from benchmarks.cluster import rankside
+    from benchmarks.cluster.rankside import peak_rss_bytes, peak_rss_reset
     from benchmarks.linkuse import busy_summary
-    from zeropp_hier.app import training
+    from zeropp_hier.app.job import Run
 
+    mark = rankside.mark if marks else (lambda _label: None)
     shaped = label.startswith("shaped/")
     # "auto" probes the links while it is built: it must see them as the steps will
     auto = cfg.get("preset") == "auto"
@@ -144,43 +153,39 @@ def run_one(name: str, cfg: dict, plan: dict, model_cfg, label: str) -> dict:
         mark(f"{label} {'shape' if auto else 'build'}")
     peak_rss_reset()
     t0 = time.perf_counter()
-    engine = build(cfg, model_cfg, ds_config_for(cfg, plan))
+    run = Run(job_spec(cfg, plan), ds_overrides(cfg, plan))
     build_s = time.perf_counter() - t0
+    engine = run.engine
     if plan.get("device_ms"):  # [Note: device-time compute]
         add_device_time(engine, plan["device_ms"])
     if shaped and not auto:
         mark(f"{label} shape")
-    ours = getattr(engine, "hier_runtime", None) is not None
-    training.train_steps(engine, plan["warmup"])
-    executor = engine.hier_runtime.executor if ours else None
-    if ours:
-        zeropp_hier.reset_comm_stats(engine)
-    times, windows = [], []
-
-    def on_step(_step, loss, dt):
-        now = time.perf_counter()  # train_steps times a step with the same clock
-        times.append((dt, loss))
-        windows.append((now - dt, now))
-
+    run.train(plan["warmup"])
+    run.reset_counters()
+    executor = run.runtime.executor if run.hier else None
     mark(f"{label} begin")
     if executor is not None:  # [Note: busy intervals] in zeropp_hier/comm/busy.py
         executor.record_busy()
-    training.train_steps(engine, plan["steps"], start=plan["warmup"], on_step=on_step)
+    first = len(run.windows)
+    # the job's row of each step all-reduces one float (the mean loss) after the step's timer
+    # stops: outside the step times, inside the wire counters (~100 bytes per rank per step)
+    rows = run.train(plan["steps"], start=plan["warmup"])
+    windows = run.windows[first:]
     busy = executor.busy_log.intervals() if executor is not None and executor.busy_log is not None else None
     if executor is not None:
         executor.record_busy(False)
     mark(f"{label} end")
     out = {
-        "times": [t for t, _ in times],
-        "losses": [loss for _, loss in times],
+        "times": [r["seconds"] for r in rows],
+        "losses": [r["loss"] for r in rows],  # mean over ranks (the job's row)
         "peak_rss": peak_rss_bytes(),
         "build_s": build_s,
     }
-    if ours:
+    if run.hier:
         out["stats"] = zeropp_hier.comm_stats(engine)
     if busy is not None:  # per tier busy time in the measured steps ([Note: link use])
         out["busy"] = busy_summary(busy, windows)
-    training.release(engine)
+    run.release()
     if cfg["kind"] == "stock" and cfg.get("zero", {}).get("zero_hpz_partition_size", 1) > 1:
         forget_hpz_group()
     per_rank = [None] * dist.get_world_size()
@@ -201,9 +206,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import mark, send_result
-    from zeropp_hier.app.gpt import GPTConfig
 
-    model_cfg = GPTConfig(**plan["model"])
     rate = quant_rate()
     rates = [None] * dist.get_world_size()
     dist.all_gather_object(rates, rate)
@@ -216,7 +219,7 @@ def main() -> int:
         for rnd in range(phase["rounds"]):
             k = rnd % len(names)
             for name in names[k:] + names[:k]:
-                res = run_one(name, plan["configs"][name], plan, model_cfg, f"{phase['name']}/{rnd}/{name}")
+                res = run_one(name, plan["configs"][name], plan, f"{phase['name']}/{rnd}/{name}")
                 if dist.get_rank() == 0:
                     res["phase"], res["round"] = phase["name"], rnd
                     send_result(res)

@@ -3,16 +3,21 @@
     python -m benchmarks.convergence                    # ~25 min on 2 CPU cores
     python -m benchmarks.convergence --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
 
-A byte-level GPT (vocab 256, untied head) is trained on the Python standard library's own
-sources (``zeropp_hier.app.text``: no download, deterministic for a Python version) on 8 local CPU
-ranks = 2 nodes x 2 GPUs x 2 GCDs, gloo. Every configuration starts from the same seed and sees
-the same batches in the same order, one after the other in the same world: stock DeepSpeed
-ZeRO-3, then each preset and compression scheme. DeepSpeed's prefetch and reuse distance are 0,
+Every configuration is the training job itself (``zeropp_hier.app.job.Run``: the job's
+config, its GPT-NeoX built sharded, its data loader, step loop and metrics), on 8 local CPU
+ranks = 2 nodes x 2 GPUs x 2 GCDs, gloo. The model is the job's ``tiny`` GPT-NeoX (byte level,
+vocabulary 256; ``--d-model``/``--heads``/``--layers``/``--seq-len`` change it); the data is the
+Python standard library's own sources tokenized by the job's ``data prepare`` step (no download,
+deterministic for a Python version; prepared once into ``<out-dir>/stdlib_tokens``, or
+``--data DIR``). Every configuration starts from the same seed and sees the same samples in the
+same order, one after the other in the same world: stock DeepSpeed ZeRO-3 (the job's ``stock``
+preset), then each preset and compression scheme. DeepSpeed's prefetch and reuse distance are 0,
 so the backward pass re-gathers weights as for a large model (and that gather is compressed
 whenever the scheme says so).
 
 Reported per configuration: final training loss (mean over the last 20 steps and the 8 ranks),
-held-out loss of the final weights (exact fp32 copies, every 20th stdlib file), relative
+held-out loss of the final weights (exact fp32 copies, the token files' ``val`` split: every
+20th stdlib file), relative
 differences to stock, node-tier bytes one rank sends per step, the sampled relative error of the
 int4 node-stage gradients, and seconds per step (CPU, shared machine: not a speed measurement).
 Writes ``convergence.json`` and ``convergence.png`` to ``--out-dir``.
@@ -21,13 +26,13 @@ Writes ``convergence.json`` and ``convergence.png`` to ``--out-dir``.
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import json
 import os
 import sys
 import time
 
-from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.models import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
@@ -48,72 +53,93 @@ OPTIONAL = {  # not run by default; name them with --configs
 LAST = 20  # final loss = mean of the last 20 steps
 
 
-def model_config(a: dict) -> GPTConfig:
-    return GPTConfig(
+def model_config(a: dict) -> ModelSpec:
+    """The job's ``tiny`` GPT-NeoX (byte level), with the command line's overrides."""
+    return dataclasses.replace(
+        MODELS["tiny"],
         vocab_size=256,
         seq_len=a["seq_len"],
-        d_model=a["d_model"],
-        n_heads=a["heads"],
-        n_layers=a["layers"],
-        tie_embeddings=False,
+        hidden=a["d_model"],
+        heads=a["heads"],
+        layers=a["layers"],
+        intermediate=4 * a["d_model"],
     )
 
 
-@functools.lru_cache(maxsize=1)
-def _corpus():
-    from zeropp_hier.app import text
+def prepare_data(path: str) -> dict:
+    """The stdlib corpus as the job's token files (``zeropp-hier data prepare --stdlib``), once."""
+    from zeropp_hier.app import data
+    from zeropp_hier.app.text import stdlib_files
 
-    return text.stdlib_corpus()
+    index = os.path.join(path, "index.json")
+    if not os.path.exists(index):
+        data.prepare(stdlib_files(), path, "python standard library")
+    with open(index) as f:
+        return json.load(f)
 
 
-def _held_out_loss(state: dict, model_cfg: GPTConfig, a: dict, rank: int) -> float:
-    """Loss of the exact final weights on held-out files (plain PyTorch copy of the model)."""
+def job_spec(preset, compression, a: dict):
+    from zeropp_hier.app.job import JobSpec
+
+    return JobSpec(
+        preset=preset or "stock",
+        compression=compression,
+        steps=a["steps"],
+        micro_batch=a["micro_batch"],
+        model=model_config(a),
+        data_path=a["data"],
+        lr=a["lr"],
+        seed=a["seed"],
+        local_world=8,
+        progress="off",
+    )
+
+
+def _held_out_loss(state: dict, a: dict, rank: int, world: int) -> float:
+    """Loss of the exact final weights on the held-out split, in a plain PyTorch copy of the
+    model (built whole: no DeepSpeed), ``eval_batches`` micro-batches per rank."""
     import torch
 
-    from zeropp_hier.app import text
-    from zeropp_hier.app.gpt import GPT
+    from zeropp_hier.app import models
+    from zeropp_hier.app.data import Loader, TokenData
 
-    model = GPT(model_cfg)
-    model.load_state_dict(state)
+    spec = model_config(a)
+    model = models.build(spec, {})
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(state[name])
     model.eval()
+    val = Loader(TokenData(a["data"], "val"), spec.seq_len, a["micro_batch"], rank, world, a["seed"] + 1)
     total = 0.0
     with torch.no_grad():
         for i in range(a["eval_batches"]):
-            x, y = text.windows(
-                _corpus().held_out, a["micro_batch"], model_cfg.seq_len, text.batch_seed(a["seed"] + 1, i, rank)
-            )
+            x, y = val.batch(i)
             total += float(model(x, y))
     return total / a["eval_batches"]
 
 
 def train_one(name: str, preset, compression, a: dict) -> dict:
-    """One configuration on this rank: train, then evaluate the final weights."""
+    """One configuration on this rank: the job's run, then its final weights evaluated."""
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier.app import text, training
+    from zeropp_hier.app import training
+    from zeropp_hier.app.job import Run
 
-    rank = dist.get_rank()
-    corpus = _corpus()
-    model_cfg = model_config(a)
-    cfg = training.ds_config(preset, compression=compression, micro_batch=a["micro_batch"], lr=a["lr"])
-    engine = training.build_engine(cfg, model_cfg, seed=a["seed"])
-
-    def batch_fn(index, batch, r):
-        return text.windows(corpus.train, batch, model_cfg.seq_len, text.batch_seed(a["seed"], index, r))
-
+    rank, world = dist.get_rank(), dist.get_world_size()
+    run = Run(job_spec(preset, compression, a))
     t0 = time.perf_counter()
-    losses = training.train_steps(engine, a["steps"], batch_fn=batch_fn)
+    rows = run.train(a["steps"])
     seconds = time.perf_counter() - t0
-    state = training.gathered_state(engine)
-    out = {"losses": losses, "seconds": seconds, "params": sum(p.ds_numel for p in engine.module.parameters())}
-    if getattr(engine, "hier_runtime", None) is not None:
-        st = zeropp_hier.comm_stats(engine)
+    state = training.gathered_state(run.engine)
+    out = {"losses": [r["loss"] for r in rows], "seconds": seconds, "params": run.n_params}
+    if run.hier:
+        st = zeropp_hier.comm_stats(run.engine)
         out["numerics"] = st["numerics"]
         out["bytes"] = st["bytes"]
-        out["plan"] = repr(engine.hier_runtime.plan)
-    training.release(engine)
-    out["held_out_loss"] = _held_out_loss(state, model_cfg, a, rank)
+        out["plan"] = repr(run.runtime.plan)
+    run.release()
+    out["held_out_loss"] = _held_out_loss(state, a, rank, world)
     return out
 
 
@@ -177,7 +203,9 @@ def plot(rows: list, path: str) -> None:
         full.plot(smooth, label=r["name"], lw=1.2)
         start = len(c) // 2
         tail.plot(range(start, len(c)), smooth[start:], label=r["name"], lw=1.2)
-    full.set(xlabel="step", ylabel="training loss (10-step mean, 8 ranks)", title="byte-level GPT on stdlib sources")
+    full.set(
+        xlabel="step", ylabel="training loss (10-step mean, 8 ranks)", title="byte-level GPT-NeoX on stdlib sources"
+    )
     tail.set(xlabel="step", title="second half")
     tail.legend(fontsize=8)
     fig.tight_layout()
@@ -188,12 +216,16 @@ def plot(rows: list, path: str) -> None:
 _SAME = ("steps", "micro_batch", "seq_len", "d_model", "heads", "layers", "lr", "seed", "eval_batches")
 
 
-def _previous_rows(path: str, a: dict) -> list:
+def _previous_rows(path: str, a: dict, model: dict, data_sha: str) -> list:
     if not os.path.exists(path):
         return []
     with open(path) as f:
         prev = json.load(f)
     differ = {k: (prev["args"].get(k), a[k]) for k in _SAME if prev["args"].get(k) != a[k]}
+    if prev.get("model") != model:
+        differ["model"] = (prev.get("model"), model)
+    if prev.get("corpus", {}).get("sha256") != data_sha:
+        differ["data"] = (prev.get("corpus", {}).get("sha256"), data_sha)
     if differ:
         raise SystemExit(
             f"--resume: {path} was made with other settings {differ} (saved, now); "
@@ -216,6 +248,12 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument(
+        "--data",
+        default=None,
+        help="a `zeropp-hier data prepare` directory (default: the stdlib corpus, prepared once into "
+        "<out-dir>/stdlib_tokens)",
+    )
+    ap.add_argument(
         "--resume",
         action="store_true",
         help="keep the configurations already in <out-dir>/convergence.json (same settings) "
@@ -227,10 +265,19 @@ def main(argv=None) -> int:
     unknown = [n for n in args.configs if n not in known]
     if unknown:
         ap.error(f"unknown configuration(s) {unknown}; choose from {list(known)}")
-    a = {k.replace("-", "_"): v for k, v in vars(args).items()}
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.data is None:
+        args.data = os.path.abspath(os.path.join(args.out_dir, "stdlib_tokens"))
+        index = prepare_data(args.data)
+    else:
+        from zeropp_hier.app.data import TokenData
+
+        args.data = os.path.abspath(args.data)
+        index = TokenData(args.data).index  # a clear error when it is not a prepared directory
+    a = {k.replace("-", "_"): v for k, v in vars(args).items()}
+    model = dataclasses.asdict(model_config(a))
     out_json = os.path.join(args.out_dir, "convergence.json")
-    rows = _previous_rows(out_json, a) if args.resume else []
+    rows = _previous_rows(out_json, a, model, index["sha256"]) if args.resume else []
     done = {r["name"] for r in rows}
     if done:
         print(f"resuming: keeping {sorted(done)} from {out_json}")
@@ -249,20 +296,20 @@ def main(argv=None) -> int:
                 f"{r['held_out_loss']:.4f} ({time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
-            corpus = _corpus()
             # after every configuration: a partial run still reports
             write_json_atomic(
                 out_json,
                 {
                     "args": a,
-                    "model": model_config(a).__dict__,
+                    "model": model,
                     "world": "8 ranks = 2 nodes x 2 GPUs x 2 GCDs",
                     "corpus": {
-                        "python": corpus.python,
-                        "files": corpus.files,
-                        "sha256": corpus.sha256,
-                        "train_bytes": corpus.train.numel(),
-                        "held_out_bytes": corpus.held_out.numel(),
+                        "python": sys.version.split()[0],
+                        "path": args.data,
+                        "source": index.get("source"),
+                        "documents": index["documents"],
+                        "tokens": index["tokens"],
+                        "sha256": index["sha256"],
                     },
                     "configs": {n: {"preset": known[n][0], "compression": known[n][1]} for n in args.configs},
                     "results": rows,

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Callable, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..files import write_json_atomic
@@ -90,7 +90,10 @@ class JobSpec:
         return os.path.join(self.out_dir, "checkpoints") if self.out_dir else None
 
 
-def ds_config_for(spec: JobSpec) -> dict:
+def ds_config_for(spec: JobSpec, overrides: Mapping[str, Any] | None = None) -> dict:
+    """The job's DeepSpeed config. ``overrides``: sections merged in last, one level deep (a
+    dict value updates the section of the same name, anything else replaces it), e.g. the
+    benchmarks' ``{"zero_optimization": {"zero_hpz_partition_size": 4}}`` for stock ZeRO++."""
     from . import training
 
     preset = None if spec.preset == "stock" else spec.preset
@@ -104,6 +107,11 @@ def ds_config_for(spec: JobSpec) -> dict:
     )
     if preset is not None:
         cfg["zeropp_hier"]["topology"] = spec.topology
+    for key, value in (overrides or {}).items():
+        if isinstance(value, Mapping) and isinstance(cfg.get(key), dict):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
     return cfg
 
 
@@ -216,14 +224,130 @@ def peak_memory_bytes(device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
+class Run:
+    """One rank's job, built: the data (checked before the model is built: a wrong path costs
+    nothing), the engine for ``spec.model`` under the preset (built sharded, ``app/models.py``)
+    and the per-step metrics. ``rank_main`` drives it with the job's reporting, resume and
+    checkpoints; the benchmarks (``benchmarks/compare_rank.py``, ``benchmarks/convergence.py``)
+    with their own hooks, so that what they measure is what the job runs.
+    ``ds_overrides``: see ``ds_config_for``. Collective: every rank builds it."""
+
+    def __init__(self, spec: JobSpec, ds_overrides: Mapping[str, Any] | None = None):
+        import torch
+        import torch.distributed as dist
+
+        from ..core.topology import TIERS
+        from . import flops, models, training
+        from .data import Loader, TokenData
+
+        self.spec = spec
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        m = spec.model
+        self.loader: Loader | None = None
+        if spec.data_path is not None:
+            tokens = TokenData(spec.data_path)
+            if tokens.vocab_size > m.vocab_size:
+                from ..core.errors import HierConfigError
+
+                raise HierConfigError(
+                    "model.vocab_size",
+                    m.vocab_size,
+                    f"the data's tokenizer has {tokens.vocab_size} tokens: use a model with at least as many",
+                )
+            self.loader = Loader(tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
+        self.config = ds_config_for(spec, ds_overrides)
+        self.engine = training.build_engine(
+            self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing
+        )
+        self.runtime = getattr(self.engine, "hier_runtime", None)
+        self.hier = self.runtime is not None
+        self.tokens_per_step = self.world * spec.micro_batch * m.seq_len
+        self.n_params = sum(p.ds_numel for p in self.engine.module.parameters())
+        dev = self.engine.device
+        self.device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+        self.flops_per_token = flops.flops_per_token(
+            self.n_params, models.input_embedding_params(m), m.layers, m.hidden, m.seq_len
+        )
+        self.peak_tflops = flops.peak_tflops(self.device_name)
+        self.windows: list[tuple[float, float]] = []  # each trained step's (start, end), host clock
+        self._sent = {t: 0 for t in TIERS}  # comm_stats' totals at the last row
+        self._skipped = self.engine.skipped_steps
+
+    def batch_fn(self):
+        """``train_steps``' batches: the loader's, or None for the model's synthetic sequences."""
+        loader = self.loader
+        return None if loader is None else (lambda index, batch, r: loader.batch(index))
+
+    def reset_counters(self) -> None:
+        """Start the byte counters (and comm_stats) from zero, e.g. after warm-up steps."""
+        from ..core.topology import TIERS
+
+        if self.hier:
+            import zeropp_hier
+
+            zeropp_hier.reset_comm_stats(self.engine)
+        self._sent = {t: 0 for t in TIERS}
+
+    def measure(self, step: int, loss: float, seconds: float) -> dict:
+        """The job's metrics row of one step (collective: the loss is averaged over ranks)."""
+        import torch
+        import torch.distributed as dist
+
+        from ..core.topology import TIERS
+        from . import flops
+
+        t = torch.tensor([loss], dtype=torch.float64, device=self.engine.device)  # NCCL takes device tensors only
+        dist.all_reduce(t)
+        tps = self.tokens_per_step
+        row: dict[str, Any] = {
+            "step": step,
+            "loss": float(t) / self.world,
+            "tokens_per_s": tps / seconds,
+            "seconds": seconds,
+        }
+        row["tflops_per_gcd"] = flops.tflops_per_gcd(self.flops_per_token, tps, seconds, self.world)
+        row["mfu"] = flops.mfu(row["tflops_per_gcd"], self.peak_tflops)
+        row["peak_memory_bytes"] = peak_memory_bytes(self.engine.device)  # this rank's
+        if self.hier:
+            import zeropp_hier
+
+            snap = zeropp_hier.comm_stats(self.engine)["bytes"]
+            now = {tier: sum(snap[p][tier] for p in snap) for tier in TIERS}
+            row["bytes"] = {tier: now[tier] - self._sent[tier] for tier in TIERS}
+            self._sent.update(now)
+        row["skipped"] = self.engine.skipped_steps > self._skipped  # fp16 overflow or non-finite gradient
+        self._skipped = self.engine.skipped_steps
+        return row
+
+    def train(self, steps: int, start: int = 0, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+        """Steps ``start`` .. ``start + steps - 1``; ``on_row`` sees each step's row as it ends
+        (``row["seconds"]`` is the step itself, timed by ``training.train_steps``)."""
+        from . import training
+
+        rows: list[dict] = []
+
+        def on_step(step: int, loss: float, seconds: float) -> None:
+            end = time.perf_counter()  # train_steps times the step with this clock
+            self.windows.append((end - seconds, end))
+            rows.append(self.measure(step, loss, seconds))
+            if on_row is not None:
+                on_row(rows[-1])
+
+        training.train_steps(self.engine, steps, start=start, on_step=on_step, batch_fn=self.batch_fn())
+        return rows
+
+    def release(self) -> None:
+        from . import training
+
+        training.release(self.engine)
+        self.engine = None
+
+
 def rank_main(spec: JobSpec) -> dict:
     """One rank of the job (torch.distributed already initialised)."""
-    import torch
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier.app import training
-    from zeropp_hier.core.topology import TIERS
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
@@ -233,29 +357,9 @@ def rank_main(spec: JobSpec) -> dict:
         log.setLevel(logging.INFO)
         log.propagate = False
     model_cfg = spec.model
-    batch_fn = None
-    loader = None
-    if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
-        from .data import Loader, TokenData
-
-        tokens = TokenData(spec.data_path)
-        if tokens.vocab_size > model_cfg.vocab_size:
-            from ..core.errors import HierConfigError
-
-            raise HierConfigError(
-                "model.vocab_size",
-                model_cfg.vocab_size,
-                f"the data's tokenizer has {tokens.vocab_size} tokens: use a model with at least as many",
-            )
-        loader = Loader(tokens, model_cfg.seq_len, spec.micro_batch, rank, world, spec.seed)
-        batch_fn = lambda index, batch, r: loader.batch(index)  # noqa: E731
-    engine = training.build_engine(
-        ds_config_for(spec), model_cfg, seed=spec.seed, checkpointing=spec.activation_checkpointing
-    )
-    rt = getattr(engine, "hier_runtime", None)
-    hier = rt is not None
-    tokens_per_step = world * spec.micro_batch * model_cfg.seq_len
-    n_params = sum(p.ds_numel for p in engine.module.parameters())
+    run = Run(spec)
+    engine, rt, hier, loader = run.engine, run.runtime, run.hier, run.loader
+    tokens_per_step, n_params, device_name = run.tokens_per_step, run.n_params, run.device_name
     report = _Reporter(spec, rank == 0)
     mode = spec.topology if isinstance(spec.topology, str) else (spec.topology or {}).get("mode", "manual")
     arch = {"neox": "GPT-NeoX", "gpt": "GPT"}[model_cfg.arch]
@@ -281,46 +385,29 @@ def rank_main(spec: JobSpec) -> dict:
 
         for line in (*tables.topology_lines(rt.topo, mode), *tables.plan_lines(rt.plan, rt.topo)):
             report.line(line)
-    from . import flops, models
+    from ..core.topology import TIERS
+    from . import flops
 
-    device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None
-    flops_token = flops.flops_per_token(
-        n_params, models.input_embedding_params(model_cfg), model_cfg.layers, model_cfg.hidden, model_cfg.seq_len
-    )
-    peak = flops.peak_tflops(device_name)
     history: list[dict] = []
-    prev = {t: 0 for t in TIERS}
-    skipped = [engine.skipped_steps]
 
-    def on_step(step: int, loss: float, seconds: float) -> None:
-        t = torch.tensor([loss], dtype=torch.float64, device=engine.device)  # NCCL takes device tensors only
-        dist.all_reduce(t)
-        row: dict[str, Any] = {
-            "step": step,
-            "loss": float(t) / world,
-            "tokens_per_s": tokens_per_step / seconds,
-            "seconds": seconds,
-        }
-        row["tflops_per_gcd"] = flops.tflops_per_gcd(flops_token, tokens_per_step, seconds, world)
-        row["mfu"] = flops.mfu(row["tflops_per_gcd"], peak)
-        row["peak_memory_bytes"] = peak_memory_bytes(engine.device)  # this rank's (rank 0's in the file)
+    def on_row(row: dict) -> None:
         sent = ""
         if hier:
-            snap = zeropp_hier.comm_stats(engine)["bytes"]
-            now = {tier: sum(snap[p][tier] for p in snap) for tier in TIERS}
-            row["bytes"] = {tier: now[tier] - prev[tier] for tier in TIERS}
-            prev.update(now)
             sent = " | sent/rank " + "  ".join(
                 f"{tier} {fmt_bytes(row['bytes'][tier]):>9s}" for tier in reversed(TIERS)
             )
-        row["skipped"] = engine.skipped_steps > skipped[0]  # fp16 overflow or non-finite gradient
-        skipped[0] = engine.skipped_steps
         mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
         history.append(row)
         perf = f"{row['tflops_per_gcd']:.3g} TFLOP/s/GCD {flops.mfu_text(row['mfu'], device_name)}"
         report.step(
-            row, f"step {step:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}"
+            row,
+            f"step {row['step']:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}",
         )
+        done = row["step"] + 1
+        if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
+            assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
+            tag = resume.save(engine, spec.ckpt_dir, done, data_state(done))
+            report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
 
     from . import resume
 
@@ -349,18 +436,11 @@ def rank_main(spec: JobSpec) -> dict:
             f"resumed from {spec.ckpt_dir} ({spec.resume}) at step {start}, data sample {job['data']['sample']}"
         )
 
-    def on_step_and_save(step: int, loss: float, seconds: float) -> None:
-        on_step(step, loss, seconds)
-        done = step + 1
-        if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
-            assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
-            tag = resume.save(engine, spec.ckpt_dir, done, data_state(done))
-            report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
-
     t0 = time.perf_counter()
-    training.train_steps(engine, spec.steps - start, start=start, on_step=on_step_and_save, batch_fn=batch_fn)
+    run.train(spec.steps - start, start=start, on_row=on_row)
     elapsed = time.perf_counter() - t0
     report.close()
+    flops_token, peak = run.flops_per_token, run.peak_tflops
     summary = {
         "spec": asdict(spec),
         "world": world,
@@ -419,7 +499,7 @@ def rank_main(spec: JobSpec) -> dict:
             report.line(
                 f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json, {os.path.basename(png)}"
             )
-    training.release(engine)
+    run.release()
     losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
     return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
 

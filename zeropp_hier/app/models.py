@@ -162,6 +162,22 @@ def _hier_init(hier_runtime):
     return zeropp_hier.Init if hier_runtime is None else functools.partial(zeropp_hier.Init, hier_runtime=hier_runtime)
 
 
+@contextlib.contextmanager
+def _hf_zero3_off():
+    """transformers decides whether to partition from a process-wide weak reference to the last
+    live ``HfDeepSpeedConfig``; an engine built earlier in this process (e.g. the one whose
+    weights a whole copy is being built to evaluate) can keep its config alive. A model asked
+    for without ZeRO-3 is built whole regardless."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = ref
+
+
 def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) -> nn.Module:
     """The model ``spec``, partitioned during construction when ``ds_config`` is ZeRO stage 3
     ([Note: building a model sharded]); every rank must call it (it is collective then).
@@ -182,12 +198,13 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     from transformers import GPTNeoXForCausalLM
 
     keep = None
-    ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+    ctx: contextlib.AbstractContextManager = _hf_zero3_off()
     if _is_stage3(ds_config):
         import deepspeed
         from transformers.integrations import HfDeepSpeedConfig
 
         keep = HfDeepSpeedConfig(ds_config)  # transformers sees ZeRO-3 while it is alive
+        ctx = contextlib.nullcontext()
         if _hier_init_applies(ds_config):
             from ..deepspeed.engine import _rebound
 
@@ -196,6 +213,18 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
         lm = GPTNeoXForCausalLM._from_config(neox_config(spec))
     lm.train()
     return CausalLM(lm, spec, keep_alive=keep)
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a model ``build`` made (or of the engine's ``module``), in
+    order: where per-block hooks go (activation checkpointing, the benchmarks' device time)."""
+    if isinstance(model, CausalLM):
+        return list(model.lm.gpt_neox.layers)  # type: ignore[union-attr,arg-type]  # transformers' GPTNeoX: a ModuleList
+    from .gpt import GPT
+
+    if isinstance(model, GPT):
+        return list(model.blocks)
+    raise TypeError(f"no transformer blocks known for a {type(model).__name__}")
 
 
 def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
