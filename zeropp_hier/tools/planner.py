@@ -520,9 +520,7 @@ def pipeline_staging(wl: Workload, chunks: int, stages: int) -> float:
     return wl.weight_bytes * wl.largest_layer_params + 4 * bucket + 4 * CHUNK_STAGING_COPIES * stages * chunk
 
 
-def memory(
-    cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | None = None, chunks: int = 1
-) -> Memory:
+def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | None = None, chunks: int = 1) -> Memory:
     """Bytes per GCD by part; ``kept``: the kept copies' bytes (default: the preset's copy of
     every layer); ``chunks``: pipelined chunks per job (their extra staging, ``pipeline_staging``)."""
     w, m, b = cluster.world_size, wl.params, wl.weight_bytes
