@@ -23,7 +23,8 @@ def auto_runs(cfgs: dict, steps: int) -> dict:
         losses = training.train_steps(engine, steps)
         st = zeropp_hier.comm_stats(engine)
         out[name] = {"losses": losses, "auto": st["auto"], "preset": engine.hier_runtime.plan.preset,
-                     "build_s": built, "bytes": st["bytes"]}
+                     "build_s": built, "bytes": st["bytes"],
+                     "chunks": engine.hier_runtime.cfg.pipeline.chunks}
         training.release(engine)
     return out
 
@@ -51,6 +52,10 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
         # the engine runs the chosen preset's plan and its traffic follows
         assert all(r[name]["preset"] == rec["preset"] for r in res)
         assert all(r[name]["losses"][-1] < r[name]["losses"][0] * 1.5 for r in res)
+        # [Note: busiest-link bound]: gloo runs lanes, so the ranking used the pipelined estimate
+        # (at least the busiest link's time) and the engine pipelines in the chunks chosen
+        assert all(r[name]["chunks"] == rec["chunks"] >= 1 for r in res)
+        assert rec["link_bound_s"] <= rec["predicted_pipelined_s"] <= rec["predicted_comm_s"] * (1 + 1e-9)
     probed = res[0]["probed"]["auto"]
     assert probed["source"].startswith("probed at initialize")
     assert all(v > 0 for v in probed["rates_gbps"].values())
