@@ -108,7 +108,7 @@ def test_probe_cuts_its_larger_message_to_the_time_target_alike_on_every_rank(wo
 
 
 def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
-    """``auto.resolve`` on this rank, counting the planner's rankings (the real ``rank``, wrapped);
+    """``auto.resolve`` on this rank, counting the planner's rankings (the real ``rank_auto``, wrapped);
     ``fail_on_rank0``: rank 0's ranking raises, as a bug in it would."""
     import torch
     import torch.distributed as dist
@@ -120,7 +120,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
 
     rank = dist.get_rank()
     calls = []
-    real = planner.rank
+    real = planner.rank_auto
 
     def counted(*a, **k):
         calls.append(1)
@@ -128,7 +128,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
             raise ValueError("planner broke")
         return real(*a, **k)
 
-    planner.rank = counted
+    planner.rank_auto = counted
     try:
         cfg = parse_section(section)
         module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
@@ -138,7 +138,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
         except RuntimeError as e:
             return {"rankings": len(calls), "error": str(e)}
     finally:
-        planner.rank = real
+        planner.rank_auto = real
     return {"rankings": len(calls), "preset": chosen.preset, "compression": chosen.compression,
             "memory": chosen.memory, "record": record}
 
