@@ -23,7 +23,8 @@ def auto_runs(cfgs: dict, steps: int) -> dict:
         losses = training.train_steps(engine, steps)
         st = zeropp_hier.comm_stats(engine)
         out[name] = {"losses": losses, "auto": st["auto"], "preset": engine.hier_runtime.plan.preset,
-                     "build_s": built, "bytes": st["bytes"]}
+                     "build_s": built, "bytes": st["bytes"],
+                     "chunks": engine.hier_runtime.cfg.pipeline.chunks}
         training.release(engine)
     return out
 
@@ -51,6 +52,10 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
         # the engine runs the chosen preset's plan and its traffic follows
         assert all(r[name]["preset"] == rec["preset"] for r in res)
         assert all(r[name]["losses"][-1] < r[name]["losses"][0] * 1.5 for r in res)
+        # [Note: busiest-link bound]: gloo runs lanes, so the ranking used the pipelined estimate
+        # (at least the busiest link's time) and the engine pipelines in the chunks chosen
+        assert all(r[name]["chunks"] == rec["chunks"] >= 1 for r in res)
+        assert rec["link_bound_s"] <= rec["predicted_pipelined_s"] <= rec["predicted_comm_s"] * (1 + 1e-9)
     probed = res[0]["probed"]["auto"]
     assert probed["source"].startswith("probed at initialize")
     assert all(v > 0 for v in probed["rates_gbps"].values())
@@ -103,7 +108,7 @@ def test_probe_cuts_its_larger_message_to_the_time_target_alike_on_every_rank(wo
 
 
 def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
-    """``auto.resolve`` on this rank, counting the planner's rankings (the real ``rank``, wrapped);
+    """``auto.resolve`` on this rank, counting the planner's rankings (the real ``rank_auto``, wrapped);
     ``fail_on_rank0``: rank 0's ranking raises, as a bug in it would."""
     import torch
     import torch.distributed as dist
@@ -115,7 +120,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
 
     rank = dist.get_rank()
     calls = []
-    real = planner.rank
+    real = planner.rank_auto
 
     def counted(*a, **k):
         calls.append(1)
@@ -123,7 +128,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
             raise ValueError("planner broke")
         return real(*a, **k)
 
-    planner.rank = counted
+    planner.rank_auto = counted
     try:
         cfg = parse_section(section)
         module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
@@ -133,7 +138,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
         except RuntimeError as e:
             return {"rankings": len(calls), "error": str(e)}
     finally:
-        planner.rank = real
+        planner.rank_auto = real
     return {"rankings": len(calls), "preset": chosen.preset, "compression": chosen.compression,
             "memory": chosen.memory, "record": record}
 

@@ -85,6 +85,7 @@ def _run(ctx, hops, start, phase, dtype, sizes, slots, keep, chunks):
     it moved per tier."""
     from zeropp_hier.comm import gather
     from zeropp_hier.comm.collectives import Encoded
+    from zeropp_hier.core import layout
 
     before = ctx.coll.stats.snapshot()["bytes"].get(phase, {})
     before = dict(before)
@@ -99,7 +100,9 @@ def _run(ctx, hops, start, phase, dtype, sizes, slots, keep, chunks):
         align = gather.chunk_align(hops, start.block_size if isinstance(start, Encoded) else 1)
         ranges = gather.column_ranges(sum(slots), align, chunks)
         finish = gather.finish_bucket(ctx, dtype, sizes, slots, NUMELS, keep)
-        futures = [ex.submit(j, lanes) for j in gather.chunk_jobs(ctx, hops, lambda: start, ranges, phase, finish)]
+        valid = layout.valid_of(sizes, slots)  # as the runtime passes it ([Note: padding stays off the wire])
+        jobs = gather.chunk_jobs(ctx, hops, lambda: start, ranges, phase, finish, valid=valid)
+        futures = [ex.submit(j, lanes) for j in jobs]
         results = [ex.result(f) for f in futures]
         assert all(r is None for r in results[:-1])
         got = results[-1]

@@ -49,7 +49,7 @@ def test_frontier_example_is_the_hybrid_rule_at_384_gcds():
     assert [(h.axes, h.scheme) for h in plan.backward] == [(("gcd",), "none")]
     assert [(h.axes, h.scheme, h.error_feedback) for h in plan.reduce] == [
         (("gcd",), "none", False),
-        (("gpu",), "int8", False),
+        (("gpu",), "int4", False),
         (("node",), "int4", True),
     ]
 

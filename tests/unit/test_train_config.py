@@ -52,7 +52,7 @@ def test_yaml_choices_are_the_spec_literals():
 def test_groups_select_preset_compression_and_auto_topology():
     cfg = _compose(["preset=zeropp", "compression=hybrid", "topology=auto_sim", "model=small"])
     spec = spec_from_config(OmegaConf.to_container(cfg, resolve=True))
-    assert spec.preset == "zeropp" and spec.compression["gradients"] == {"gpu": "int8", "node": "int4"}
+    assert spec.preset == "zeropp" and spec.compression["gradients"] == {"gpu": "int4", "node": "int4"}
     assert spec.topology == {"mode": "auto", "gpus_per_node": 2, "gcds_per_gpu": 2}
     assert spec.model == MODELS["small"]
 

@@ -33,6 +33,21 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _keep(rows: torch.Tensor, valid: layout.Valid | None, per_unit: int = 1) -> torch.Tensor:
+    """[R, L] rows -> only the columns that can hold a value ([Note: padding stays off the wire])."""
+    if valid is None or valid.full:
+        return rows
+    return rows.index_select(1, valid.index(per_unit, rows.device))
+
+
+def _restore(rows: torch.Tensor, valid: layout.Valid | None, length: int, per_unit: int = 1) -> torch.Tensor:
+    """Inverse of ``_keep``: [R, kept] -> [R, length], zeros in the padding."""
+    if valid is None or valid.full:
+        return rows
+    out = torch.zeros(rows.shape[0], length, dtype=rows.dtype, device=rows.device)
+    return out.index_copy_(1, valid.index(per_unit, rows.device), rows)
+
+
 # [Note: one collective per hop]
 # A quantized payload is data (int8, or two int4 per byte) plus one fp32 scale per block. Sent as
 # two collectives, every hop pays the latency of two (on the network tier, where latency is
@@ -137,27 +152,38 @@ class HierCollectives:
         return self._peer_order(out.view(k, -1), hg)
 
     def gather_hop(
-        self, buf: torch.Tensor, hop: Hop, block_size: int, phase: str, hook: PayloadHook | None = None
+        self,
+        buf: torch.Tensor,
+        hop: Hop,
+        block_size: int,
+        phase: str,
+        hook: PayloadHook | None = None,
+        valid: layout.Valid | None = None,
     ) -> torch.Tensor:
         """One gather hop on a plain buffer. buf: [n, p, g, S] (canonical layout); returns the
         buffer with the hop's axes filled in. A compressed hop encodes this rank's buffer, gathers
         the encoded rows and decodes every row, this rank's own included, so all ranks end with
         the same values. ``hook`` sees this rank's payload and a lazy
-        decoder of it."""
+        decoder of it. ``valid``: the elements of a row that can hold a value; only those are
+        sent ([Note: padding stays off the wire])."""
         if hop.scheme in _BITS:
             enc = self.encode(buf, hop, block_size, hook)
-            return self.decode(self.gather_encoded(enc, hop, phase), buf.dtype)
+            return self.decode(self.gather_encoded(enc, hop, phase, valid), buf.dtype)
         hg = self.groups[hop.axes]
         have = (buf.shape[0], buf.shape[1], buf.shape[2])
         local = buf.reshape(-1)
+        sent = _keep(buf.reshape(-1, buf.shape[3]), valid).reshape(-1)
         if hop.scheme in _CAST:
-            wire = local.to(_CAST[hop.scheme])
+            wire = sent.to(_CAST[hop.scheme])
             if hook is not None:
-                hook.encoded(local, lambda: wire.to(torch.float32))
+                full = local.to(_CAST[hop.scheme]) if sent is not local else wire
+                hook.encoded(local, lambda: full.to(torch.float32))
             flat = self._gather_blocks(wire, hg, phase).to(buf.dtype)
         else:
-            flat = self._gather_blocks(local.contiguous(), hg, phase)
-        return layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes), buf.shape[3])
+            flat = self._gather_blocks(sent.contiguous(), hg, phase)
+        k = len(hg.peers)
+        rows = _restore(flat.reshape(k * have[0] * have[1] * have[2], -1), valid, buf.shape[3])
+        return layout.merge_gathered(rows.reshape(-1), have, layout.hop_dims(self.topo, hop.axes), buf.shape[3])
 
     # [Note: quantize once per gather]
     # Once a gather hop has quantized the weights, the later hops of the same gather carry the
@@ -182,19 +208,24 @@ class HierCollectives:
             hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
         return Encoded(q.data.view(*rows, -1), q.scales.view(*rows, -1), q.bits, block_size, buf.shape[3])
 
-    def gather_encoded(self, enc: Encoded, hop: Hop, phase: str) -> Encoded:
+    def gather_encoded(self, enc: Encoded, hop: Hop, phase: str, valid: layout.Valid | None = None) -> Encoded:
         """One gather hop of encoded rows: data and scales of each row as one byte row, one
-        collective ([Note: one collective per hop]), gathered exactly."""
+        collective ([Note: one collective per hop]), gathered exactly; of the data, only the
+        bytes of ``valid`` elements ([Note: padding stays off the wire])."""
         hg = self.groups[hop.axes]
         shape = enc.data.shape
         have = (shape[0], shape[1], shape[2])
-        data_bytes = enc.data.shape[3] * enc.data.element_size()
-        wire = _pack(enc.data.reshape(-1, enc.data.shape[3]), enc.scales.reshape(-1, enc.scales.shape[3]))
+        per_unit = 8 // enc.bits  # elements per data byte
+        width = enc.data.shape[3]  # data bytes per row, padding included
+        data = _keep(enc.data.reshape(-1, width), valid, per_unit)
+        data_bytes = data.shape[1] * enc.data.element_size()
+        wire = _pack(data, enc.scales.reshape(-1, enc.scales.shape[3]))
         flat = self._gather_blocks(wire.view(-1), hg, phase)
         merged = layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes), wire.shape[1])
         rows = merged.shape[:3]
-        data, scales = _unpack(merged.reshape(-1, wire.shape[1]), data_bytes, enc.data.dtype)
-        return enc._replace(data=data.view(*rows, -1), scales=scales.view(*rows, -1))
+        got, scales = _unpack(merged.reshape(-1, wire.shape[1]), data_bytes, enc.data.dtype)
+        got = _restore(got, valid, width, per_unit)
+        return enc._replace(data=got.view(*rows, -1), scales=scales.view(*rows, -1))
 
     @staticmethod
     def decode(enc: Encoded, dtype: torch.dtype) -> torch.Tensor:
@@ -222,24 +253,29 @@ class HierCollectives:
         wire_dtype: torch.dtype,
         phase: str = "grad_reduce",
         hook: StageHook | None = None,
+        valid: layout.Valid | None = None,
     ) -> torch.Tensor:
         """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
         returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
         dequantization, never in the wire format. ``hook`` may adjust the
         send buffer before it is encoded (error feedback), sees it with a lazy decoder of its
-        payload, and sees the stage's sum."""
+        payload, and sees the stage's sum. ``valid``: the columns of a row (the last axis of
+        ``buf``) that can hold a value; only those are sent ([Note: padding stays off the wire])."""
         send = layout.split_for_stage(buf, hop.axes)  # [k, m]
         if hook is not None:
             send = hook.prepare(send)
-        k = send.shape[0]
+        k, m = send.shape
+        cols = None if valid is None or valid.full else valid.tiled(m // buf.shape[3])  # rows of the block
         if hop.scheme in _BITS:
             q = quant.quantize(send.reshape(-1), _BITS[hop.scheme], block_size)
             if hook is not None:
                 hook.encoded(send, lambda: quant.dequantize(q, torch.float32).view_as(send))
+            per_unit = 8 // q.bits
             data_rows, scale_rows = q.data.view(k, -1), q.scales.view(k, -1)
-            packed = self._exchange(_pack(data_rows, scale_rows), self.groups[hop.axes], phase)
-            data, scales = _unpack(packed, data_rows.shape[1] * data_rows.element_size(), q.data.dtype)
-            m = send.shape[1]
+            sent = _keep(data_rows, cols, per_unit)
+            packed = self._exchange(_pack(sent, scale_rows), self.groups[hop.axes], phase)
+            data, scales = _unpack(packed, sent.shape[1] * sent.element_size(), q.data.dtype)
+            data = _restore(data, cols, data_rows.shape[1], per_unit)
             parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
             summed = quant.dequantize_sum(parts, torch.float32)
         else:
@@ -247,7 +283,7 @@ class HierCollectives:
             wire = send.to(dtype)
             if hook is not None:
                 hook.encoded(send, lambda: wire.to(torch.float32))
-            recv = self._exchange(wire, self.groups[hop.axes], phase)
+            recv = _restore(self._exchange(_keep(wire, cols), self.groups[hop.axes], phase), cols, m)
             summed = recv.to(torch.float32).sum(0)
         if hook is not None:
             hook.reduced(summed)

@@ -85,12 +85,19 @@ def primary_buffer(
 
 
 def hop_steps(
-    ctx: CommContext, hops: Sequence[Hop], start: Buffer, phase: str, carry: Sequence[torch.Tensor] = ()
+    ctx: CommContext,
+    hops: Sequence[Hop],
+    start: Buffer,
+    phase: str,
+    carry: Sequence[torch.Tensor] = (),
+    valid: layout.Valid | None = None,
 ) -> Generator[Move, None, Buffer]:
     """Run ``hops`` over ``start`` ([n, p, g, S], plain or encoded); announce each collective
     before issuing it. ``carry``: tensors made on other lanes that the first hop reads (the
-    kept copies). Returns the full [N, P, G, S] buffer, encoded if a hop quantized
-    ([Note: quantize once per gather] in comm/collectives.py)."""
+    kept copies). ``valid``: the elements of a row that can hold a value, the only ones every
+    hop sends ([Note: padding stays off the wire] in core/layout.py). Returns the full
+    [N, P, G, S] buffer, encoded if a hop quantized ([Note: quantize once per gather] in
+    comm/collectives.py)."""
     coll = ctx.coll
     enc: Encoded | None = start if isinstance(start, Encoded) else None
     buf: torch.Tensor | None = start if isinstance(start, torch.Tensor) else None
@@ -105,10 +112,10 @@ def hop_steps(
             assert buf is not None
             enc = coll.encode(buf, hop, hop.block_size, hook=hook)
         if enc is not None:
-            enc = coll.gather_encoded(enc, hop, phase)
+            enc = coll.gather_encoded(enc, hop, phase, valid)
         else:
             assert buf is not None
-            buf = coll.gather_hop(buf, hop, hop.block_size, phase, hook=hook)
+            buf = coll.gather_hop(buf, hop, hop.block_size, phase, hook=hook, valid=valid)
     out = enc if enc is not None else buf
     assert out is not None
     return out
@@ -178,7 +185,7 @@ def gather_bucket(
     carry: Sequence[torch.Tensor] = (),
 ) -> Generator[Move, None, Gathered]:
     """One bucket: the hops, then the copies to keep (``keep``, per tensor) and the values."""
-    full = yield from hop_steps(ctx, hops, start, phase, carry)
+    full = yield from hop_steps(ctx, hops, start, phase, carry, layout.valid_of(sizes, slots))
     return finish_bucket(ctx, dtype, sizes, slots, numels, keep)(full)
 
 
@@ -254,6 +261,7 @@ def chunk_jobs(
     phase: str,
     finish: Callable[[Buffer], Any],
     carry: Sequence[torch.Tensor] = (),
+    valid: layout.Valid | None = None,
 ) -> list[Generator[Move, None, Any]]:
     """[Note: chunked gathers]: one job per column range of the start buffer (made by the first
     job, when it starts on its lane), each to be submitted in order with the lanes of ``hops``.
@@ -265,7 +273,7 @@ def chunk_jobs(
         if i == 0:
             held["start"] = make_start()
         piece = columns(held["start"], a, b)
-        done[i] = yield from hop_steps(ctx, hops, piece, phase, carry)
+        done[i] = yield from hop_steps(ctx, hops, piece, phase, carry, None if valid is None else valid.columns(a, b))
         if i < len(ranges) - 1:
             return None
         held.clear()

@@ -81,21 +81,32 @@ def pipelined_rows(
     rows = packed.rows
     out = rows.new_empty(rows.shape[1])
 
+    valid = _valid(packed)
+
     def job(i: int, a: int, b: int) -> Generator[Move, None, list[torch.Tensor] | None]:
         if i == 0:
             ctx.hooks.check_local(rows)
+        cols = None if valid is None else valid.columns(a, b)
         buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
         ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
         for s, hop in enumerate(ctx.plan.reduce):
             yield Move(hop.axes, (buf, rows, out))
             hook = ctx.hooks.reduce_hook(ckey, s, hop, loss_scale)
-            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook)
+            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
         out[a:b].copy_(buf.reshape(-1))
         if i < len(chunks) - 1:
             return None
         return layout.unpack_my_chunks(out, numels, packed.chunk, ctx.rank, packed.slots)
 
     return [job(i, a, b) for i, (a, b) in enumerate(chunks)]
+
+
+def _valid(packed: layout.GradRows) -> layout.Valid | None:
+    """The columns of the rows that can hold a value: each tensor's chunk, not its slot's
+    padding ([Note: padding stays off the wire] in core/layout.py)."""
+    if packed.slots is None or packed.rows.shape[1] != sum(packed.slots):
+        return None
+    return layout.valid_of(packed.chunk, packed.slots)
 
 
 def column_chunks(width: int, pad: int, world: int, chunk_elems: int) -> list[tuple[int, int]]:
@@ -120,14 +131,16 @@ def reduce_rows(
     ctx.hooks.check_local(rows)
     width = rows.shape[1]
     out = rows.new_empty(width) if len(chunks) > 1 else None
+    valid = _valid(packed)
     for a, b in chunks:
+        cols = None if valid is None else valid.columns(a, b)
         buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
         ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
         for i, hop in enumerate(ctx.plan.reduce):
             # the rows and the output are read and written on several lanes (GPU streams)
             yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
             hook = ctx.hooks.reduce_hook(ckey, i, hop, loss_scale)
-            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook)
+            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
         if out is None:
             out = buf.reshape(-1)
         else:

@@ -112,8 +112,8 @@ def aligned(n: int, block: int) -> int:
 # block across two ranks' segments would mix their data. So every tensor's piece starts on a
 # block boundary: in a gather each parameter's partition takes a slot padded to a whole number
 # of blocks (a rank's segment is then aligned too), and in a gradient row each tensor's chunk
-# does. Only buffers that some hop quantizes are padded; the padding is zeros, is sent, and is
-# counted in comm_stats like any other byte.
+# does. Only buffers that some hop quantizes are padded; the padding is zeros and stays off the
+# wire ([Note: padding stays off the wire]): the buffers keep it, the collectives do not send it.
 
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
@@ -169,3 +169,83 @@ def unpack_my_chunks(
         out.append(row.narrow(0, off, size))
         off += c if slots is None else slots[i]
     return out
+
+
+# [Note: padding stays off the wire]
+# Slots of whole blocks ([Note: blocks never straddle]) pad every small tensor's piece with zeros,
+# and every hop of a gather (and every stage of a gradient bucket) would carry those zeros again:
+# a tensor of 16 elements per rank in a 256-element slot sends 16x its bytes at each hop. The
+# padding is paid once instead: the buffers keep their padded layout (the quantizer's blocks
+# need it), but each collective sends only the columns that can hold a value, and the receiver
+# puts them back into zeros. Exact because the padding is zero wherever it is: ``primary_buffer``
+# and ``pack_grad_rows`` write zeros there, a quantized zero is the byte 0 (int8, and both int4
+# nibbles), a sum of zeros is zero and an exact cast of zero is zero, so every buffer the
+# receiver rebuilds is the one the padded collective delivered, bit for bit. Scales are sent
+# whole (one per block, padding blocks included). Quantized data is cut by bytes: an int4 byte
+# holds two elements and is sent when either holds a value.
+
+
+class Valid:
+    """Which elements of a padded row can hold a value ([Note: padding stays off the wire]):
+    a host mask, with the index of the kept units (elements, or bytes of packed int4) made once
+    per device and reused."""
+
+    def __init__(self, mask: torch.Tensor):
+        self.mask = mask  # host bool [length]
+        self.length = mask.numel()
+        self.count = int(mask.sum())
+        self._index: dict[tuple[int, str], torch.Tensor] = {}
+        self._derived: dict[tuple, Valid] = {}
+
+    @property
+    def full(self) -> bool:
+        return self.count == self.length
+
+    def index(self, per_unit: int, device: torch.device) -> torch.Tensor:
+        """Indices of the units of ``per_unit`` elements (1: elements or int8 bytes, 2: int4
+        bytes) that hold any valid element, on ``device``."""
+        key = (per_unit, str(device))
+        t = self._index.get(key)
+        if t is None:
+            units = self.mask.view(-1, per_unit).any(dim=1) if per_unit > 1 else self.mask
+            t = self._index[key] = units.nonzero().view(-1).to(device)
+        return t
+
+    def units(self, per_unit: int) -> int:
+        return self.count if per_unit == 1 else int(self.mask.view(-1, per_unit).any(dim=1).sum())
+
+    def columns(self, a: int, b: int) -> Valid:
+        """Elements [a, b) of the row (a chunk of columns)."""
+        key = ("columns", a, b)
+        v = self._derived.get(key)
+        if v is None:
+            v = self._derived[key] = Valid(self.mask[a:b])
+        return v
+
+    def tiled(self, n: int) -> Valid:
+        """The row repeated ``n`` times (rows side by side in one flat send block)."""
+        key = ("tiled", n)
+        v = self._derived.get(key)
+        if v is None:
+            v = self._derived[key] = Valid(self.mask.repeat(n))
+        return v
+
+
+_VALID: dict[tuple[tuple[int, ...], tuple[int, ...]], Valid] = {}
+
+
+def valid_of(lengths: Sequence[int], slots: Sequence[int]) -> Valid | None:
+    """The valid elements of a row of slots, each holding ``lengths[i]`` values first (None when
+    nothing is padded). One object per layout, so its device indices are made once."""
+    if list(lengths) == list(slots):
+        return None
+    key = (tuple(lengths), tuple(slots))
+    v = _VALID.get(key)
+    if v is None:
+        mask = torch.zeros(sum(slots), dtype=torch.bool)
+        off = 0
+        for n, slot in zip(lengths, slots):
+            mask[off : off + n] = True
+            off += slot
+        v = _VALID[key] = Valid(mask)
+    return v

@@ -7,7 +7,7 @@ parsers, ``plan.py`` turns the result into hops.
       "weights": {"node": "int8"},            # both weight gathers, per tier (or one scheme)
       "forward_weights": {...},               # optional: overrides "weights" for the forward gather
       "backward_weights": {...},              # optional: overrides "weights" for the backward re-gather
-      "gradients": {"gpu": "int8", "node": "int4"},
+      "gradients": {"gpu": "int4", "node": "int4"},
       "block_size": 256,                      # or per tier: {"node": 128}
       "error_feedback": "auto"                # or true / false / {"node": true}
     },
@@ -49,10 +49,25 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 # while compressing gradients hard over the slow link and weights gently reaches baseline
 # convergence. The reasons, as they apply here:
 # - Gradients are averaged over every rank, so per-element quantization noise is averaged
-#   down; they cross the node link once per step, and with error feedback ([Note: error
-#   feedback] in comm/error_feedback.py) the part int4 drops is not lost but sent a step later. So:
-#   int4 on the node hop (error feedback on), int8 on the gpu hop (its error is ~16x smaller
-#   than int4's, so we spare the residual memory), exact inside the package.
+#   down; they cross each link once per step. So: int4 on every hop that leaves the package (gpu
+#   and node), exact inside the package.
+# - Why int4 on the gpu hop too: the link that bounds a step is the busiest one, and a package's
+#   links carry both the gpu tier's bytes and the node tier's (a node's traffic leaves through
+#   its packages' links). With links in Frontier's 16:4:1 per-GCD ratio those package links
+#   bind: in the fair-fight benchmark (docs/benchmarks.md, 16 ranks) int8 gpu gradients put
+#   47.1 + 6.0 MB per step on them, int4 35.7 + 6.0 (zeropp: 71.2 + 9.3); the node tier's bytes
+#   are the same either way. The planner's ``auto`` weighs the same busiest-link bound
+#   ([Note: busiest-link bound] in planner/model.py) and keeps int8 on the gpu hop as a
+#   candidate for links where the package links do not bind.
+# - Error feedback ([Note: error feedback] in comm/error_feedback.py: the part int4 drops is
+#   sent a step later) on the node stage only. A stage's residual is the size of its send
+#   buffer: the node stage's holds 1/(gcds_per_gpu * gpus_per_node) of every bucket's rows, the
+#   gpu stage's 1/gcds_per_gpu, half of every gradient, which for a 20B model on 384 GCDs is
+#   40 GB per GCD in fp32 (the planner's memory model; it does not fit beside the rest).
+#   Without feedback the gpu stage's int4 error stays in that step's averaged gradient, as on
+#   zeropp's in-node stage (ZeRO++'s qgZ has none either). The convergence benchmark accepts
+#   this default (docs/benchmarks.md#convergence-on-real-text). ``"error_feedback": {"gpu":
+#   true}`` turns it on there where memory allows.
 # - Weights are used as-is by every rank's forward and backward pass: their error is not
 #   averaged away and not fed back (the next gather starts again from the exact master
 #   weights). So int8, and only on the slowest (node) hop of the forward gather; the backward
@@ -61,14 +76,20 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   like ZeRO++, runs without error feedback, so that it stays a faithful baseline; switch it
 #   on with ``"error_feedback": "auto"``. ``zero3`` compresses nothing.
 # benchmarks/convergence.py measures the consequence on real text
-# (docs/benchmarks.md#convergence-on-real-text): frontier's default within 1% of uncompressed
-# ZeRO-3, int4 everywhere not.
+# (docs/benchmarks.md#convergence-on-real-text): frontier's default within 0.5% of
+# uncompressed ZeRO-3; int4 weights (int4 everywhere) not.
 PRESET_COMPRESSION: dict[FixedPreset, dict[str, dict[str, Scheme]]] = {
     "zero3": {"weights": {}, "gradients": {}},
     "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
-    "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int8", "node": "int4"}},
+    "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
 }
-PRESET_ERROR_FEEDBACK: dict[FixedPreset, ErrorFeedback] = {"zero3": "auto", "zeropp": False, "frontier": "auto"}
+# frontier: none on the gpu stage, whose residual would hold half of every gradient bucket
+# ([Note: preset compression defaults])
+PRESET_ERROR_FEEDBACK: dict[FixedPreset, ErrorFeedback | Mapping[str, ErrorFeedback]] = {
+    "zero3": "auto",
+    "zeropp": False,
+    "frontier": {"gcd": "auto", "gpu": False, "node": "auto"},
+}
 
 _COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size", "error_feedback")
 _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutive_skips")
@@ -181,10 +202,16 @@ def _ef_value(v: Any, field: str) -> ErrorFeedback:
     return v
 
 
-def _parse_error_feedback(v: Any, grads: Mapping[str, Scheme], default: ErrorFeedback, field: str) -> TierFlags:
+def _parse_error_feedback(
+    v: Any, grads: Mapping[str, Scheme], default: ErrorFeedback | Mapping[str, ErrorFeedback], field: str
+) -> TierFlags:
     """Resolve to one flag per tier. "auto" means on where the tier's gradients are int4 (the
     scheme whose error is large enough to matter, [Note: preset compression defaults])."""
-    per: dict[str, ErrorFeedback] = {t: _ef_value(default, field) for t in TIERS}
+    per: dict[str, ErrorFeedback]
+    if isinstance(default, Mapping):  # a preset's per-tier default
+        per = {t: _ef_value(default[t], field) for t in TIERS}
+    else:
+        per = {t: _ef_value(default, field) for t in TIERS}
     explicit: set[str] = set()
     if isinstance(v, Mapping):
         check_keys(v, TIERS, field)

@@ -13,14 +13,20 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
    smallest over all ranks (an all-reduce);
 3. the model as the planner sees it: its parameter count, layers ([Note: kept levels]),
    weight width and largest tensor;
-4. ``planner.model.rank`` over ``planner.model.auto_candidates``, on rank 0 only: our presets with
-   the policy's compression and frontier with per-layer kept levels; the fastest predicted
-   candidate that fits is chosen. Compute time does not enter: the planner adds it alike to
-   every candidate. Rank 0 broadcasts the choice and its record (one ``broadcast_object_list``
-   on the default group, before any hop group of the runtime exists), and every other rank
-   takes the candidate of that name. The ranking's inputs are already the same on every rank,
-   so this changes no choice; it saves every other rank the work, and if rank 0's ranking
-   fails, it broadcasts the error and every rank raises it instead of waiting.
+4. ``planner.model.rank_auto`` over ``planner.model.auto_candidates``, on rank 0 only: our presets
+   with the policy's compression, frontier with gentler gradient compression, and frontier with
+   per-layer kept levels; the candidate that fits with the shortest predicted communication is
+   chosen. Where the hop groups run on lanes (gloo) that is the busiest link's time or the
+   pipelined jobs', whichever is longer, and the planner also picks the pipeline chunk count
+   (``pipeline.chunks``, unless the config sets more than 1), its extra staging counted in the
+   memory check ([Note: busiest-link bound] in planner/model.py); with one issuing lane
+   (NCCL/RCCL) it is the collectives in sequence and one chunk. Compute time does not enter:
+   the planner adds it alike to every candidate. Rank 0 broadcasts the choice and its record
+   (one ``broadcast_object_list`` on the default group, before any hop group of the runtime
+   exists), and every other rank takes the candidate of that name. The ranking's inputs are
+   already the same on every rank, so this changes no choice; it saves every other rank the
+   work, and if rank 0's ranking fails, it broadcasts the error and every rank raises it
+   instead of waiting.
 
 Rank 0 prints the ranking with the prediction and the runner-up; ``comm_stats(engine)["auto"]``
 and the training job's summary record it. Everything after this runs as for the chosen preset.
@@ -36,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..core import levels
-from ..core.config import HierConfig, MemoryConfig
+from ..core.config import HierConfig, MemoryConfig, PipelineConfig
 from ..core.topology import TIERS, Topology
 
 PROBE_REPS = 2
@@ -131,7 +137,14 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         largest_layer_params=float(max(numel, default=0)),
         layers=max(1, len({levels.layer_of(n) for n, _ in named})),
     )
-    candidates = P.auto_candidates(cfg.memory.kept_shards_gb)
+    from ..comm.issue import resolve_issue_mode
+
+    backend = dist.get_backend()
+    mode = resolve_issue_mode(cfg.overlap, backend, bool(getattr(torch.version, "hip", None)))
+    lanes = mode.background and not mode.one_lane
+    # the planner picks the chunks where lanes pipeline them; a config's own count (> 1) stays
+    chunks = cfg.pipeline.chunks if (cfg.pipeline.chunks > 1 or not lanes) else None
+    candidates = P.auto_candidates(cfg.memory.kept_shards_gb, chunks)
     shared: list = [None]
     failure: Exception | None = None
     if rank == 0:
@@ -149,7 +162,12 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     _, name, kept_gb, record = shared[0]
     c = next(cand for cand in candidates if cand.name == name)
     chosen = dataclasses.replace(
-        cfg, preset=c.preset, compression=c.compression, memory=MemoryConfig(kept_gb), chosen_by_auto=c.name
+        cfg,
+        preset=c.preset,
+        compression=c.compression,
+        memory=MemoryConfig(kept_gb),
+        pipeline=PipelineConfig(int(record["chunks"])),
+        chosen_by_auto=c.name,
     )
     return chosen, record
 
@@ -157,7 +175,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
 def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tuple[str, float | None, dict]:
     """Rank 0's part of [Note: auto preset]: rank the candidates, print the ranking, and return
     what every rank needs: the chosen candidate's name, its kept budget and the record."""
-    preds = P.rank(cluster, wl, candidates)
+    preds = P.rank_auto(cluster, wl, candidates)
     fitting = [p for p in preds if p.memory.fits] or preds
     best = fitting[0]
     runner = fitting[1] if len(fitting) > 1 else None
@@ -170,7 +188,18 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
         "chosen": c.name,
         "preset": c.preset,
         "predicted_comm_s": best.comm_s,
-        "runner_up": None if runner is None else {"name": runner.candidate.name, "predicted_comm_s": runner.comm_s},
+        # [Note: busiest-link bound]: what the ranking used where lanes run, and the chunks chosen
+        "predicted_pipelined_s": best.pipelined_comm_s,
+        "busiest_link": best.busiest_link,
+        "link_bound_s": best.link_bound_s,
+        "chunks": best.chunks,
+        "runner_up": None
+        if runner is None
+        else {
+            "name": runner.candidate.name,
+            "predicted_comm_s": runner.comm_s,
+            "predicted_pipelined_s": runner.pipelined_comm_s,
+        },
         "rates_gbps": {t: tiers[t].bandwidth / 1e9 for t in TIERS},
         "source": source,
         "seconds": time.perf_counter() - t0,
@@ -179,6 +208,9 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
             {
                 "name": p.candidate.name,
                 "predicted_comm_s": p.comm_s,
+                "predicted_pipelined_s": p.pipelined_comm_s,
+                "link_bound_s": p.link_bound_s,
+                "chunks": p.chunks,
                 "fits": p.memory.fits,
                 "memory_gb": p.memory.total / 1e9,
             }
@@ -188,14 +220,16 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
     rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
     lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step:"]
     lines += [
-        f"[zeropp_hier]   {p.candidate.name:<14} {p.comm_s:9.3f} s  {'fits' if p.memory.fits else 'does not fit'}"
-        f"{'  <- chosen' if p is best else ''}"
+        f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p, cluster):9.3f} s  "
+        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, chunks {p.chunks})  "
+        f"{'fits' if p.memory.fits else 'does not fit'}{'  <- chosen' if p is best else ''}"
         for p in preds
     ]
     if runner is not None:
+        key_best, key_runner = P.rank_key(best, cluster), P.rank_key(runner, cluster)
         lines.append(
             f"[zeropp_hier] chose {c.name}; runner-up {runner.candidate.name} predicted "
-            f"{runner.comm_s / best.comm_s if best.comm_s else float('inf'):.2f}x its communication time"
+            f"{key_runner / key_best if key_best else float('inf'):.2f}x its communication time"
         )
     print("\n".join(lines), flush=True)
     return c.name, kept_gb, record

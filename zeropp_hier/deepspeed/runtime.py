@@ -108,6 +108,7 @@ class _Bucket(NamedTuple):
     make_start: Callable[[], gather.Buffer]  # the start buffer, made when the job starts
     carry: tuple[torch.Tensor, ...]  # kept copies made on other lanes that the first hop reads
     width: int  # elements of every rank's segment (the slots side by side)
+    valid: layout.Valid | None  # the elements of a segment that can hold a value (None: all)
     align: int  # chunk edges on multiples of this ([Note: chunked gathers] in comm/gather.py)
     finish: Callable[[gather.Buffer], dict[int, torch.Tensor]]  # full tensors by ds_id; keeps copies
 
@@ -243,7 +244,8 @@ class HierRuntime:
                 b = self._bucket(ps, src, shards, phase)
                 ranges = gather.column_ranges(b.width, b.align, chunks)
                 bucket_lanes = [h.axes for h in b.hops]
-                for job in gather.chunk_jobs(self.comm, b.hops, b.make_start, ranges, phase, b.finish, b.carry):
+                jobs = gather.chunk_jobs(self.comm, b.hops, b.make_start, ranges, phase, b.finish, b.carry, b.valid)
+                for job in jobs:
                     futures.append(self.executor.submit(job, bucket_lanes))
             return _GatheredHandle(params, futures, self.executor)
 
@@ -258,7 +260,7 @@ class HierRuntime:
     def _gather_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> Job:
         """The job of one bucket, unchunked: its hops, then its ``finish``."""
         b = self._bucket(ps, src, shards, phase)
-        full = yield from gather.hop_steps(self.comm, b.hops, b.make_start(), phase, b.carry)
+        full = yield from gather.hop_steps(self.comm, b.hops, b.make_start(), phase, b.carry, b.valid)
         return b.finish(full)
 
     def _bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> _Bucket:
@@ -317,7 +319,15 @@ class HierRuntime:
                 self.stats.note_kept(self.shard_bytes())
             return {p.ds_id: t.view(p.ds_shape).to(p.ds_tensor.dtype) for p, t in zip(ps, got.values)}
 
-        return _Bucket(hops, make_start, carry, sum(slots), gather.chunk_align(hops, start_block), finish)
+        return _Bucket(
+            hops,
+            make_start,
+            carry,
+            sum(slots),
+            layout.valid_of(sizes, slots),
+            gather.chunk_align(hops, start_block),
+            finish,
+        )
 
     def kept_axes_of(self, ds_id: int) -> tuple[str, ...] | None:
         return self._kept_of.get(ds_id, self.plan.kept_axes)

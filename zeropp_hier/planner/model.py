@@ -53,6 +53,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..core import levels
+from ..core.config import MAX_PIPELINE_CHUNKS
 from ..core.plan import STREAM_CHUNK_ELEMS, CommPlan, make_plan
 from ..core.policy import CompressionConfig, FixedPreset, parse_compression
 from ..core.topology import AXES, TIERS, Topology
@@ -168,6 +169,7 @@ class Candidate(NamedTuple):
     note: str = ""
     kept_gb: float | None = None  # memory.kept_shards_gb: a budget for the kept copies per GCD
     fit: bool = False  # the budget is whatever memory the rest leaves ([Note: kept levels])
+    chunks: int | None = None  # pipeline.chunks; None: the planner's choice ([Note: busiest-link bound])
 
 
 def _compression(
@@ -411,6 +413,7 @@ class CollectiveCost(NamedTuple):
     tier_bytes: dict  # bytes this collective puts on each tier, whole cluster
     quant_seconds: float
     latency_seconds: float
+    link_seconds: dict = {}  # bytes on each link kind / its capacity ([Note: busiest-link bound])
 
 
 def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int) -> CollectiveCost:
@@ -431,7 +434,7 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     # one collective per hop, payload and scales together ([Note: one collective per hop])
     alpha = cluster.tiers[coll.axes[0]].latency * steps * calls
     quant = coll.quant_elems / (2 * cluster.quant_rate)
-    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha)
+    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds)
 
 
 # [Note: pipelined hops]
@@ -506,9 +509,22 @@ def level_plan(cand: Candidate, cluster: ClusterModel, wl: Workload) -> levels.L
     return levels.assign(layers, cand.preset, topo, per_elem, budget)
 
 
-def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | None = None) -> Memory:
+def pipeline_staging(wl: Workload, chunks: int, stages: int) -> float:
+    """Bytes per GCD that ``chunks`` pipelined chunks hold beyond the unchunked jobs
+    ([Note: busiest-link bound]; [Note: chunked gathers] in comm/gather.py): one more gathered
+    bucket (the assembly copies the chunks into one buffer beside them), one more fp32 copy of a
+    gradient bucket's rows (the chunks waiting between stages hold at most the rows together)
+    and, per stage, one running chunk's staging copies. 0 for one chunk."""
+    if chunks <= 1:
+        return 0.0
+    bucket = min(wl.reduce_bucket, wl.params)
+    chunk = min(STREAM_CHUNK_ELEMS, bucket / chunks)
+    return wl.weight_bytes * wl.largest_layer_params + 4 * bucket + 4 * CHUNK_STAGING_COPIES * stages * chunk
+
+
+def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | None = None, chunks: int = 1) -> Memory:
     """Bytes per GCD by part; ``kept``: the kept copies' bytes (default: the preset's copy of
-    every layer)."""
+    every layer); ``chunks``: pipelined chunks per job (their extra staging, ``pipeline_staging``)."""
     w, m, b = cluster.world_size, wl.params, wl.weight_bytes
     parts = {"primary": b * m / w, "optimizer": wl.optimizer_bytes_per_param * m / w, "gradients": b * m / w}
     plan = make_plan(cand.preset, cand.compression, cluster.topology)
@@ -532,6 +548,8 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | N
     bucket = min(wl.reduce_bucket, m)
     parts["gradient staging"] = 4 * (STAGED_BUCKETS * bucket + CHUNK_STAGING_COPIES * min(STREAM_CHUNK_ELEMS, bucket))
     parts["gathered layers"] = 2 * b * wl.largest_layer_params + 4 * wl.largest_layer_params
+    if chunks > 1:
+        parts["pipeline staging"] = pipeline_staging(wl, chunks, len(plan.reduce))
     parts["activations"] = wl.activation_bytes
     total = sum(parts.values())
     return Memory(parts, total, total <= cluster.memory_per_gcd)
@@ -550,6 +568,21 @@ class Prediction:
     memory: Memory
     costs: list = field(default_factory=list, repr=False)
     kept_levels: levels.LevelPlan | None = None  # kept level per layer, under a budget
+    # [Note: busiest-link bound]: seconds each link kind is busy per step (bytes / capacity), the
+    # chunks per job chosen (or given), and communication with the jobs pipelined in that many
+    link_s: dict = field(default_factory=dict)
+    chunks: int = 1
+    pipelined_comm_s: float = 0.0
+
+    @property
+    def busiest_link(self) -> str:
+        """The link kind that is busy longest per step (``gpu_out``: a package's links out)."""
+        return max(self.link_s, key=lambda k: self.link_s[k]) if self.link_s else ""
+
+    @property
+    def link_bound_s(self) -> float:
+        """No schedule moves a step's bytes faster than its busiest link can."""
+        return max(self.link_s.values(), default=0.0)
 
     @property
     def dominant_tier(self) -> str:
@@ -572,6 +605,7 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     tier_s = {t: 0.0 for t in TIERS}
     tier_bytes = {t: 0.0 for t in TIERS}
     costs = []
+    link_s: dict[str, float] = {}
     for c in colls:
         # gradients travel in the training dtype (DeepSpeed's communication_data_type)
         # one gather per parameter group and pass; DeepSpeed reduces gradients in buckets of
@@ -583,6 +617,11 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         tier_s[cost.bottleneck] += cost.seconds
         for t in TIERS:
             tier_bytes[t] += cost.tier_bytes[t]
+        for kind, sec in cost.link_seconds.items():
+            link_s[kind] = link_s.get(kind, 0.0) + sec
+    jobs = _phase_jobs(costs, wl)
+    chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, cluster)
+    pipelined = max(max(link_s.values(), default=0.0), _jobs_time(jobs, chunks))
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
     comm = sum(phase_s.values())
     hidden = sum((1.0 - cluster.exposed.get(ph, 1.0)) * t for ph, t in phase_s.items())
@@ -593,27 +632,94 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         phase_s,
         tier_s,
         tier_bytes,
-        memory(cand, cluster, wl, None if lp is None else lp.kept_bytes),
+        memory(cand, cluster, wl, None if lp is None else lp.kept_bytes, chunks),
         costs,
         lp,
+        link_s,
+        chunks,
+        pipelined,
     )
 
 
-def auto_candidates(kept_gb: float | None = None) -> list[Candidate]:
+# [Note: busiest-link bound]
+# With lanes (gloo), hops of different jobs and, pipelined, of one job's chunks run on their links
+# at once, so a step's communication tends to its busiest link's time: the bytes every collective
+# puts on that link over its capacity (``Prediction.link_s``, per link kind; a package's links
+# out and in, ``gpu_out``/``gpu_in``, carry the gpu tier's bytes and the node tier's, since a
+# node's traffic leaves through its packages). No schedule beats that bound; a job's hops still
+# run in sequence within a chunk, so the estimate is the larger of the bound and every phase's
+# jobs pipelined in ``chunks`` chunks ([Note: pipelined hops]): ``pipelined_comm_s``.
+# ``choose_chunks`` takes the chunk count that minimises the pipelined jobs (each chunk pays
+# every hop's latency again); with one issuing lane (NCCL) or serial issue (RCCL) nothing
+# overlaps and chunking only adds latency, so there it is 1. ``auto`` ranks by the bound where
+# lanes run (``rank_key``), so compression is chosen for the busiest link: int4 gradients on the
+# package links when those bind, fewer in-package bytes when the package link does (flat links).
+# The chunks' extra staging (``pipeline_staging``) enters the memory check.
+
+
+class PhaseJob(NamedTuple):
+    phase: str
+    hop_s: tuple[float, ...]  # each hop's time for one job (bandwidth and quantization)
+    latency_s: tuple[float, ...]  # each hop's fixed cost per collective
+    calls: int  # jobs of this phase per step
+
+
+def _phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
+    """The step's jobs per phase: one gather per parameter group and pass, one job per gradient
+    bucket, each running its phase's hops in order."""
+    out = []
+    for phase in PHASES:
+        cs = [c for c in costs if c.coll.phase == phase]
+        if not cs:
+            continue
+        calls = wl.gathers_per_pass if phase != "grad_reduce" else max(1, math.ceil(wl.params / wl.reduce_bucket))
+        out.append(
+            PhaseJob(
+                phase,
+                tuple((c.seconds - c.latency_seconds) / calls for c in cs),
+                tuple(c.latency_seconds / calls for c in cs),
+                calls,
+            )
+        )
+    return out
+
+
+def _jobs_time(jobs: Sequence[PhaseJob], chunks: int) -> float:
+    return sum(j.calls * pipelined_time(j.hop_s, chunks, j.latency_s) for j in jobs)
+
+
+def choose_chunks(jobs: Sequence[PhaseJob], cluster: ClusterModel, max_chunks: int = MAX_PIPELINE_CHUNKS) -> int:
+    """[Note: busiest-link bound]: the chunk count (1..``max_chunks``, smallest on a tie) that
+    minimises the step's pipelined jobs where lanes overlap hops (gloo); 1 elsewhere."""
+    if cluster.library != "gloo" or not jobs:
+        return 1
+    return min(range(1, max_chunks + 1), key=lambda c: (_jobs_time(jobs, c), c))
+
+
+def rank_key(p: Prediction, cluster: ClusterModel) -> float:
+    """What ``auto`` minimises: the pipelined estimate, at least the busiest link's time, where
+    lanes overlap hops (gloo); the collectives in sequence where one lane issues them."""
+    return p.pipelined_comm_s if cluster.library == "gloo" else p.comm_s
+
+
+def auto_candidates(kept_gb: float | None = None, chunks: int | None = None) -> list[Candidate]:
     """What ``"preset": "auto"`` chooses among: our presets with the policy's compression (no
-    int4 weights: the policy never picks them unasked), and frontier with per-layer kept levels
-    (within ``kept_gb`` when the config gives a budget, else within what memory leaves)."""
-    return [
+    int4 weights: the policy never picks them unasked), frontier with int8 gradients on the gpu
+    hop or over the network (for links where the package links do not bind), and frontier with
+    per-layer kept levels (within ``kept_gb`` when the config gives a budget, else within what
+    memory leaves). ``chunks``: pipeline chunks, None for the planner's choice
+    ([Note: busiest-link bound]); 1 where the job's hops do not run on lanes."""
+    cands = [
         Candidate("zero3", False, "zero3", _compression("zero3")),
         Candidate("zeropp", False, "zeropp", _compression("zeropp"), kept_gb=kept_gb),
         Candidate("frontier", False, "frontier", _compression("frontier"), kept_gb=kept_gb),
         _frontier_int8(kept_gb),
         Candidate(
-            "frontier/int4-gpu",
+            "frontier/int8-gpu",
             False,
             "frontier",
-            _compression("frontier", schemes={"gradients": {"gpu": "int4", "node": "int4"}}),
-            "int4 gradients on the package links too (when they are the bottleneck)",
+            _compression("frontier", schemes={"gradients": {"gpu": "int8", "node": "int4"}}),
+            "int8 gradients on the package links (when they do not bind)",
             kept_gb=kept_gb,
         ),
     ] + (
@@ -621,12 +727,19 @@ def auto_candidates(kept_gb: float | None = None) -> list[Candidate]:
         if kept_gb is not None  # the budget already applies to every candidate above
         else [_frontier_fit()]
     )
+    return [c._replace(chunks=chunks) for c in cands]
 
 
 def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:
     """Every candidate, fitting ones first, fastest first."""
     preds = [predict(c, cluster, wl) for c in (candidates or default_candidates(cluster))]
     return sorted(preds, key=lambda p: (not p.memory.fits, p.step_s))
+
+
+def rank_auto(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate]) -> list[Prediction]:
+    """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound])."""
+    preds = [predict(c, cluster, wl) for c in candidates]
+    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p, cluster)))
 
 
 def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
@@ -818,4 +931,7 @@ __all__ = [
     "collectives",
     "link_loads",
     "memory",
+    "pipeline_staging",
+    "choose_chunks",
+    "rank_auto",
 ]

@@ -1,0 +1,82 @@
+"""[Note: busiest-link bound] in planner/model.py: auto chooses compression and pipeline chunks
+from the busiest link's time; the chunks' staging enters the memory model."""
+
+from dataclasses import replace
+
+import pytest
+
+from zeropp_hier.tools import planner as P
+
+
+def fair_cluster(ratios, library="gloo"):
+    """The fair fight's shape (2 nodes x 4 packages x 2 GCDs) at link ratios gcd:gpu:node."""
+    bps = 0.6e6 / 8
+    c = P.emulated(node_mbit=0.6, nodes=2, gpus_per_node=4, gcds_per_gpu=2, compute_s=0.0)
+    tiers = {t: P.TierLink(r * bps, lat) for t, r, lat in zip(("gcd", "gpu", "node"), ratios, (2e-4, 5e-4, 1e-3))}
+    return replace(c, tiers=tiers, memory_per_gcd=8e9, library=library)
+
+
+WL = replace(P.gpt_workload(3.4e6, 4, 256, 64, 1, weight_bytes=2, vocab=1024), reduce_bucket=786432)
+
+
+def by_name(preds):
+    return {p.candidate.name: p for p in preds}
+
+
+def test_package_links_carry_the_node_tier_and_bind_at_frontier_ratios():
+    c = fair_cluster((16, 4, 1))
+    p = P.predict(P.Candidate("frontier", False, "frontier", P._compression("frontier")), c, WL)
+    assert p.busiest_link == "gpu_out"
+    # the node hop's bytes also leave through the package links: a node-only collective loads them
+    node_hop = next(k for k in p.costs if k.coll.axes == ("node",) and k.coll.phase == "forward_gather")
+    assert node_hop.link_seconds["gpu_out"] > 0 and node_hop.link_seconds["node_out"] > 0
+    # the bound is the sum over collectives of each link's seconds, and no schedule beats it
+    gpu_out = sum(k.link_seconds.get("gpu_out", 0.0) for k in p.costs)
+    assert p.link_s["gpu_out"] == pytest.approx(gpu_out)
+    assert p.link_bound_s <= p.pipelined_comm_s <= p.comm_s
+
+
+def test_auto_takes_int4_on_the_gpu_hop_where_package_links_bind_and_zeropp_on_flat_links():
+    frontier_links = by_name(P.rank_auto(fair_cluster((16, 4, 1)), WL, P.auto_candidates()))
+    int4, int8 = frontier_links["frontier"], frontier_links["frontier/int8-gpu"]
+    assert int4.candidate.compression.gradients.gpu == "int4"
+    assert int4.link_bound_s < int8.link_bound_s  # fewer bytes on the busiest (package) link
+    ranked = P.rank_auto(fair_cluster((16, 4, 1)), WL, P.auto_candidates())
+    assert ranked[0].candidate.preset == "frontier" and ranked[0].candidate.compression.gradients.gpu == "int4"
+    # flat links: frontier's exact in-package stage makes the gcd link its busiest; zeropp's is lower
+    flat = P.rank_auto(fair_cluster((1, 1, 1)), WL, P.auto_candidates())
+    assert flat[0].candidate.name == "zeropp"
+    assert by_name(flat)["frontier"].busiest_link == "gcd"
+
+
+def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_without_lanes():
+    c = fair_cluster((16, 4, 1))
+    cand = P.Candidate("frontier", False, "frontier", P._compression("frontier"))
+    p = P.predict(cand, c, WL)
+    assert p.chunks > 1
+    jobs = P._phase_jobs(p.costs, WL)
+    best = min(P._jobs_time(jobs, k) for k in range(1, 65))
+    assert P._jobs_time(jobs, p.chunks) == best
+    assert P._jobs_time(jobs, p.chunks) < P._jobs_time(jobs, 1)
+    # one issuing lane (NCCL/RCCL): nothing overlaps, chunks would only add latency
+    assert P.predict(cand, fair_cluster((16, 4, 1), library="rccl"), WL).chunks == 1
+    # a given count is kept, and auto_candidates passes one on
+    assert P.predict(cand._replace(chunks=3), c, WL).chunks == 3
+    assert {p.chunks for p in P.rank_auto(c, WL, P.auto_candidates(chunks=1))} == {1}
+
+
+def test_pipeline_staging_is_counted_and_bounded():
+    c = fair_cluster((16, 4, 1))
+    cand = P.Candidate("frontier", False, "frontier", P._compression("frontier"))
+    one = P.memory(cand, c, WL, chunks=1)
+    four = P.memory(cand, c, WL, chunks=4)
+    assert "pipeline staging" not in one.parts
+    extra = four.parts["pipeline staging"]
+    assert four.total - one.total == pytest.approx(extra)
+    bucket = min(WL.reduce_bucket, WL.params)
+    # the stated bound: one gathered bucket + one fp32 copy of a gradient bucket's rows + each
+    # stage's running chunk staging
+    assert extra == pytest.approx(
+        WL.weight_bytes * WL.largest_layer_params + 4 * bucket + 4 * P.CHUNK_STAGING_COPIES * 3 * bucket / 4
+    )
+    assert P.pipeline_staging(WL, 8, 3) < P.pipeline_staging(WL, 4, 3)  # smaller chunks, less running
