@@ -22,7 +22,10 @@ def prepared(tmp_path_factory):
 def test_prepare_writes_flat_tokens_and_an_index(prepared):
     out, files, index = prepared
     on_disk = json.loads((out / "index.json").read_text())
-    assert on_disk == index and index["dtype"] == "uint16" and index["tokenizer"]["vocab_size"] == 256
+    assert (
+        on_disk == index and index["dtype"] == "uint16" and index["tokenizer"] == {"kind": "byte", "vocab_size": 256}
+    )
+    assert not (out / "tokenizer.json").exists()
     val_files = [f for i, f in enumerate(files) if i % HELD_OUT_EVERY == 0]
     train_bytes = b"".join(f.read_bytes() + b"\n" for i, f in enumerate(files) if i % HELD_OUT_EVERY)
     assert index["documents"] == {"train": len(files) - len(val_files), "val": len(val_files)}
@@ -59,11 +62,37 @@ def test_resume_continues_at_the_exact_sample(prepared):
     state = loaders[2].state(5)  # saved before micro-batch 5
     assert state["sample"] == 5 * 4 * 3
     fresh = _loaders(prepared[0], 4)
-    i = fresh[2].index_of(json.loads(json.dumps(state)))
-    assert i == 5 and fresh[2].positions(i)[0] == 5 * 4 * 3 + 2 * 3
-    assert (fresh[2].batch(i)[0] == loaders[2].batch(5)[0]).all()
-    with pytest.raises(ValueError, match="resume data position"):
-        _loaders(prepared[0], 8)[0].index_of({"sample": 12, "seed": 0})
+    fresh[2].resume_at(json.loads(json.dumps(state)), 5)
+    assert fresh[2].positions(5)[0] == 5 * 4 * 3 + 2 * 3
+    assert (fresh[2].batch(5)[0] == loaders[2].batch(5)[0]).all()
+    with pytest.raises(ValueError, match="'seed'.*resume with that seed"):
+        _loaders(prepared[0], 8)[0].resume_at({"sample": 12, "seed": 1}, 1)
+
+
+@pytest.mark.parametrize("before,after", [((8, 2), (4, 4)), ((4, 4), (8, 2)), ((8, 3), (4, 5)), ((3, 1), (8, 2))])
+def test_resume_at_another_world_and_micro_batch_continues_at_the_exact_sample(prepared, before, after):
+    """ "Exact": the global sample positions consumed before the save and after the resume are
+    0, 1, 2, ... without a gap or a repeat, whatever the worlds and micro-batches; with the same
+    global batch, every step after the resume takes the same samples as a run at the new world
+    from the start (only which rank reads which sample differs)."""
+    (w0, m0), (w1, m1) = before, after
+    steps_before, steps_after = 3, 4
+    old = _loaders(prepared[0], w0, micro=m0)
+    seen = [g for i in range(steps_before) for ld in old for g in ld.positions(i)]
+    state = old[0].state(steps_before)
+    assert state["sample"] == len(seen) == steps_before * w0 * m0
+    new = _loaders(prepared[0], w1, micro=m1)
+    for ld in new:
+        ld.resume_at(state, steps_before)
+    after_pos = [[g for ld in new for g in ld.positions(steps_before + i)] for i in range(steps_after)]
+    seen += [g for step in after_pos for g in step]
+    assert sorted(seen) == list(range(len(seen)))
+    assert new[0].state(steps_before + steps_after)["sample"] == len(seen)
+    if w0 * m0 == w1 * m1:  # same global batch: the same samples per step as a run at w1 throughout
+        straight = _loaders(prepared[0], w1, micro=m1)
+        for i in range(steps_after):
+            want = sorted(k for ld in straight for k in ld.sample_ids(steps_before + i))
+            assert sorted(k for ld in new for k in ld.sample_ids(steps_before + i)) == want
 
 
 def test_epochs_wrap_with_a_new_order(prepared):
@@ -95,3 +124,112 @@ def test_cli_prepares_a_directory_of_text(tmp_path, capsys):
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert index["documents"] == {"train": 2, "val": 1}
     assert "train" in capsys.readouterr().out
+
+
+# -- BPE ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    """A BPE tokenizer of 1024 tokens trained on the same 41 standard-library sources."""
+    out = tmp_path_factory.mktemp("bpe")
+    files = stdlib_files()[:41]
+    return out, files, data.prepare(files, str(out), "stdlib[:41]", "bpe", 1024)
+
+
+def test_bpe_is_trained_here_saved_beside_the_tokens_and_indexed(bpe):
+    out, files, index = bpe
+    t = index["tokenizer"]
+    assert t["kind"] == "bpe" and t["file"] == "tokenizer.json" and t["requested_vocab_size"] == 1024
+    assert t["vocab_size"] == 1024  # 41 files have far more than 768 pairs seen twice
+    assert json.loads((out / "index.json").read_text()) == index
+    tok = data.load_tokenizer(str(out))
+    assert tok.get_vocab_size() == t["vocab_size"]
+    for split in ("train", "val"):
+        ids = np.fromfile(out / f"{split}.bin", dtype=index["dtype"])
+        assert ids.size == index["tokens"][split] and int(ids.max()) < t["vocab_size"]
+    # BPE compresses: fewer tokens than bytes (the byte-level files hold one per byte)
+    train_bytes = sum(f.stat().st_size + 1 for i, f in enumerate(files) if i % HELD_OUT_EVERY)
+    assert index["tokens"]["train"] < 0.6 * train_bytes
+
+
+def test_bpe_round_trip_decodes_every_document(bpe):
+    """The token files decode to the documents, the held-out ones (text the tokenizer never
+    saw) included."""
+    out, files, index = bpe
+    tok = data.load_tokenizer(str(out))
+    for split in ("train", "val"):
+        text = "".join(
+            f.read_bytes().decode("utf-8") + "\n"
+            for i, f in enumerate(files)
+            if (i % HELD_OUT_EVERY == 0) == (split == "val")
+        )
+        ids = np.fromfile(out / f"{split}.bin", dtype=index["dtype"])
+        assert data.decode(tok, ids) == text
+    odd = "naïve café ∑ 🙂 \x00 tabs\tand\r\nlines"  # characters the corpus may not hold: bytes cover them
+    assert data.decode(tok, tok.encode(odd).ids) == odd
+
+
+def test_bpe_is_deterministic(bpe, tmp_path):
+    out, files, index = bpe
+    again = data.prepare(files, str(tmp_path), "stdlib[:41]", "bpe", 1024)
+    assert again == index
+    for name in ("tokenizer.json", "train.bin", "val.bin"):
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
+    other = data.prepare(files, str(tmp_path / "small"), "stdlib[:41]", "bpe", 300)
+    assert other["tokenizer"]["vocab_size"] == 300 and other["sha256"] != index["sha256"]
+
+
+def test_bpe_data_feeds_the_loader_unchanged(bpe):
+    out, _, index = bpe
+    td = data.TokenData(str(out))
+    assert td.vocab_size == index["tokenizer"]["vocab_size"]
+    loaders = [data.Loader(td, 32, 3, r, 4) for r in range(4)]
+    seen = [k for i in range(5) for ld in loaders for k in ld.sample_ids(i)]
+    assert len(set(seen)) == len(seen)
+    x, y = loaders[1].batch(2)
+    assert x.shape == (3, 32) and (x[:, 1:] == y[:, :-1]).all() and int(x.max()) < td.vocab_size
+
+
+def test_bpe_refusals_name_the_field(tmp_path):
+    files = stdlib_files()[:3]
+    with pytest.raises(ValueError, match="'--vocab-size'.*at least 256"):
+        data.prepare(files, str(tmp_path), tokenizer="bpe", vocab_size=100)
+    with pytest.raises(ValueError, match="'--vocab-size'.*--tokenizer bpe"):
+        data.prepare(files, str(tmp_path), vocab_size=1000)
+    with pytest.raises(ValueError, match="'--tokenizer'"):
+        data.prepare(files, str(tmp_path), tokenizer="wordpiece")
+
+
+def test_cli_prepares_bpe(tmp_path, capsys):
+    from zeropp_hier.tools.command import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"doc{i}.txt").write_text(f"document {i} says hello world " * 50)
+    assert (
+        main(
+            ["data", "prepare", str(src), "--out", str(tmp_path / "out"), "--tokenizer", "bpe", "--vocab-size", "300"]
+        )
+        == 0
+    )
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["tokenizer"]["kind"] == "bpe" and (tmp_path / "out" / "tokenizer.json").is_file()
+    assert "BPE" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", str(src), "--out", str(tmp_path / "o2"), "--tokenizer", "bpe"])
+
+
+def test_the_job_takes_the_models_vocabulary_from_the_data(bpe, prepared):
+    from zeropp_hier.app.job import JobSpec, with_data_vocab
+    from zeropp_hier.app.models import MODELS, ModelSpec
+
+    out, _, index = bpe
+    v = index["tokenizer"]["vocab_size"]
+    assert with_data_vocab(JobSpec(data_path=str(out))).model.vocab_size == v  # tiny: null, follows
+    assert with_data_vocab(JobSpec(data_path=str(prepared[0]))).model.vocab_size == 256
+    assert with_data_vocab(JobSpec()).model.vocab_size == 256  # synthetic batches
+    assert with_data_vocab(JobSpec(data_path=str(out), model=MODELS["small"])).model.vocab_size == 50304
+    with pytest.raises(ValueError, match=f"'model.vocab_size'.*has {v} tokens"):
+        with_data_vocab(JobSpec(data_path=str(out), model=ModelSpec(vocab_size=256)))

@@ -55,7 +55,7 @@ def test_tiny_is_the_quickstart_size_and_the_loss_is_next_token():
     spec = models.MODELS["tiny"]
     assert 1e5 < models.n_params(spec) < 5e6
     m = models.build(spec, {})
-    x = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    x = torch.randint(0, spec.vocab, (2, spec.seq_len))
     loss = m(x, x)
     assert loss.ndim == 0 and float(loss) > 0
 

@@ -5,10 +5,24 @@ files, and ``Loader`` serves every data-parallel rank its own samples from them.
 A prepared directory holds ``train.bin`` and ``val.bin`` (nanoGPT's layout: each a flat array of
 token ids, ``uint16`` when the vocabulary fits, else ``uint32``, documents concatenated) and
 ``index.json`` with what the loader needs: the dtype, each split's token count, the tokenizer
-(``{"kind": "byte", "vocab_size": 256}``: a document's UTF-8 bytes, one token each, no download
-and nothing to train), the number of documents and a SHA-256 of the token files. Every 20th
+(``{"kind": "byte", "vocab_size": 256}``: a document's bytes, one token each, no download and
+nothing to train; or ``{"kind": "bpe", "vocab_size": V, "file": "tokenizer.json", ...}``), the
+number of documents and a SHA-256 of the token files (and of ``tokenizer.json``). Every 20th
 input file goes to ``val`` (``zeropp_hier.app.text.HELD_OUT_EVERY``, as the convergence
-benchmark holds out its corpus), each document ends with a newline.
+benchmark holds out its corpus), each document ends with a newline. The job takes the model's
+vocabulary from ``vocab_size`` (``ModelSpec.vocab_size`` null) or refuses a model whose
+vocabulary is smaller.
+
+[Note: BPE tokenizer]
+``--tokenizer bpe --vocab-size N`` trains a byte-level BPE tokenizer with Hugging Face's
+``tokenizers`` library (installed with ``transformers``; nothing is downloaded) on the training
+split only, in input order: the byte alphabet (256 tokens, so any text encodes and nothing is
+unknown) plus merges seen at least twice, up to N tokens in all (fewer when the text has no
+more such pairs: ``vocab_size`` records what was trained, ``requested_vocab_size`` what was
+asked). No special tokens: documents are separated by the newline each ends with, as in the
+byte-level files. BPE works on text, so input bytes that are not UTF-8 become U+FFFD; decoding
+the ids of a document gives its text back. ``tokenizer.json`` is saved beside the token files
+and read back with ``Tokenizer.from_file`` (``load_tokenizer``), a JSON file: no code runs.
 
 [Note: sample order]
 A sample is ``seq_len + 1`` consecutive tokens starting at a multiple of ``seq_len`` (inputs and
@@ -17,8 +31,11 @@ Global sample position g (counted from the start of training over all ranks) is 
 ``perm_e[g mod S]`` of epoch e = g // S, where ``perm_e`` is a permutation seeded by
 (seed, e). Micro-batch i of rank r takes positions (i * world + r) * micro + j, j < micro:
 ranks never share a position, a position is a pure function of (seed, i, r), and the data state
-of a run is one number, the next position (``Loader.state``), from which a resumed run continues
-at the exact sample.
+of a run is one number, the next position (``Loader.state``). A resumed run continues at that
+exact position whatever its world and micro-batch (``Loader.resume_at``): its micro-batch i takes
+positions s + ((i - i0) * world + r) * micro + j, s the saved position and i0 its first
+micro-batch, so the positions seen before and after the resume are 0, 1, 2, ... without a gap or
+a repeat.
 """
 
 from __future__ import annotations
@@ -58,12 +75,83 @@ def _input_files(inputs: Sequence[str], pattern: str) -> list[Path]:
     return files
 
 
-def prepare(files: Iterable[Path], out_dir: str, source: str = "") -> dict:
-    """Tokenize ``files`` (byte level) into ``out_dir`` ([Note: token files]); returns the index."""
+TOKENIZERS = ("byte", "bpe")
+TOKENIZER_FILE = "tokenizer.json"
+BYTE_VOCAB = 256
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts`` with the ``tokenizers`` library, locally
+    ([Note: BPE tokenizer]). Deterministic: the same texts in the same order give the same
+    tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte: no unknown token
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a prepared directory: ``None`` for byte level, else the ``tokenizers``
+    object read from its ``tokenizer.json`` (a JSON file: reading it runs no code)."""
+    index = json.loads((Path(path) / "index.json").read_text())
+    if index["tokenizer"]["kind"] == "byte":
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(path) / index["tokenizer"]["file"]))
+
+
+def decode(tokenizer, ids: Sequence[int]) -> str:
+    """Text of token ids (``tokenizer`` from ``load_tokenizer``; None: byte level)."""
+    if tokenizer is None:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _text(raw: bytes) -> str:
+    # BPE works on text: bytes that are not UTF-8 become U+FFFD (the byte tokenizer keeps them)
+    return raw.decode("utf-8", errors="replace")
+
+
+def prepare(
+    files: Iterable[Path], out_dir: str, source: str = "", tokenizer: str = "byte", vocab_size: int | None = None
+) -> dict:
+    """Tokenize ``files`` into ``out_dir`` ([Note: token files]) with the byte-level tokenizer
+    or a BPE tokenizer of ``vocab_size`` trained on the training split ([Note: BPE
+    tokenizer]); returns the index."""
     from .text import HELD_OUT_EVERY
 
+    if tokenizer not in TOKENIZERS:
+        raise HierConfigError("--tokenizer", tokenizer, f"use one of {list(TOKENIZERS)}")
+    if tokenizer == "bpe":
+        if not isinstance(vocab_size, int) or not BYTE_VOCAB <= vocab_size <= 2**32 - 1:
+            raise HierConfigError(
+                "--vocab-size",
+                vocab_size,
+                f"give the BPE vocabulary size: at least {BYTE_VOCAB} (its byte alphabet), e.g. 4096",
+            )
+    elif vocab_size not in (None, BYTE_VOCAB):
+        raise HierConfigError("--vocab-size", vocab_size, "the byte tokenizer has 256 tokens: add --tokenizer bpe")
+    files = list(files)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    split_of = ["val" if i % HELD_OUT_EVERY == 0 else "train" for i in range(len(files))]
+    tok = None
+    if tokenizer == "bpe":  # trained on the training split only: the held-out text stays unseen
+        train_docs = (_text(f.read_bytes()) + "\n" for f, sp in zip(files, split_of) if sp == "train")
+        tok = train_bpe(train_docs, vocab_size)  # type: ignore[arg-type]
+    vocab = BYTE_VOCAB if tok is None else tok.get_vocab_size()
+    dtype = np.uint16 if vocab <= 2**16 else np.uint32
     counts = dict.fromkeys(SPLITS, 0)
     docs = dict.fromkeys(SPLITS, 0)
     text_bytes = 0  # of the training split, without the newlines that end documents
@@ -71,11 +159,13 @@ def prepare(files: Iterable[Path], out_dir: str, source: str = "") -> dict:
     tmp = {s: out / f"{s}.bin.tmp" for s in SPLITS}
     handles = {s: open(tmp[s], "wb") for s in SPLITS}
     try:
-        for i, path in enumerate(files):
-            split = "val" if i % HELD_OUT_EVERY == 0 else "train"
+        for path, split in zip(files, split_of):
             raw = path.read_bytes()
             text_bytes += len(raw) if split == "train" else 0
-            toks = byte_tokens(raw + b"\n")
+            if tok is None:
+                toks = byte_tokens(raw + b"\n")
+            else:
+                toks = np.asarray(tok.encode(_text(raw) + "\n").ids, dtype=dtype)
             handles[split].write(toks.tobytes())
             counts[split] += int(toks.size)
             docs[split] += 1
@@ -86,14 +176,28 @@ def prepare(files: Iterable[Path], out_dir: str, source: str = "") -> dict:
         for t in tmp.values():
             t.unlink()
         raise HierConfigError("data prepare input", source or "(files)", "no text found: name files or directories")
+    info: dict = {"kind": "byte", "vocab_size": BYTE_VOCAB}
+    if tok is not None:
+        tmp_tok = out / (TOKENIZER_FILE + ".tmp")
+        tok.save(str(tmp_tok))
+        digest.update(tmp_tok.read_bytes())  # the token ids mean nothing without it
+        info = {
+            "kind": "bpe",
+            "vocab_size": vocab,
+            "requested_vocab_size": vocab_size,
+            "file": TOKENIZER_FILE,
+            "sha256": hashlib.sha256(tmp_tok.read_bytes()).hexdigest(),
+            "library": "tokenizers",
+        }
+        os.replace(tmp_tok, out / TOKENIZER_FILE)
     for s in SPLITS:
         digest.update(tmp[s].read_bytes())
         os.replace(tmp[s], out / f"{s}.bin")  # whole files only: a reader never sees half of one
     index = {
         "format": FORMAT,
         "version": VERSION,
-        "dtype": "uint16",
-        "tokenizer": {"kind": "byte", "vocab_size": 256},
+        "dtype": np.dtype(dtype).name,
+        "tokenizer": info,
         "tokens": counts,
         "documents": docs,
         "sha256": digest.hexdigest(),
@@ -162,6 +266,9 @@ class Loader:
                 f"fewer than one sample of seq_len + 1 = {seq_len + 1} tokens: use more text or a shorter seq_len",
             )
         self._perm: tuple[int, torch.Tensor] | None = None
+        # micro-batch base_index starts at global position base_sample (0, 0 for a fresh run;
+        # resume_at moves them)
+        self.base_sample, self.base_index = 0, 0
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm is None or self._perm[0] != epoch:
@@ -170,7 +277,7 @@ class Loader:
         return self._perm[1]
 
     def positions(self, i: int) -> list[int]:
-        first = (i * self.world + self.rank) * self.micro
+        first = self.base_sample + ((i - self.base_index) * self.world + self.rank) * self.micro
         return list(range(first, first + self.micro))
 
     def sample_ids(self, i: int) -> list[int]:
@@ -182,34 +289,41 @@ class Loader:
 
     def state(self, next_i: int) -> dict:
         """The data position before micro-batch ``next_i``: the next global sample position."""
-        return {"sample": next_i * self.world * self.micro, "seed": self.seed}
+        return {"sample": self.base_sample + (next_i - self.base_index) * self.world * self.micro, "seed": self.seed}
 
-    def index_of(self, state: dict) -> int:
-        """The micro-batch index to continue from ``state`` (refused where this world and
-        micro-batch cannot start exactly at that sample)."""
-        s = int(state["sample"])
-        per = self.world * self.micro
-        if s % per or int(state.get("seed", self.seed)) != self.seed:
+    def resume_at(self, state: dict, i: int) -> None:
+        """Continue from ``state`` (another run's ``state``, of any world and micro-batch):
+        micro-batch ``i`` starts at its global sample position (refused for another seed,
+        whose order differs)."""
+        if int(state.get("seed", self.seed)) != self.seed:
             raise HierConfigError(
-                "resume data position",
-                state,
-                f"this run takes {per} samples per micro-batch (world {self.world} x micro_batch {self.micro}) "
-                f"with seed {self.seed}: resume with the world, micro_batch and seed of the saved run",
+                "seed",
+                self.seed,
+                f"the saved data position {state} is in the order of seed {state.get('seed')}: resume with that seed",
             )
-        return s // per
+        self.base_sample, self.base_index = int(state["sample"]), i
 
 
 # -- zeropp-hier data ------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description="Prepare token files for the job (byte-level tokenizer).")
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Prepare token files for the job (byte-level or a locally trained BPE tokenizer)."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="tokenize local text into DIR/{train,val}.bin + DIR/index.json")
     p.add_argument("inputs", nargs="*", help="text files or directories (read recursively, see --glob)")
     p.add_argument("--stdlib", action="store_true", help="the Python standard library's own sources (no download)")
     p.add_argument("--glob", default="*.txt", help="file pattern inside directories (default *.txt)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default="byte",
+        help="byte (one token per byte, vocab 256; default) or bpe (trained here on the training split)",
+    )
+    p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (with --tokenizer bpe)")
     a = ap.parse_args(argv)
     if a.stdlib == bool(a.inputs):
         ap.error("name input files/directories or --stdlib (one of them)")
@@ -219,9 +333,13 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
         files, source = stdlib_files(), "python standard library"
     else:
         files, source = _input_files(a.inputs, a.glob), " ".join(a.inputs)
-    index = prepare(files, a.out, source)
+    if a.tokenizer == "bpe" and a.vocab_size is None:
+        ap.error("--tokenizer bpe needs --vocab-size N (e.g. 4096)")
+    index = prepare(files, a.out, source, a.tokenizer, a.vocab_size)
+    t = index["tokenizer"]
+    kind = "byte-level" if t["kind"] == "byte" else f"BPE, {t['file']}"
     print(
         f"{a.out}: {index['tokens']['train']} train + {index['tokens']['val']} val tokens from "
-        f"{sum(index['documents'].values())} documents (byte-level, vocab 256)"
+        f"{sum(index['documents'].values())} documents ({kind}, vocab {t['vocab_size']})"
     )
     return 0

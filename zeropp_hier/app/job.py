@@ -52,6 +52,7 @@ class JobSpec:
     local_world: int = 8  # ranks to start when not under a launcher
     regather: bool = True  # DeepSpeed prefetch/reuse 0: backward re-gathers as for a large model
     lr: float = 3e-3
+    warmup_steps: int = 0  # DeepSpeed WarmupLR: lr rises linearly from 0 over this many steps (0: constant lr)
     seed: int = 0
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
@@ -76,6 +77,8 @@ class JobSpec:
         self.model.check()
         if not isinstance(self.save_every, int) or self.save_every < 0:
             raise HierConfigError("save_every", self.save_every, "use 0 (no checkpoints) or a positive step count")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise HierConfigError("warmup_steps", self.warmup_steps, "use 0 (constant lr) or a positive step count")
         if self.memory_gb is not None and not (isinstance(self.memory_gb, (int, float)) and self.memory_gb > 0):
             raise HierConfigError("memory_gb", self.memory_gb, "use a positive number of GB, or null for the device's")
         if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
@@ -88,6 +91,33 @@ class JobSpec:
         if self.checkpoint_dir:
             return self.checkpoint_dir
         return os.path.join(self.out_dir, "checkpoints") if self.out_dir else None
+
+
+def with_data_vocab(spec: JobSpec) -> JobSpec:
+    """``spec`` with the model's vocabulary written out: the data's tokenizer's size (the
+    prepared directory's index.json; 256 for synthetic batches) when the model leaves it null;
+    a model whose vocabulary is smaller than the data's is refused."""
+    from dataclasses import replace
+
+    from ..core.errors import HierConfigError
+    from .models import BYTE_VOCAB
+
+    vocab, where = BYTE_VOCAB, "synthetic batches"
+    if spec.data_path is not None:
+        from .data import TokenData
+
+        vocab, where = TokenData(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
+    m = spec.model
+    if m.vocab_size is None:
+        return replace(spec, model=replace(m, vocab_size=vocab))
+    if m.vocab_size < vocab:
+        raise HierConfigError(
+            "model.vocab_size",
+            m.vocab_size,
+            f"{where} has {vocab} tokens: use a model with at least as many (model.vocab_size={vocab}, "
+            "or null to take the data's)",
+        )
+    return spec
 
 
 def ds_config_for(spec: JobSpec, overrides: Mapping[str, Any] | None = None) -> dict:
@@ -107,6 +137,16 @@ def ds_config_for(spec: JobSpec, overrides: Mapping[str, Any] | None = None) -> 
     )
     if preset is not None:
         cfg["zeropp_hier"]["topology"] = spec.topology
+    if spec.warmup_steps:
+        cfg["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": spec.lr,
+                "warmup_num_steps": spec.warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
     for key, value in (overrides or {}).items():
         if isinstance(value, Mapping) and isinstance(cfg.get(key), dict):
             cfg[key].update(value)
@@ -240,21 +280,15 @@ class Run:
         from . import flops, models, training
         from .data import Loader, TokenData
 
+        spec = with_data_vocab(spec)  # the model's vocabulary: the data's, or refused if smaller
         self.spec = spec
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         m = spec.model
         self.loader: Loader | None = None
+        self.tokens: TokenData | None = None
         if spec.data_path is not None:
-            tokens = TokenData(spec.data_path)
-            if tokens.vocab_size > m.vocab_size:
-                from ..core.errors import HierConfigError
-
-                raise HierConfigError(
-                    "model.vocab_size",
-                    m.vocab_size,
-                    f"the data's tokenizer has {tokens.vocab_size} tokens: use a model with at least as many",
-                )
-            self.loader = Loader(tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
+            self.tokens = TokenData(spec.data_path)
+            self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = ds_config_for(spec, ds_overrides)
         self.engine = training.build_engine(
             self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing
@@ -343,13 +377,16 @@ class Run:
         self.engine = None
 
 
-def rank_main(spec: JobSpec) -> dict:
-    """One rank of the job (torch.distributed already initialised)."""
+def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
+    """One rank of the job (torch.distributed already initialised). ``hooks`` (tests): an object
+    whose ``loaded(engine)`` runs after a resume's load and ``saved(engine, step)`` after each
+    save, on every rank; what they return is in the result's "hooks"."""
     import torch.distributed as dist
 
     import zeropp_hier
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    spec = with_data_vocab(spec)  # the model's vocabulary: the data's, or refused if smaller
     if rank == 0:  # the auto topology's detection report (zeropp_hier.detect.probe logs it on rank 0)
         log = logging.getLogger("zeropp_hier")
         if not any(isinstance(h, _JobLogHandler) for h in log.handlers):
@@ -357,7 +394,16 @@ def rank_main(spec: JobSpec) -> dict:
         log.setLevel(logging.INFO)
         log.propagate = False
     model_cfg = spec.model
-    run = Run(spec)
+    from . import resume, resume_rules
+
+    data_sha = None
+    if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
+        from .data import TokenData
+
+        data_sha = TokenData(spec.data_path).index.get("sha256")
+    # before the model is built: a resume that cannot work costs nothing; another world converts
+    plan = resume.plan(spec, world, data_sha) if spec.resume else None
+    run = Run(spec, {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else None)
     engine, rt, hier, loader = run.engine, run.runtime, run.hier, run.loader
     tokens_per_step, n_params, device_name = run.tokens_per_step, run.n_params, run.device_name
     report = _Reporter(spec, rank == 0)
@@ -366,7 +412,8 @@ def rank_main(spec: JobSpec) -> dict:
     report.line(
         f"zeropp-hier: preset={spec.preset} compression={spec.compression or 'preset default'} "
         f"dtype={spec.dtype} world={world}, {arch} {n_params / 1e6:.2f}M params "
-        f"({model_cfg.layers} layers x {model_cfg.hidden}), {tokens_per_step} tokens/step, "
+        f"({model_cfg.layers} layers x {model_cfg.hidden}, vocabulary {model_cfg.vocab_size}), "
+        f"{tokens_per_step} tokens/step, "
         f"data {spec.data_path or 'synthetic'}, activation checkpointing {spec.activation_checkpointing}"
     )
     # which kernels each rank runs (a rank on another CPU may pick another variant)
@@ -406,12 +453,14 @@ def rank_main(spec: JobSpec) -> dict:
         done = row["step"] + 1
         if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
             assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
-            tag = resume.save(engine, spec.ckpt_dir, done, data_state(done))
+            tag = resume.save(engine, spec.ckpt_dir, done, data_state(done), record)
+            if hooks is not None:
+                hooked["saved"][done] = hooks.saved(engine, done)
             report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
 
-    from . import resume
-
     accum = engine.gradient_accumulation_steps()
+    record = resume_rules.record(spec, world, accum, data_sha)
+    hooked: dict = {"loaded": None, "saved": {}}
 
     def data_state(next_step: int) -> dict:
         if loader is not None:
@@ -419,21 +468,22 @@ def rank_main(spec: JobSpec) -> dict:
         return {"sample": next_step * accum * world * spec.micro_batch, "seed": spec.seed}
 
     start = 0
-    if spec.resume:
-        assert spec.ckpt_dir is not None  # JobSpec.check: resume needs a directory
-        job = resume.load(engine, spec.ckpt_dir, spec.resume)
+    if plan is not None:
+        job = resume.load(engine, plan)
         start = int(job["step"])
-        if loader is not None and loader.index_of(job["data"]) != start * accum:
-            from ..core.errors import HierConfigError
-
-            raise HierConfigError("resume", spec.resume, f"data position {job['data']} is not step {start}'s")
+        if loader is not None:
+            loader.resume_at(job["data"], start * accum)  # the exact next global sample
+        if hooks is not None:
+            hooked["loaded"] = hooks.loaded(engine)
         if start >= spec.steps:
             from ..core.errors import HierConfigError
 
             raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
         report.resumed_at(start, spec.steps)
         report.line(
-            f"resumed from {spec.ckpt_dir} ({spec.resume}) at step {start}, data sample {job['data']['sample']}"
+            f"resumed from {os.path.join(plan.load_dir, plan.tag)} at step {start}, data sample "
+            f"{job['data']['sample']}"
+            + (f" ({plan.saved_world} ranks -> {world}, universal format)" if plan.universal else "")
         )
 
     t0 = time.perf_counter()
@@ -501,7 +551,10 @@ def rank_main(spec: JobSpec) -> dict:
             )
     run.release()
     losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
-    return {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
+    out = {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
+    if hooks is not None:
+        out["hooks"] = hooked
+    return out
 
 
 # -- launching ------------------------------------------------------------------------------
@@ -563,6 +616,7 @@ def launch(spec: JobSpec) -> dict:
     """Run the job: as one rank under a launcher, or on ``spec.local_world`` spawned ranks.
     Returns this process's rank result (rank 0's when it spawned the ranks)."""
     spec.check()
+    spec = with_data_vocab(spec)  # before any rank starts: the memory table uses the vocabulary
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -104,7 +104,7 @@ def check(
         spec.micro_batch,
         weight_bytes=4 if spec.dtype == "fp32" else 2,
         activation_checkpointing=spec.activation_checkpointing != "none",
-        vocab=m.vocab_size,
+        vocab=m.vocab,
     )
     preds = [P.predict(c, cluster, wl) for c in _candidates(spec)]
     names = list(dict.fromkeys(k for p in preds for k in p.memory.parts))  # auto: candidates differ

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # transformers is imported only when a NeoX model is built
 
 Arch = Literal["neox", "gpt"]
 Checkpointing = Literal["none", "torch", "deepspeed"]
+BYTE_VOCAB = 256  # byte-level tokens and synthetic batches
 ARCHS: tuple[str, ...] = get_args(Arch)
 CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
 
@@ -41,7 +42,7 @@ class ModelSpec:
     """One model, typed; the defaults are the ``tiny`` size (the quickstart's)."""
 
     arch: Arch = "neox"
-    vocab_size: int = 256  # a byte-level corpus needs 256
+    vocab_size: int | None = None  # None: the data's (the job sets it: 256 for byte-level or synthetic data)
     seq_len: int = 64  # tokens per sample (GPT-NeoX's max_position_embeddings)
     hidden: int = 64
     heads: int = 4
@@ -50,6 +51,18 @@ class ModelSpec:
     rotary_pct: float = 0.25  # share of each head's dimensions that rotary embeddings rotate
     parallel_residual: bool = True  # attention and MLP read the same input (GPT-NeoX-20B, Pythia)
 
+    @property
+    def vocab(self) -> int:
+        """The vocabulary size this spec builds: ``vocab_size``, or the byte level's 256 when it
+        is left to the data and no data says otherwise."""
+        return BYTE_VOCAB if self.vocab_size is None else self.vocab_size
+
+    def resolved(self) -> ModelSpec:
+        """This spec with its vocabulary size written out."""
+        from dataclasses import replace
+
+        return self if self.vocab_size is not None else replace(self, vocab_size=self.vocab)
+
     def check(self) -> None:
         from ..core.errors import HierConfigError
 
@@ -57,6 +70,8 @@ class ModelSpec:
             raise HierConfigError("model.arch", self.arch, f"use one of {list(ARCHS)}")
         for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "intermediate"):
             v = getattr(self, name)
+            if name == "vocab_size" and v is None:
+                continue
             if not isinstance(v, int) or v < 1:
                 raise HierConfigError(f"model.{name}", v, "use a positive integer")
         if self.hidden % self.heads:
@@ -88,7 +103,7 @@ MODELS: dict[str, ModelSpec] = {
 
 def n_params(spec: ModelSpec) -> int:
     """Parameters of the model ``spec`` builds (arithmetic; equal to the built model's count)."""
-    h, i, v, L = spec.hidden, spec.intermediate, spec.vocab_size, spec.layers
+    h, i, v, L = spec.hidden, spec.intermediate, spec.vocab, spec.layers
     if spec.arch == "gpt":  # untied head off: tied to the embedding (GPTConfig's default)
         block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
         return v * h + spec.seq_len * h + L * block + 2 * h
@@ -102,14 +117,14 @@ def input_embedding_params(spec: ModelSpec) -> int:
     """Parameters of the embeddings that are only looked up, never in a matrix product (the
     FLOP count leaves them out): GPT-NeoX's input embedding; the hand-written GPT's position
     embedding (its token embedding is also its output head)."""
-    return spec.vocab_size * spec.hidden if spec.arch == "neox" else spec.seq_len * spec.hidden
+    return spec.vocab * spec.hidden if spec.arch == "neox" else spec.seq_len * spec.hidden
 
 
 def neox_config(spec: ModelSpec):
     from transformers import GPTNeoXConfig
 
     return GPTNeoXConfig(
-        vocab_size=spec.vocab_size,
+        vocab_size=spec.vocab,
         hidden_size=spec.hidden,
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
@@ -183,11 +198,12 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     ([Note: building a model sharded]); every rank must call it (it is collective then).
     ``hier_runtime``: build under that existing runtime (its process groups) instead of a new one."""
     spec.check()
+    spec = spec.resolved()
     torch.manual_seed(seed)
     if spec.arch == "gpt":
         from .gpt import GPT, GPTConfig
 
-        cfg = GPTConfig(spec.vocab_size, spec.seq_len, spec.hidden, spec.heads, spec.layers)
+        cfg = GPTConfig(spec.vocab, spec.seq_len, spec.hidden, spec.heads, spec.layers)
         if not _is_stage3(ds_config):
             return GPT(cfg)
         import deepspeed

@@ -1,20 +1,50 @@
 """The job's checkpoints: every ``save_every`` steps and after the last, through the engine's
-transactional ``save_checkpoint``; ``resume=latest`` (or a tag) continues a run.
+transactional ``save_checkpoint``; ``resume=latest`` (or a tag) continues a run, at the same or
+at another number of ranks.
 
 [Note: what a job checkpoint holds]
-The engine's checkpoint holds the model, the optimizer (and a scheduler, if the config has one).
-The job adds, as DeepSpeed client state: the number of steps done, the data position (the next
-global sample, [Note: sample order] in data.py) and the RNG state of rank 0 (torch, CUDA,
-Python's ``random``). Every rank of the job draws the same numbers (one seed; the data order is
-a function of the seed and the sample position, dropout is 0), so rank 0's state stands for all.
-A resumed run trains steps ``step .. steps - 1`` on the same batches the uninterrupted run
-would have seen; a run whose world or micro-batch differs from the saved one is refused before
-it trains (the position would fall inside a micro-batch).
+The engine's checkpoint holds the model, the optimizer (fp32 master weights and Adam moments)
+and the learning-rate scheduler. The job adds, as DeepSpeed client state: the number of steps
+done, the data position (the next global sample, [Note: sample order] in data.py), the RNG state
+of rank 0 (torch, CUDA, Python's ``random``) and a record of its settings
+(``resume_rules.record``: world, micro-batch, preset, dtype, seed, model, the token files'
+sha256). Every rank of the job draws the same numbers (one seed; the data order is a function of
+the seed and the sample position, dropout is 0), so rank 0's state stands for all, and every
+rank of the resumed run is given it.
+
+[Note: resuming at another world size]
+Before any rank builds a model, rank 0 reads the record of the tag to resume (its rank-0 model
+states file, checked against the manifest, loaded tensors-only) and ``resume_rules.decide``
+answers for every rank: the same world loads DeepSpeed's partitions as they are (another
+topology or preset included); another world goes through DeepSpeed's universal format. The job
+converts the tag itself (rank 0, ``checkpoint.to_universal``) into ``<checkpoint_dir>_universal
+/<tag>`` while the other ranks wait, and builds its engine with ``checkpoint.load_universal``. A
+conversion already there is used when its manifest names the source tag's manifest (same
+sha256), so ``zeropp-hier checkpoint to-universal DIR DIR_universal`` ahead of the job (one
+process, no ranks waiting: the way for a large model) gives the job its input; a conversion of
+another save of the same tag name is refused. Weights, fp32 master weights and Adam moments
+load exactly (the universal files are the full fp32 tensors, cut again for the new world);
+error-feedback residuals are per rank and start empty; the scheduler and step count come from
+rank 0's model states file.
+
+The data position is the number of global samples consumed; the resumed run's first micro-batch
+starts at that sample whatever its world and micro-batch (``Loader.resume_at``), so the
+samples seen before and after the resume are exactly the positions 0, 1, 2, ... with no gap and
+no repeat, and a resumed run sees the same global batches as a run started at this world size
+(with the same global batch) would. Which rank reads which sample follows the new world. The
+RNG state is per process: rank r of the new world has no counterpart in the old one, so every
+rank gets rank 0's saved state (exact for this job, whose ranks draw identical numbers; a model
+drawing different random numbers per rank would continue on other streams than an uninterrupted
+run). Synthetic batches have no global sample order (each is a function of step and rank): they
+continue by step. What a resume cannot change (model, seed, dtype, data, stock <-> zeropp_hier)
+is refused before any model is built, naming the field.
 """
 
 from __future__ import annotations
 
+import os
 import random
+from dataclasses import dataclass
 
 import torch
 
@@ -32,39 +62,134 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = list(state["cuda"])[: torch.cuda.device_count()]  # a node may see fewer devices
+        for i, s in enumerate(cuda):
+            torch.cuda.set_rng_state(s, i)
 
 
 def tag_for(step_done: int) -> str:
     return f"step{step_done}"
 
 
-def save(engine, ckpt_dir: str, step_done: int, data_state: dict) -> str:
+def save(engine, ckpt_dir: str, step_done: int, data_state: dict, record: dict | None = None) -> str:
     """Collective: every rank calls it after step ``step_done - 1``."""
     tag = tag_for(step_done)
-    client = {KEY: {"step": step_done, "data": data_state, "rng": rng_state()}}
+    client = {KEY: {"step": step_done, "data": data_state, "rng": rng_state(), "record": record or {}}}
     engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client)
     return tag
 
 
-def load(engine, ckpt_dir: str, resume: str) -> dict:
-    """Collective: restore ``resume`` ("latest" or a tag) into ``engine``; returns the job's
-    state (step, data position)."""
+@dataclass(frozen=True)
+class Plan:
+    """How this run loads its checkpoint: ``<load_dir>/<tag>``, universal or not."""
+
+    tag: str
+    load_dir: str
+    universal: bool
+    saved_world: int
+
+
+def _job_state(tag_dir: str, manifest: dict | None) -> dict:
+    """The job's client state from rank 0's model states file (checked against the manifest when
+    there is one; loaded tensors-only)."""
+    from ..core.errors import HierConfigError
+    from ..deepspeed import safe_load
+    from ..deepspeed.checkpoint_files import check_files, raise_problems
+
+    name = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    path = os.path.join(tag_dir, name)
+    if not os.path.isfile(path):
+        raise HierConfigError(
+            "resume", tag_dir, f"no {name} there: resume a checkpoint written by zeropp-hier train (ZeRO-3)"
+        )
+    if manifest is not None:
+        if name not in manifest["files"]:
+            raise HierConfigError("resume", tag_dir, f"its manifest does not list {name}: the tag is damaged")
+        raise_problems(check_files(tag_dir, manifest, [name]), os.path.dirname(tag_dir), os.path.basename(tag_dir))
+    state = safe_load.load(path, map_location="cpu")
+    job = state.get(KEY) if isinstance(state, dict) else None
+    if job is None:
+        raise HierConfigError(
+            "resume", tag_dir, "not written by zeropp-hier train (no job state): resume a job's checkpoint"
+        )
+    job = dict(job)
+    job["dp_world_size"] = state.get("dp_world_size")
+    return job
+
+
+def _plan_on_rank0(spec, world: int, data_sha256: str | None) -> Plan:
+    from ..core.errors import HierConfigError
+    from ..deepspeed import checkpoint
+    from ..deepspeed.checkpoint_files import MANIFEST, file_digest, read_manifest, resolve_tag
+    from . import resume_rules
+
+    root = spec.ckpt_dir
+    tag = resolve_tag(root, None if spec.resume == "latest" else spec.resume)
+    if tag is None or not os.path.isdir(os.path.join(root, tag)):
+        raise HierConfigError(
+            "resume", spec.resume, f"no checkpoint found in {root}: set checkpoint_dir to the saved run's directory"
+        )
+    tag_dir = os.path.join(root, tag)
+    manifest, _ = read_manifest(tag_dir)  # None: stock DeepSpeed's save (no manifest)
+    job = _job_state(tag_dir, manifest)
+    rec = job.get("record") or {}
+    saved_world = rec.get("world") or (manifest or {}).get("world_size") or job.get("dp_world_size") or world
+    mode = resume_rules.decide(rec, int(saved_world), spec, world, data_sha256, tag)
+    if mode == "native":
+        return Plan(tag, root, False, int(saved_world))
+    out = resume_rules.universal_dir(root)
+    source_digest = file_digest(os.path.join(tag_dir, MANIFEST))["sha256"]
+    done, _ = read_manifest(os.path.join(out, tag))
+    if done is None and os.path.lexists(os.path.join(out, tag)):
+        raise HierConfigError(
+            "resume",
+            spec.resume,
+            f"{os.path.join(out, tag)} exists but is not a complete conversion: remove it (the job converts again)",
+        )
+    if done is not None and done.get("source_manifest_sha256") != source_digest:
+        raise HierConfigError(
+            "resume",
+            spec.resume,
+            f"{os.path.join(out, tag)} was converted from another save of tag {tag}: remove it (the job converts "
+            "again), or resume another tag",
+        )
+    if done is None:
+        checkpoint.to_universal(root, out, tag)
+    return Plan(tag, out, True, int(saved_world))
+
+
+def plan(spec, world: int, data_sha256: str | None) -> Plan:
+    """Collective over the world: rank 0 reads the checkpoint's record, decides, converts when
+    the world changed; every rank returns the same plan or raises the same error."""
+    import torch.distributed as dist
+
+    result: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            result[0] = _plan_on_rank0(spec, world, data_sha256)
+        except (ValueError, RuntimeError, OSError) as e:  # HierConfigError, HierCheckpointError
+            result[0] = e
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+def load(engine, p: Plan) -> dict:
+    """Collective: restore ``p``'s tag into ``engine``; returns the job's state (step, data
+    position, record) after setting the RNG state."""
     from ..core.errors import HierConfigError
     from ..deepspeed.engine import HierEngine
 
-    # our engine refuses a missing 'latest' unless asked not to; the job names its own field
-    # instead (stock DeepSpeed's engine returns (None, None) for it by itself)
+    # our engine refuses a missing tag unless asked not to; the job names its own field instead
     extra = {"missing_ok": True} if isinstance(engine, HierEngine) else {}
-    path, client = engine.load_checkpoint(ckpt_dir, tag=None if resume == "latest" else resume, **extra)
+    path, client = engine.load_checkpoint(p.load_dir, tag=p.tag, **extra)
     if path is None:
-        raise HierConfigError(
-            "resume", resume, f"no checkpoint found in {ckpt_dir}: set checkpoint_dir to the saved run's directory"
-        )
+        raise HierConfigError("resume", p.tag, f"no checkpoint {p.tag} in {p.load_dir}")
     job = (client or {}).get(KEY)
     if job is None:
         raise HierConfigError(
-            "resume", resume, f"{path} was not written by zeropp-hier train (no job state): resume a job's checkpoint"
+            "resume", p.tag, f"{path} was not written by zeropp-hier train (no job state): resume a job's checkpoint"
         )
     set_rng_state(job["rng"])
     return job

@@ -62,6 +62,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         checkpoint_dir=cfg["checkpoint_dir"],
         resume=cfg["resume"],
         lr=cfg["lr"],
+        warmup_steps=cfg["warmup_steps"],
         seed=cfg["seed"],
         out_dir=out_dir,
         memory_gb=cfg["memory_gb"],

@@ -387,6 +387,8 @@ def to_universal(src_dir: str, out_dir: str, tag: Any = None, workers: int = 1, 
         source = json.load(f)
     meta = {k: source.get(k) for k in ("world_size", "preset", "topology", "global_steps")}
     meta["universal_from"] = os.path.abspath(os.path.join(src_dir, tag))
+    # which save this is a conversion of (a tag name can be saved again): the job's resume checks it
+    meta["source_manifest_sha256"] = file_digest(os.path.join(src_dir, tag, MANIFEST))["sha256"]
     commit(out_dir, converted, tag, files, meta, True, latest_name="latest_universal")
     shutil.rmtree(scratch, ignore_errors=True)
     return final
