@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from zeropp_hier.tools import planner as P
+from zeropp_hier.planner import model as P
 
 
 def fair_cluster(ratios, library="gloo"):

@@ -202,7 +202,7 @@ def test_bpe_refusals_name_the_field(tmp_path):
 
 
 def test_cli_prepares_bpe(tmp_path, capsys):
-    from zeropp_hier.tools.command import main
+    from zeropp_hier.__main__ import main
 
     src = tmp_path / "src"
     src.mkdir()
