@@ -2,6 +2,10 @@ import pytest
 
 from zeropp_hier.launch.world import SharedWorld
 
+# Starting a world (W processes importing torch and DeepSpeed) costs tens of seconds on a 2-core
+# machine, so each size is started once for the session and shared by every module that asks for
+# it; only the rarely used 6-rank world lives with its one module.
+
 
 def _world(size):
     # SharedWorld rebuilds the world before a test if an earlier test left it failed (a rank died,
@@ -17,9 +21,16 @@ def world8():
     yield from _world(8)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world4():
+    """4 ranks, shared by the session; the layout over them is each test's config's."""
     yield from _world(4)
+
+
+@pytest.fixture(scope="session")
+def world2():
+    """2 ranks, shared by the session; the layout over them is each test's config's."""
+    yield from _world(2)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import torch
 
 from zeropp_hier.app.training import ds_config
 from zeropp_hier.deepspeed import checkpoint, safe_load
-from zeropp_hier.launch.world import LocalWorld
 
 from ..helpers import max_state_diff
 from . import ranks_checkpoint as rc
@@ -274,14 +273,10 @@ def test_kill_at_every_commit_step_leaves_a_checkpoint_that_loads(versions, tmp_
 
 # -- what one rank cannot see ---------------------------------------------------------------------
 
-def test_directory_one_rank_does_not_see_is_named_on_every_rank(tmp_path):
+def test_directory_one_rank_does_not_see_is_named_on_every_rank(world2, tmp_path):
     dirs = {0: str(tmp_path / "node0"), 1: str(tmp_path / "node1")}
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2)  # 2 ranks: 1 node x 1 GPU x 2 GCDs
-    world = LocalWorld(2, timeout=600)
-    try:
-        out = world.run(rc.save_load_in_own_dirs, cfg, dirs, str(tmp_path / "shared"))
-    finally:
-        world.close()
+    out = world2.run(rc.save_load_in_own_dirs, cfg, dirs, str(tmp_path / "shared"))
     missing = os.path.join(dirs[1], "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     for r in out:
         assert "rank 1 does not see the file rank 0 just wrote" in r["save"]["message"], r["save"]

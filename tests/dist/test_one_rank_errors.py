@@ -25,12 +25,11 @@ def _cfg(preset="frontier", **kw):
 
 
 @pytest.fixture(scope="module")
-def errors(tmp_path_factory):
+def errors(world2, tmp_path_factory):
     probe_dir = str(tmp_path_factory.mktemp("probe"))
     cfg = _cfg()
     cfg["zeropp_hier"]["collective_timeout_s"] = 30
-    with LocalWorld(2, timeout=600) as w:
-        return w.run(ranks_errors.one_rank_errors, cfg, _cfg("auto"), probe_dir)
+    return world2.run(ranks_errors.one_rank_errors, cfg, _cfg("auto"), probe_dir)
 
 
 def test_bad_local_rank_on_one_rank_is_named_on_every_rank(errors):
@@ -71,11 +70,10 @@ def test_the_world_still_trains_after_the_refused_cases(errors):
     assert all(len(x) == 1 and math.isfinite(x[0]) for x in losses), losses
 
 
-def test_skip_cap_stops_every_rank_at_the_same_step_with_the_history():
+def test_skip_cap_stops_every_rank_at_the_same_step_with_the_history(world2):
     cfg = _cfg(dtype="bf16")
     cfg["zeropp_hier"]["numerics"] = {"max_consecutive_skips": 3}
-    with LocalWorld(2, timeout=600) as w:
-        out = w.run(ranks_errors.skip_cap, cfg, 1, 1, 10)
+    out = world2.run(ranks_errors.skip_cap, cfg, 1, 1, 10)
     for r in out:
         assert r["error"] is not None and r["at_step"] == 3 and r["steps_run"] == 3, r
         assert [h["step"] for h in r["history"]] == [1, 2, 3]

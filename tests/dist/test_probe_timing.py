@@ -7,17 +7,8 @@ test fails."""
 
 import pytest
 
-from zeropp_hier.launch.world import SharedWorld
-
 DELAY_S = 1.0
 REPS = 2
-
-
-@pytest.fixture(scope="module")
-def world2():
-    w = SharedWorld(2, timeout=300)
-    yield w
-    w.close()
 
 
 def delayed_partner(delay_s: float, reps: int):

@@ -18,7 +18,9 @@ from zeropp_hier.app.job import JobSpec, rank_main
 from zeropp_hier.app.models import ModelSpec
 from zeropp_hier.app.text import stdlib_files
 
-STEPS, EVERY = 8, 2
+# the first commit (step 2) is the kill's signal; the job's steps 3 and 4 and their commit are what
+# the kill cuts off and the resumed run redoes
+STEPS, EVERY = 4, 2
 
 # the killed job: the same JobSpec, run by launch() in a process of its own session
 CHILD = """
