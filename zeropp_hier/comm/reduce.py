@@ -86,13 +86,7 @@ def pipelined_rows(
     def job(i: int, a: int, b: int) -> Generator[Move, None, list[torch.Tensor] | None]:
         if i == 0:
             ctx.hooks.check_local(rows)
-        cols = None if valid is None else valid.columns(a, b)
-        buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
-        ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
-        for s, hop in enumerate(ctx.plan.reduce):
-            yield Move(hop.axes, (buf, rows, out))
-            hook = ctx.hooks.reduce_hook(ckey, s, hop, loss_scale)
-            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
+        buf = yield from _chunk_stages(ctx, rows, (a, b), valid, key, len(chunks), wire_dtype, loss_scale, out)
         out[a:b].copy_(buf.reshape(-1))
         if i < len(chunks) - 1:
             return None
@@ -116,6 +110,33 @@ def column_chunks(width: int, pad: int, world: int, chunk_elems: int) -> list[tu
     return [(a, min(a + step, width)) for a in range(0, width, step)] or [(0, 0)]
 
 
+def _chunk_stages(
+    ctx: CommContext,
+    rows: torch.Tensor,
+    span: tuple[int, int],
+    valid: layout.Valid | None,
+    key: tuple[str, ...] | None,
+    n_chunks: int,
+    wire_dtype: torch.dtype,
+    loss_scale: float,
+    out: torch.Tensor | None,
+) -> Generator[Move, None, torch.Tensor]:
+    """The plan's stages over the columns ``span`` of the rows (one chunk), announcing each
+    stage's collective (``Move``) before issuing it; returns the chunk's sum. One definition
+    for ``reduce_rows`` (every chunk in one job) and ``pipelined_rows`` (a job per chunk), so
+    that both give the same blocks, sums and error-feedback keys."""
+    a, b = span
+    cols = None if valid is None else valid.columns(a, b)
+    buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
+    ckey = key if n_chunks == 1 or key is None else (*key, f"columns {a}:{b}")
+    for s, hop in enumerate(ctx.plan.reduce):
+        # the rows and the output are read and written on several lanes (GPU streams)
+        yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
+        hook = ctx.hooks.reduce_hook(ckey, s, hop, loss_scale)
+        buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
+    return buf
+
+
 def reduce_rows(
     ctx: CommContext,
     packed: layout.GradRows,
@@ -133,14 +154,7 @@ def reduce_rows(
     out = rows.new_empty(width) if len(chunks) > 1 else None
     valid = _valid(packed)
     for a, b in chunks:
-        cols = None if valid is None else valid.columns(a, b)
-        buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
-        ckey = key if len(chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
-        for i, hop in enumerate(ctx.plan.reduce):
-            # the rows and the output are read and written on several lanes (GPU streams)
-            yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
-            hook = ctx.hooks.reduce_hook(ckey, i, hop, loss_scale)
-            buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
+        buf = yield from _chunk_stages(ctx, rows, (a, b), valid, key, len(chunks), wire_dtype, loss_scale, out)
         if out is None:
             out = buf.reshape(-1)
         else:

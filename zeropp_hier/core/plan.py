@@ -13,7 +13,7 @@ from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, Scheme, TierBlocks, T
 from .topology import AXES, Topology, normalize_axes
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
-# gradient stages] in deepspeed/runtime.py): 64 MB per fp32 staging buffer
+# gradient stages] in comm/reduce.py): 64 MB per fp32 staging buffer
 STREAM_CHUNK_ELEMS = 1 << 24
 
 # [Note: hop compression]

@@ -481,7 +481,7 @@ def best_chunks(hop_s: Sequence[float], latency_s: Sequence[float] | None = None
 
 # --------------------------------------------------------------------------------------------
 # memory
-# gradient staging ([Note: streamed gradient stages] in deepspeed/runtime.py): the packed fp32
+# gradient staging ([Note: streamed gradient stages] in comm/reduce.py): the packed fp32
 # rows of two buckets (the one in flight beside backward and the next being packed), plus, per
 # streamed chunk, its reordering, stage layout, wire and receive buffers
 STAGED_BUCKETS = 2
