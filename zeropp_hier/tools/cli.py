@@ -294,7 +294,7 @@ def cmd_probe(args) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     topo = Topology.for_world(world, args.gpus_per_node, args.gcds_per_gpu)
     groups = build_hop_groups(topo, [(t,) for t in TIERS], rank)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes: list[int] = args.sizes  # parsed and checked by _sizes
     out: dict[str, Any] = {
         "world": world,
         "topology": {"gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
