@@ -230,6 +230,8 @@ def test_the_job_takes_the_models_vocabulary_from_the_data(bpe, prepared):
     assert with_data_vocab(JobSpec(data_path=str(out))).model.vocab_size == v  # tiny: null, follows
     assert with_data_vocab(JobSpec(data_path=str(prepared[0]))).model.vocab_size == 256
     assert with_data_vocab(JobSpec()).model.vocab_size == 256  # synthetic batches
+    # synthetic batches draw from the model's own vocabulary, whatever its size
+    assert with_data_vocab(JobSpec(model=ModelSpec(vocab_size=128))).model.vocab_size == 128
     assert with_data_vocab(JobSpec(data_path=str(out), model=MODELS["small"])).model.vocab_size == 50304
     with pytest.raises(ValueError, match=f"'model.vocab_size'.*has {v} tokens"):
         with_data_vocab(JobSpec(data_path=str(out), model=ModelSpec(vocab_size=256)))

@@ -94,20 +94,21 @@ class JobSpec:
 
 
 def with_data_vocab(spec: JobSpec) -> JobSpec:
-    """``spec`` with the model's vocabulary written out: the data's tokenizer's size (the
-    prepared directory's index.json; 256 for synthetic batches) when the model leaves it null;
-    a model whose vocabulary is smaller than the data's is refused."""
+    """``spec`` with the model's vocabulary written out when the model leaves it null: the
+    data's tokenizer's size (the prepared directory's index.json), or 256 for synthetic batches
+    (which draw from the model's own vocabulary, so any size serves them); a model whose
+    vocabulary is smaller than the data's is refused."""
     from dataclasses import replace
 
     from ..core.errors import HierConfigError
     from .models import BYTE_VOCAB
 
-    vocab, where = BYTE_VOCAB, "synthetic batches"
-    if spec.data_path is not None:
-        from .data import TokenData
-
-        vocab, where = TokenData(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
     m = spec.model
+    if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
+        return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
+    from .data import TokenData
+
+    vocab, where = TokenData(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
     if m.vocab_size is None:
         return replace(spec, model=replace(m, vocab_size=vocab))
     if m.vocab_size < vocab:
