@@ -186,14 +186,23 @@ def unpack_my_chunks(
 
 
 class Valid:
-    """Which elements of a padded row can hold a value ([Note: padding stays off the wire]):
-    a host mask, with the index of the kept units (elements, or bytes of packed int4) made once
-    per device and reused."""
+    """Which elements of a padded row can hold a value ([Note: padding stays off the wire]), as
+    runs of (start, length) in plain ints: building it, slicing it and counting it touch no
+    tensor, and its device indices are made by ``arange`` on the device (no host data copied,
+    no sync: [Note: no host traffic in the hot path]), once per layout and device."""
 
-    def __init__(self, mask: torch.Tensor):
-        self.mask = mask  # host bool [length]
-        self.length = mask.numel()
-        self.count = int(mask.sum())
+    def __init__(self, runs: Sequence[tuple[int, int]], length: int):
+        merged: list[tuple[int, int]] = []
+        for s, n in runs:
+            if n <= 0:
+                continue
+            if merged and merged[-1][0] + merged[-1][1] == s:  # adjacent: one run
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((s, n))
+        self.runs = tuple(merged)
+        self.length = length
+        self.count = sum(n for _, n in self.runs)
         self._index: dict[tuple[int, str], torch.Tensor] = {}
         self._derived: dict[tuple, Valid] = {}
 
@@ -201,25 +210,32 @@ class Valid:
     def full(self) -> bool:
         return self.count == self.length
 
+    def _unit_runs(self, per_unit: int) -> list[tuple[int, int]]:
+        # unit j holds elements [j * per_unit, (j + 1) * per_unit); runs are separated by at least
+        # one padding element, so two runs never share a unit
+        return [(s // per_unit, -(-(s + n) // per_unit) - s // per_unit) for s, n in self.runs]
+
     def index(self, per_unit: int, device: torch.device) -> torch.Tensor:
         """Indices of the units of ``per_unit`` elements (1: elements or int8 bytes, 2: int4
-        bytes) that hold any valid element, on ``device``."""
+        bytes) that hold any valid element, on ``device``, ascending."""
         key = (per_unit, str(device))
         t = self._index.get(key)
         if t is None:
-            units = self.mask.view(-1, per_unit).any(dim=1) if per_unit > 1 else self.mask
-            t = self._index[key] = units.nonzero().view(-1).to(device)
+            parts = [torch.arange(u, u + k, device=device) for u, k in self._unit_runs(per_unit)]
+            t = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
+            self._index[key] = t
         return t
 
     def units(self, per_unit: int) -> int:
-        return self.count if per_unit == 1 else int(self.mask.view(-1, per_unit).any(dim=1).sum())
+        return self.count if per_unit == 1 else sum(k for _, k in self._unit_runs(per_unit))
 
     def columns(self, a: int, b: int) -> Valid:
         """Elements [a, b) of the row (a chunk of columns)."""
         key = ("columns", a, b)
         v = self._derived.get(key)
         if v is None:
-            v = self._derived[key] = Valid(self.mask[a:b])
+            runs = [(max(s, a) - a, min(s + n, b) - max(s, a)) for s, n in self.runs if s < b and s + n > a]
+            v = self._derived[key] = Valid(runs, b - a)
         return v
 
     def tiled(self, n: int) -> Valid:
@@ -227,7 +243,8 @@ class Valid:
         key = ("tiled", n)
         v = self._derived.get(key)
         if v is None:
-            v = self._derived[key] = Valid(self.mask.repeat(n))
+            runs = [(s + k * self.length, m) for k in range(n) for s, m in self.runs]
+            v = self._derived[key] = Valid(runs, self.length * n)
         return v
 
 
@@ -242,10 +259,9 @@ def valid_of(lengths: Sequence[int], slots: Sequence[int]) -> Valid | None:
     key = (tuple(lengths), tuple(slots))
     v = _VALID.get(key)
     if v is None:
-        mask = torch.zeros(sum(slots), dtype=torch.bool)
-        off = 0
+        runs, off = [], 0
         for n, slot in zip(lengths, slots):
-            mask[off : off + n] = True
+            runs.append((off, n))
             off += slot
-        v = _VALID[key] = Valid(mask)
+        v = _VALID[key] = Valid(runs, off)
     return v
