@@ -7,7 +7,7 @@ import pytest
 
 from zeropp_hier.launch.world import SharedWorld
 
-from .test_pipelined_gather import CASES, NUMELS, RANK_MAP, _same, _setup, _teardown
+from .test_pipelined_gather import CASES, NUMELS, RANK_MAP, _partitions, _same, _setup, _teardown
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +36,7 @@ def padding_run(cases: dict, rank_map: list) -> dict:
     for name, (preset, compression) in cases.items():
         ctx, plan, backward, groups, _ = _setup(preset, compression, rank_map)
         ex = ctx.executor
-        gen = torch.Generator().manual_seed(99)
-        fulls = [torch.randn(n, generator=gen) for n in NUMELS]
-        sizes = [-(-n // world) for n in NUMELS]
-        parts = []
-        for full, n in zip(fulls, sizes):
-            part = torch.full((n,), float("nan"))  # DeepSpeed's tail past the end: garbage
-            mine = full[rank * n : (rank + 1) * n]
-            part[: mine.numel()] = mine
-            parts.append(part)
+        sizes, parts, gen = _partitions(rank, world, 99)
         r: dict = {}
         # a gather quantizes wherever the preset does; "/none" has no padding (nothing quantized),
         # so it is run with the slots of an int8 neighbour to have some

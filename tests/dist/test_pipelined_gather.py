@@ -80,6 +80,24 @@ def _same(a, b) -> bool:
     return a is None and b is None or torch.equal(a, b)
 
 
+def _partitions(rank: int, world: int, seed: int):
+    """This rank's partition of each of NUMELS random tensors, as DeepSpeed holds them: ceil(n /
+    world) elements each, the tail past the tensor's end garbage (NaN); and the generator, for
+    more values from the same stream."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    fulls = [torch.randn(n, generator=gen) for n in NUMELS]
+    sizes = [-(-n // world) for n in NUMELS]
+    parts = []
+    for full, n in zip(fulls, sizes):
+        part = torch.full((n,), float("nan"))  # DeepSpeed's tail past the end: garbage
+        mine = full[rank * n : (rank + 1) * n]
+        part[: mine.numel()] = mine
+        parts.append(part)
+    return sizes, parts, gen
+
+
 def _run(ctx, hops, start, phase, dtype, sizes, slots, keep, chunks):
     """One gather of ``start``: unchunked (``chunks`` None) or pipelined in ``chunks``; the bytes
     it moved per tier."""
@@ -124,15 +142,7 @@ def pipelined_run(cases: dict, rank_map: list) -> dict:
     out = {}
     for name, (preset, compression) in cases.items():
         ctx, plan, backward, groups, stats = _setup(preset, compression, rank_map)
-        gen = torch.Generator().manual_seed(1234)
-        fulls = [torch.randn(n, generator=gen) for n in NUMELS]
-        sizes = [-(-n // world) for n in NUMELS]
-        parts = []
-        for full, n in zip(fulls, sizes):
-            part = torch.full((n,), float("nan"))  # DeepSpeed's tail past the end: garbage
-            mine = full[rank * n : (rank + 1) * n]
-            part[: mine.numel()] = mine
-            parts.append(part)
+        sizes, parts, _ = _partitions(rank, world, 1234)
         hops = gather.hops_for(plan, (), "forward_gather")
         slots = gather.slots_of(sizes, gather.slot_align((*plan.forward, *backward)))
         start = gather.primary_buffer(parts, sizes, NUMELS, slots, rank)
