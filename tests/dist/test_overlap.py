@@ -4,6 +4,8 @@ every call):
 - no host synchronisation and no tensor made from host data inside a gather or a reduce stage
   ([Note: no host traffic in the hot path] in core/layout.py), counted op by op;
 - with DeepSpeed's prefetch on, gathers are issued ahead of use (several in flight at once),
+  a prefetch of several layers runs as a job per layer and DeepSpeed waits for one layer while
+  the later ones stay in flight ([Note: a job per layer] in deepspeed/inflight.py),
   gradient buckets are reduced while backward goes on ([Note: gradient stages beside backward]),
   and the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
 """
@@ -17,13 +19,13 @@ RANK_MAP = [2, 0, 3, 1]
 HOST_OPS = ("_local_scalar_dense", "item", "is_nonzero", "nonzero", "lift_fresh", "lift_fresh_copy", "tensor")
 
 
-def _cfg(prefetch: bool, overlap: bool | str = True) -> dict:
+def _cfg(prefetch: bool, overlap: bool | str = True, layers: int = 1) -> dict:
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2, regather=not prefetch)
     cfg["zeropp_hier"]["topology"]["rank_map"] = RANK_MAP
     cfg["zeropp_hier"]["numerics"] = {"sample_every": 1}
     cfg["zeropp_hier"]["overlap"] = overlap
-    if prefetch:  # a bucket of about one layer; release after use so backward gathers again
-        cfg["zero_optimization"].update(stage3_prefetch_bucket_size=8000, stage3_max_reuse_distance=0)
+    if prefetch:  # a bucket of about ``layers`` layers; release after use so backward gathers again
+        cfg["zero_optimization"].update(stage3_prefetch_bucket_size=8000 * layers, stage3_max_reuse_distance=0)
     # gradient buckets of about one layer, so that backward fills several
     cfg["zero_optimization"]["reduce_bucket_size"] = 8000
     return cfg
@@ -34,6 +36,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
     from zeropp_hier.app import training
     from zeropp_hier.comm import reduce as comm_reduce
+    from zeropp_hier.deepspeed import inflight
 
     class HostOps(TorchDispatchMode):
         def __init__(self, seen: list):
@@ -56,6 +59,14 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
         engine = training.build_engine(cfg)
         rt = engine.hier_runtime
         seen: list = []
+        # layer waits that returned with later layers of the same handle still in flight
+        early = {"waits": 0, "layers_per_handle": 0}
+        layer_wait = inflight.LayerWait.wait
+
+        def watched_wait(self, handle_dependency=True):
+            layer_wait(self, handle_dependency)
+            early["layers_per_handle"] = max(early["layers_per_handle"], len(self.handle.layers))
+            early["waits"] += self.handle.taken < len(self.handle.layers)
         calls = {"gather": 0, "reduce": 0, "submit": 0}
 
         def counted(fn, kind):
@@ -79,12 +90,14 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
         saved = (comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter)
         comm_reduce.reduce_rows = counted(comm_reduce.reduce_rows, "reduce")
         comm_reduce.submit_reduce_scatter = watched(counted(comm_reduce.submit_reduce_scatter, "submit"))
+        inflight.LayerWait.wait = watched_wait
         try:
             losses = training.train_steps(engine, steps)
         finally:
             comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter = saved
+            inflight.LayerWait.wait = layer_wait
         out[name] = {"losses": losses, "host_ops": sorted(set(seen)), "calls": calls,
-                     "max_outstanding": rt.executor.max_outstanding,
+                     "max_outstanding": rt.executor.max_outstanding, "early": early,
                      "lanes_busy": rt.executor.max_lanes_busy,
                      "buckets_overlapped": engine.optimizer.buckets_overlapped,
                      "samples": sum(e["samples"] for t in __import__("zeropp_hier").comm_stats(engine)
@@ -96,6 +109,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
 def test_no_host_traffic_in_gathers_and_reduce_stages_and_prefetch_overlaps(world4):
     cfgs = {
         "prefetch": _cfg(prefetch=True),
+        "deep": _cfg(prefetch=True, layers=3),
         "one_lane": _cfg(prefetch=True, overlap="one_lane"),
         "inline": _cfg(prefetch=False, overlap=False),
     }
@@ -114,4 +128,9 @@ def test_no_host_traffic_in_gathers_and_reduce_stages_and_prefetch_overlaps(worl
         # same training either way: overlap reorders nothing that matters
         assert_losses_close(r["prefetch"]["losses"], r["inline"]["losses"], 1e-6, f"rank {rank}")
         assert_losses_close(r["one_lane"]["losses"], r["inline"]["losses"], 1e-6, f"rank {rank}")
+        assert_losses_close(r["deep"]["losses"], r["inline"]["losses"], 1e-6, f"rank {rank}")
+        # a deep prefetch: one DeepSpeed fetch held several layers, each its own job, and
+        # DeepSpeed took a layer while later ones of the same fetch were still in flight
+        assert r["deep"]["early"]["layers_per_handle"] >= 2, r["deep"]["early"]
+        assert r["deep"]["early"]["waits"] >= 1, r["deep"]["early"]
         assert r["one_lane"]["lanes_busy"] == 1  # one lane: never two collectives at once

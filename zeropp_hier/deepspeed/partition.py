@@ -20,6 +20,7 @@ from deepspeed.runtime.zero.utils import is_zero_param
 
 from ..core.config import hier_config_from_ds
 from ..core.errors import HierConfigError
+from .inflight import LayerRegistry
 from .runtime import HierRuntime
 from .zero_param import ZeroParam
 
@@ -165,6 +166,12 @@ class HierOffload(DeepSpeedZeRoOffload):
         super().__init__(*args, **kwargs)
 
     def _convert_to_zero_parameters(self, ds_config: Any, module: torch.nn.Module, mpu: Any) -> None:
+        # DeepSpeed makes the module's in-flight registry right after this unless one is there:
+        # ours waits per layer ([Note: a job per layer] in deepspeed/inflight.py)
+        # (one still holding another engine's gathers stays: it then waits per handle, as stock)
+        registry = getattr(module, "ds_inflight_param_registry", None)
+        if not isinstance(registry, LayerRegistry) and not registry:
+            module.ds_inflight_param_registry = LayerRegistry()
         params = list(module.parameters())
         fresh = [p for p in params if not is_zero_param(p)]
         if fresh and len(fresh) == len(params):
@@ -193,3 +200,4 @@ class HierOffload(DeepSpeedZeRoOffload):
                 )
             self.hier_runtime.check_partition_world(p.ds_zero_partition_world_size)
             bind(p, self.hier_runtime)
+        self.hier_runtime.note_layers(cast(Iterable[tuple[str, ZeroParam]], module.named_parameters()))

@@ -14,6 +14,7 @@ docs/design.md#deepspeed-hook-points.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
@@ -35,6 +36,7 @@ from ..core.errors import HierTopologyError
 from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, Hop, make_plan
 from ..core.topology import Topology
+from .inflight import GatherHandle
 from .zero_param import ZeroParam
 
 log = logging.getLogger("zeropp_hier")
@@ -64,41 +66,6 @@ def plan_summary(cfg: HierConfig, topo: Topology, level_plan: LevelPlan | None =
         "hops": repr(plan),
         "levels": None if level_plan is None else dict(level_plan.levels),
     }
-
-
-class _GatheredHandle:
-    """DeepSpeed's gather-handle protocol. The hops run on the runtime's executor from the moment
-    the handle is made ([Note: one order of hop collectives]); ``wait`` takes their outputs and
-    hands the full tensors to the parameters."""
-
-    def __init__(self, params: Sequence[ZeroParam], futures: Sequence, executor: CommExecutor):
-        self.params = params
-        self.futures = futures  # one job, or one per chunk ([Note: chunked gathers] in comm/gather.py)
-        self.executor = executor
-        self.complete = False
-
-    def wait(self, handle_dependency: bool = True) -> None:
-        if self.complete:
-            return
-        full: dict[int, torch.Tensor] = {}
-        failed: BaseException | None = None
-        for fut in self.futures:  # in submission order; a pipelined bucket's last chunk returns it
-            try:
-                got = self.executor.result(fut)
-            except BaseException as e:  # noqa: B036 - the first job's error is raised once all are taken
-                failed = failed or e
-                continue
-            if got is not None:
-                full.update(got)
-        if failed is not None:
-            raise failed
-        for p in self.params:
-            t = full[p.ds_id]
-            if t.is_cuda:  # made on the executor's stream, used on the caller's from now on
-                t.record_stream(torch.cuda.current_stream(t.device))
-            p.data = t
-            p.ds_status = ZeroParamStatus.AVAILABLE
-        self.complete = True
 
 
 class _Bucket(NamedTuple):
@@ -154,6 +121,8 @@ class HierRuntime:
         )
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
+        # ds_id -> its layer's name ([Note: a job per layer] in deepspeed/inflight.py)
+        self.layer_key: dict[int, str] = {}
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor | Encoded] = {}
         self._frozen: dict[int, ZeroParam] = {}  # kept shards of parameters that do not train
@@ -210,20 +179,38 @@ class HierRuntime:
     # -- gathers -------------------------------------------------------------------------------
     def all_gather_coalesced(
         self, params: Iterable[ZeroParam], safe_mode: bool = False, quantize: bool = False
-    ) -> _GatheredHandle:
-        """Replacement for DeepSpeed's per-parameter ``all_gather_coalesced`` closure."""
+    ) -> GatherHandle:
+        """Replacement for DeepSpeed's per-parameter ``all_gather_coalesced`` closure: a job per
+        layer ([Note: a job per layer] in deepspeed/inflight.py), one handle for all."""
         params = sorted(params, key=lambda p: p.ds_id)  # same order on every rank
         for p in params:
             if p.ds_status != ZeroParamStatus.NOT_AVAILABLE:
                 raise RuntimeError(f"zeropp_hier: gather of a parameter that is not partitioned: {p.ds_summary()}")
             p.ds_status = ZeroParamStatus.INFLIGHT
+        phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
+        by_layer: dict[str, list[ZeroParam]] = {}
+        for p in params:  # each layer in order of its first parameter id
+            by_layer.setdefault(self.layer_key.get(p.ds_id, ""), []).append(p)
+        layers = list(by_layer.values())
+        if phase == "backward_gather":  # backward uses the layers last to first
+            layers.reverse()
+        return GatherHandle([(ps, self._submit_layer(ps, phase)) for ps in layers], self.executor)
+
+    def note_layers(self, named_params: Iterable[tuple[str, ZeroParam]]) -> None:
+        """Each parameter's layer, for the job per layer (local and deterministic: names and
+        ids are the same on every rank)."""
+        for name, p in named_params:
+            self.layer_key[p.ds_id] = levels.layer_of(name)
+
+    def _submit_layer(self, params: list[ZeroParam], phase: str) -> list[Future]:
+        """Submit the gather of one layer's parameters; its futures in submission order."""
         # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
         # take different hops, and a buffer holds one dtype. The source is decided now, on the
         # caller's thread, from the kept shards as they are at submission.
         buckets: dict[tuple[tuple[str, ...], torch.dtype], list] = {}
         # a kept copy holds what the (possibly compressed) forward gather delivered: used for the
         # backward and later forwards, never for an exact gather outside the step
-        use_shards = self.phase != "other_gather"
+        use_shards = phase != "other_gather"
         for p in params:
             # the source: the primary (()), or a kept copy spanning these axes
             src = (self.kept_axes_of(p.ds_id) or ()) if use_shards and p.ds_id in self.shards else ()
@@ -232,11 +219,6 @@ class HierRuntime:
             (ps, src, [self.shards[p.ds_id] for p in ps] if src else None)
             for (src, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
         ]
-        phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
-        # the hop group of every collective, in order: the executor queues them now, in program
-        # order ([Note: one order of hop collectives] in comm/executor.py)
-        lanes = [hop.axes for _, src, _ in work for hop in gather.hops_for(self.plan, src, phase)]
-
         chunks = self.cfg.pipeline.chunks
         if chunks > 1:  # [Note: chunked gathers] in comm/gather.py: a job per chunk of each bucket
             futures = []
@@ -247,7 +229,11 @@ class HierRuntime:
                 jobs = gather.chunk_jobs(self.comm, b.hops, b.make_start, ranges, phase, b.finish, b.carry, b.valid)
                 for job in jobs:
                     futures.append(self.executor.submit(job, bucket_lanes))
-            return _GatheredHandle(params, futures, self.executor)
+            return futures
+
+        # the hop group of every collective, in order: the executor queues them now, in program
+        # order ([Note: one order of hop collectives] in comm/executor.py)
+        lanes = [hop.axes for _, src, _ in work for hop in gather.hops_for(self.plan, src, phase)]
 
         def gather_all() -> Job:
             full: dict[int, torch.Tensor] = {}
@@ -255,7 +241,7 @@ class HierRuntime:
                 full.update((yield from self._gather_bucket(ps, src, shards, phase)))
             return full
 
-        return _GatheredHandle(params, [self.executor.submit(gather_all(), lanes)], self.executor)
+        return [self.executor.submit(gather_all(), lanes)]
 
     def _gather_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> Job:
         """The job of one bucket, unchunked: its hops, then its ``finish``."""
