@@ -10,7 +10,7 @@ from zeropp_hier.launch.world import SharedWorld
 def _world(size):
     # SharedWorld rebuilds the world before a test if an earlier test left it failed (a rank died,
     # a task raised or timed out), so one failing test never takes the following ones down.
-    w = SharedWorld(size, timeout=600)
+    w = SharedWorld(size, timeout=600, preload=True)  # [Note: preloaded ranks] in zeropp_hier/launch/world.py
     yield w
     w.close()
 

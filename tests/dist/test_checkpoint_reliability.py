@@ -34,7 +34,7 @@ def crashed_save(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("crashed"))
     cfg = four_rank_config()
     cfg["zeropp_hier"]["collective_timeout_s"] = 10.0
-    world = LocalWorld(4, timeout=600, pg_timeout_s=60.0, failure_grace_s=20.0)
+    world = LocalWorld(4, timeout=600, pg_timeout_s=60.0, failure_grace_s=20.0, preload=True)
     try:
         with pytest.raises(WorldError) as e:
             world.run(rs.save_then_die_in_save, cfg, root, 2, STEPS_BEFORE, 2)

@@ -18,7 +18,7 @@ def probe_command(out: str) -> int:
 
 def test_probe_command_writes_every_tier(tmp_path):
     out = str(tmp_path / "probe.json")
-    with LocalWorld(2, timeout=300) as w:
+    with LocalWorld(2, timeout=300, preload=True) as w:
         codes = w.run(probe_command, out)
     assert codes == [0, 0]
     probe = json.loads(open(out).read())

@@ -33,7 +33,7 @@ TIMEOUT_S = 1800  # an 8-rank job run takes minutes on a loaded 2-core machine
 def _run(world: int, *args):
     """One job run on its own ``world`` ranks: one world alive at a time keeps the memory of
     this file's runs to one world's."""
-    with LocalWorld(world, timeout=TIMEOUT_S) as w:
+    with LocalWorld(world, timeout=TIMEOUT_S, preload=True) as w:
         return w.run(rank_main, *args)
 
 

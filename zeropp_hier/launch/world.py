@@ -180,7 +180,8 @@ class LocalWorld:
     ends the wait for the others to fail on their own ([Note: a failed world]); ``gpus``: 0 for
     CPU ranks, else the number of GPUs the ranks share (rank r uses device r % gpus);
     ``with_deepspeed``: False for ranks that never import DeepSpeed (the default group is
-    torch's own gloo group), to run the layers under DeepSpeed by themselves."""
+    torch's own gloo group), to run the layers under DeepSpeed by themselves; ``preload``: fork
+    the ranks from a process that imported torch and DeepSpeed once ([Note: preloaded ranks])."""
 
     def __init__(
         self,
@@ -191,12 +192,27 @@ class LocalWorld:
         failure_grace_s: float = 0.0,
         gpus: int = 0,
         with_deepspeed: bool = True,
+        preload: bool = False,
     ):
         self.world_size = world_size
         self.timeout = timeout
         self.failure_grace_s = failure_grace_s
         self._closed = False
-        ctx = mp.get_context("spawn")
+        # [Note: preloaded ranks]
+        # A spawned rank imports torch and DeepSpeed itself: several seconds of CPU each, tens of
+        # seconds for a world of 8 on a small machine, paid again by every world started after a
+        # failed one. ``preload`` forks the ranks instead from multiprocessing's fork server,
+        # which imported both once, before any thread, device or process group existed (so the
+        # fork copies no lock held by another thread). What a fork server does not carry over is
+        # the caller's environment at start: every rank applies the caller's whole ``os.environ``
+        # first, as a spawned one inherits it. Only ``/proc/<pid>/environ`` still shows the fork
+        # server's, so the world's mark (``world_id``) is there only for spawned worlds. CPU
+        # ranks only: the fork server chose DeepSpeed's accelerator when it imported it.
+        preload = preload and not gpus and with_deepspeed
+        ctx = mp.get_context("forkserver" if preload else "spawn")
+        if preload:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
+            ctx.set_forkserver_preload(["torch", "torch.distributed", "deepspeed"])
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = free_port()
@@ -207,6 +223,8 @@ class LocalWorld:
         accel = "cuda" if gpus else "cpu"
         os.environ.setdefault("DS_ACCELERATOR", accel)
         env = {"DS_ACCELERATOR": accel, "OMP_NUM_THREADS": "1", **(env or {})}
+        if preload:
+            env = {**os.environ, **env}
         self.procs = [
             ctx.Process(
                 target=_worker,
