@@ -270,21 +270,64 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
     return cl, wl
 
 
+def _candidate(plan: dict, name: str, cands: dict):
+    """The planner's candidate for a configuration of the plan: by name, or our preset with the
+    configuration's compression and chunks (None where the planner has none)."""
+    cfg = plan["configs"].get(name, {})
+    if name in cands:
+        cand = cands[name]
+    elif cfg.get("kind") == "ours" and cfg.get("preset") in cands:
+        from zeropp_hier.planner import model as P
+
+        base = cands[cfg["preset"]]
+        comp = cfg.get("compression")
+        cand = base._replace(name=name, compression=P._compression(cfg["preset"], schemes=comp) if comp else base.compression)
+    else:
+        return None
+    return cand._replace(chunks=cfg.get("pipeline", {}).get("chunks", 1)) if cfg.get("kind") == "ours" else cand
+
+
 def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
+    """The planner beside each configuration: its cost model (``step_s``), and for the link-bound
+    regime the step scheduled on the lanes ([Note: step schedule] in planner/schedule.py):
+    probed hop rates, the tbf capacities for the busiest-link bound, and the emulated cluster's
+    latencies (a probe's intercept at sub-Mbit rates is the token bucket's burst and TCP's
+    window, hundreds of ms, not a per-collective cost)."""
+    import dataclasses
+
     from zeropp_hier.planner import model as P
+    from zeropp_hier.planner import schedule as S
 
     cl, wl = planner_inputs(plan, probe, compute_s, quant_rate)
+    tbf, _ = planner_inputs(plan, None, compute_s, quant_rate)
+    tbf = dataclasses.replace(tbf, efficiency=1.0)  # the links' physical capacity
+    lanes = dataclasses.replace(
+        cl, tiers={t: P.TierLink(v.bandwidth, tbf.tiers[t].latency) for t, v in cl.tiers.items()}
+    )
+    if plan.get("reduce_bucket"):
+        wl = dataclasses.replace(wl, reduce_bucket=float(plan["reduce_bucket"]))
+    layer_params = plan["params"] / max(1, wl.layers)
+    window = max(1, round(plan["prefetch_bucket"] / layer_params)) if plan.get("prefetch_bucket") else 0
+    cands = {c.name: c for c in P.default_candidates(cl)}
     by = {p.candidate.name: p for p in P.rank(cl, wl)}
-    return {
-        n: {
-            "step_s": by[n].step_s,
-            "node_bytes": by[n].tier_bytes["node"],
-            "gpu_bytes": by[n].tier_bytes["gpu"],
-            "gcd_bytes": by[n].tier_bytes["gcd"],
-            "phase_s": by[n].phase_s,
+    out = {}
+    for n in names:
+        cand = _candidate(plan, n, cands)
+        if cand is None:
+            continue
+        p = by[n] if n in by and cand == by[n].candidate else P.predict(cand, cl, wl)
+        row = {
+            "step_s": p.step_s,
+            "node_bytes": p.tier_bytes["node"],
+            "gpu_bytes": p.tier_bytes["gpu"],
+            "gcd_bytes": p.tier_bytes["gcd"],
+            "phase_s": p.phase_s,
         }
-        for n in names
-    }
+        bound = P.predict(cand, tbf, wl).link_bound_s
+        sched = S.for_prediction(P.predict(cand, lanes, wl), wl, window, compute_s, link_bound_s=bound)
+        row.update(scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=window)
+        out[n] = row
+    return out
 
 
 def report(summary: dict, pred: dict, meta: dict) -> str:
@@ -333,11 +376,14 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
         ]
     lines += [
         "",
-        "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes):",
+        "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes; "
+        "scheduled: the step laid out on the lanes, [Note: step schedule] in zeropp_hier/planner/schedule.py, "
+        "at least the busiest link at its tbf capacity):",
         "",
         f"| configuration | measured s | predicted s | measured vs {b3} | predicted vs {b3} | "
-        f"measured vs {bpp} | predicted vs {bpp} | node MB/step measured | predicted |",
-        "|" + "---|" * 9,
+        f"measured vs {bpp} | predicted vs {bpp} | node MB/step measured | predicted | "
+        "scheduled s | scheduled / measured | busiest link at capacity s |",
+        "|" + "---|" * 12,
     ]
     p3, ppp = pred.get(b3, {}).get("step_s"), pred.get(bpp, {}).get("step_s")
     for n in names:
@@ -346,7 +392,12 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
         m, p = s[n]["median_step_s"], pred[n]["step_s"]
         lines.append(
             f"| {n} | {m:.2f} | {p:.2f} | {base3 / m:.2f}x | {p3 / p:.2f}x | {basepp / m:.2f}x | "
-            f"{ppp / p:.2f}x | {mb(s[n]['wire_per_step']['node'])} | {mb(pred[n]['node_bytes'])} |"
+            f"{ppp / p:.2f}x | {mb(s[n]['wire_per_step']['node'])} | {mb(pred[n]['node_bytes'])} | "
+            + (
+                f"{pred[n]['scheduled_s']:.2f} | {pred[n]['scheduled_s'] / m:.2f} | {pred[n]['link_bound_s']:.2f} |"
+                if "scheduled_s" in pred[n]
+                else "- | - | - |"
+            )
         )
     if any("link_use" in s[n] for n in names):
         lines += ["", *link_table(summary, names)]

@@ -209,7 +209,7 @@ class LocalWorld:
         # server's, so the world's mark (``world_id``) is there only for spawned worlds. CPU
         # ranks only: the fork server chose DeepSpeed's accelerator when it imported it.
         preload = preload and not gpus and with_deepspeed
-        ctx = mp.get_context("forkserver" if preload else "spawn")
+        ctx: Any = mp.get_context("forkserver" if preload else "spawn")  # both have Process and Queue
         if preload:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
             ctx.set_forkserver_preload(["torch", "torch.distributed", "deepspeed"])

@@ -1,0 +1,59 @@
+"""The step schedule on lanes ([Note: step schedule] in zeropp_hier/planner/schedule.py): what it
+must agree with (the sum of hops when nothing can overlap, the flow-shop formula of
+[Note: pipelined hops] for one chunked job) and what it must show (prefetch and chunks fill the
+other lanes; the busiest link bounds it)."""
+
+import pytest
+
+from zeropp_hier.planner import model as P
+from zeropp_hier.planner.schedule import Hop, simulate
+
+NODE, GPU, GCD = ("node",), ("gpu",), ("gcd",)
+FORWARD = [Hop(NODE, 4.0, 0.0), Hop(GPU, 2.0, 0.0), Hop(GCD, 1.0, 0.0)]  # a pass's hop times
+
+
+def _run(layers=1, window=0, chunks=1, buckets=1, reduce=(), backward=(), fwd_s=0.0, bwd_s=0.0, bound=0.0):
+    return simulate(FORWARD, list(backward), list(reduce), layers, window, buckets, fwd_s, bwd_s, 0.0, chunks, bound)
+
+
+def test_one_job_runs_its_hops_in_sequence():
+    s = _run()
+    assert s.schedule_s == pytest.approx(7.0)
+    assert s.lane_busy_s == pytest.approx({NODE: 4.0, GPU: 2.0, GCD: 1.0})
+
+
+def test_a_chunked_job_is_the_flow_shop_of_the_cost_model():
+    for chunks in (2, 4, 7):
+        s = _run(chunks=chunks)
+        assert s.schedule_s == pytest.approx(P.pipelined_time([4.0, 2.0, 1.0], chunks))
+        assert s.schedule_s < 7.0
+
+
+def test_without_prefetch_layers_wait_for_each_other_and_prefetch_overlaps_them():
+    on_demand = _run(layers=4, window=0)
+    ahead = _run(layers=4, window=3)
+    assert on_demand.schedule_s == pytest.approx(7.0)  # four layers, each its hops in sequence
+    # DeepSpeed waits for layer 0 (7/4 s), then submits the other three at once: the node lane
+    # runs them back to back (1 s each) and the last one's other hops trail it
+    assert ahead.schedule_s == pytest.approx(7.0 / 4 + 3 * 1.0 + (2.0 + 1.0) / 4)
+
+
+def test_compute_waits_for_its_gather_and_hides_the_next_one():
+    # layer compute 1 s each, gathers 7/4 s each in sequence: prefetch one ahead hides compute
+    s = _run(layers=4, window=1, fwd_s=4.0)
+    assert s.forward_s < 7.0 + 4.0
+    assert s.forward_s >= max(4.0, 7.0 / 4 + 4.0)
+
+
+def test_gradient_buckets_follow_backward_and_the_bound_holds():
+    red = [Hop(GCD, 1.0, 0.0), Hop(GPU, 2.0, 0.0), Hop(NODE, 4.0, 0.0)]
+    one = _run(layers=4, window=1, reduce=red, buckets=1, bwd_s=4.0)
+    four = _run(layers=4, window=1, reduce=red, buckets=4, bwd_s=4.0)
+    assert four.schedule_s < one.schedule_s  # buckets reduced beside backward, not all at its end
+    bounded = _run(layers=4, window=1, reduce=red, buckets=4, bwd_s=4.0, bound=100.0)
+    assert bounded.step_s == 100.0 and bounded.schedule_s == four.schedule_s
+
+
+def test_refuses_impossible_counts():
+    with pytest.raises(ValueError, match="layers=0"):
+        _run(layers=0)
