@@ -281,7 +281,9 @@ def _candidate(plan: dict, name: str, cands: dict):
 
         base = cands[cfg["preset"]]
         comp = cfg.get("compression")
-        cand = base._replace(name=name, compression=P._compression(cfg["preset"], schemes=comp) if comp else base.compression)
+        cand = base._replace(
+            name=name, compression=P._compression(cfg["preset"], schemes=comp) if comp else base.compression
+        )
     else:
         return None
     return cand._replace(chunks=cfg.get("pipeline", {}).get("chunks", 1)) if cfg.get("kind") == "ours" else cand

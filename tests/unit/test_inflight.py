@@ -4,6 +4,7 @@ parameters returns while a later layer of the same handle is still running, and 
 takes every layer. (The gathers themselves, on real ranks: tests/dist/test_overlap.py.)"""
 
 import threading
+
 import pytest
 import torch
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus

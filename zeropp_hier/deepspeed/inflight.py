@@ -33,8 +33,8 @@ from concurrent.futures import Future
 from typing import Any, Sequence
 
 import torch
-from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry
 
 from ..comm.executor import CommExecutor
 from .zero_param import ZeroParam

@@ -25,7 +25,7 @@ from ..comm import gather
 from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
-from ..comm.executor import CommExecutor, Job
+from ..comm.executor import Job
 from ..comm.groups import build_hop_groups
 from ..comm.issue import backend_for, executor_for, resolve_issue_mode
 from ..comm.numerics import Numerics
