@@ -8,9 +8,7 @@ prefetch, and files the one handle it gets under each of those parameters
 (``PartitionedParameterCoordinator.__all_gather_params_``). Made into one job, that bucket runs
 its hops in sequence over all its layers: the first layer's weights wait for the last layer's
 ``node`` hop, and while the ``node`` hop of the whole bucket runs, the ``gpu`` and ``gcd`` links
-have nothing to do. Measured on the link-bound fair fight, a prefetch of three layers made
-``frontier`` 26% slower than a prefetch of one, while ``zeropp`` (whose slow hop is its last)
-got 12% faster.
+have nothing to do.
 
 So ``HierRuntime.all_gather_coalesced`` submits one job per layer (``core/levels.layer_of`` of
 the parameter's name), in the order the step uses them: ascending parameter id in forward, the
