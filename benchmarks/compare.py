@@ -669,9 +669,7 @@ def main(argv=None) -> int:
     if compute_s is None:
         compute_s = 0.0
         notes.append("No unshaped pass: the planner assumed zero compute time.")
-    pred = predictions(
-        plan, probe, compute_s, quant_rate, [n for n in ORDER if n in summary["shaped"] and n != "auto"]
-    )
+    pred = predictions(plan, probe, compute_s, quant_rate, [n for n in summary["shaped"] if n != "auto"])
     if probe is not None:
         mbit = {t: round(v["bandwidth"] * 8 / 1e6, 2) for t, v in probe["tiers"].items()}
         probed = f"tiers probed on this cluster ({json.dumps(mbit)} Mbit/s per GCD)"
