@@ -190,7 +190,10 @@ class HierRuntime:
         phase = self.phase  # the caller's phase (forward/backward), not the executor's later one
         by_layer: dict[str, list[ZeroParam]] = {}
         for p in params:  # each layer in order of its first parameter id
-            by_layer.setdefault(self.layer_key.get(p.ds_id, ""), []).append(p)
+            # outside the step (persistent re-gathers, GatheredParameters) nothing is used layer by
+            # layer: one coalesced job ([Note: every gather through the hierarchy])
+            key = "" if phase == "other_gather" else self.layer_key.get(p.ds_id, "")
+            by_layer.setdefault(key, []).append(p)
         layers = list(by_layer.values())
         if phase == "backward_gather":  # backward uses the layers last to first
             layers.reverse()
