@@ -12,10 +12,10 @@ have nothing to do.
 
 So ``HierRuntime.all_gather_coalesced`` submits, in forward and backward, one job per layer
 (``core/levels.layer_of`` of the parameter's name), in the order the step uses them: ascending
-parameter id in forward, the reverse in backward (gathers outside the step stay one job). Each is an executor job of its own, so layer k+1's ``node`` hop runs while
-layer k's ``gpu`` hop does ([Note: one order of hop collectives] rule 2), and the lanes keep
-one order on every rank (the split depends only on parameter ids, names and the phase, the
-same on every rank).
+parameter id in forward, the reverse in backward (gathers outside the step stay one job). Each
+is an executor job of its own, so layer k+1's ``node`` hop runs while layer k's ``gpu`` hop does
+([Note: one order of hop collectives] rule 2), and the lanes keep one order on every rank (the
+split depends only on parameter ids, names and the phase, the same on every rank).
 
 DeepSpeed then waits through ``registry.pop(param).wait()`` for each parameter of the module
 it is about to run. ``LayerRegistry`` (DeepSpeed's ``InflightParamRegistry``, placed on the
