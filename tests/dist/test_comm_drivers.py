@@ -6,10 +6,6 @@ partitions, all-reduce of each gradient then this rank's chunk (what DeepSpeed's
 ``reduce_scatter_coalesced`` hands back). Exact without compression (integer-valued gradients,
 so no summation order can change a sum); within the quantization bounds with int8/int4."""
 
-import pytest
-
-from zeropp_hier.launch.world import SharedWorld
-
 RANK_MAP = [5, 0, 7, 2, 1, 4, 3, 6]
 NUMELS = [1000, 37, 4096, 7, 513]  # tails, a tensor smaller than the world, one over a block
 QMAX = {"int8": 127, "int4": 7}
@@ -21,13 +17,6 @@ CASES = {
     "frontier/int4-node": ("frontier", {"weights": {"node": "int4"}, "gradients": {"node": "int4"}, "block_size": 64}),
     "zeropp/int8": ("zeropp", "int8"),
 }
-
-
-@pytest.fixture(scope="module")
-def bare8():
-    w = SharedWorld(8, timeout=600, with_deepspeed=False)
-    yield w
-    w.close()
 
 
 def _gather_bound(hops, values) -> float:

@@ -3,18 +3,7 @@
 only the elements that can hold a value deliver bit for bit what the same collectives deliver
 sending the slots' padding, with fewer bytes on every tier."""
 
-import pytest
-
-from zeropp_hier.launch.world import SharedWorld
-
 from .test_pipelined_gather import CASES, NUMELS, RANK_MAP, _partitions, _same, _setup, _teardown
-
-
-@pytest.fixture(scope="module")
-def bare8():
-    w = SharedWorld(8, timeout=600, with_deepspeed=False)
-    yield w
-    w.close()
 
 
 def _bytes(ctx, phase, before):

@@ -4,10 +4,6 @@ per chunk on the executor's lanes, gives bit for bit the unchunked gather's valu
 and bytes (exact and int8/int4), and its tiers' collectives of different chunks are in flight
 together (busy intervals, comm/busy.py), where one unchunked gather's never are."""
 
-import pytest
-
-from zeropp_hier.launch.world import SharedWorld
-
 RANK_MAP = [5, 0, 7, 2, 1, 4, 3, 6]
 NUMELS = [1000, 37, 4096, 7, 513]  # tails, a tensor smaller than the world, one over a block
 CASES = {
@@ -17,13 +13,6 @@ CASES = {
     "zeropp/int8": ("zeropp", "int8"),
 }
 CHUNKS = (2, 3, 4, 64)  # 64: more chunks than blocks, so one block each
-
-
-@pytest.fixture(scope="module")
-def bare8():
-    w = SharedWorld(8, timeout=600, with_deepspeed=False)
-    yield w
-    w.close()
 
 
 def _setup(preset, compression, rank_map):

@@ -54,7 +54,7 @@ def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_without_lanes(
     cand = P.Candidate("frontier", False, "frontier", P._compression("frontier"))
     p = P.predict(cand, c, WL)
     assert p.chunks > 1
-    jobs = P._phase_jobs(p.costs, WL)
+    jobs = P.phase_jobs(p.costs, WL)
     best = min(P._jobs_time(jobs, k) for k in range(1, 65))
     assert P._jobs_time(jobs, p.chunks) == best
     assert P._jobs_time(jobs, p.chunks) < P._jobs_time(jobs, 1)

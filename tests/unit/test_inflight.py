@@ -23,10 +23,6 @@ class _Param:
         return f"param {self.ds_id}"
 
 
-def _param(ds_id: int) -> _Param:
-    return _Param(ds_id)
-
-
 def _job(params, gate: threading.Event | None = None):
     yield Move("node")
     if gate is not None:
@@ -42,7 +38,7 @@ def executor():
 
 
 def test_a_layer_wait_leaves_later_layers_in_flight(executor):
-    layers = [[_param(0), _param(1)], [_param(2)], [_param(3), _param(4)]]
+    layers = [[_Param(0), _Param(1)], [_Param(2)], [_Param(3), _Param(4)]]
     gate = threading.Event()
     futures = [[executor.submit(_job(ps, gate if i == 2 else None), ["node"])] for i, ps in enumerate(layers)]
     handle = GatherHandle(list(zip(layers, futures)), executor)
@@ -65,14 +61,14 @@ def test_a_layer_wait_leaves_later_layers_in_flight(executor):
 
 
 def test_the_full_wait_takes_every_layer_and_other_handles_pass_through(executor):
-    layers = [[_param(7)], [_param(8)]]
+    layers = [[_Param(7)], [_Param(8)]]
     handle = GatherHandle([(ps, [executor.submit(_job(ps), ["node"])]) for ps in layers], executor)
     handle.wait()
     assert handle.complete and all(p.ds_status == ZeroParamStatus.AVAILABLE for ps in layers for p in ps)
 
     stock = object()  # a handle of DeepSpeed's own (not ours) is handed back as it is
     registry = LayerRegistry()
-    x = _param(9)
+    x = _Param(9)
     registry[x] = stock
     assert registry.pop(x) is stock
     assert registry.pop("missing", None) is None
@@ -83,8 +79,8 @@ def test_a_failed_layer_raises_at_its_wait(executor):
         yield Move("node")
         raise RuntimeError("collective failed")
 
-    p = _param(1)
+    p = _Param(1)
     handle = GatherHandle([([p], [executor.submit(failing(), ["node"])])], executor)
     with pytest.raises(RuntimeError, match="collective failed"):
-        handle.for_param(p).wait()
+        handle.for_Param(p).wait()
     assert p.ds_status == ZeroParamStatus.INFLIGHT

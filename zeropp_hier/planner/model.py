@@ -619,7 +619,7 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
             tier_bytes[t] += cost.tier_bytes[t]
         for kind, sec in cost.link_seconds.items():
             link_s[kind] = link_s.get(kind, 0.0) + sec
-    jobs = _phase_jobs(costs, wl)
+    jobs = phase_jobs(costs, wl)
     chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, cluster)
     pipelined = max(max(link_s.values(), default=0.0), _jobs_time(jobs, chunks))
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
@@ -662,9 +662,10 @@ class PhaseJob(NamedTuple):
     hop_s: tuple[float, ...]  # each hop's time for one job (bandwidth and quantization)
     latency_s: tuple[float, ...]  # each hop's fixed cost per collective
     calls: int  # jobs of this phase per step
+    lanes: tuple[tuple[str, ...], ...] = ()  # each hop's group (its axes): the executor's lane
 
 
-def _phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
+def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
     """The step's jobs per phase: one gather per parameter group and pass, one job per gradient
     bucket, each running its phase's hops in order."""
     out = []
@@ -679,6 +680,7 @@ def _phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]
                 tuple((c.seconds - c.latency_seconds) / calls for c in cs),
                 tuple(c.latency_seconds / calls for c in cs),
                 calls,
+                tuple(c.coll.axes for c in cs),
             )
         )
     return out

@@ -146,9 +146,8 @@ def for_prediction(
     the prediction's own)."""
     buckets = max(1, math.ceil(wl.params / wl.reduce_bucket))
     hops: dict[str, list[Hop]] = {ph: [] for ph in model.PHASES}
-    for c in pred.costs:
-        calls = buckets if c.coll.phase == "grad_reduce" else wl.gathers_per_pass
-        hops[c.coll.phase].append(Hop(c.coll.axes, c.seconds - c.latency_seconds, c.latency_seconds / calls))
+    for job in model.phase_jobs(pred.costs, wl):  # per job; the schedule takes a pass's time per hop
+        hops[job.phase] = [Hop(lane, t * job.calls, a) for lane, t, a in zip(job.lanes, job.hop_s, job.latency_s)]
     return simulate(
         hops["forward_gather"],
         hops["backward_gather"],
