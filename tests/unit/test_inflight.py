@@ -82,5 +82,5 @@ def test_a_failed_layer_raises_at_its_wait(executor):
     p = _Param(1)
     handle = GatherHandle([([p], [executor.submit(failing(), ["node"])])], executor)
     with pytest.raises(RuntimeError, match="collective failed"):
-        handle.for_Param(p).wait()
+        handle.for_param(p).wait()
     assert p.ds_status == ZeroParamStatus.INFLIGHT
