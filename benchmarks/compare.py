@@ -64,6 +64,24 @@ VARIANTS = {
         "preset": "frontier",
         "compression": {"gradients": {"gpu": "int8", "node": "int4"}},
     },
+    # pipelined, with int8 gradients on the in-package hop too: in the link-bound regime the
+    # backward's gcd lane carries the backward gathers and every gradient in bf16 and binds there
+    # while the package links wait ([Note: step schedule] in zeropp_hier/planner/schedule.py)
+    "frontier/pipe-int8-gcd": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4},
+        "compression": {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}},
+    },
+    # and with the backward's gathers at most one layer ahead, so that each layer's gradients
+    # reach the gcd lane before the gathers of the layers after the next ([Note: backward window]
+    # in zeropp_hier/deepspeed/inflight.py)
+    "frontier/pipe-int8-gcd-w1": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4, "backward_layers_ahead": 1},
+        "compression": {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}},
+    },
     # int4 gradients on the package links, spelled out (today the same as frontier's default; the
     # recorded runs below that name it were made when frontier sent int8 there)
     "frontier/int4-gpu": {
@@ -326,7 +344,10 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
             "phase_s": p.phase_s,
         }
         bound = P.predict(cand, tbf, wl).link_bound_s
-        sched = S.for_prediction(P.predict(cand, lanes, wl), wl, window, compute_s, link_bound_s=bound)
+        ahead = plan["configs"].get(n, {}).get("pipeline", {}).get("backward_layers_ahead")
+        sched = S.for_prediction(
+            P.predict(cand, lanes, wl), wl, window, compute_s, link_bound_s=bound, backward_window=ahead
+        )
         row.update(scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=window)
         out[n] = row
     return out

@@ -49,6 +49,8 @@ CONFIGS = {
 OPTIONAL = {  # not run by default; name them with --configs
     "int4 everywhere + error feedback": ("frontier", {**INT4_EVERYWHERE, "error_feedback": True}),
     "frontier, int4 node block 64": ("frontier", {"block_size": {"node": 64}}),
+    # the link-bound benchmark's frontier/pipe-int8-gcd: int8 gradients on the in-package hop too
+    "frontier, int8 gcd gradients": ("frontier", {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}),
 }
 LAST = 20  # final loss = mean of the last 20 steps
 

@@ -5,7 +5,9 @@ every call):
   ([Note: no host traffic in the hot path] in core/layout.py), counted op by op;
 - with DeepSpeed's prefetch on, gathers are issued ahead of use (several in flight at once),
   a prefetch of several layers runs as a job per layer and DeepSpeed waits for one layer while
-  the later ones stay in flight ([Note: a job per layer] in deepspeed/inflight.py),
+  the later ones stay in flight ([Note: a job per layer] in deepspeed/inflight.py), and a
+  backward window holds the later layers back so that gradient buckets go first ([Note:
+  backward window]),
   gradient buckets are reduced while backward goes on ([Note: gradient stages beside backward]),
   and the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
 """
@@ -19,8 +21,10 @@ RANK_MAP = [2, 0, 3, 1]
 HOST_OPS = ("_local_scalar_dense", "item", "is_nonzero", "nonzero", "lift_fresh", "lift_fresh_copy", "tensor")
 
 
-def _cfg(prefetch: bool, overlap: bool | str = True, layers: int = 1) -> dict:
+def _cfg(prefetch: bool, overlap: bool | str = True, layers: int = 1, backward_ahead: int | None = None) -> dict:
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2, regather=not prefetch)
+    if backward_ahead is not None:  # [Note: backward window]
+        cfg["zeropp_hier"]["pipeline"] = {"backward_layers_ahead": backward_ahead}
     cfg["zeropp_hier"]["topology"]["rank_map"] = RANK_MAP
     cfg["zeropp_hier"]["numerics"] = {"sample_every": 1}
     cfg["zeropp_hier"]["overlap"] = overlap
@@ -31,7 +35,7 @@ def _cfg(prefetch: bool, overlap: bool | str = True, layers: int = 1) -> dict:
     return cfg
 
 
-def hot_path_run(cfgs: dict, steps: int) -> dict:
+def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from zeropp_hier.app import training
@@ -56,7 +60,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
 
     out = {}
     for name, cfg in cfgs.items():
-        engine = training.build_engine(cfg)
+        engine = training.build_engine(cfg) if model_cfg is None else training.build_engine(cfg, model_cfg)
         rt = engine.hier_runtime
         seen: list = []
         # layer waits that returned with later layers of the same handle still in flight
@@ -67,7 +71,13 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
             layer_wait(self, handle_dependency)
             early["layers_per_handle"] = max(early["layers_per_handle"], len(self.handle.layers))
             early["waits"] += self.handle.taken < len(self.handle.layers)
-        calls = {"gather": 0, "reduce": 0, "submit": 0}
+        calls = {"gather": 0, "reduce": 0, "submit": 0, "submit_past_held": 0}
+
+        def past_held(fn):  # a gradient bucket submitted while the backward window held gathers
+            def run(*a, **k):
+                calls["submit_past_held"] += bool(rt.window.held)
+                return fn(*a, **k)
+            return run
 
         def counted(fn, kind):
             def run(*a, **k):
@@ -89,7 +99,7 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
         rt.executor.submit = watched(rt.executor.submit)
         saved = (comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter)
         comm_reduce.reduce_rows = counted(comm_reduce.reduce_rows, "reduce")
-        comm_reduce.submit_reduce_scatter = watched(counted(comm_reduce.submit_reduce_scatter, "submit"))
+        comm_reduce.submit_reduce_scatter = watched(past_held(counted(comm_reduce.submit_reduce_scatter, "submit")))
         inflight.LayerWait.wait = watched_wait
         try:
             losses = training.train_steps(engine, steps)
@@ -100,6 +110,8 @@ def hot_path_run(cfgs: dict, steps: int) -> dict:
                      "max_outstanding": rt.executor.max_outstanding, "early": early,
                      "lanes_busy": rt.executor.max_lanes_busy,
                      "buckets_overlapped": engine.optimizer.buckets_overlapped,
+                     "backward_gather_bytes": sum(__import__("zeropp_hier").comm_stats(engine)
+                                                  ["bytes"]["backward_gather"].values()),
                      "samples": sum(e["samples"] for t in __import__("zeropp_hier").comm_stats(engine)
                                     ["numerics"]["relative_error"].values() for e in t.values())}
         training.release(engine)
@@ -134,3 +146,24 @@ def test_no_host_traffic_in_gathers_and_reduce_stages_and_prefetch_overlaps(worl
         assert r["deep"]["early"]["layers_per_handle"] >= 2, r["deep"]["early"]
         assert r["deep"]["early"]["waits"] >= 1, r["deep"]["early"]
         assert r["one_lane"]["lanes_busy"] == 1  # one lane: never two collectives at once
+
+
+def test_backward_window_submits_gradient_buckets_before_later_layers_gathers(world4):
+    """[Note: backward window]: six blocks, a prefetch of about three and as many parameters live,
+    so that backward gathers again once DeepSpeed's trace is complete (without the live limit its
+    prefetch runs on into the backward's part of the trace and keeps every layer gathered)."""
+    from zeropp_hier.app.gpt import GPTConfig
+
+    cfgs = {"deep": _cfg(prefetch=True, layers=3), "window": _cfg(prefetch=True, layers=3, backward_ahead=1)}
+    for cfg in cfgs.values():  # as the benchmark: at most the prefetch live, or nothing is released
+        cfg["zero_optimization"]["stage3_max_live_parameters"] = 24000
+    for rank, r in enumerate(world4.run(hot_path_run, cfgs, 3, GPTConfig(n_layers=6))):
+        for name, run in r.items():
+            assert run["backward_gather_bytes"] > 0, (name, "backward never gathered: nothing to hold")
+            assert run["host_ops"] == [], f"rank {rank} {name}: host traffic in the hot path: {run['host_ops']}"
+        # DeepSpeed's prefetch alone submits every gather it asks for at once; with the window,
+        # gradient buckets were submitted while later layers' gathers were held back
+        assert r["deep"]["calls"]["submit_past_held"] == 0
+        assert r["window"]["calls"]["submit_past_held"] >= 1, r["window"]["calls"]
+        # the order of the lanes' collectives changed, not what they compute
+        assert_losses_close(r["window"]["losses"], r["deep"]["losses"], 1e-6, f"rank {rank}")

@@ -60,7 +60,13 @@ def ds(section, **zero):
         ({"pipeline": {"chunks": 0}}, "zeropp_hier.pipeline.chunks", "use an integer from 1 (default: no pipelining)"),
         ({"pipeline": {"chunks": 65}}, "zeropp_hier.pipeline.chunks", "to 64"),
         ({"pipeline": {"chunks": True}}, "zeropp_hier.pipeline.chunks", "use an integer"),
-        ({"pipeline": {"chunk": 4}}, "zeropp_hier.pipeline.chunk", "unknown key; allowed keys are ['chunks']"),
+        (
+            {"pipeline": {"chunk": 4}},
+            "zeropp_hier.pipeline.chunk",
+            "unknown key; allowed keys are ['chunks', 'backward_layers_ahead']",
+        ),
+        ({"pipeline": {"backward_layers_ahead": -1}}, "zeropp_hier.pipeline.backward_layers_ahead", "at least 0"),
+        ({"pipeline": {"backward_layers_ahead": 1.5}}, "zeropp_hier.pipeline.backward_layers_ahead", "leave it out"),
         ({"pipeline": 4}, "zeropp_hier.pipeline", "expected a JSON object"),
     ],
 )
@@ -165,6 +171,9 @@ def test_pipeline_chunks_default_off():
     assert parse_section({}).pipeline.chunks == 1
     assert parse_section({"pipeline": {}}).pipeline.chunks == 1
     assert parse_section({"pipeline": {"chunks": 4}}).pipeline.chunks == 4
+    # the backward window is off unless asked for ([Note: backward window])
+    assert parse_section({}).pipeline.backward_layers_ahead is None
+    assert parse_section({"pipeline": {"backward_layers_ahead": 0}}).pipeline.backward_layers_ahead == 0
 
 
 def test_checkpoint_trust_pickles_defaults_to_false():

@@ -10,7 +10,7 @@ import torch
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from zeropp_hier.comm.executor import CommExecutor, Move
-from zeropp_hier.deepspeed.inflight import GatherHandle, LayerRegistry
+from zeropp_hier.deepspeed.inflight import BackwardWindow, GatherHandle, Layer, LayerRegistry
 
 
 class _Param:
@@ -41,7 +41,7 @@ def test_a_layer_wait_leaves_later_layers_in_flight(executor):
     layers = [[_Param(0), _Param(1)], [_Param(2)], [_Param(3), _Param(4)]]
     gate = threading.Event()
     futures = [[executor.submit(_job(ps, gate if i == 2 else None), ["node"])] for i, ps in enumerate(layers)]
-    handle = GatherHandle(list(zip(layers, futures)), executor)
+    handle = GatherHandle([Layer(ps, fs) for ps, fs in zip(layers, futures)], executor)
     registry = LayerRegistry()
     for ps in layers:
         for p in ps:
@@ -62,7 +62,7 @@ def test_a_layer_wait_leaves_later_layers_in_flight(executor):
 
 def test_the_full_wait_takes_every_layer_and_other_handles_pass_through(executor):
     layers = [[_Param(7)], [_Param(8)]]
-    handle = GatherHandle([(ps, [executor.submit(_job(ps), ["node"])]) for ps in layers], executor)
+    handle = GatherHandle([Layer(ps, [executor.submit(_job(ps), ["node"])]) for ps in layers], executor)
     handle.wait()
     assert handle.complete and all(p.ds_status == ZeroParamStatus.AVAILABLE for ps in layers for p in ps)
 
@@ -80,7 +80,81 @@ def test_a_failed_layer_raises_at_its_wait(executor):
         raise RuntimeError("collective failed")
 
     p = _Param(1)
-    handle = GatherHandle([([p], [executor.submit(failing(), ["node"])])], executor)
+    handle = GatherHandle([Layer([p], [executor.submit(failing(), ["node"])])], executor)
     with pytest.raises(RuntimeError, match="collective failed"):
         handle.for_param(p).wait()
     assert p.ds_status == ZeroParamStatus.INFLIGHT
+
+
+def _window(ahead):
+    order: list[str] = []
+
+    def submit(layer):
+        order.append(layer.key)
+        layer.futures = []
+
+    return BackwardWindow(ahead, submit), order
+
+
+def _bw(key, params=()):
+    return Layer(list(params), phase="backward_gather", key=key)
+
+
+def test_backward_window_keeps_at_most_ahead_layers_in_flight_in_order():
+    """[Note: backward window], its decisions alone: what is submitted when."""
+    w, order = _window(1)
+    l5a, l5b, l4, l3, l2 = _bw("b5"), _bw("b5"), _bw("b4"), _bw("b3"), _bw("b2")
+    w.add(l5a)  # the pass's first layer: nothing ahead of it yet
+    for layer in (l5b, l4, l3, l2):  # DeepSpeed's prefetch: the rest of b5 and three more layers
+        w.add(layer)
+    assert order == ["b5", "b5", "b4"] and list(w.held) == [l3, l2]  # b4 is the one layer ahead
+    w.used(l5a)
+    assert order == ["b5", "b5", "b4"]  # still at b5 (its other part is in flight)
+    w.used(l5b)
+    w.used(l4)  # at b4: b3 may go, b2 not
+    assert order == ["b5", "b5", "b4", "b3"] and list(w.held) == [l2]
+    w.through(l2)  # a wait for a held layer takes it at once
+    assert order[-1] == "b2" and not w.held
+    w.used(l3)
+    w.used(l2)
+    # a gather outside backward submits whatever is held, first, and starts the next pass afresh
+    w.add(_bw("b1"))
+    w.add(_bw("b0"))
+    assert order[-1] == "b1" and [x.key for x in w.held] == ["b0"]
+    w.add(Layer([], phase="forward_gather", key="wte"))
+    assert order[-2:] == ["b0", "wte"] and not w.held and w.in_use is None and not w.in_flight
+
+
+def test_backward_window_zero_waits_for_each_layer_and_none_submits_at_once():
+    w, order = _window(0)
+    a, b = _bw("b1"), _bw("b0")
+    w.add(a)
+    w.add(b)
+    assert order == ["b1"]  # the first layer of the pass goes: it is the one about to be used
+    w.used(a)
+    assert order == ["b1"]  # b0 waits for its own wait
+    w.through(b)
+    assert order == ["b1", "b0"]
+    w, order = _window(None)
+    for k in ("b3", "b2", "b1"):
+        w.add(_bw(k))
+    assert order == ["b3", "b2", "b1"] and not w.held
+
+
+def test_a_handle_submits_a_held_layer_when_its_parameter_is_waited_for(executor):
+    """The handle and the window together, on a real executor: the wait for a held layer's
+    parameter submits it (and every layer held before it) and hands its tensors over."""
+    params = [[_Param(10)], [_Param(11)], [_Param(12)]]
+
+    def submit(layer):
+        layer.futures = [executor.submit(_job(layer.params), ["node"])]
+
+    window = BackwardWindow(0, submit)
+    layers = [Layer(ps, phase="backward_gather", key=f"b{i}") for i, ps in enumerate(params)]
+    for layer in layers:
+        window.add(layer)
+    assert [layer.futures is not None for layer in layers] == [True, False, False]
+    handle = GatherHandle(layers, executor, window)
+    handle.for_param(params[2][0]).wait()
+    assert handle.complete and params[2][0].data[0].item() == 12.0
+    assert all(p.ds_status == ZeroParamStatus.AVAILABLE for ps in params for p in ps)

@@ -175,6 +175,10 @@ class PipelineConfig:
     # of different chunks run on their links at once ([Note: chunked gathers] in
     # comm/gather.py); 1: off (default)
     chunks: int = 1
+    # backward gathers submitted at most this many layers ahead of the layer in use; the rest of
+    # DeepSpeed's prefetch waits, so that gradient stages reach the lanes before them ([Note:
+    # backward window] in deepspeed/inflight.py); None: as DeepSpeed's prefetch submits them
+    backward_layers_ahead: int | None = None
 
 
 def _parse_pipeline(v: Any) -> PipelineConfig:
@@ -182,7 +186,7 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
     if v is None:
         return PipelineConfig()
     d = check_mapping(v, field)
-    check_keys(d, ("chunks",), field)
+    check_keys(d, ("chunks", "backward_layers_ahead"), field)
     chunks = d.get("chunks", 1)
     if not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS:
         raise HierConfigError(
@@ -191,7 +195,16 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
             f"use an integer from 1 (default: no pipelining) to {MAX_PIPELINE_CHUNKS}: the number of column "
             "chunks each gather and gradient bucket is cut into so that its hops run on their links at once",
         )
-    return PipelineConfig(chunks)
+    ahead = d.get("backward_layers_ahead")
+    if ahead is not None and (not is_int(ahead) or ahead < 0):
+        raise HierConfigError(
+            f"{field}.backward_layers_ahead",
+            ahead,
+            "use an integer of at least 0 (layers of backward gathers in flight ahead of the layer in "
+            "use; 0: each when its layer needs it), or leave it out to submit them as DeepSpeed's "
+            "prefetch asks",
+        )
+    return PipelineConfig(chunks, ahead)
 
 
 @dataclass(frozen=True)

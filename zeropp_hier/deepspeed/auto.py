@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..core import levels
-from ..core.config import HierConfig, MemoryConfig, PipelineConfig
+from ..core.config import HierConfig, MemoryConfig
 from ..core.topology import TIERS, Topology
 
 PROBE_REPS = 2
@@ -166,7 +166,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         preset=c.preset,
         compression=c.compression,
         memory=MemoryConfig(kept_gb),
-        pipeline=PipelineConfig(int(record["chunks"])),
+        pipeline=dataclasses.replace(cfg.pipeline, chunks=int(record["chunks"])),
         chosen_by_auto=c.name,
     )
     return chosen, record

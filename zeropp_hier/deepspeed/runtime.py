@@ -36,7 +36,7 @@ from ..core.errors import HierTopologyError
 from ..core.levels import LevelPlan
 from ..core.plan import CommPlan, Hop, make_plan
 from ..core.topology import Topology
-from .inflight import GatherHandle
+from .inflight import BackwardWindow, GatherHandle, Layer
 from .zero_param import ZeroParam
 
 log = logging.getLogger("zeropp_hier")
@@ -62,6 +62,7 @@ def plan_summary(cfg: HierConfig, topo: Topology, level_plan: LevelPlan | None =
         "compression": repr(cfg.compression),
         "memory": repr(cfg.memory),
         "numerics": repr(cfg.numerics),
+        "pipeline": repr(cfg.pipeline),  # chunks and deferral change which collectives run, and when
         "topology": [list(topo.dims), list(topo.rank_map) if topo.rank_map is not None else None],
         "hops": repr(plan),
         "levels": None if level_plan is None else dict(level_plan.levels),
@@ -123,6 +124,8 @@ class HierRuntime:
         self.phase = "other_gather"
         # ds_id -> its layer's name ([Note: a job per layer] in deepspeed/inflight.py)
         self.layer_key: dict[int, str] = {}
+        # [Note: backward window] in deepspeed/inflight.py
+        self.window = BackwardWindow(cfg.pipeline.backward_layers_ahead, self._submit_held)
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor | Encoded] = {}
         self._frozen: dict[int, ZeroParam] = {}  # kept shards of parameters that do not train
@@ -194,16 +197,21 @@ class HierRuntime:
             # layer: one coalesced job ([Note: every gather through the hierarchy])
             key = "" if phase == "other_gather" else self.layer_key.get(p.ds_id, "")
             by_layer.setdefault(key, []).append(p)
-        layers = list(by_layer.values())
+        layers = [Layer(ps, phase=phase, key=k) for k, ps in by_layer.items()]
         if phase == "backward_gather":  # backward uses the layers last to first
             layers.reverse()
-        return GatherHandle([(ps, self._submit_layer(ps, phase)) for ps in layers], self.executor)
+        for layer in layers:  # submitted now, or when the backward window lets them go
+            self.window.add(layer)
+        return GatherHandle(layers, self.executor, self.window)
 
     def note_layers(self, named_params: Iterable[tuple[str, ZeroParam]]) -> None:
         """Each parameter's layer, for the job per layer (local and deterministic: names and
         ids are the same on every rank)."""
         for name, p in named_params:
             self.layer_key[p.ds_id] = levels.layer_of(name)
+
+    def _submit_held(self, layer: Layer) -> None:
+        layer.futures = self._submit_layer(list(layer.params), layer.phase)
 
     def _submit_layer(self, params: list[ZeroParam], phase: str) -> list[Future]:
         """Submit the gather of one layer's parameters; its futures in submission order."""

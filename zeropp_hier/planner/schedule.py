@@ -11,7 +11,9 @@ keep the links from that bound. This follows the step as the runtime runs it on 
 * the training thread submits them in program order. Forward: before layer k runs it waits for
   layer k's gather, then DeepSpeed's prefetch submits the gathers up to ``window`` layers ahead
   (0: each gather when its layer needs it), and layer k computes. Backward is the same, last
-  layer first, from the backward hops; after a layer's backward its gradients join the bucket
+  layer first, from the backward hops, at most ``backward_window`` layers ahead where
+  ``pipeline.backward_layers_ahead`` holds the rest back ([Note: backward window] in
+  deepspeed/inflight.py); after a layer's backward its gradients join the bucket
   and a full bucket is submitted (the rest at the end);
 * each lane takes its collectives strictly in submission order, and a job's hop starts once its
   previous hop has ended ([Note: one order of hop collectives] rule 1). So the start of every
@@ -106,9 +108,12 @@ def simulate(
     tail_s: float = 0.0,
     chunks: int = 1,
     link_bound_s: float = 0.0,
+    backward_window: int | None = None,
 ) -> StepSchedule:
     """[Note: step schedule]. ``layers``: jobs per pass; ``window``: layers DeepSpeed's prefetch
-    runs ahead; ``buckets``: gradient buckets per step (jobs of the ``reduce`` hops)."""
+    runs ahead; ``buckets``: gradient buckets per step (jobs of the ``reduce`` hops);
+    ``backward_window``: at most this many layers ahead in backward ([Note: backward window] in
+    deepspeed/inflight.py; None: ``window``)."""
     if layers < 1 or buckets < 1 or chunks < 1 or window < 0:
         raise ValueError(f"layers={layers}, buckets={buckets}, chunks={chunks}, window={window}: out of range")
     lanes = _Lanes(chunks)
@@ -124,7 +129,8 @@ def simulate(
             reduce_ends.append(lanes.submit(reduce, 1.0 / buckets, at))
             held["layers"] -= per_bucket
 
-    t = _pass(lanes, backward, layers, window, backward_compute_s, t, gradients_ready)
+    bwin = window if backward_window is None else min(window, backward_window)
+    t = _pass(lanes, backward, layers, bwin, backward_compute_s, t, gradients_ready)
     while len(reduce_ends) < buckets:  # DeepSpeed reduces what is left at the end of backward
         reduce_ends.append(lanes.submit(reduce, 1.0 / buckets, t))
     end = max([t, *reduce_ends, *lanes.free.values()]) + tail_s
@@ -138,6 +144,7 @@ def for_prediction(
     compute_s: float,
     link_bound_s: float | None = None,
     forward_share: float = 1 / 3,
+    backward_window: int | None = None,
 ) -> StepSchedule:
     """The schedule of a planner prediction's collectives ([Note: step schedule]): a job per
     layer (``wl.layers``), ``ceil(params / reduce_bucket)`` gradient buckets, the prediction's
@@ -159,4 +166,5 @@ def for_prediction(
         compute_s * (1 - forward_share),
         chunks=pred.chunks,
         link_bound_s=pred.link_bound_s if link_bound_s is None else link_bound_s,
+        backward_window=backward_window,
     )
