@@ -172,6 +172,14 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                     for t in ("gcd", "gpu", "node")
                 }
             )
+            # per phase too: how much of the backward re-gathers (DeepSpeed's prefetch keeps the
+            # last layers of the forward gathered into the backward where it reaches that far)
+            d.setdefault("phase_stats", []).append(
+                {
+                    p: {t: sum(r["stats"]["bytes"][p][t] for r in per_rank) / steps for t in ("gcd", "gpu", "node")}
+                    for p in per_rank[0]["stats"]["bytes"]
+                }
+            )
     for phase in out.values():
         for d in phase.values():
             d["median_step_s"] = statistics.median(d["step_times"])
@@ -179,6 +187,11 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
             d["wire_per_step"] = {t: statistics.mean(x[t] for x in d["wire"]) for t in ("gcd", "gpu", "node")}
             if d["stats"]:
                 d["stats_per_step"] = {t: statistics.mean(x[t] for x in d["stats"]) for t in ("gcd", "gpu", "node")}
+            if d.get("phase_stats"):
+                first = d["phase_stats"][0]
+                d["phase_stats_per_step"] = {
+                    p: {t: statistics.mean(x[p][t] for x in d["phase_stats"]) for t in first[p]} for p in first
+                }
             d["peak_rss_mb"] = max(d["peak_rss"]) / 2**20
             if d.get("links"):
                 d["links_per_step"] = {k: statistics.mean(x[k] for x in d["links"]) for k in d["links"][0]}
