@@ -8,7 +8,7 @@ from zeropp_hier.app.training import ds_config
 from ..helpers import FP16_REFUSED, assert_losses_close, rel_diff, requires_fp16
 from . import ranks_training as scenarios
 
-STEPS = 6
+STEPS = 4
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ def test_no_rank_holds_the_whole_model_while_building_it(world8):
         [round(r["peak_delta_bytes"] / 2**20) for r in results],
         f"model {full / 2**20:.0f} MiB fp32",
     )
-    losses = world8.run(ranks_models.train_built, 2)  # the same models, trained
+    losses = world8.run(ranks_models.train_built, 1)  # the same models, trained: one step shows it
     assert full >= 4 * 100e6  # the ratio is about a model of some size: > 100M parameters
     for rank, r in enumerate(results):
         assert r["full_fp32_bytes"] == full
@@ -37,4 +37,4 @@ def test_no_rank_holds_the_whole_model_while_building_it(world8):
             f"model {full / 2**20:.0f} MiB fp32 (ratio {ratio:.2f} < 4)"
         )
     for rank_losses in losses:
-        assert len(rank_losses) == 2 and all(x == x for x in rank_losses)  # trained, finite
+        assert len(rank_losses) == 1 and all(x == x for x in rank_losses)  # trained, finite
