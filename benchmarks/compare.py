@@ -39,6 +39,8 @@ ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
 DEFAULT = ORDER[:5]
 # variants for the overlap question (name them with --configs): prefetch off, and every
 # collective inline (overlap off) with prefetch on
+# frontier's gradient schemes with int8 on the in-package hop as well (its default sends none there)
+INT8_GCD_GRADIENTS = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}
 VARIANTS = {
     "zeropp/no-prefetch": {"kind": "ours", "preset": "zeropp", "prefetch": False},
     "frontier/no-prefetch": {"kind": "ours", "preset": "frontier", "prefetch": False},
@@ -71,7 +73,7 @@ VARIANTS = {
         "kind": "ours",
         "preset": "frontier",
         "pipeline": {"chunks": 4},
-        "compression": {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}},
+        "compression": INT8_GCD_GRADIENTS,
     },
     # and with the backward's gathers at most one layer ahead, so that each layer's gradients
     # reach the gcd lane before the gathers of the layers after the next ([Note: backward window]
@@ -80,7 +82,7 @@ VARIANTS = {
         "kind": "ours",
         "preset": "frontier",
         "pipeline": {"chunks": 4, "backward_layers_ahead": 1},
-        "compression": {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}},
+        "compression": INT8_GCD_GRADIENTS,
     },
     # int4 gradients on the package links, spelled out (today the same as frontier's default; the
     # recorded runs below that name it were made when frontier sent int8 there)

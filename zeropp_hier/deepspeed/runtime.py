@@ -14,7 +14,6 @@ docs/design.md#deepspeed-hook-points.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
@@ -125,7 +124,7 @@ class HierRuntime:
         # ds_id -> its layer's name ([Note: a job per layer] in deepspeed/inflight.py)
         self.layer_key: dict[int, str] = {}
         # [Note: backward window] in deepspeed/inflight.py
-        self.window = BackwardWindow(cfg.pipeline.backward_layers_ahead, self._submit_held)
+        self.window = BackwardWindow(cfg.pipeline.backward_layers_ahead, self._submit_layer)
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
         self.shards: dict[int, torch.Tensor | Encoded] = {}
         self._frozen: dict[int, ZeroParam] = {}  # kept shards of parameters that do not train
@@ -210,11 +209,9 @@ class HierRuntime:
         for name, p in named_params:
             self.layer_key[p.ds_id] = levels.layer_of(name)
 
-    def _submit_held(self, layer: Layer) -> None:
-        layer.futures = self._submit_layer(list(layer.params), layer.phase)
-
-    def _submit_layer(self, params: list[ZeroParam], phase: str) -> list[Future]:
-        """Submit the gather of one layer's parameters; its futures in submission order."""
+    def _submit_layer(self, layer: Layer) -> None:
+        """Submit the gather of one layer's parameters; sets its futures, in submission order."""
+        params, phase = list(layer.params), layer.phase
         # One coalesced buffer per (source, dtype): shard-backed and primary-backed parameters
         # take different hops, and a buffer holds one dtype. The source is decided now, on the
         # caller's thread, from the kept shards as they are at submission.
@@ -240,7 +237,8 @@ class HierRuntime:
                 jobs = gather.chunk_jobs(self.comm, b.hops, b.make_start, ranges, phase, b.finish, b.carry, b.valid)
                 for job in jobs:
                     futures.append(self.executor.submit(job, bucket_lanes))
-            return futures
+            layer.futures = futures
+            return
 
         # the hop group of every collective, in order: the executor queues them now, in program
         # order ([Note: one order of hop collectives] in comm/executor.py)
@@ -252,7 +250,7 @@ class HierRuntime:
                 full.update((yield from self._gather_bucket(ps, src, shards, phase)))
             return full
 
-        return [self.executor.submit(gather_all(), lanes)]
+        layer.futures = [self.executor.submit(gather_all(), lanes)]
 
     def _gather_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> Job:
         """The job of one bucket, unchunked: its hops, then its ``finish``."""
