@@ -51,6 +51,11 @@ OPTIONAL = {  # not run by default; name them with --configs
     "frontier, int4 node block 64": ("frontier", {"block_size": {"node": 64}}),
     # the link-bound benchmark's frontier/pipe-int8-gcd: int8 gradients on the in-package hop too
     "frontier, int8 gcd gradients": ("frontier", {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}),
+    # ablations of frontier's default: which of its compressed hops costs the loss
+    "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int4"}}),
+    "frontier, exact weights": ("frontier", {"weights": "none"}),
+    "frontier, exact gradients": ("frontier", {"gradients": "none"}),
+    "frontier, int8 gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int8"}}),
 }
 LAST = 20  # final loss = mean of the last 20 steps
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import time
 
 import torch.distributed as dist
@@ -119,6 +120,11 @@ def interrupted_mid_step(config: dict, signal_step: int, marker_dir: str, save_d
     the cause. SIGTERM ends the process by Python's default action."""
     from zeropp_hier.core.errors import HierUnsafeSaveError
 
+    # A terminal's Ctrl-C reaches a foreground job, whose Python answers SIGINT with
+    # KeyboardInterrupt. A test runner started as a background job of a non-interactive shell
+    # (`pytest ... &`) has SIGINT ignored, every process it starts inherits that, and Python then
+    # installs no handler: restore the foreground job's answer for what this test is about.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     engine = training.build_engine(config)
     rank = dist.get_rank()
 

@@ -660,6 +660,6 @@ def launch(spec: JobSpec) -> dict:
         print(f"starting {spec.local_world} local ranks on {gpus} GPU(s), gloo...", flush=True)
     else:
         print(f"starting {spec.local_world} local CPU ranks (gloo)...", flush=True)
-    with LocalWorld(spec.local_world, timeout=1800, gpus=gpus) as w:
+    with LocalWorld(spec.local_world, timeout=1800, gpus=gpus, preload=True) as w:
         out = w.run(rank_main, spec)
     return out[0]

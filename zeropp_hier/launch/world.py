@@ -31,6 +31,10 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable, cast
 
+# Imported once by a preloading world's fork server beside torch and DeepSpeed: the main job's
+# model class (transformers' GPT-NeoX), whose import is seconds of CPU per rank otherwise.
+_PRELOAD_MODELS = ("transformers.models.gpt_neox.modeling_gpt_neox",)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -212,7 +216,7 @@ class LocalWorld:
         ctx: Any = mp.get_context("forkserver" if preload else "spawn")  # both have Process and Queue
         if preload:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
-            ctx.set_forkserver_preload(["torch", "torch.distributed", "deepspeed"])
+            ctx.set_forkserver_preload(["torch", "torch.distributed", "deepspeed", *_PRELOAD_MODELS])
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = free_port()
