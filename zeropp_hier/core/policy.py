@@ -75,12 +75,10 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   like ZeRO++, runs without error feedback, so that it stays a faithful baseline; switch it
 #   on with ``"error_feedback": "auto"``. ``zero3`` compresses nothing.
 # benchmarks/convergence.py measures the consequence on real text
-# (docs/benchmarks.md#convergence-on-real-text). On its small GPT-NeoX, every int4-gradient
-# configuration (this default, zeropp, with or without feedback) ends 1.1-1.6% above
-# uncompressed ZeRO-3, beyond the 0.5% the project accepts; int8 gradients +0.46% (held-out
-# +0.73%); int8 weights alone inside. The default stays int4 until that is settled across seeds
-# and at a batch nearer a 20B run's: ``"gradients": {"gpu": "int8", "node": "int8"}`` is the
-# setting for a user who puts accuracy first.
+# (docs/benchmarks.md#convergence-on-real-text): on its small model every int4-gradient
+# setting, this default included, misses the 0.5% the project accepts, and int8 gradients come
+# close. The default stays int4 until that is measured at a batch nearer a 20B run's;
+# ``"gradients": {"gpu": "int8", "node": "int8"}`` is the setting that puts accuracy first.
 PRESET_COMPRESSION: dict[FixedPreset, dict[str, dict[str, Scheme]]] = {
     "zero3": {"weights": {}, "gradients": {}},
     "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},

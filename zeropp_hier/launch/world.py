@@ -31,9 +31,9 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable, cast
 
-# Imported once by a preloading world's fork server beside torch and DeepSpeed: the main job's
-# model class (transformers' GPT-NeoX), whose import is seconds of CPU per rank otherwise.
-_PRELOAD_MODELS = ("transformers.models.gpt_neox.modeling_gpt_neox",)
+# What a preloading world's fork server imports once ([Note: preloaded ranks]); the last is the
+# main job's model class (transformers' GPT-NeoX)
+_PRELOAD = ("torch", "torch.distributed", "deepspeed", "transformers.models.gpt_neox.modeling_gpt_neox")
 
 
 def free_port() -> int:
@@ -203,11 +203,12 @@ class LocalWorld:
         self.failure_grace_s = failure_grace_s
         self._closed = False
         # [Note: preloaded ranks]
-        # A spawned rank imports torch and DeepSpeed itself: several seconds of CPU each, tens of
-        # seconds for a world of 8 on a small machine, paid again by every world started after a
-        # failed one. ``preload`` forks the ranks instead from multiprocessing's fork server,
-        # which imported both once, before any thread, device or process group existed (so the
-        # fork copies no lock held by another thread). What a fork server does not carry over is
+        # A spawned rank imports torch and DeepSpeed (and the job's model class) itself: several
+        # seconds of CPU each, tens of seconds for a world of 8 on a small machine, paid again by
+        # every world started after a failed one. ``preload`` forks the ranks instead from
+        # multiprocessing's fork server, which imported them once (``_PRELOAD``), before any
+        # thread, device or process group existed (so the fork copies no lock held by another
+        # thread). What a fork server does not carry over is
         # the caller's environment at start: every rank applies the caller's whole ``os.environ``
         # first, as a spawned one inherits it. Only ``/proc/<pid>/environ`` still shows the fork
         # server's, so the world's mark (``world_id``) is there only for spawned worlds. CPU
@@ -216,7 +217,7 @@ class LocalWorld:
         ctx: Any = mp.get_context("forkserver" if preload else "spawn")  # both have Process and Queue
         if preload:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
-            ctx.set_forkserver_preload(["torch", "torch.distributed", "deepspeed", *_PRELOAD_MODELS])
+            ctx.set_forkserver_preload(list(_PRELOAD))
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = free_port()
