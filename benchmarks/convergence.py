@@ -56,6 +56,7 @@ OPTIONAL = {  # not run by default; name them with --configs
     "frontier, exact weights": ("frontier", {"weights": "none"}),
     "frontier, exact gradients": ("frontier", {"gradients": "none"}),
     "frontier, int8 gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int8"}}),
+    "frontier, int8 node gradients": ("frontier", {"gradients": {"gpu": "int4", "node": "int8"}}),
 }
 LAST = 20  # final loss = mean of the last 20 steps
 

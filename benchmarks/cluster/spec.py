@@ -308,11 +308,12 @@ def wire_bytes(tx: dict[tuple[str, str], int], spec: ClusterSpec) -> dict[str, i
 
 
 def tbf_command(ns: str, ifname: str, mbit: float) -> list[str]:
-    """tbf at ``mbit`` ([Note: small buckets]); the queue holds ~200 ms so a collective's
-    bursts are delayed, not dropped."""
+    """tbf at ``mbit`` ([Note: small buckets]); the queue holds ~200 ms of traffic, and never
+    less than QUEUE_FLOOR_BYTES ([Note: deep queues]), so a collective's bursts are delayed, not
+    dropped."""
     rate_bytes = mbit * 1e6 / 8
     burst = max(int(rate_bytes * 0.002), 8 * 1024)
-    limit = max(int(rate_bytes * 0.2), 64 * 1024)
+    limit = max(int(rate_bytes * 0.2), QUEUE_FLOOR_BYTES)
     return [
         "tc",
         "-n",
@@ -339,6 +340,22 @@ def tbf_command(ns: str, ifname: str, mbit: float) -> list[str]:
 # large flat ones. Packets larger than the bucket are no problem on veths (tbf splits GSO
 # packets into MTU-sized segments); on lo, whose 64 KiB MTU makes real 64 KiB packets that tbf
 # would drop, the MTU is lowered to 1500 like the veths'.
+
+
+# [Note: deep queues]
+# At link-bound rates (a few hundred kbit/s to a few Mbit/s per link) 200 ms of traffic is
+# less than one message, and the queue used to fall back to a 64 KiB floor. Several TCP flows
+# share each shaped link (both GCDs of a package, all eight of a node on its uplink, every hop
+# group of a pipelined job), and one burst each overflowed it: at link share 0.15 the probe's
+# 64 KiB all-gather dropped packets on every package link and node uplink (`tc -s`: 21-98
+# drops per package link, 169 and 303 per uplink) and took a TCP retransmission timeout on the
+# in-package link (0.43 s instead of 0.22 s), so the probe read 1.06 of the gcd link's 2.56
+# Mbit/s. Frontier's links do not drop a collective's burst (Infinity Fabric is lossless,
+# Slingshot has link-level retry and congestion control), so the emulation should not either: the
+# floor is 1 MiB, more than the eight flows of an uplink keep in flight (the same probe: no
+# drops anywhere). Deep queues delay a small message queued behind a large one, as a busy
+# link does.
+QUEUE_FLOOR_BYTES = 1 << 20
 
 
 # [Note: failing links]

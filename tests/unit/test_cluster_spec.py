@@ -47,3 +47,17 @@ def test_bad_spec_is_refused():
         ClusterSpec(prefix="bad-prefix!")
     with pytest.raises(ValueError, match="nodes"):
         ClusterSpec(nodes=0)
+
+
+def test_queues_hold_200_ms_and_never_less_than_the_floor():
+    # [Note: deep queues]: at link-bound rates 200 ms is less than one probe message; the floor keeps
+    # the eight flows of a node uplink from dropping. At the CPU-bound rates 200 ms is above it.
+    from benchmarks.cluster.spec import QUEUE_FLOOR_BYTES, tbf_command
+
+    def limit(mbit):
+        c = tbf_command("ns", "lo", mbit)
+        return int(c[c.index("limit") + 1])
+
+    assert QUEUE_FLOOR_BYTES >= 8 * 64 * 1024  # the eight flows of an uplink, each a 64 KiB probe message
+    assert limit(0.16 * 8) == QUEUE_FLOOR_BYTES  # a node uplink at link share 0.15
+    assert limit(2 * 160.0) == int(2 * 160e6 / 8 * 0.2) > QUEUE_FLOOR_BYTES  # a package lo, CPU-bound
