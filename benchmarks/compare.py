@@ -303,17 +303,36 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
     return cl, wl
 
 
+# What the presets compressed in result files written before the plan recorded it
+# ("preset_compression"): frontier's node stage was int4 until the default became int8 (CHANGELOG).
+UNRECORDED_PRESET_COMPRESSION = {
+    "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
+}
+
+
+def preset_compression(presets) -> dict:
+    """The compression each of our presets ran with, for the plan: a result file re-run later
+    ([Note: step schedule]) must model what ran, not a later default."""
+    from zeropp_hier.core.policy import PRESET_COMPRESSION
+
+    return {p: PRESET_COMPRESSION[p] for p in sorted(set(presets)) if p in PRESET_COMPRESSION}
+
+
 def _candidate(plan: dict, name: str, cands: dict):
-    """The planner's candidate for a configuration of the plan: by name, or our preset with the
-    configuration's compression and chunks (None where the planner has none)."""
+    """The planner's candidate for a configuration of the plan: by name (with the preset's
+    compression as the run had it), or our preset with the configuration's compression and
+    chunks (None where the planner has none)."""
+    from zeropp_hier.planner import model as P
+
     cfg = plan["configs"].get(name, {})
+    ran = plan.get("preset_compression", UNRECORDED_PRESET_COMPRESSION)
     if name in cands:
         cand = cands[name]
+        if cfg.get("kind") == "ours" and name in ran:
+            cand = cand._replace(compression=P._compression(name, schemes=ran[name]))
     elif cfg.get("kind") == "ours" and cfg.get("preset") in cands:
-        from zeropp_hier.planner import model as P
-
         base = cands[cfg["preset"]]
-        comp = cfg.get("compression")
+        comp = cfg.get("compression") or ran.get(cfg["preset"])
         cand = base._replace(
             name=name, compression=P._compression(cfg["preset"], schemes=comp) if comp else base.compression
         )
@@ -611,6 +630,7 @@ def main(argv=None) -> int:
         "phases": [{"name": "shaped", "rounds": args.rounds}]
         + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),
     }
+    plan["preset_compression"] = preset_compression(c["preset"] for c in plan["configs"].values() if "preset" in c)
     notes = [
         f"Model: GPT-NeoX shape {args.shape} ({model.layers} layers x hidden {model.hidden}, {model.heads} heads, "
         f"vocabulary {model.vocab_size}, {model.seq_len} tokens), {plan['params'] / 1e6:.2f}M parameters, "

@@ -37,26 +37,29 @@ from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
 INT4_EVERYWHERE = {"weights": "int4", "gradients": "int4", "error_feedback": False}
+# int4 gradients on both hops that leave the package: frontier's default until its node stage
+# became int8 (error feedback "auto", so on the node stage)
+INT4_NODE = {"gradients": {"gpu": "int4", "node": "int4"}}
 # name -> (preset or None for stock DeepSpeed, compression override or None for the preset's)
 CONFIGS = {
     "stock ZeRO-3": (None, None),
     "zero3": ("zero3", None),
     "zeropp": ("zeropp", None),
     "frontier": ("frontier", None),
-    "frontier, no error feedback": ("frontier", {"error_feedback": False}),
+    "frontier, int4 node gradients": ("frontier", INT4_NODE),
     "int4 everywhere": ("frontier", INT4_EVERYWHERE),
 }
 OPTIONAL = {  # not run by default; name them with --configs
     "int4 everywhere + error feedback": ("frontier", {**INT4_EVERYWHERE, "error_feedback": True}),
-    "frontier, int4 node block 64": ("frontier", {"block_size": {"node": 64}}),
-    # the link-bound benchmark's frontier/pipe-int8-gcd: int8 gradients on the in-package hop too
-    "frontier, int8 gcd gradients": ("frontier", {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}),
-    # ablations of frontier's default: which of its compressed hops costs the loss
+    # ablations of the int4 node stage: which part of it costs the loss
+    "frontier, int4 node gradients, no error feedback": ("frontier", {**INT4_NODE, "error_feedback": False}),
+    "frontier, int4 node block 64": ("frontier", {**INT4_NODE, "block_size": {"node": 64}}),
+    "frontier, int4 node gradients, exact weights": ("frontier", {**INT4_NODE, "weights": "none"}),
     "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int4"}}),
-    "frontier, exact weights": ("frontier", {"weights": "none"}),
+    # the link-bound benchmark's frontier/pipe-int8-gcd, as it ran: int8 on the in-package hop too
+    "frontier, int8 gcd gradients": ("frontier", {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}),
     "frontier, exact gradients": ("frontier", {"gradients": "none"}),
     "frontier, int8 gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int8"}}),
-    "frontier, int8 node gradients": ("frontier", {"gradients": {"gpu": "int4", "node": "int8"}}),
 }
 LAST = 20  # final loss = mean of the last 20 steps
 

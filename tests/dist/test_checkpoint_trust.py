@@ -25,10 +25,14 @@ def four_rank_config(preset="frontier", **kw):
     return ds_config(preset, gpus_per_node=2, gcds_per_gpu=2, **kw)  # 1 x 2 x 2
 
 
-CASES = {  # every preset, fp32 and bf16; frontier carries error-feedback state, zeropp none
-    f"{preset}-{dtype}": four_rank_config(preset, dtype=dtype)
-    for preset in ("zero3", "zeropp", "frontier")
-    for dtype in ("fp32", "bf16")
+INT4_GRADIENTS = {"gradients": {"gpu": "int4", "node": "int4"}}  # "auto" feeds the int4 node stage back
+CASES = {  # every preset, fp32 and bf16, and one that carries error-feedback state
+    **{
+        f"{preset}-{dtype}": four_rank_config(preset, dtype=dtype)
+        for preset in ("zero3", "zeropp", "frontier")
+        for dtype in ("fp32", "bf16")
+    },
+    "frontier-int4-fp32": four_rank_config("frontier", compression=INT4_GRADIENTS),
 }
 
 
@@ -52,7 +56,7 @@ def test_real_checkpoints_of_every_preset_need_only_the_allowlist_and_load_exact
             assert r[name]["max_diff"] == 0.0, (name, rank)
     # the error-feedback residuals were in the checkpoint that loaded tensors-only
     with torch.serialization.safe_globals(safe_load.allowed_globals()):
-        optim = torch.load(os.path.join(root, "frontier-fp32", "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+        optim = torch.load(os.path.join(root, "frontier-int4-fp32", "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
                            weights_only=True)
     assert optim["optimizer_state_dict"]["zeropp_hier_error_feedback"]
 

@@ -144,7 +144,9 @@ def test_optimizer_offload_communicates_on_the_accelerator_device(world4, tmp_pa
     included) and the error-feedback residuals restored by a load must be on the accelerator's
     device. On this CPU-only machine both are the CPU, so this proves the devices agree with the
     accelerator's, as a GPU run must; only a GPU run can show a CPU tensor being refused."""
-    cfg = _cfg("frontier", extra={"zero_force_ds_cpu_optimizer": False})
+    # int4 node gradients, so that error feedback has residuals to restore
+    cfg = _cfg("frontier", extra={"zero_force_ds_cpu_optimizer": False},
+               compression={"gradients": {"gpu": "int4", "node": "int4"}})
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     runs = world4.run(offload_run, cfg, str(tmp_path), 2)
     for r in runs:

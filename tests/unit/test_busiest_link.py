@@ -38,7 +38,7 @@ def test_package_links_carry_the_node_tier_and_bind_at_frontier_ratios():
 
 def test_auto_takes_int4_on_the_gpu_hop_where_package_links_bind_and_zeropp_on_flat_links():
     frontier_links = by_name(P.rank_auto(fair_cluster((16, 4, 1)), WL, P.auto_candidates()))
-    int4, int8 = frontier_links["frontier"], frontier_links["frontier/int8-gpu"]
+    int4, int8 = frontier_links["frontier"], frontier_links["frontier/int8"]  # int8 gradients on both hops
     assert int4.candidate.compression.gradients.gpu == "int4"
     assert int4.link_bound_s < int8.link_bound_s  # fewer bytes on the busiest (package) link
     ranked = P.rank_auto(fair_cluster((16, 4, 1)), WL, P.auto_candidates())

@@ -50,7 +50,7 @@ def test_frontier_example_is_the_hybrid_rule_at_384_gcds():
     assert [(h.axes, h.scheme, h.error_feedback) for h in plan.reduce] == [
         (("gcd",), "none", False),
         (("gpu",), "int4", False),
-        (("node",), "int4", True),
+        (("node",), "int8", False),
     ]
 
 

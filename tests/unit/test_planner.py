@@ -150,7 +150,7 @@ def test_memory_refuses_what_does_not_fit_and_says_what_to_relax():
 
 def test_a_budget_mixes_levels_and_the_plan_shows_them():
     cl = P.frontier(48)
-    wl = P.gpt_workload(70e9, 80, 8192, 2048, 1)
+    wl = P.gpt_workload(110e9, 80, 8192, 2048, 1)
     by = {p.candidate.name: p for p in P.rank(cl, wl)}
     fit = by["frontier/fit"]
     assert not by["frontier"].memory.fits and fit.memory.fits
@@ -256,9 +256,12 @@ def test_memory_counts_error_feedback_residuals_and_gradient_staging():
 
     cl = P.frontier(nodes=48)
     wl = P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8)
-    frontier = next(c for c in P.default_candidates(cl) if c.name == "frontier")
+    default = next(c for c in P.default_candidates(cl) if c.name == "frontier")
+    assert "error-feedback residuals" not in P.memory(default, cl, wl).parts  # int8 node stage: none
+    int4 = P._compression("frontier", schemes={"gradients": {"gpu": "int4", "node": "int4"}})
+    frontier = default._replace(compression=int4)
     mem = P.memory(frontier, cl, wl)
-    # frontier feeds back on the int4 node stage: its send buffer holds the rank's rows for every
+    # an int4 node stage is fed back ("auto"): its send buffer holds the rank's rows for every
     # node, 20e9 / 384 * 48 elements, in fp32
     assert mem.parts["error-feedback residuals"] == 4 * 20e9 / 384 * 48
     # two buckets' packed rows, and one streamed chunk's four staging buffers, in fp32

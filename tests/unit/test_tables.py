@@ -20,7 +20,11 @@ def test_plan_table_lists_every_hop_in_order():
     body = [line.split() for line in text.splitlines()[3:]]
     assert [row[0] if row[0] in ("forward", "backward", "grad") else "" for row in body][:1] == ["forward"]
     assert "CommPlan(" not in text and "Hop(" not in text
-    assert any("int4" in line and "on" in line.split() for line in text.splitlines())  # node stage, feedback
+    node_stage = text.splitlines()[-1].split()  # the gradient's last hop: int8, no feedback
+    assert node_stage[:4] == ["node", "node", "2", "int8"] and "on" not in node_stage
+    cfg = parse_section({"enabled": True, "preset": "frontier", "compression": {"gradients": {"node": "int4"}}})
+    text = "\n".join(tables.plan_lines(make_plan("frontier", cfg.compression, topo), topo))
+    assert any("int4" in line and "on" in line.split() for line in text.splitlines())  # int4 node stage, feedback
 
 
 def test_topology_and_bytes_tables():

@@ -706,8 +706,9 @@ def rank_key(p: Prediction, cluster: ClusterModel) -> float:
 
 def auto_candidates(kept_gb: float | None = None, chunks: int | None = None) -> list[Candidate]:
     """What ``"preset": "auto"`` chooses among: our presets with the policy's compression (no
-    int4 weights: the policy never picks them unasked), frontier with int8 gradients on the gpu
-    hop or over the network (for links where the package links do not bind), and frontier with
+    int4 weights: the policy never picks them unasked), frontier with int8 gradients on both
+    hops (for links where the package links do not bind; int4 on the node hop alone costs
+    accuracy, [Note: preset compression defaults]), and frontier with
     per-layer kept levels (within ``kept_gb`` when the config gives a budget, else within what
     memory leaves). ``chunks``: pipeline chunks, None for the planner's choice
     ([Note: busiest-link bound]); 1 where the job's hops do not run on lanes."""
@@ -716,14 +717,6 @@ def auto_candidates(kept_gb: float | None = None, chunks: int | None = None) -> 
         Candidate("zeropp", False, "zeropp", _compression("zeropp"), kept_gb=kept_gb),
         Candidate("frontier", False, "frontier", _compression("frontier"), kept_gb=kept_gb),
         _frontier_int8(kept_gb),
-        Candidate(
-            "frontier/int8-gpu",
-            False,
-            "frontier",
-            _compression("frontier", schemes={"gradients": {"gpu": "int8", "node": "int4"}}),
-            "int8 gradients on the package links (when they do not bind)",
-            kept_gb=kept_gb,
-        ),
     ] + (
         []
         if kept_gb is not None  # the budget already applies to every candidate above
