@@ -75,6 +75,13 @@ VARIANTS = {
         "pipeline": {"chunks": 4},
         "compression": INT8_GCD_GRADIENTS,
     },
+    # int8 on the in-package hop beside the default's int4 gpu and int8 node hops
+    "frontier/pipe-int8-gcd-node8": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4},
+        "compression": {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}},
+    },
     # and with the backward's gathers at most one layer ahead, so that each layer's gradients
     # reach the gcd lane before the gathers of the layers after the next ([Note: backward window]
     # in zeropp_hier/deepspeed/inflight.py)

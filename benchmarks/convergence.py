@@ -58,6 +58,11 @@ OPTIONAL = {  # not run by default; name them with --configs
     "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int4"}}),
     # the link-bound benchmark's frontier/pipe-int8-gcd, as it ran: int8 on the in-package hop too
     "frontier, int8 gcd gradients": ("frontier", {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}),
+    # the link-bound benchmark's frontier/pipe-int8-gcd-node8: int8 on the in-package hop beside the default
+    "frontier, int8 gcd gradients, int8 node": (
+        "frontier",
+        {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}},
+    ),
     "frontier, exact gradients": ("frontier", {"gradients": "none"}),
     "frontier, int8 gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int8"}}),
 }
