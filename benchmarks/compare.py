@@ -40,6 +40,9 @@ DEFAULT = ORDER[:5]
 # variants for the overlap question (name them with --configs): prefetch off, and every
 # collective inline (overlap off) with prefetch on
 # frontier's gradient schemes with int8 on the in-package hop as well (its default sends none there)
+# frontier's compression until its node stage became int8 (CHANGELOG): int4 gradients on both hops
+# that leave the package
+FRONTIER_INT4_NODE = {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}}
 INT8_GCD_GRADIENTS = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}
 VARIANTS = {
     "zeropp/no-prefetch": {"kind": "ours", "preset": "zeropp", "prefetch": False},
@@ -60,7 +63,8 @@ VARIANTS = {
     # block-aligned chunks, so the lanes run different chunks' hops on different tiers at once
     "frontier/pipe": {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 4}},
     "zeropp/pipe": {"kind": "ours", "preset": "zeropp", "pipeline": {"chunks": 4}},
-    # int8 gradients on the package links (frontier's default before int4 there; a candidate of "auto")
+    # int8 gradients on the package links, int4 on the network (frontier's default before int4 on
+    # the package links)
     "frontier/int8-gpu": {
         "kind": "ours",
         "preset": "frontier",
@@ -91,13 +95,10 @@ VARIANTS = {
         "pipeline": {"chunks": 4, "backward_layers_ahead": 1},
         "compression": INT8_GCD_GRADIENTS,
     },
-    # int4 gradients on the package links, spelled out (today the same as frontier's default; the
-    # recorded runs below that name it were made when frontier sent int8 there)
-    "frontier/int4-gpu": {
-        "kind": "ours",
-        "preset": "frontier",
-        "compression": {"gradients": {"gpu": "int4", "node": "int4"}},
-    },
+    # int4 gradients on the package links and the network, spelled out (frontier's default
+    # before its node stage became int8; the recorded runs below that name it were made when
+    # frontier sent int8 on the package links)
+    "frontier/int4-gpu": {"kind": "ours", "preset": "frontier", "compression": FRONTIER_INT4_NODE},
 }
 
 
@@ -311,10 +312,8 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
 
 
 # What the presets compressed in result files written before the plan recorded it
-# ("preset_compression"): frontier's node stage was int4 until the default became int8 (CHANGELOG).
-UNRECORDED_PRESET_COMPRESSION = {
-    "frontier": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
-}
+# ("preset_compression")
+UNRECORDED_PRESET_COMPRESSION = {"frontier": FRONTIER_INT4_NODE}
 
 
 def preset_compression(presets) -> dict:
