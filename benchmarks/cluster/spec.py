@@ -215,6 +215,7 @@ class ClusterSpec:
                     "-qw",
                     "net.ipv6.conf.all.disable_ipv6=1",
                     "net.ipv6.conf.default.disable_ipv6=1",
+                    *TCP_SYSCTLS,  # [Note: pinned TCP]
                 ]
             )
             cmds.append(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -356,6 +357,22 @@ def tbf_command(ns: str, ifname: str, mbit: float) -> list[str]:
 # drops anywhere). Deep queues delay a small message queued behind a large one, as a busy
 # link does.
 QUEUE_FLOOR_BYTES = 1 << 20
+
+
+# [Note: pinned TCP]
+# A new network namespace takes the host's TCP congestion control, and the host's choice varies
+# (this project's CI machines run BBR; Linux's default is CUBIC), so the emulated links' usable
+# rate was the host's, not the cluster's. BBR paces each flow at its estimate of the bottleneck
+# and cycles its pacing gain below 1; with collectives that stop between calls it never keeps a
+# shaped link full, and slow start after idle (on by default) shrinks each connection's window
+# again after every pause for compute. The probe's all-gathers at link share 0.15 (0.12 Mbit/s
+# per GCD on the uplink, 0.48 on a package link, 1.92 in-package) read the package links at 76%
+# of their tbf rate under BBR, 79% under BBR without the restart, 87% under Reno and 88% under
+# Reno without it; the uplink at 75%, 89%, 83% and 85%. Frontier's fabrics keep a bulk transfer at line
+# rate, so every namespace gets Reno (loss-based, built into every kernel, and the one a
+# namespace may always choose) and keeps its window across idle time. Every configuration runs on
+# the same links, so this is the same for the baselines.
+TCP_SYSCTLS = ("net.ipv4.tcp_congestion_control=reno", "net.ipv4.tcp_slow_start_after_idle=0")
 
 
 # [Note: failing links]

@@ -72,6 +72,11 @@ def _start_driver(prefix):
     assert len(left["namespaces"]) == 5 and len(left["processes"]) >= len(pids)
     spec = ClusterSpec.scaled(prefix=prefix, nodes=2, gpus_per_node=1, gcds_per_gpu=2)
     assert set(netns.qdiscs(spec).values()) >= {"tbf"}
+    # every namespace runs the cluster's TCP, whatever the host's ([Note: pinned TCP] in spec.py)
+    for ns in spec.namespaces():
+        keys = ["net.ipv4.tcp_congestion_control", "net.ipv4.tcp_slow_start_after_idle"]
+        got = subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-n", *keys], capture_output=True, text=True)
+        assert got.stdout.split() == ["reno", "0"], (ns, got.stdout, got.stderr)
     return proc, pids
 
 

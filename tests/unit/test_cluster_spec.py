@@ -61,3 +61,20 @@ def test_queues_hold_200_ms_and_never_less_than_the_floor():
     assert QUEUE_FLOOR_BYTES >= 8 * 64 * 1024  # the eight flows of an uplink, each a 64 KiB probe message
     assert limit(0.16 * 8) == QUEUE_FLOOR_BYTES  # a node uplink at link share 0.15
     assert limit(2 * 160.0) == int(2 * 160e6 / 8 * 0.2) > QUEUE_FLOOR_BYTES  # a package lo, CPU-bound
+
+
+def test_every_namespace_pins_its_tcp():
+    # [Note: pinned TCP]: a namespace would otherwise take the host's congestion control
+    spec = ClusterSpec.scaled(node_mbit=0.12, prefix="zt")
+    cmds = spec.setup_commands()
+    pinned = {
+        c[3]
+        for c in cmds
+        if c[:2] == ["ip", "netns"]
+        and "net.ipv4.tcp_congestion_control=reno" in c
+        and "net.ipv4.tcp_slow_start_after_idle=0" in c
+    }
+    assert pinned == set(spec.namespaces())
+    # before any link exists, so no connection ever runs the host's
+    first_link = next(i for i, c in enumerate(cmds) if c[:3] == ["ip", "link", "add"])
+    assert all(i < first_link for i, c in enumerate(cmds) if "net.ipv4.tcp_congestion_control=reno" in c)
