@@ -44,3 +44,28 @@ def test_the_next_test_gets_a_working_world(world8):
     # it is a new world, not the broken one coming back to life
     assert world8.rebuilds == _seen["rebuilds"] + 1
     assert not set(world8.pids) & set(_seen["pids"])
+
+
+def _gc_state() -> dict:
+    import gc
+
+    import torch
+
+    before = gc.get_freeze_count()
+    gc.disable()  # no automatic collection between making the cycles and counting them
+    try:
+        junk = [[] for _ in range(1000)]
+        for a in junk:
+            a.append(a)  # cycles made after start-up: still collected
+        del junk, a
+        return {"frozen": before, "collected": gc.collect()}
+    finally:
+        gc.enable()
+
+
+def test_ranks_freeze_their_start_up_objects(world2):
+    # [Note: frozen start-up objects]: the imports' objects are out of every later collection,
+    # and what a task makes afterwards is collected as before
+    for r in world2.run(_gc_state):
+        assert r["frozen"] > 100_000, r
+        assert r["collected"] >= 1000, r
