@@ -103,8 +103,9 @@ def _worker(
 # [Note: frozen start-up objects]
 # A rank holds about half a million Python objects once torch, DeepSpeed and transformers are
 # imported, and a full ``gc.collect()`` walks all of them: 1.8 s when the 8 ranks of a world on
-# 2 cores collect together. DeepSpeed collects at every engine build (``defragment``) and ``training.release`` at
-# every engine's end, so a 6-step run of a small model spent more time collecting than training.
+# 2 cores collect together. DeepSpeed collects at every engine build (``defragment``) and
+# ``training.release`` at every engine's end, so a 6-step run of a small model spent about as
+# long collecting as training.
 # The imports make no garbage worth collecting, so each rank freezes what exists once it is
 # started (``gc.freeze``: later collections skip those objects; objects made afterwards are
 # collected as before). Measured in a world of 8: engine build 2.6 -> 0.8 s, release 1.6 -> 0.0
