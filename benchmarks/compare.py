@@ -30,6 +30,7 @@ from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
+from benchmarks.schemes import INT8_GCD_GRADIENTS, INT8_GCD_NODE8
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.files import write_json_atomic
 
@@ -43,7 +44,6 @@ DEFAULT = ORDER[:5]
 # frontier's compression until its node stage became int8 (CHANGELOG): int4 gradients on both hops
 # that leave the package
 FRONTIER_INT4_NODE = {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}}
-INT8_GCD_GRADIENTS = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}
 VARIANTS = {
     "zeropp/no-prefetch": {"kind": "ours", "preset": "zeropp", "prefetch": False},
     "frontier/no-prefetch": {"kind": "ours", "preset": "frontier", "prefetch": False},
@@ -87,7 +87,7 @@ VARIANTS = {
         "kind": "ours",
         "preset": "frontier",
         "pipeline": {"chunks": 4},
-        "compression": {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}},
+        "compression": INT8_GCD_NODE8,
     },
     # and with the backward's gathers at most one layer ahead, so that each layer's gradients
     # reach the gcd lane before the gathers of the layers after the next ([Note: backward window]

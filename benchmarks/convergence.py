@@ -32,6 +32,7 @@ import os
 import sys
 import time
 
+from benchmarks.schemes import INT8_GCD_GRADIENTS, INT8_GCD_NODE8
 from zeropp_hier.app.models import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
@@ -57,12 +58,9 @@ OPTIONAL = {  # not run by default; name them with --configs
     "frontier, int4 node gradients, exact weights": ("frontier", {**INT4_NODE, "weights": "none"}),
     "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int4"}}),
     # the link-bound benchmark's frontier/pipe-int8-gcd, as it ran: int8 on the in-package hop too
-    "frontier, int8 gcd gradients": ("frontier", {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}),
+    "frontier, int8 gcd gradients": ("frontier", INT8_GCD_GRADIENTS),
     # the link-bound benchmark's frontier/pipe-int8-gcd-node8: int8 on the in-package hop beside the default
-    "frontier, int8 gcd gradients, int8 node": (
-        "frontier",
-        {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}},
-    ),
+    "frontier, int8 gcd gradients, int8 node": ("frontier", INT8_GCD_NODE8),
     "frontier, exact gradients": ("frontier", {"gradients": "none"}),
     "frontier, int8 gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int8"}}),
 }

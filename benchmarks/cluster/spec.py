@@ -368,10 +368,10 @@ QUEUE_FLOOR_BYTES = 1 << 20
 # again after every pause for compute. The probe's all-gathers at link share 0.15 (0.12 Mbit/s
 # per GCD on the uplink, 0.48 on a package link, 1.92 in-package) read the package links at 76%
 # of their tbf rate under BBR, 79% under BBR without the restart, 87% under Reno and 88% under
-# Reno without it; the uplink at 75%, 89%, 83% and 85%. Frontier's fabrics keep a bulk transfer at line
-# rate, so every namespace gets Reno (loss-based, built into every kernel, and the one a
-# namespace may always choose) and keeps its window across idle time. Every configuration runs on
-# the same links, so this is the same for the baselines.
+# Reno without it; the uplink at 75%, 89%, 83% and 85%. Frontier's fabrics keep a bulk
+# transfer at line rate, so every namespace gets Reno (loss-based, built into every kernel, and
+# the one a namespace may always choose) and keeps its window across idle time. Every
+# configuration runs on the same links, so this is the same for the baselines.
 TCP_SYSCTLS = ("net.ipv4.tcp_congestion_control=reno", "net.ipv4.tcp_slow_start_after_idle=0")
 
 

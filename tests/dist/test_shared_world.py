@@ -1,5 +1,6 @@
 """One failing test must not take the others down: the session's shared 8-rank world is rebuilt
 before the next task when an earlier one left it dead (here: a rank killed in a collective)."""
+
 import os
 import signal
 
@@ -14,6 +15,7 @@ _seen: dict = {}
 def _die_in_a_collective(victim: int) -> float:
     import torch
     import torch.distributed as dist
+
     if dist.get_rank() == victim:
         os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would: no report, no cleanup
     t = torch.ones(1)
@@ -24,6 +26,7 @@ def _die_in_a_collective(victim: int) -> float:
 def _world_sum() -> float:
     import torch
     import torch.distributed as dist
+
     t = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(t)
     return float(t)
@@ -48,8 +51,6 @@ def test_the_next_test_gets_a_working_world(world8):
 
 def _gc_state() -> dict:
     import gc
-
-    import torch
 
     before = gc.get_freeze_count()
     gc.disable()  # no automatic collection between making the cycles and counting them

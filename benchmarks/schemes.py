@@ -1,0 +1,9 @@
+"""Compression settings (the ``compression`` value of a config's ``zeropp_hier`` section) that
+both the link-bound benchmark and the convergence benchmark run, named once so that the speed
+and the accuracy of a variant are measured on the same scheme."""
+
+# int8 gradients on the in-package hop, int4 on the two hops that leave the package: the
+# link-bound variant frontier/pipe-int8-gcd
+INT8_GCD_GRADIENTS = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}
+# the same beside frontier's default int8 node hop: the variant frontier/pipe-int8-gcd-node8
+INT8_GCD_NODE8 = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}}
