@@ -25,12 +25,8 @@ def _reset_peak_rss() -> None:
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
-_BUILT: dict = {}  # this rank's model between build_peak and train_built (two tasks, two time budgets)
-
-
 def build_peak(spec: models.ModelSpec, config: dict) -> dict:
-    """Peak resident memory while this rank builds ``spec`` sharded, against the model's size.
-    The model stays on the rank for ``train_built``."""
+    """Peak resident memory while this rank builds ``spec`` sharded, against the model's size."""
     import ctypes
 
     import torch.distributed as dist
@@ -61,24 +57,12 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
     libc.mallopt(M_MMAP_THRESHOLD, 128 << 10)  # glibc's initial value (kept fixed from now on)
     dist.barrier()
     params = list(model.parameters())
-    _BUILT.update(model=model, config=config)
     return {
         "peak_delta_bytes": (peak_kib - base_kib) * 1024,
         "full_fp32_bytes": 4 * sum(p.ds_numel for p in params),
         "shard_bytes": sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params),
         "local_numel": sum(p.numel() for p in params),  # 0: nothing but shards is held
     }
-
-
-def train_built(steps: int) -> list[float]:
-    """Train the model ``build_peak`` left on this rank."""
-    import zeropp_hier
-
-    model, config = _BUILT.pop("model"), _BUILT.pop("config")
-    engine, *_ = zeropp_hier.initialize(model=model, model_parameters=model.parameters(), config=config)
-    losses = training.train_steps(engine, steps)
-    training.release(engine)
-    return losses
 
 
 def checkpointed_runs(configs: dict, spec: models.ModelSpec, api: str, steps: int) -> dict:

@@ -14,10 +14,10 @@ SPEC = ModelSpec(vocab_size=2048, seq_len=16, hidden=384, heads=6, layers=56, in
 
 
 def test_no_rank_holds_the_whole_model_while_building_it(world8):
+    # Building is what this measures. Models built this way train, as stock DeepSpeed's do, in
+    # tests/dist/test_bench_ranks.py and test_activation_checkpointing.py (the same builder,
+    # small models): a step of this one would add two minutes of gathers here and no code path.
     cfg = ds_config("frontier", micro_batch=1)
-    # DeepSpeed's gradient bucket defaults to 5e8 elements, filled up to the model's size on every
-    # rank: 8 x 385 MiB that this shared test machine need not spend to train two steps
-    cfg["zero_optimization"].update(reduce_bucket_size=2_000_000, sub_group_size=10_000_000)
     results = world8.run(ranks_models.build_peak, SPEC, cfg)
     full = results[0]["full_fp32_bytes"]
     print(
@@ -25,7 +25,6 @@ def test_no_rank_holds_the_whole_model_while_building_it(world8):
         [round(r["peak_delta_bytes"] / 2**20) for r in results],
         f"model {full / 2**20:.0f} MiB fp32",
     )
-    losses = world8.run(ranks_models.train_built, 1)  # the same models, trained: one step shows it
     assert full >= 4 * 100e6  # the ratio is about a model of some size: > 100M parameters
     for rank, r in enumerate(results):
         assert r["full_fp32_bytes"] == full
@@ -36,5 +35,3 @@ def test_no_rank_holds_the_whole_model_while_building_it(world8):
             f"rank {rank}: peak resident growth while building {r['peak_delta_bytes'] / 2**20:.0f} MiB, "
             f"model {full / 2**20:.0f} MiB fp32 (ratio {ratio:.2f} < 4)"
         )
-    for rank_losses in losses:
-        assert len(rank_losses) == 1 and all(x == x for x in rank_losses)  # trained, finite

@@ -57,10 +57,14 @@ def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot mo
     return "\n".join(ln for ln in text.splitlines() if not ln.startswith("qemu-x86_64: warning"))
 
 
+# Every test of the kernels' arithmetic, on the emulated CPU. Left to the native unit lane: the
+# two that check the ops' registration with torch (fake tensors, opcheck's schema and autograd
+# checks), which no instruction set changes; under emulation they were a fifth of the time.
 _KERNEL_TESTS = (
     "import sys, torch, pytest, zeropp_hier.quant as q; "
     "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
-    "flush=True); sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py']))"
+    "flush=True); sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py', "
+    "'-k', 'not test_opcheck and not test_fake_impls']))"
 )
 
 
@@ -109,11 +113,14 @@ def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(qemu, tmp_pa
 
 
 def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
-    """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-5 native, rank 6
-    on an emulated AVX2-only CPU, rank 7 on an emulated CPU without AVX. Gathers and reductions
-    pass through the compiled kernels on every rank, so each variant meets the others' bytes."""
+    """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-6 native, rank 7
+    on an emulated CPU without AVX. Gathers and reductions pass through the compiled kernels on
+    every rank, so the narrowest variant meets the native one's bytes (AVX-512 or AVX2, the
+    build machine's). Each variant's bytes equal the reference quantizer's on every CPU (the
+    kernel tests above), which is what lets any two meet; a second emulated rank (AVX2-only)
+    cost this test 30 s on 2 cores and checked nothing more."""
     port = free_port()
-    cpus = {6: NO_AVX512, 7: NO_AVX2}
+    cpus = {7: NO_AVX2}
     procs = []
     for rank in range(8):
         args = [
@@ -146,8 +153,8 @@ def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
         assert p.returncode == 0, f"rank {rank} exit {p.returncode}\n{outs[rank][-3000:]}"
     summary = json.loads((tmp_path / "summary.json").read_text())
     native = summary["kernels"][0]
-    assert native.startswith("cpu-ext/") and summary["kernels"][:6] == [native] * 6
-    assert summary["kernels"][6:] == ["cpu-ext/avx2", "cpu-ext/default"], outs[0][-3000:]
+    assert native.startswith("cpu-ext/"), native
+    assert summary["kernels"] == [native] * 7 + ["cpu-ext/default"], outs[0][-3000:]
     assert "quantization kernels: " in outs[0] and "cpu-ext/default on ranks 7" in outs[0]
     # it trained: finite, falling loss, compressed node traffic went through the kernels
     assert summary["final_loss"] < summary["first_loss"] < 10
