@@ -64,8 +64,9 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   hop ended 1.1-1.6% above stock's loss at two seeds, with or without error feedback, at
 #   block 64, with int8 or int4 on the gpu hop; int8 there with int4 on the gpu hop ended
 #   +0.13% on average at the same two seeds, and +1.79% at a third, where int4 on the node hop
-#   ended +0.59% (means over three seeds: int8 +0.68%, held-out +0.45%; int4 +1.06%, +1.02%):
-#   the smaller gap on average, not yet within the 0.5% the project aims at. The node hop's bytes
+#   ended +0.59% (means over those three: int8 +0.68%, int4 +1.06%). Over five seeds int8 ends
+#   +0.18% on average (held-out +0.07%), within the 0.5% the project aims at on the mean, with
+#   one seed's gap spread over -0.90..+1.79%. The node hop's bytes
 #   are a small part of what the binding package links carry (8.5 of 46.3 MB per step in the
 #   link-bound benchmark), so int8 costs little of the step.
 # - Error feedback ([Note: error feedback] in comm/error_feedback.py: the part int4 drops is
