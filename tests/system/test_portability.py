@@ -13,6 +13,7 @@ built for this checkout, the emulated CPU is chosen by name.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,22 +58,28 @@ def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot mo
     return "\n".join(ln for ln in text.splitlines() if not ln.startswith("qemu-x86_64: warning"))
 
 
-# Every test of the kernels' arithmetic, on the emulated CPU. Left to the native unit lane: the
+# The tests of the kernels' arithmetic, on the emulated CPU. Left to the native unit lane: the
 # two that check the ops' registration with torch (fake tensors, opcheck's schema and autograd
-# checks), which no instruction set changes; under emulation they were a fifth of the time.
-_KERNEL_TESTS = (
-    "import sys, torch, pytest, zeropp_hier.quant as q; "
-    "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
-    "flush=True); sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py', "
-    "'-k', 'not test_opcheck and not test_fake_impls']))"
-)
+# checks), which no instruction set changes. The baseline variant's parametrised tests run on
+# the CPU without AVX only: the AVX2-only CPU runs the AVX2 variant's and the dispatched tests.
+_NOT_ON_ANY = "not test_opcheck and not test_fake_impls"
+_SELECT = {"Haswell-v4": f"{_NOT_ON_ANY} and not default", "Nehalem": _NOT_ON_ANY}
+
+
+def _kernel_tests(select: str) -> str:
+    return (
+        "import sys, torch, pytest, zeropp_hier.quant as q; "
+        "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
+        "flush=True); sys.exit(pytest.main(['-v', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py', "
+        f"'-k', {select!r}]))"
+    )
 
 
 def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
     # both CPUs at once: one emulated process per core
     procs = {
         cpu: subprocess.Popen(
-            _emulated(qemu, cpu, "-c", _KERNEL_TESTS),
+            _emulated(qemu, cpu, "-c", _kernel_tests(_SELECT[cpu])),
             cwd=ROOT,
             env=_env(),
             stdout=subprocess.PIPE,
@@ -90,7 +97,12 @@ def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
         assert procs[cpu].returncode == 0, f"{cpu}: exit {procs[cpu].returncode}\n{out[-3000:]}"
         # the emulation took: torch sees the narrower CPU and so does the kernels' dispatch
         assert f"CPU capability: {want_capability} | kernels: {want_kernels}" in out, out[:2000]
-        assert " passed" in out and "failed" not in out and "error" not in out.lower(), out[-2000:]
+        # pytest's closing line: "N passed, M deselected in T s" and nothing failed or errored
+        summary = [ln for ln in out.splitlines() if " passed" in ln and " in " in ln][-1:]
+        assert summary and not re.search(r"failed|error", summary[0]), out[-2000:]
+    # each variant's own parametrised tests ran where it is the widest (-v names every test)
+    assert re.search(r"\[avx2-[^]]*\] PASSED", outs[NO_AVX512]), _clean(outs[NO_AVX512])[-2000:]
+    assert re.search(r"\[default-[^]]*\] PASSED", outs[NO_AVX2]), _clean(outs[NO_AVX2])[-2000:]
 
 
 def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(qemu, tmp_path):
