@@ -128,9 +128,10 @@ def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
     """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-6 native, rank 7
     on an emulated CPU without AVX. Gathers and reductions pass through the compiled kernels on
     every rank, so the narrowest variant meets the native one's bytes (AVX-512 or AVX2, the
-    build machine's). Each variant's bytes equal the reference quantizer's on every CPU (the
+    build machine's). Each variant's bytes equal the reference quantizer's on its CPU (the
     kernel tests above), which is what lets any two meet; a second emulated rank (AVX2-only)
-    cost this test 30 s on 2 cores and checked nothing more."""
+    would add the AVX2 variant's bytes in a job on an AVX-512 machine, which that already
+    implies, for 30 s of this test on 2 cores."""
     port = free_port()
     cpus = {7: NO_AVX2}
     procs = []
