@@ -30,7 +30,7 @@ from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
-from benchmarks.schemes import INT8_GCD_GRADIENTS, INT8_GCD_NODE8
+from benchmarks.schemes import INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.files import write_json_atomic
 
@@ -40,10 +40,8 @@ ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
 DEFAULT = ORDER[:5]
 # variants for the overlap question (name them with --configs): prefetch off, and every
 # collective inline (overlap off) with prefetch on
-# frontier's gradient schemes with int8 on the in-package hop as well (its default sends none there)
-# frontier's compression until its node stage became int8 (CHANGELOG): int4 gradients on both hops
-# that leave the package
-FRONTIER_INT4_NODE = {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}}
+# frontier's whole compression until its node stage became int8 (CHANGELOG)
+FRONTIER_INT4_NODE = {"weights": {"node": "int8"}, **INT4_NODE_GRADIENTS}
 VARIANTS = {
     "zeropp/no-prefetch": {"kind": "ours", "preset": "zeropp", "prefetch": False},
     "frontier/no-prefetch": {"kind": "ours", "preset": "frontier", "prefetch": False},

@@ -32,30 +32,27 @@ import os
 import sys
 import time
 
-from benchmarks.schemes import INT8_GCD_GRADIENTS, INT8_GCD_NODE8
+from benchmarks.schemes import INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
 from zeropp_hier.app.models import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
 INT4_EVERYWHERE = {"weights": "int4", "gradients": "int4", "error_feedback": False}
-# int4 gradients on both hops that leave the package: frontier's default until its node stage
-# became int8 (error feedback "auto", so on the node stage)
-INT4_NODE = {"gradients": {"gpu": "int4", "node": "int4"}}
 # name -> (preset or None for stock DeepSpeed, compression override or None for the preset's)
 CONFIGS = {
     "stock ZeRO-3": (None, None),
     "zero3": ("zero3", None),
     "zeropp": ("zeropp", None),
     "frontier": ("frontier", None),
-    "frontier, int4 node gradients": ("frontier", INT4_NODE),
+    "frontier, int4 node gradients": ("frontier", INT4_NODE_GRADIENTS),
     "int4 everywhere": ("frontier", INT4_EVERYWHERE),
 }
 OPTIONAL = {  # not run by default; name them with --configs
     "int4 everywhere + error feedback": ("frontier", {**INT4_EVERYWHERE, "error_feedback": True}),
     # ablations of the int4 node stage: which part of it costs the loss
-    "frontier, int4 node gradients, no error feedback": ("frontier", {**INT4_NODE, "error_feedback": False}),
-    "frontier, int4 node block 64": ("frontier", {**INT4_NODE, "block_size": {"node": 64}}),
-    "frontier, int4 node gradients, exact weights": ("frontier", {**INT4_NODE, "weights": "none"}),
+    "frontier, int4 node gradients, no error feedback": ("frontier", {**INT4_NODE_GRADIENTS, "error_feedback": False}),
+    "frontier, int4 node block 64": ("frontier", {**INT4_NODE_GRADIENTS, "block_size": {"node": 64}}),
+    "frontier, int4 node gradients, exact weights": ("frontier", {**INT4_NODE_GRADIENTS, "weights": "none"}),
     "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int4"}}),
     # the link-bound benchmark's frontier/pipe-int8-gcd, as it ran: int8 on the in-package hop too
     "frontier, int8 gcd gradients": ("frontier", INT8_GCD_GRADIENTS),

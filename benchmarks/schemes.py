@@ -7,3 +7,6 @@ and the accuracy of a variant are measured on the same scheme."""
 INT8_GCD_GRADIENTS = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int4"}}
 # the same beside frontier's default int8 node hop: the variant frontier/pipe-int8-gcd-node8
 INT8_GCD_NODE8 = {"gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}}
+# int4 gradients on both hops that leave the package: frontier's default until its node stage
+# became int8 (CHANGELOG); error feedback "auto", so on the node stage
+INT4_NODE_GRADIENTS = {"gradients": {"gpu": "int4", "node": "int4"}}

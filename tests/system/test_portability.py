@@ -63,7 +63,7 @@ def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot mo
 # checks), which no instruction set changes. The baseline variant's parametrised tests run on
 # the CPU without AVX only: the AVX2-only CPU runs the AVX2 variant's and the dispatched tests.
 _NOT_ON_ANY = "not test_opcheck and not test_fake_impls"
-_SELECT = {"Haswell-v4": f"{_NOT_ON_ANY} and not default", "Nehalem": _NOT_ON_ANY}
+_SELECT = {NO_AVX512: f"{_NOT_ON_ANY} and not default", NO_AVX2: _NOT_ON_ANY}
 
 
 def _kernel_tests(select: str) -> str:
