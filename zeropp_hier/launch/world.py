@@ -31,9 +31,18 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable, cast
 
-# What a preloading world's fork server imports once ([Note: preloaded ranks]); the last is the
-# main job's model class (transformers' GPT-NeoX)
-_PRELOAD = ("torch", "torch.distributed", "deepspeed", "transformers.models.gpt_neox.modeling_gpt_neox")
+# What a preloading world's fork server imports once ([Note: preloaded ranks]): torch, DeepSpeed,
+# the Muon optimizer that DeepSpeed's ZeRO-3 optimizer imports when each rank builds its first
+# engine (the import compiles Muon's kernels, which pulls in torch's inductor: about 4 s of CPU
+# and 115 MB per rank, 46 s under an emulated CPU), and the main job's model class
+# (transformers' GPT-NeoX). The fork server skips a module that this DeepSpeed lacks.
+_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "deepspeed",
+    "deepspeed.runtime.zero.muon.muon_optimizer",
+    "transformers.models.gpt_neox.modeling_gpt_neox",
+)
 
 
 def free_port() -> int:
