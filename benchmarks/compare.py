@@ -308,6 +308,7 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
         plan["micro_batch"],
         weight_bytes=2 if plan.get("dtype") == "bf16" else 4,
         vocab=m["vocab_size"],
+        prefetch_bucket=plan.get("prefetch_bucket") or 0,  # [Note: the turn] in planner/model.py
     )
     return cl, wl
 
@@ -376,7 +377,9 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         cand = _candidate(plan, n, cands)
         if cand is None:
             continue
-        p = by[n] if n in by and cand == by[n].candidate else P.predict(cand, cl, wl)
+        prefetch = plan["configs"].get(n, {}).get("prefetch", True)  # compare_rank.ds_overrides
+        wl_n = wl if prefetch else dataclasses.replace(wl, kept_at_turn=0.0)
+        p = by[n] if n in by and cand == by[n].candidate and prefetch else P.predict(cand, cl, wl_n)
         row = {
             "step_s": p.step_s,
             "node_bytes": p.tier_bytes["node"],
@@ -384,12 +387,13 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
             "gcd_bytes": p.tier_bytes["gcd"],
             "phase_s": p.phase_s,
         }
-        bound = P.predict(cand, tbf, wl).link_bound_s
+        bound = P.predict(cand, tbf, wl_n).link_bound_s
         ahead = plan["configs"].get(n, {}).get("pipeline", {}).get("backward_layers_ahead")
+        win = window if prefetch else 0
         sched = S.for_prediction(
-            P.predict(cand, lanes, wl), wl, window, compute_s, link_bound_s=bound, backward_window=ahead
+            P.predict(cand, lanes, wl_n), wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead
         )
-        row.update(scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=window)
+        row.update(scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=win)
         out[n] = row
     return out
 

@@ -131,6 +131,24 @@ def test_collectives_come_from_the_runtime_plan():
     assert all(c.tier_bytes["node"] == 0 and c.tier_bytes["gpu"] == 0 for c in bwd)
 
 
+def test_backward_gathers_what_the_prefetch_did_not_hold_at_the_turn():
+    """[Note: the turn]: with a prefetch bucket, backward gathers only the rest of the model;
+    forward and the gradients are unchanged; without one (or one larger than the model) it
+    gathers all of it, or nothing."""
+    cl = P.emulated(gpus_per_node=4)
+    zeropp = next(c for c in P.default_candidates(cl) if c.name == "zeropp")
+    wl = lambda bucket: P.gpt_workload(3.68e6, 4, 256, 64, 1, vocab=1024, prefetch_bucket=bucket)  # noqa: E731
+    whole, part, none = (P.predict(zeropp, cl, wl(b)) for b in (0, 2.36e6, 1e9))
+
+    def sent(p, phase):  # bytes on every tier
+        return sum(sum(c.tier_bytes.values()) for c in p.costs if c.coll.phase == phase)
+
+    assert sent(whole, "backward_gather") > 0 and sent(none, "backward_gather") == 0
+    assert sent(part, "backward_gather") == pytest.approx(sent(whole, "backward_gather") * (1 - 2.36 / 3.68))
+    for ph in ("forward_gather", "grad_reduce"):
+        assert sent(part, ph) == sent(whole, ph) == sent(none, ph) > 0
+
+
 def test_memory_refuses_what_does_not_fit_and_says_what_to_relax():
     cl = P.frontier(48)
     wl = P.gpt_workload(100e9, 80, 10240, 2048, 1)

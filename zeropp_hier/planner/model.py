@@ -126,6 +126,13 @@ class Workload:
     reduce_bucket: float = 5e8  # DeepSpeed's reduce_bucket_size (elements)
     residual_bytes: int = 4  # error-feedback residual storage: 4 (fp32) or 2 (numerics.residual_dtype bf16)
     layers: int = 1  # equal layers the kept levels are chosen over ([Note: kept levels])
+    # elements the backward's first layers still hold gathered from forward ([Note: the turn])
+    kept_at_turn: float = 0.0
+
+    @property
+    def backward_share(self) -> float:
+        """The part of the model the backward gathers again ([Note: the turn])."""
+        return 1.0 - min(self.kept_at_turn, self.params) / self.params if self.params > 0 else 1.0
 
     @property
     def flops_per_step(self) -> float:
@@ -146,9 +153,12 @@ def gpt_workload(
     weight_bytes: int = 2,
     activation_checkpointing: bool = True,
     vocab: int = 50257,
+    prefetch_bucket: float = 0.0,
 ) -> Workload:
     """A GPT as the planner sees it: 6 parameter groups per layer (ln1, qkv, proj, ln2, fc, out)
-    plus embeddings and final norm; activations ~ 34*s*b*d*L bytes (2*s*b*d*L with checkpointing)."""
+    plus embeddings and final norm; activations ~ 34*s*b*d*L bytes (2*s*b*d*L with checkpointing).
+    ``prefetch_bucket``: DeepSpeed's ``stage3_prefetch_bucket_size`` (0: no prefetch), which
+    decides what backward need not gather again ([Note: the turn])."""
     per_layer_act = (2 if activation_checkpointing else 34) * seq_len * micro_batch * d_model
     return Workload(
         params=params,
@@ -158,7 +168,23 @@ def gpt_workload(
         largest_layer_params=max(4 * d_model * d_model, vocab * d_model),
         activation_bytes=per_layer_act * layers * weight_bytes / 2,
         layers=layers,
+        kept_at_turn=min(float(prefetch_bucket), float(params)),
     )
+
+
+# [Note: the turn]
+# Where forward ends and backward begins, DeepSpeed (0.19's PartitionedParameterCoordinator)
+# does not release everything forward gathered. Its prefetch walks the recorded trace, which runs
+# on into backward; a parameter of backward's first modules that is still gathered is skipped by
+# the walk and marked, and a marked parameter is not released after its forward use. So about
+# one prefetch bucket (``stage3_prefetch_bucket_size`` elements, when prefetching) of backward's
+# first layers is still gathered when backward starts, and backward gathers only the rest.
+# Measured on the link-bound benchmark's model (3.68M parameters, 4 layers, bucket 2.36M
+# elements): in the steady step, backward gathered the first layer's attention, layer 0 and the
+# embedding (1.31M elements) and held the head, layers 3 and 2 and layer 1's MLP (2.36M, the
+# bucket). With prefetch off (the job's ``regather``) nothing is held and backward gathers all.
+# The planner charges backward ``Workload.backward_share`` of the model; the schedule
+# ([Note: step schedule] in planner/schedule.py) runs backward's first layers without a gather.
 
 
 class Candidate(NamedTuple):
@@ -239,13 +265,18 @@ class Collective(NamedTuple):
 
 
 def collectives(
-    cand: Candidate, topo: Topology, params: float, lp: levels.LevelPlan | None = None
+    cand: Candidate,
+    topo: Topology,
+    params: float,
+    lp: levels.LevelPlan | None = None,
+    backward_share: float = 1.0,
 ) -> tuple[CommPlan, list[Collective]]:
     """The collectives one step issues, whole model at once (per-layer calls add only latency).
 
     Stock DeepSpeed runs the same plan shapes (zero3: flat; ZeRO++: flat forward, hpZ backward
     inside the node) but reduces gradients with one flat reduce-scatter unless qgZ is on. With a
-    level plan ``lp`` (equal layers), each level's share of the layers takes its own backward."""
+    level plan ``lp`` (equal layers), each level's share of the layers takes its own backward.
+    Backward gathers ``backward_share`` of the model ([Note: the turn])."""
     plan = make_plan(cand.preset, cand.compression, topo)
     w = topo.world_size
     out: list[Collective] = []
@@ -263,6 +294,7 @@ def collectives(
             if count:
                 shares[levels.LEVEL_AXES[lvl]] = count / n
     for axes, share in shares.items():
+        share *= backward_share
         if axes is None:  # no kept copy: the forward's gather again
             out += [
                 c._replace(phase="backward_gather", send_elems=c.send_elems * share, quant_elems=c.quant_elems * share)
@@ -414,6 +446,7 @@ class CollectiveCost(NamedTuple):
     quant_seconds: float
     latency_seconds: float
     link_seconds: dict = {}  # bytes on each link kind / its capacity ([Note: busiest-link bound])
+    flow_rate: float = 0.0  # one rank's throughput alone on its busiest link ([Note: shared links])
 
 
 def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int) -> CollectiveCost:
@@ -434,7 +467,9 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     # one collective per hop, payload and scales together ([Note: one collective per hop])
     alpha = cluster.tiers[coll.axes[0]].latency * steps * calls
     quant = coll.quant_elems / (2 * cluster.quant_rate)
-    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds)
+    # a hop's flows (one per rank) run at its busiest tier's per-GCD rate when alone
+    flow = cluster.tiers[bottleneck].bandwidth * cluster.efficiency
+    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds, flow)
 
 
 # [Note: pipelined hops]
@@ -600,7 +635,7 @@ class Prediction:
 def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     topo = cluster.topology
     lp = level_plan(cand, cluster, wl)
-    _, colls = collectives(cand, topo, wl.params, lp)
+    _, colls = collectives(cand, topo, wl.params, lp, wl.backward_share)
     phase_s = dict.fromkeys(PHASES, 0.0)
     tier_s = {t: 0.0 for t in TIERS}
     tier_bytes = {t: 0.0 for t in TIERS}
@@ -663,6 +698,9 @@ class PhaseJob(NamedTuple):
     latency_s: tuple[float, ...]  # each hop's fixed cost per collective
     calls: int  # jobs of this phase per step
     lanes: tuple[tuple[str, ...], ...] = ()  # each hop's group (its axes): the executor's lane
+    # each hop's (link kind, seconds busy) for one job, and its flows' rate ([Note: shared links])
+    links: tuple[tuple[tuple[str, float], ...], ...] = ()
+    rates: tuple[float, ...] = ()
 
 
 def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
@@ -681,6 +719,8 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
                 tuple(c.latency_seconds / calls for c in cs),
                 calls,
                 tuple(c.coll.axes for c in cs),
+                tuple(tuple((k, sec / calls) for k, sec in c.link_seconds.items()) for c in cs),
+                tuple(c.flow_rate for c in cs),
             )
         )
     return out

@@ -13,32 +13,53 @@ keep the links from that bound. This follows the step as the runtime runs it on 
   (0: each gather when its layer needs it), and layer k computes. Backward is the same, last
   layer first, from the backward hops, at most ``backward_window`` layers ahead where
   ``pipeline.backward_layers_ahead`` holds the rest back ([Note: backward window] in
-  deepspeed/inflight.py); after a layer's backward its gradients join the bucket
-  and a full bucket is submitted (the rest at the end);
+  deepspeed/inflight.py), and its first ``held_at_turn`` layers need no gather ([Note: the
+  turn] in planner/model.py); after a layer's backward its gradients join the bucket and a full
+  bucket is submitted (the rest at the end);
 * each lane takes its collectives strictly in submission order, and a job's hop starts once its
-  previous hop has ended ([Note: one order of hop collectives] rule 1). So the start of every
-  collective follows from the collectives submitted before it, in one pass in submission order;
+  previous hop has ended ([Note: one order of hop collectives] rule 1);
+* a hop first pays its fixed costs (latency, quantization), then moves its bytes over the
+  physical links it crosses, sharing them with every other hop on them at that moment
+  ([Note: shared links]);
 * the step ends when the last job has ended and the thread has finished, plus ``tail_s``
   (the optimizer step, outside every collective).
 
-Each hop takes its tier's time from the cost model (its bytes over its own link, quantization,
-latency). Two tiers' hops that cross one physical link at once (a package's link carries the
-gpu tier and the node tier) are not slowed by each other here, so the schedule can undercut the
-busiest link: the step is the larger of the two (``StepSchedule.step_s``).
+The simulation is event by event: the training thread runs until it waits (for a job, or while
+a layer computes), lanes start what they can, and time moves to the next hop or compute end,
+the hops on links progressing at their shares meanwhile.
+
+[Note: shared links]
+Two tiers' hops cross one physical link: a package's link out carries the gpu tier's ring and
+the node tier's traffic on its way to the uplink. A hop that crosses links ``k`` keeps each
+busy ``W_k`` seconds when alone (its bytes on that link over the link's capacity); its slowest
+link sets its time alone, ``max_k W_k``. Hops on the links at once share them as TCP flows do:
+max-min fair in the throughput of each flow (one flow per rank, ``Hop.rate`` when alone: its
+tier's per-GCD rate), found by progressive filling: every unsettled hop's flows speed up
+together until a link they cross is full or the hop runs as fast as alone; those hops are
+settled, the rest go on. So a node hop, held to a quarter of the package link by its uplink,
+leaves the other three quarters to a gpu hop beside it, where an equal split would take half.
+No link then carries more than its capacity, so the schedule cannot undercut the busiest link;
+``StepSchedule.step_s`` still takes the larger of the two, for hops given without links (each
+then has a link of its own, and the schedule is a list schedule of the lanes).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Hashable, NamedTuple, Sequence
+from collections import deque
+from typing import Generator, Hashable, NamedTuple, Sequence
 
 from . import model
 
 
 class Hop(NamedTuple):
     lane: Hashable  # the hop group (its axes): one lane each
-    seconds: float  # the hop's time for the whole pass (all layers), latency excluded
+    seconds: float  # the hop's time alone for the whole pass (all layers), latency excluded
     latency: float  # fixed cost of one collective of this hop
+    # (link kind, seconds the whole pass keeps one such link busy when alone) for every physical
+    # link the hop crosses ([Note: shared links]); () : a link of its own, busy ``seconds``
+    links: tuple[tuple[str, float], ...] = ()
+    rate: float = 1.0  # one flow's throughput alone (any unit the step's hops share)
 
 
 class StepSchedule(NamedTuple):
@@ -52,48 +73,192 @@ class StepSchedule(NamedTuple):
         return max(self.schedule_s, self.link_bound_s)
 
 
-class _Lanes:
-    def __init__(self, chunks: int):
-        self.free: dict[Hashable, float] = {}
-        self.busy: dict[Hashable, float] = {}
-        self.chunks = chunks
+_EPS = 1e-12
 
-    def submit(self, hops: Sequence[Hop], share: float, at: float) -> float:
-        """A job of ``share`` of each hop's pass, submitted at ``at``; returns when it ends."""
-        end = at
+
+class _Task:
+    """One hop of one chunk of a job: ``fixed`` seconds, then ``work`` on its links."""
+
+    __slots__ = ("lane", "fixed", "demand", "span", "rate", "after", "job", "start", "left", "done", "share")
+
+    def __init__(self, hop: Hop, share: float, after: _Task | None, job: _Job):
+        self.lane = hop.lane
+        links = dict(hop.links) if hop.links else {("own", hop.lane): hop.seconds}
+        self.span = max(links.values(), default=0.0) * share  # seconds on its links alone
+        self.demand = {k: (w * share) / self.span for k, w in links.items() if w > 0} if self.span > 0 else {}
+        # what is not link time (quantization) and the collective's latency come first
+        self.fixed = hop.latency + max(0.0, hop.seconds * share - self.span)
+        self.rate = hop.rate
+        self.after, self.job = after, job
+        self.start = 0.0  # set when its lane starts it
+        self.left = 1.0  # part of its link work still to move
+        self.share = 0.0  # its speed now, as a part of its speed alone
+        self.done = False
+
+
+class _Job:
+    __slots__ = ("tasks", "end")
+
+    def __init__(self):
+        self.tasks: list[_Task] = []
+        self.end: float | None = None
+
+
+def _fair_shares(moving: Sequence[_Task]) -> None:
+    """[Note: shared links]: each moving task's ``share`` by progressive filling."""
+    room: dict = {}
+    for t in moving:
+        t.share = 0.0
+        for k in t.demand:
+            room[k] = 1.0
+    open_ = list(moving)
+    level = 0.0  # every open task's flows run at this throughput
+    while open_:
+        slope: dict = {}  # link use per unit of throughput, over the open tasks
+        for t in open_:
+            for k, d in t.demand.items():
+                slope[k] = slope.get(k, 0.0) + d / t.rate
+        step = min(t.rate for t in open_) - level
+        for k, s in slope.items():
+            if s > 0:
+                step = min(step, room[k] / s)
+        level += max(0.0, step)
+        for k, s in slope.items():
+            room[k] -= step * s
+        full = {k for k, r in room.items() if r <= 1e-9}
+        still = []
+        for t in open_:
+            t.share = min(1.0, level / t.rate)
+            if t.share < 1.0 - 1e-9 and not full.intersection(t.demand):
+                still.append(t)
+        open_ = still
+
+
+class _Lanes:
+    """The lanes and the links under them, moved on event by event."""
+
+    def __init__(self, chunks: int):
+        self.chunks = chunks
+        self.now = 0.0
+        self.queues: dict[Hashable, deque[_Task]] = {}
+        self.running: dict[Hashable, _Task] = {}
+        self.busy: dict[Hashable, float] = {}
+
+    def submit(self, hops: Sequence[Hop], share: float) -> _Job:
+        """A job of ``share`` of each hop's pass, cut into the chunks, queued on its lanes."""
+        job = _Job()
         for _ in range(self.chunks):
-            prev = at
+            prev = None
             for h in hops:
-                start = max(self.free.get(h.lane, 0.0), prev)
-                took = h.seconds * share / self.chunks + h.latency
-                prev = self.free[h.lane] = start + took
-                self.busy[h.lane] = self.busy.get(h.lane, 0.0) + took
-            end = prev  # chunks end in order on the last hop's lane
-        return end
+                prev = _Task(h, share / self.chunks, prev, job)
+                job.tasks.append(prev)
+                self.queues.setdefault(h.lane, deque()).append(prev)
+        if not job.tasks:
+            job.end = self.now
+        return job
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not any(self.queues.values())
+
+    def _start_ready(self) -> None:
+        for lane, q in self.queues.items():
+            if lane not in self.running and q and (q[0].after is None or q[0].after.done):
+                t = self.running[lane] = q.popleft()
+                t.start = self.now
+
+    def _finish(self, t: _Task) -> None:
+        t.done = True
+        del self.running[t.lane]
+        self.busy[t.lane] = self.busy.get(t.lane, 0.0) + self.now - t.start
+        if all(x.done for x in t.job.tasks):
+            t.job.end = self.now
+
+    def step(self, until: float) -> None:
+        """Move on to the next event: a task's fixed costs or link work ending, or ``until``."""
+        self._start_ready()
+        moving, nxt = [], until
+        for t in self.running.values():
+            if t.start + t.fixed > self.now + _EPS:
+                nxt = min(nxt, t.start + t.fixed)
+            elif t.span > 0:
+                moving.append(t)
+            else:
+                nxt = self.now
+        _fair_shares(moving)
+        for t in moving:
+            nxt = min(nxt, self.now + t.left * t.span / t.share)
+        if nxt == math.inf:
+            raise RuntimeError("planner.schedule: the training thread waits on a job that no lane can start")
+        for t in moving:
+            t.left -= (nxt - self.now) * t.share / t.span
+        self.now = max(self.now, nxt)
+        for t in list(self.running.values()):
+            if t.start + t.fixed <= self.now + _EPS and (t.span <= 0 or t.left <= 1e-9):
+                self._finish(t)
+
+
+_Op = tuple  # ("submit", hops, share) -> _Job; ("wait", job); ("compute", seconds); ("forward_end",)
+
+
+def _run(lanes: _Lanes, thread: Generator[_Op, _Job | None, None]) -> tuple[float, float]:
+    """Run the training thread against the lanes until both are done; returns when the thread
+    ended and when it marked the end of forward."""
+    reply: _Job | None = None
+    blocked: _Job | None = None
+    wake: float | None = None
+    ended: float | None = None
+    forward_end = 0.0
+    while True:
+        while ended is None and blocked is None and wake is None:
+            try:
+                op = thread.send(reply)
+            except StopIteration:
+                ended = lanes.now
+                break
+            reply = None
+            if op[0] == "submit":
+                reply = lanes.submit(op[1], op[2])
+            elif op[0] == "wait":
+                blocked = op[1] if op[1].end is None else None
+            elif op[0] == "compute":
+                wake = lanes.now + op[1]
+            else:
+                forward_end = lanes.now
+        if ended is not None and lanes.idle:
+            return ended, forward_end
+        lanes.step(wake if wake is not None else math.inf)
+        if wake is not None and lanes.now >= wake - _EPS:
+            wake = None
+        if blocked is not None and blocked.end is not None:
+            blocked = None
 
 
 def _pass(
-    lanes: _Lanes,
-    hops: Sequence[Hop],
-    layers: int,
-    window: int,
-    compute_s: float,
-    t: float,
-    after: Callable[[int, float], None] | None = None,
-) -> float:
-    """One pass over ``layers`` layers; ``after(k, t)`` runs once layer k has computed."""
-    ends: list[float] = []
-    per_layer = compute_s / layers
+    hops: Sequence[Hop], layers: int, window: int, compute_s: float, held: int = 0, after=None
+) -> Generator[_Op, _Job | None, None]:
+    """One pass over ``layers`` layers as the training thread runs it. The first ``held`` layers
+    are still gathered ([Note: the turn] in planner/model.py): no job; the others take equal
+    shares of ``hops``. ``after(k)``: the thread's ops once layer k has computed."""
+    jobs: list[_Job | None] = []
+    gathered = layers - held
+
+    def fetch(k: int) -> Generator[_Op, _Job | None, _Job | None]:
+        if not hops or k < held:
+            return None
+        return (yield ("submit", hops, 1.0 / gathered))
+
     for k in range(layers):
-        if len(ends) <= k:  # not prefetched: fetched now
-            ends.append(lanes.submit(hops, 1.0 / layers, t) if hops else t)
-        t = max(t, ends[k])
-        while hops and len(ends) <= min(layers - 1, k + window):  # DeepSpeed's prefetch
-            ends.append(lanes.submit(hops, 1.0 / layers, t))
-        t += per_layer
+        if len(jobs) <= k:  # not prefetched: fetched now
+            jobs.append((yield from fetch(k)))
+        job = jobs[k]
+        if job is not None:
+            yield ("wait", job)
+        while hops and len(jobs) <= min(layers - 1, k + window):  # DeepSpeed's prefetch
+            jobs.append((yield from fetch(len(jobs))))
+        yield ("compute", compute_s / layers)
         if after is not None:
-            after(k, t)
-    return t
+            yield from after(k)
 
 
 def simulate(
@@ -109,32 +274,41 @@ def simulate(
     chunks: int = 1,
     link_bound_s: float = 0.0,
     backward_window: int | None = None,
+    held_at_turn: int = 0,
 ) -> StepSchedule:
     """[Note: step schedule]. ``layers``: jobs per pass; ``window``: layers DeepSpeed's prefetch
     runs ahead; ``buckets``: gradient buckets per step (jobs of the ``reduce`` hops);
     ``backward_window``: at most this many layers ahead in backward ([Note: backward window] in
-    deepspeed/inflight.py; None: ``window``)."""
-    if layers < 1 or buckets < 1 or chunks < 1 or window < 0:
-        raise ValueError(f"layers={layers}, buckets={buckets}, chunks={chunks}, window={window}: out of range")
-    lanes = _Lanes(chunks)
-    t = _pass(lanes, forward, layers, window, forward_compute_s, 0.0)
-    forward_end = t
-    reduce_ends: list[float] = []
-    held = {"layers": 0.0}
+    deepspeed/inflight.py; None: ``window``); ``held_at_turn``: backward's first layers still
+    gathered from forward, which backward does not gather ([Note: the turn] in planner/model.py)."""
+    if layers < 1 or buckets < 1 or chunks < 1 or window < 0 or not 0 <= held_at_turn <= layers:
+        raise ValueError(
+            f"layers={layers}, buckets={buckets}, chunks={chunks}, window={window}, "
+            f"held_at_turn={held_at_turn}: out of range"
+        )
     per_bucket = layers / buckets
-
-    def gradients_ready(k: int, at: float) -> None:
-        held["layers"] += 1
-        while held["layers"] >= per_bucket - 1e-9 and len(reduce_ends) < buckets:
-            reduce_ends.append(lanes.submit(reduce, 1.0 / buckets, at))
-            held["layers"] -= per_bucket
-
     bwin = window if backward_window is None else min(window, backward_window)
-    t = _pass(lanes, backward, layers, bwin, backward_compute_s, t, gradients_ready)
-    while len(reduce_ends) < buckets:  # DeepSpeed reduces what is left at the end of backward
-        reduce_ends.append(lanes.submit(reduce, 1.0 / buckets, t))
-    end = max([t, *reduce_ends, *lanes.free.values()]) + tail_s
-    return StepSchedule(end, link_bound_s, forward_end, dict(lanes.busy))
+
+    def step() -> Generator[_Op, _Job | None, None]:
+        yield from _pass(forward, layers, window, forward_compute_s)
+        yield ("forward_end",)
+        submitted, held = 0, 0.0
+
+        def gradients_ready(k: int) -> Generator[_Op, _Job | None, None]:
+            nonlocal submitted, held
+            held += 1
+            while held >= per_bucket - 1e-9 and submitted < buckets:
+                yield ("submit", reduce, 1.0 / buckets)
+                submitted, held = submitted + 1, held - per_bucket
+
+        yield from _pass(backward, layers, bwin, backward_compute_s, held_at_turn, gradients_ready)
+        while submitted < buckets:  # DeepSpeed reduces what is left at the end of backward
+            yield ("submit", reduce, 1.0 / buckets)
+            submitted += 1
+
+    lanes = _Lanes(chunks)
+    thread_end, forward_end = _run(lanes, step())
+    return StepSchedule(max(thread_end, lanes.now) + tail_s, link_bound_s, forward_end, dict(lanes.busy))
 
 
 def for_prediction(
@@ -145,21 +319,36 @@ def for_prediction(
     link_bound_s: float | None = None,
     forward_share: float = 1 / 3,
     backward_window: int | None = None,
+    shared_links: bool = True,
 ) -> StepSchedule:
     """The schedule of a planner prediction's collectives ([Note: step schedule]): a job per
     layer (``wl.layers``), ``ceil(params / reduce_bucket)`` gradient buckets, the prediction's
     chunks; compute split ``forward_share`` : rest between the passes (a backward pass costs
-    about twice a forward). ``link_bound_s``: the busiest link at its physical capacity (default:
-    the prediction's own)."""
+    about twice a forward); backward's first layers held from forward as ``wl.kept_at_turn``
+    says. ``link_bound_s``: the busiest link at its physical capacity (default: the prediction's
+    own). ``shared_links``: hops share the physical links they cross ([Note: shared links]);
+    False gives each lane links of its own."""
     buckets = max(1, math.ceil(wl.params / wl.reduce_bucket))
+    layers = max(1, wl.layers)
+    # whole layers held at the turn; the bytes of the rest are in the backward hops already
+    held = min(layers, round(wl.kept_at_turn / (wl.params / layers))) if wl.params > 0 else 0
     hops: dict[str, list[Hop]] = {ph: [] for ph in model.PHASES}
     for job in model.phase_jobs(pred.costs, wl):  # per job; the schedule takes a pass's time per hop
-        hops[job.phase] = [Hop(lane, t * job.calls, a) for lane, t, a in zip(job.lanes, job.hop_s, job.latency_s)]
+        hops[job.phase] = [
+            Hop(
+                lane,
+                t * job.calls,
+                a,
+                tuple((k, sec * job.calls) for k, sec in links) if shared_links else (),
+                rate if shared_links else 1.0,
+            )
+            for lane, t, a, links, rate in zip(job.lanes, job.hop_s, job.latency_s, job.links, job.rates)
+        ]
     return simulate(
         hops["forward_gather"],
         hops["backward_gather"],
         hops["grad_reduce"],
-        max(1, wl.layers),
+        layers,
         window,
         buckets,
         compute_s * forward_share,
@@ -167,4 +356,5 @@ def for_prediction(
         chunks=pred.chunks,
         link_bound_s=pred.link_bound_s if link_bound_s is None else link_bound_s,
         backward_window=backward_window,
+        held_at_turn=held,
     )
