@@ -15,9 +15,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -75,56 +78,111 @@ def _kernel_tests(select: str) -> str:
     )
 
 
-def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(qemu):
-    # both CPUs at once: one emulated process per core
-    procs = {
-        cpu: subprocess.Popen(
-            _emulated(qemu, cpu, "-c", _kernel_tests(_SELECT[cpu])),
-            cwd=ROOT,
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for cpu in (NO_AVX512, NO_AVX2)
-    }
-    outs = {cpu: p.communicate(timeout=1200)[0] for cpu, p in procs.items()}
+class Run(NamedTuple):
+    returncode: int | None  # None: killed (still running at the deadline)
+    out: str  # stdout and stderr, QEMU's CPUID warnings removed
+    stdout: str
+
+
+def _job_rank(qemu: str, rank: int, run_dir: Path, port: int) -> tuple[list, dict]:
+    """Rank ``rank`` of the 8-rank main job (torchrun-style: one process per rank); rank 7 on
+    the CPU without AVX, the others native."""
+    args = [
+        "-m",
+        "zeropp_hier.app.train",
+        "steps=2",
+        "progress=off",
+        f"hydra.run.dir={run_dir}",
+        "hydra.output_subdir=null",
+    ]
+    cmd = _emulated(qemu, NO_AVX2, *args) if rank == 7 else [sys.executable, *args]
+    env = _env(
+        RANK=str(rank),
+        WORLD_SIZE="8",
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE="8",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    return cmd, env
+
+
+@pytest.fixture(scope="module")
+def emulated(qemu, tmp_path_factory) -> dict:
+    """Every emulated workload of this module, started at once: an emulated process runs on one
+    core, so run one after another they would leave the other core idle for minutes (the
+    8-rank job's native ranks mostly wait for the emulated one). Each writes to a file of its
+    own (a full pipe would stall a process while another is being read) and is waited for up
+    to one deadline; each test then asserts on its own runs only, so one failing workload fails
+    one test."""
+    logs = tmp_path_factory.mktemp("emulated")
+    fp16_dir, job_dir = tmp_path_factory.mktemp("fp16"), tmp_path_factory.mktemp("mixed")
+    port = free_port()
+    cmds = {("kernels", cpu): (_emulated(qemu, cpu, "-c", _kernel_tests(_SELECT[cpu])), _env()) for cpu in _SELECT}
+    fp16 = ["-m", "zeropp_hier.app.train", "dtype=fp16", "steps=1", f"hydra.run.dir={fp16_dir}"]
+    cmds[("fp16",)] = (_emulated(qemu, NO_AVX512, *fp16), _env(HYDRA_FULL_ERROR="0"))
+    for rank in range(8):
+        cmds[("job", rank)] = _job_rank(qemu, rank, job_dir, port)
+    procs, files = {}, {}
+    try:
+        for key, (cmd, env) in cmds.items():
+            out, err = (open(logs / f"{'-'.join(map(str, key))}.{ext}", "w+") for ext in ("out", "err"))
+            files[key] = (out, err)
+            procs[key] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + 1500
+        for p in procs.values():
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        runs = {}
+        for key, (out, err) in files.items():
+            out.seek(0)
+            err.seek(0)
+            code = procs[key].returncode
+            stdout = out.read()
+            runs[key] = Run(None if code == -signal.SIGKILL else code, _clean(stdout + err.read()), stdout)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        for pair in files.values():
+            for f in pair:
+                f.close()
+    return {"runs": runs, "fp16_dir": fp16_dir, "job_dir": job_dir}
+
+
+def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(emulated):
+    outs = {}
     for cpu, want_capability, want_kernels in (
         (NO_AVX512, "AVX2", "cpu-ext/avx2"),
         (NO_AVX2, "DEFAULT", "cpu-ext/default"),
     ):
-        out = _clean(outs[cpu])
-        assert procs[cpu].returncode == 0, f"{cpu}: exit {procs[cpu].returncode}\n{out[-3000:]}"
+        run = emulated["runs"][("kernels", cpu)]
+        out = outs[cpu] = run.out
+        assert run.returncode == 0, f"{cpu}: exit {run.returncode}\n{out[-3000:]}"
         # the emulation took: torch sees the narrower CPU and so does the kernels' dispatch
         assert f"CPU capability: {want_capability} | kernels: {want_kernels}" in out, out[:2000]
         # pytest's closing line: "N passed, M deselected in T s" and nothing failed or errored
         summary = [ln for ln in out.splitlines() if " passed" in ln and " in " in ln][-1:]
         assert summary and not re.search(r"failed|error", summary[0]), out[-2000:]
     # each variant's own parametrised tests ran where it is the widest (-v names every test)
-    assert re.search(r"\[avx2-[^]]*\] PASSED", outs[NO_AVX512]), _clean(outs[NO_AVX512])[-2000:]
-    assert re.search(r"\[default-[^]]*\] PASSED", outs[NO_AVX2]), _clean(outs[NO_AVX2])[-2000:]
+    assert re.search(r"\[avx2-[^]]*\] PASSED", outs[NO_AVX512]), outs[NO_AVX512][-2000:]
+    assert re.search(r"\[default-[^]]*\] PASSED", outs[NO_AVX2]), outs[NO_AVX2][-2000:]
 
 
-def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(qemu, tmp_path):
-    res = subprocess.run(
-        _emulated(
-            qemu, NO_AVX512, "-m", "zeropp_hier.app.train", "dtype=fp16", "steps=1", f"hydra.run.dir={tmp_path}"
-        ),
-        cwd=ROOT,
-        env=_env(HYDRA_FULL_ERROR="0"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = _clean(res.stdout + res.stderr)
-    assert res.returncode != 0, out
+def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(emulated):
+    run = emulated["runs"][("fp16",)]
+    out = run.out
+    assert run.returncode not in (0, None), out
     assert "zeropp_hier config error at 'dtype': got 'fp16'" in out, out[-3000:]
     assert "AVX512-FP16" in out and "use dtype=bf16" in out, out[-3000:]
-    assert "starting" not in res.stdout  # no rank was started
-    assert not (tmp_path / "summary.json").exists()
+    assert "starting" not in run.stdout  # no rank was started
+    assert not (emulated["fp16_dir"] / "summary.json").exists()
 
 
-def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
+def test_eight_rank_training_with_ranks_on_narrower_cpus(emulated):
     """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-6 native, rank 7
     on an emulated CPU without AVX. Gathers and reductions pass through the compiled kernels on
     every rank, so the narrowest variant meets the native one's bytes (AVX-512 or AVX2, the
@@ -132,39 +190,11 @@ def test_eight_rank_training_with_ranks_on_narrower_cpus(qemu, tmp_path):
     kernel tests above), which is what lets any two meet; a second emulated rank (AVX2-only)
     would add the AVX2 variant's bytes in a job on an AVX-512 machine, which that already
     implies, for 30 s of this test on 2 cores."""
-    port = free_port()
-    cpus = {7: NO_AVX2}
-    procs = []
+    outs = [emulated["runs"][("job", rank)].out for rank in range(8)]
     for rank in range(8):
-        args = [
-            "-m",
-            "zeropp_hier.app.train",
-            "steps=2",
-            "progress=off",
-            f"hydra.run.dir={tmp_path}",
-            "hydra.output_subdir=null",
-        ]
-        cmd = _emulated(qemu, cpus[rank], *args) if rank in cpus else [sys.executable, *args]
-        env = _env(
-            RANK=str(rank),
-            WORLD_SIZE="8",
-            LOCAL_RANK=str(rank),
-            LOCAL_SIZE="8",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        procs.append(
-            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
-    try:
-        outs = [_clean(p.communicate(timeout=1500)[0]) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {rank} exit {p.returncode}\n{outs[rank][-3000:]}"
-    summary = json.loads((tmp_path / "summary.json").read_text())
+        code = emulated["runs"][("job", rank)].returncode
+        assert code == 0, f"rank {rank} exit {code}\n{outs[rank][-3000:]}"
+    summary = json.loads((emulated["job_dir"] / "summary.json").read_text())
     native = summary["kernels"][0]
     assert native.startswith("cpu-ext/"), native
     assert summary["kernels"] == [native] * 7 + ["cpu-ext/default"], outs[0][-3000:]
