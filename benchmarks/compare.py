@@ -30,7 +30,7 @@ from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
-from benchmarks.schemes import INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
+from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.files import write_json_atomic
 
@@ -69,7 +69,7 @@ VARIANTS = {
     "frontier/int8-gpu": {
         "kind": "ours",
         "preset": "frontier",
-        "compression": {"gradients": {"gpu": "int8", "node": "int4"}},
+        "compression": {"gradients": {"gcd": "none", "gpu": "int8", "node": "int4"}},
     },
     # pipelined, with int8 gradients on the in-package hop too: in the link-bound regime the
     # backward's gcd lane carries the backward gathers and every gradient in bf16 and binds there
@@ -80,12 +80,20 @@ VARIANTS = {
         "pipeline": {"chunks": 4},
         "compression": INT8_GCD_GRADIENTS,
     },
-    # int8 on the in-package hop beside the default's int4 gpu and int8 node hops
+    # int8 on the in-package hop beside int4 gpu and int8 node hops: frontier/pipe since this
+    # became frontier's default, spelled out
     "frontier/pipe-int8-gcd-node8": {
         "kind": "ours",
         "preset": "frontier",
         "pipeline": {"chunks": 4},
         "compression": INT8_GCD_NODE8,
+    },
+    # frontier's default before that: the in-package hop exact
+    "frontier/pipe-exact-gcd": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4},
+        "compression": EXACT_GCD_GRADIENTS,
     },
     # and with the backward's gathers at most one layer ahead, so that each layer's gradients
     # reach the gcd lane before the gathers of the layers after the next ([Note: backward window]
@@ -326,10 +334,31 @@ def preset_compression(presets) -> dict:
     return {p: PRESET_COMPRESSION[p] for p in sorted(set(presets)) if p in PRESET_COMPRESSION}
 
 
+def _as_ran(preset_compression: dict) -> dict:
+    """A recorded preset's compression with every tier named: the record is the preset's
+    ``PRESET_COMPRESSION`` entry of its day, where a tier left out was exact, whatever the
+    default says now."""
+    from zeropp_hier.core.topology import TIERS
+
+    def full(tiers):
+        return {t: tiers.get(t, "none") for t in TIERS} if isinstance(tiers, dict) else tiers
+
+    return {kind: full(tiers) for kind, tiers in preset_compression.items()}
+
+
+def _over(base: dict, override: dict) -> dict:
+    """A configuration's compression override over its preset's, kind by kind and tier by tier
+    (as the config parser merges it over the default)."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
 def _candidate(plan: dict, name: str, cands: dict):
     """The planner's candidate for a configuration of the plan: by name (with the preset's
-    compression as the run had it), or our preset with the configuration's compression and
-    chunks (None where the planner has none)."""
+    compression as the run had it), or our preset with the configuration's compression over the
+    preset's as it ran, and its chunks (None where the planner has none)."""
     from zeropp_hier.planner import model as P
 
     cfg = plan["configs"].get(name, {})
@@ -337,10 +366,13 @@ def _candidate(plan: dict, name: str, cands: dict):
     if name in cands:
         cand = cands[name]
         if cfg.get("kind") == "ours" and name in ran:
-            cand = cand._replace(compression=P._compression(name, schemes=ran[name]))
+            cand = cand._replace(compression=P._compression(name, schemes=_as_ran(ran[name])))
     elif cfg.get("kind") == "ours" and cfg.get("preset") in cands:
         base = cands[cfg["preset"]]
-        comp = cfg.get("compression") or ran.get(cfg["preset"])
+        preset_ran = _as_ran(ran[cfg["preset"]]) if cfg["preset"] in ran else None
+        comp = cfg.get("compression")
+        if preset_ran is not None:
+            comp = _over(preset_ran, comp) if comp else preset_ran
         cand = base._replace(
             name=name, compression=P._compression(cfg["preset"], schemes=comp) if comp else base.compression
         )

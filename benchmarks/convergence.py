@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from benchmarks.schemes import INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
+from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS
 from zeropp_hier.app.models import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
@@ -53,13 +53,13 @@ OPTIONAL = {  # not run by default; name them with --configs
     "frontier, int4 node gradients, no error feedback": ("frontier", {**INT4_NODE_GRADIENTS, "error_feedback": False}),
     "frontier, int4 node block 64": ("frontier", {**INT4_NODE_GRADIENTS, "block_size": {"node": 64}}),
     "frontier, int4 node gradients, exact weights": ("frontier", {**INT4_NODE_GRADIENTS, "weights": "none"}),
-    "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int4"}}),
+    "frontier, int8 gpu gradients": ("frontier", {"gradients": {"gcd": "none", "gpu": "int8", "node": "int4"}}),
     # the link-bound benchmark's frontier/pipe-int8-gcd, as it ran: int8 on the in-package hop too
     "frontier, int8 gcd gradients": ("frontier", INT8_GCD_GRADIENTS),
-    # the link-bound benchmark's frontier/pipe-int8-gcd-node8: int8 on the in-package hop beside the default
-    "frontier, int8 gcd gradients, int8 node": ("frontier", INT8_GCD_NODE8),
+    # frontier's default before int8 on the in-package hop (the link-bound frontier/pipe-exact-gcd)
+    "frontier, exact gcd gradients": ("frontier", EXACT_GCD_GRADIENTS),
     "frontier, exact gradients": ("frontier", {"gradients": "none"}),
-    "frontier, int8 gradients": ("frontier", {"gradients": {"gpu": "int8", "node": "int8"}}),
+    "frontier, int8 gradients": ("frontier", {"gradients": {"gcd": "none", "gpu": "int8", "node": "int8"}}),
 }
 LAST = 20  # final loss = mean of the last 20 steps
 

@@ -48,7 +48,7 @@ def test_frontier_example_is_the_hybrid_rule_at_384_gcds():
     assert [(h.axes, h.scheme) for h in plan.forward] == [(("node",), "int8"), (("gpu",), "none"), (("gcd",), "none")]
     assert [(h.axes, h.scheme) for h in plan.backward] == [(("gcd",), "none")]
     assert [(h.axes, h.scheme, h.error_feedback) for h in plan.reduce] == [
-        (("gcd",), "none", False),
+        (("gcd",), "int8", False),
         (("gpu",), "int4", False),
         (("node",), "int8", False),
     ]

@@ -67,8 +67,10 @@ def test_error_feedback_resolution():
     assert comp({}, "zeropp").error_feedback.node is False  # ZeRO++ has none; opt in
     z = comp({"error_feedback": "auto"}, "zeropp").error_feedback
     assert (z.gpu, z.node) == (True, True)
-    on = comp({"error_feedback": True}).error_feedback  # every compressed tier, not the exact one
-    assert (on.gcd, on.gpu, on.node) == (False, True, True)
+    on = comp({"error_feedback": True}).error_feedback  # every compressed tier
+    assert (on.gcd, on.gpu, on.node) == (True, True, True)
+    exact = comp({"gradients": {"gcd": "none"}, "error_feedback": True}).error_feedback  # not the exact one
+    assert (exact.gcd, exact.gpu, exact.node) == (False, True, True)
     assert not comp({"error_feedback": False}).error_feedback.node
     per = comp({"error_feedback": {"gpu": True, "node": False}}).error_feedback
     assert (per.gpu, per.node) == (True, False)
@@ -89,7 +91,7 @@ def test_error_feedback_resolution():
         ({"error_feedback": 1}, "zeropp_hier.compression.error_feedback", "use true, false"),
         ({"error_feedback": {"node": "yes"}}, "zeropp_hier.compression.error_feedback.node", "use true, false"),
         (
-            {"error_feedback": {"gcd": True}},
+            {"gradients": {"gcd": "none"}, "error_feedback": {"gcd": True}},
             "zeropp_hier.compression.error_feedback.gcd",
             "gradients on the gcd tier are not compressed",
         ),
@@ -132,14 +134,14 @@ def test_raise_is_refused_with_fp16_loss_scaling():
     assert hier_config_from_ds(cfg).numerics.nonfinite == "raise"
 
 
-def test_frontier_default_compresses_gradients_int4_on_package_links_int8_on_the_network():
+def test_frontier_default_compresses_gradients_int8_in_package_int4_on_package_links_int8_on_the_network():
     """[Note: preset compression defaults]: the package links bind, so the gpu stage sends int4;
-    the node stage sends int8 (int4 there cost the loss, measured); no error feedback on either
-    (the gpu stage's residual would hold half of every bucket, "auto" is for int4 stages); exact
-    inside the package."""
+    the node stage sends int8 (int4 there cost the loss, measured); the in-package stage int8
+    (its lane carries the backward's re-gathers beside every whole bucket); no error feedback on
+    any (the gpu stage's residual would hold half of every bucket, "auto" is for int4 stages)."""
     p = make_plan("frontier", comp(None), Topology(2, 4, 2))
     assert [(h.tier, h.scheme, h.error_feedback) for h in p.reduce] == [
-        ("gcd", "none", False),
+        ("gcd", "int8", False),
         ("gpu", "int4", False),
         ("node", "int8", False),
     ]
