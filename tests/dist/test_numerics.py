@@ -30,10 +30,11 @@ def _nonfinite_configs():
 @pytest.fixture(scope="module")
 def suite(world8, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("ef_ckpt"))
-    # frontier with int8 weights on the node hop, int8 gradients on the gpu stage and int4 on the
-    # node stage (error feedback on the int4 node stage, the preset's), with gradient
-    # accumulation 2: residuals carry across micro-steps and steps, and the two gradient stages'
-    # schemes differ, so the per-tier error report can be told apart tier by tier
+    # frontier with int8 weights on the node hop, int8 gradients on the gcd stage (the preset's)
+    # and the gpu stage and int4 on the node stage (error feedback on the int4 node stage, the
+    # preset's), with gradient accumulation 2: residuals carry across micro-steps and steps, and
+    # the node stage's scheme differs from the others', so the per-tier error report can be told
+    # apart tier by tier
     config = ds_config("frontier", grad_accum=2, compression={"gradients": {"gpu": "int8", "node": "int4"}})
     return world8.run(scenarios_numerics.numerics_suite, config, ckpt,
                       _nonfinite_configs(), STEPS, INJECT_STEP, INJECT_RANK)
@@ -55,12 +56,13 @@ def test_compression_error_is_reported_per_tier(suite):
     for r in suite:
         rel = r["resume"]["numerics"]["relative_error"]
         assert set(rel) == {"forward_gather", "grad_reduce"}  # the backward gather is exact
-        assert set(rel["forward_gather"]) == {"node"} and set(rel["grad_reduce"]) == {"gpu", "node"}
-        fwd, gpu, node = rel["forward_gather"]["node"], rel["grad_reduce"]["gpu"], rel["grad_reduce"]["node"]
-        assert all(s["samples"] > 0 for s in (fwd, gpu, node))
+        assert set(rel["forward_gather"]) == {"node"} and set(rel["grad_reduce"]) == {"gcd", "gpu", "node"}
+        fwd, gcd = rel["forward_gather"]["node"], rel["grad_reduce"]["gcd"]
+        gpu, node = rel["grad_reduce"]["gpu"], rel["grad_reduce"]["node"]
+        assert all(s["samples"] > 0 for s in (fwd, gcd, gpu, node))
         # int8 weights ~1/200 of the norm; int4 gradients an order of magnitude worse than int8
         assert 0 < fwd["max"] < 0.02
-        assert 0 < gpu["mean"] < 0.05 < node["mean"] < 0.5
+        assert 0 < gcd["mean"] < 0.05 and 0 < gpu["mean"] < 0.05 < node["mean"] < 0.5
         assert node["mean"] > 4 * gpu["mean"]
         ef = r["resume"]["numerics"]["error_feedback"]
         assert ef["stages"] == [{"axes": ["node"], "scheme": "int4"}] and ef["bytes"] > 0
