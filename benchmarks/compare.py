@@ -88,7 +88,8 @@ VARIANTS = {
         "pipeline": {"chunks": 4},
         "compression": INT8_GCD_NODE8,
     },
-    # frontier's default before that: the in-package hop exact
+    # frontier's default before that: the in-package hop exact; unchunked and pipelined
+    "frontier/exact-gcd": {"kind": "ours", "preset": "frontier", "compression": EXACT_GCD_GRADIENTS},
     "frontier/pipe-exact-gcd": {
         "kind": "ours",
         "preset": "frontier",
