@@ -348,11 +348,13 @@ def _as_ran(preset_compression: dict) -> dict:
 
 
 def _over(base: dict, override: dict) -> dict:
-    """A configuration's compression override over its preset's, kind by kind and tier by tier
-    (as the config parser merges it over the default)."""
+    """A configuration's compression override over its preset's, kind by kind and tier by tier,
+    by the config parser's own merge rule (``_merge_schemes``); other keys are replaced."""
+    from zeropp_hier.core.policy import _merge_schemes
+
     out = dict(base)
     for k, v in override.items():
-        out[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        out[k] = _merge_schemes(base[k], v, f"compression.{k}") if isinstance(base.get(k), dict) else v
     return out
 
 

@@ -58,10 +58,11 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   backward as the package links, and a pipelined job runs at its slowest lane. Measured in the
 #   link-bound benchmark (docs/benchmarks.md, 16 ranks, 4 chunks): int8 there cut in-package
 #   bytes 28% with the package-link bytes unchanged, the step 63.3 -> 61.4 s (70.0 -> 67.3 s at
-#   other rates), and lifted the busiest (package) link from 84% to 86% used. Accuracy: over five seeds +0.23% from stock
-#   (held-out +0.27%) against +0.18% (+0.07%) with the gcd hop exact, a paired difference of
-#   +0.05% (standard deviation 0.69%): none that the harness can see. Its error feedback is
-#   "auto", off for int8 (a residual there would be as large as every gradient bucket).
+#   other rates), and lifted the busiest (package) link from 84% to 86% used. Accuracy: over
+#   five seeds +0.23% from stock (held-out +0.27%) against +0.18% (+0.07%) with the gcd hop
+#   exact, a paired difference of +0.05% (standard deviation 0.69%): none that the harness can
+#   see. Its error feedback is "auto", off for int8 (a residual there would be as large as every
+#   gradient bucket).
 # - int4 on the gpu hop: the link that bounds a step is the busiest one, and a package's
 #   links carry both the gpu tier's bytes and the node tier's (a node's traffic leaves through
 #   its packages' links). With links in Frontier's 16:4:1 per-GCD ratio those package links
