@@ -76,6 +76,10 @@ QUIET=1 run "$PY" -m pip install setuptools wheel ninja ruff mypy
 # Hydra submitit launcher). With torch already present none of these installs another torch.
 QUIET=2 run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
 [[ "${RENDER_ONLY:-0}" == "1" ]] && exit 0
+# Before anything imports NumPy or torch: a CPU below the floor the installed wheels set gets one
+# line naming the dependency and what the CPU offers, not a SIGILL (zeropp_hier/detect/cpu_floor.py,
+# a standard-library script).
+"$PY" zeropp_hier/detect/cpu_floor.py || exit 2
 # torch is present, so the kernels must have been built: a silent fallback to the reference
 # implementation would hide a broken build until the kernel tests (or a slow run) showed it.
 "$PY" - <<'PYEOF'

@@ -1,33 +1,43 @@
-"""The package runs on CPUs narrower than the build machine's.
+"""The package runs on CPUs narrower than the build machine's, down to the floor its
+dependencies set ([Note: the CPU floor] in zeropp_hier/detect/cpu_floor.py).
 
 User-mode QEMU (Debian's qemu-user) runs the same Python, torch and compiled extension as an
-emulated CPU that reports, and only executes, an older instruction set:
-- ``Haswell-v4``: AVX2 but no AVX-512 (like Frontier's EPYC 7A53 hosts and most AMD EPYC before
-  Zen 4);
-- ``Nehalem``: SSE4.2, no AVX at all.
-QEMU's TCG never emulates AVX-512 and raises #UD (SIGILL) for any instruction the chosen model
-lacks, so a variant of the CPU kernels that ran on the wrong CPU kills the process here exactly as
-it would on real hardware. The build machine's own CPU does not matter: the extension is the one
-built for this checkout, the emulated CPU is chosen by name.
+emulated CPU that reports, and only executes, an older instruction set. The CPUs are not fixed
+names: each role takes the narrowest model of its ladder on which the installed NumPy and torch
+import (probed with the install's own check), so a dependency that raises its floor moves the
+choice up instead of breaking the suite:
+- no AVX2 (the baseline kernels): ``Nehalem`` (SSE4.2), ``Westmere``, ``SandyBridge`` (AVX),
+  ``IvyBridge``; NumPy 2.4 needs AVX, so today it is ``SandyBridge``;
+- no AVX-512 (the AVX2 kernels): ``Haswell-v4``, ``Broadwell-v4``, ``Skylake-Client-v4`` (like
+  Frontier's EPYC 7A53 hosts and most AMD EPYC before Zen 4).
+A model below the floor is used too: the install's check must stop there with one line, not a
+SIGILL. QEMU's TCG never emulates AVX-512 and raises #UD (SIGILL) for any instruction the chosen
+model lacks, so a variant of the CPU kernels that ran on the wrong CPU kills the process here
+exactly as it would on real hardware. The build machine's own CPU does not matter: the extension
+is the one built for this checkout, the emulated CPU is chosen by the probe.
 """
 
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
 from zeropp_hier.launch.world import free_port
 
+from .processes import run_all
+
 ROOT = Path(__file__).resolve().parents[2]
-NO_AVX512, NO_AVX2 = "Haswell-v4", "Nehalem"
+CHECK = ROOT / "zeropp_hier" / "detect" / "cpu_floor.py"
+NO_AVX2, NO_AVX512 = "no-avx2", "no-avx512"
+LADDERS = {
+    NO_AVX2: ("Nehalem", "Westmere", "SandyBridge", "IvyBridge"),
+    NO_AVX512: ("Haswell-v4", "Broadwell-v4", "Skylake-Client-v4"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +71,57 @@ def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot mo
     return "\n".join(ln for ln in text.splitlines() if not ln.startswith("qemu-x86_64: warning"))
 
 
+def _probe(qemu: str, cpu: str) -> subprocess.CompletedProcess:
+    """The install's CPU check (a plain script: standard library only) on the emulated CPU."""
+    p = subprocess.run(_emulated(qemu, cpu, str(CHECK)), capture_output=True, text=True, timeout=900, env=_env())
+    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout, _clean(p.stderr))
+
+
+@pytest.fixture(scope="module")
+def cpus(qemu) -> dict:
+    """Each role's CPU: the first model of its ladder that the installed wheels accept, the two
+    ladders probed side by side; and every model found below the floor, with the check's output.
+    Only a model that dies on import is cheap to probe (the first accepted one costs one torch
+    import under emulation), so each ladder stops at its first success."""
+    import concurrent.futures as cf
+
+    def climb(ladder):
+        below = []
+        for cpu in ladder:
+            p = _probe(qemu, cpu)
+            if p.returncode == 0:
+                return cpu, below
+            below.append((cpu, p))
+        return None, below
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        found = dict(zip(LADDERS, pool.map(climb, LADDERS.values())))
+    for role, (cpu, below) in found.items():
+        tried = "; ".join(f"{c}: exit {p.returncode} {p.stderr.strip()[-300:]}" for c, p in below)
+        assert cpu is not None, f"no model of the {role} ladder {LADDERS[role]} runs the installed wheels ({tried})"
+    print({role: cpu for role, (cpu, _) in found.items()})
+    return {"role": {role: cpu for role, (cpu, _) in found.items()}, "below": found[NO_AVX2][1]}
+
+
+def test_install_check_stops_with_one_line_below_the_floor(cpus):
+    """On every probed model below the floor (today: NumPy 2.4 on CPUs without AVX), the
+    install's check exits 2 with one line that names the dependency and what the CPU offers,
+    instead of the install's next import dying of SIGILL."""
+    if not cpus["below"]:
+        pytest.skip(f"no emulated model of {LADDERS[NO_AVX2]} is below the installed wheels' floor")
+    for cpu, p in cpus["below"]:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("qemu:")]
+        assert p.returncode == 2, f"{cpu}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        assert len(lines) == 1 and lines[0].startswith("[cpu] this CPU cannot run "), p.stderr
+        assert "died with SIGILL" in lines[0] and "This CPU offers x86-64" in lines[0], lines[0]
+        # CPUID, not the host's /proc/cpuinfo: the emulated CPU's level is named
+        assert "x86-64-v4" not in lines[0], lines[0]
+
+
 # The tests of the kernels' arithmetic, on the emulated CPU. Left to the native unit lane: the
 # two that check the ops' registration with torch (fake tensors, opcheck's schema and autograd
 # checks), which no instruction set changes. The baseline variant's parametrised tests run on
-# the CPU without AVX only: the AVX2-only CPU runs the AVX2 variant's and the dispatched tests.
+# the CPU without AVX2 only: the AVX2-only CPU runs the AVX2 variant's and the dispatched tests.
 _NOT_ON_ANY = "not test_opcheck and not test_fake_impls"
 _SELECT = {NO_AVX512: f"{_NOT_ON_ANY} and not default", NO_AVX2: _NOT_ON_ANY}
 
@@ -78,15 +135,9 @@ def _kernel_tests(select: str) -> str:
     )
 
 
-class Run(NamedTuple):
-    returncode: int | None  # None: killed (still running at the deadline)
-    out: str  # stdout and stderr, QEMU's CPUID warnings removed
-    stdout: str
-
-
-def _job_rank(qemu: str, rank: int, run_dir: Path, port: int) -> tuple[list, dict]:
+def _job_rank(qemu: str, cpu: str, rank: int, run_dir: Path, port: int) -> tuple[list, dict]:
     """Rank ``rank`` of the 8-rank main job (torchrun-style: one process per rank); rank 7 on
-    the CPU without AVX, the others native."""
+    the CPU without AVX2, the others native."""
     args = [
         "-m",
         "zeropp_hier.app.train",
@@ -95,7 +146,7 @@ def _job_rank(qemu: str, rank: int, run_dir: Path, port: int) -> tuple[list, dic
         f"hydra.run.dir={run_dir}",
         "hydra.output_subdir=null",
     ]
-    cmd = _emulated(qemu, NO_AVX2, *args) if rank == 7 else [sys.executable, *args]
+    cmd = _emulated(qemu, cpu, *args) if rank == 7 else [sys.executable, *args]
     env = _env(
         RANK=str(rank),
         WORLD_SIZE="8",
@@ -108,59 +159,40 @@ def _job_rank(qemu: str, rank: int, run_dir: Path, port: int) -> tuple[list, dic
 
 
 @pytest.fixture(scope="module")
-def emulated(qemu, tmp_path_factory) -> dict:
+def emulated(qemu, cpus, tmp_path_factory) -> dict:
     """Every emulated workload of this module, started at once: an emulated process runs on one
     core, so run one after another they would leave the other core idle for minutes (the
-    8-rank job's native ranks mostly wait for the emulated one). Each writes to a file of its
-    own (a full pipe would stall a process while another is being read) and is waited for up
-    to one deadline; each test then asserts on its own runs only, so one failing workload fails
-    one test."""
+    8-rank job's native ranks mostly wait for the emulated one). Each writes to files of its
+    own (a full pipe would stall a process while another is being read); the 8 ranks of the job
+    are one group, ended as soon as one of them fails (``processes.run_all``). Each test then
+    asserts on its own runs only, so one failing workload fails one test."""
+    role = cpus["role"]
     logs = tmp_path_factory.mktemp("emulated")
     fp16_dir, job_dir = tmp_path_factory.mktemp("fp16"), tmp_path_factory.mktemp("mixed")
     port = free_port()
-    cmds = {("kernels", cpu): (_emulated(qemu, cpu, "-c", _kernel_tests(_SELECT[cpu])), _env()) for cpu in _SELECT}
+    cmds = {
+        ("kernels", r): (_emulated(qemu, role[r], "-c", _kernel_tests(_SELECT[r])), _env(), ("kernels", r))
+        for r in _SELECT
+    }
     fp16 = ["-m", "zeropp_hier.app.train", "dtype=fp16", "steps=1", f"hydra.run.dir={fp16_dir}"]
-    cmds[("fp16",)] = (_emulated(qemu, NO_AVX512, *fp16), _env(HYDRA_FULL_ERROR="0"))
+    cmds[("fp16",)] = (_emulated(qemu, role[NO_AVX512], *fp16), _env(HYDRA_FULL_ERROR="0"), "fp16")
     for rank in range(8):
-        cmds[("job", rank)] = _job_rank(qemu, rank, job_dir, port)
-    procs, files = {}, {}
-    try:
-        for key, (cmd, env) in cmds.items():
-            out, err = (open(logs / f"{'-'.join(map(str, key))}.{ext}", "w+") for ext in ("out", "err"))
-            files[key] = (out, err)
-            procs[key] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
-        deadline = time.monotonic() + 1500
-        for p in procs.values():
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        runs = {}
-        for key, (out, err) in files.items():
-            out.seek(0)
-            err.seek(0)
-            code = procs[key].returncode
-            stdout = out.read()
-            runs[key] = Run(None if code == -signal.SIGKILL else code, _clean(stdout + err.read()), stdout)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        for pair in files.values():
-            for f in pair:
-                f.close()
-    return {"runs": runs, "fp16_dir": fp16_dir, "job_dir": job_dir}
+        cmd, env = _job_rank(qemu, role[NO_AVX2], rank, job_dir, port)
+        cmds[("job", rank)] = (cmd, env, "job")
+    runs = run_all(cmds, logs, deadline_s=1500, cwd=ROOT, clean=_clean)
+    return {"runs": runs, "fp16_dir": fp16_dir, "job_dir": job_dir, "role": role}
 
 
 def test_kernel_tests_pass_on_cpus_without_avx512_and_without_avx2(emulated):
     outs = {}
-    for cpu, want_capability, want_kernels in (
+    for role, want_capability, want_kernels in (
         (NO_AVX512, "AVX2", "cpu-ext/avx2"),
         (NO_AVX2, "DEFAULT", "cpu-ext/default"),
     ):
-        run = emulated["runs"][("kernels", cpu)]
-        out = outs[cpu] = run.out
+        run = emulated["runs"][("kernels", role)]
+        cpu = emulated["role"][role]
+        out = outs[role] = run.out
+        print(f"{role}: emulated {cpu}")
         assert run.returncode == 0, f"{cpu}: exit {run.returncode}\n{out[-3000:]}"
         # the emulation took: torch sees the narrower CPU and so does the kernels' dispatch
         assert f"CPU capability: {want_capability} | kernels: {want_kernels}" in out, out[:2000]
@@ -184,16 +216,17 @@ def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(emulated):
 
 def test_eight_rank_training_with_ranks_on_narrower_cpus(emulated):
     """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-6 native, rank 7
-    on an emulated CPU without AVX. Gathers and reductions pass through the compiled kernels on
-    every rank, so the narrowest variant meets the native one's bytes (AVX-512 or AVX2, the
-    build machine's). Each variant's bytes equal the reference quantizer's on its CPU (the
-    kernel tests above), which is what lets any two meet; a second emulated rank (AVX2-only)
-    would add the AVX2 variant's bytes in a job on an AVX-512 machine, which that already
-    implies, for 30 s of this test on 2 cores."""
+    on the emulated CPU without AVX2 (the narrowest the wheels accept). Gathers and reductions
+    pass through the compiled kernels on every rank, so the narrowest variant meets the native
+    one's bytes (AVX-512 or AVX2, the build machine's). Each variant's bytes equal the
+    reference quantizer's on its CPU (the kernel tests above), which is what lets any two meet;
+    a second emulated rank (AVX2-only) would add the AVX2 variant's bytes in a job on an AVX-512
+    machine, which that already implies, for 30 s of this test on 2 cores."""
     outs = [emulated["runs"][("job", rank)].out for rank in range(8)]
     for rank in range(8):
-        code = emulated["runs"][("job", rank)].returncode
-        assert code == 0, f"rank {rank} exit {code}\n{outs[rank][-3000:]}"
+        run = emulated["runs"][("job", rank)]
+        assert run.returncode == 0, f"rank {rank} exit {run.returncode} {run.ended_because}\n{outs[rank][-3000:]}"
+    print(f"rank 7 on an emulated {emulated['role'][NO_AVX2]}")
     summary = json.loads((emulated["job_dir"] / "summary.json").read_text())
     native = summary["kernels"][0]
     assert native.startswith("cpu-ext/"), native

@@ -638,11 +638,12 @@ def launch(spec: JobSpec) -> dict:
     memory_lines(spec, env, gpus)  # refuses here, before any rank builds a model
     if env is not None:
         os.environ.update(env)
-        import deepspeed
         from deepspeed.utils import logger as ds_logger
 
         ds_logger.setLevel(logging.WARNING)  # one rank's INFO lines times thousands of ranks
-        deepspeed.init_distributed(dist_backend=None if gpus else "gloo")
+        from ..launch.rendezvous import init_distributed
+
+        init_distributed(None if gpus else "gloo", gpus)  # [Note: a bounded join]
         if not gpus:
             from ..launch.shm_hygiene import release_deepspeed_shm
 

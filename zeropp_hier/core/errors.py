@@ -27,6 +27,18 @@ class HierTopologyError(HierConfigError):
     """The declared topology does not fit the world that was actually launched."""
 
 
+class HierStartupError(RuntimeError):
+    """Some ranks of a launched job never joined (or rank 0's store could not be reached)
+    within the join timeout. ``missing``: the ranks that never arrived."""
+
+    def __init__(self, message: str, missing: list[int]):
+        super().__init__(message)
+        self.missing = missing
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.missing))
+
+
 class HierUnsafeSaveError(RuntimeError):
     """``save_checkpoint`` after a failed or interrupted step: this rank's state may be out of
     step with its peers' ([Note: executor failure semantics] in comm/executor.py)."""

@@ -191,9 +191,15 @@ class WorldError(RuntimeError):
 def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
         except ValueError:
             return f"killed by signal {-code}"
+        if -code == signal.SIGILL:  # [Note: the CPU floor] in detect/cpu_floor.py
+            return (
+                f"killed by {name}: an instruction this CPU lacks (is it below the floor the installed "
+                "NumPy and torch need? run `python zeropp_hier/detect/cpu_floor.py` on it)"
+            )
+        return f"killed by {name}"
     return f"exit code {code}"
 
 
