@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,24 @@ def test_cpu_batch_job_detects_topology_and_reports_bytes_per_tier(slurm, tmp_pa
     # the job really ran 8 tasks (Slurm's own record of the job)
     show = subprocess.run(["scontrol", "show", "job", job], env=slurm.env, capture_output=True, text=True).stdout
     assert re.search(r"NumTasks=8\b", show), show
+
+
+def test_a_task_that_dies_at_start_ends_the_step_at_once(slurm, tmp_path):
+    """Task 7 of the CPU batch job exits at interpreter start (status 3, from ``sitecustomize``,
+    before any of the job's code): srun's ``--kill-on-bad-exit=1`` ends the other seven tasks
+    at once, instead of leaving them in the rendezvous for the join bound (600 s by default)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nif os.environ.get('SLURM_PROCID') == '7':\n    os._exit(3)\n")
+    env = {**_job_env(), "PYTHONPATH": f"{site}:{ROOT}"}
+    t0 = time.monotonic()
+    # the wait is bounded far below the join bound: a step left to wait it out fails here
+    rc, job, out = slurm.sbatch_wait(FRONTIER / "train_cpu.sbatch", ["steps=1"], tmp_path, env, timeout=300)
+    print(f"job {job} ended {time.monotonic() - t0:.1f} s after submission, exit {rc}")
+    assert rc != 0, out[-4000:]
+    assert re.search(r"task 7: Exited with exit code 3", out), out[-4000:]
+    assert "HierStartupError" not in out  # ended by Slurm, not by the join's own bound
+    assert "done:" not in out
 
 
 def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path, overrides=("preset=zeropp",)) -> str:
