@@ -40,6 +40,10 @@ if [[ -n "${CRAY_LD_LIBRARY_PATH:-}" ]]; then  # OLCF: needed with a non-default
   export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
+# Use the plugin or refuse to start: without NCCL_NET, RCCL that cannot load the plugin falls back
+# to TCP sockets silently (many times slower); with it, the job stops, and zeropp-hier names the
+# module before any rank waits ([Note: the network plugin] in zeropp_hier/detect/net_plugin.py).
+export NCCL_NET="AWS Libfabric"               # the libfabric plugin's network name
 # RCCL on Frontier (OLCF's list, each for correctness or performance at scale):
 export NCCL_CROSS_NIC=1                        # rings may leave a node on one NIC and enter on another
 export NCCL_NET_GDR_LEVEL=PHB                  # GPU-direct RDMA between GCD memory and the NICs

@@ -119,6 +119,7 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
     )
     env = dict(ln.split("=", 1) for ln in out.splitlines() if re.match(r"^[A-Z_0-9]+=", ln))
     assert env["MASTER_ADDR"] == "frontier08001"  # first host of the node list, via scontrol
+    assert env["NCCL_NET"] == "AWS Libfabric"  # the plugin or no start: never TCP sockets silently
     assert "PYTHONPATH" not in env  # nothing imported from the checkout
     assert env["PATH"].split(":")[0] == "/mnt/bb/alice/zeropp-hier-env/bin"
     # OLCF "PyTorch on Frontier": modules in its order, the RCCL plugin module after rocm, and

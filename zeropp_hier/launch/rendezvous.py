@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Mapping
 
 from ..core.errors import HierConfigError, HierStartupError
+from ..detect import net_plugin
 
 JOIN_TIMEOUT_ENV = "ZEROPP_HIER_JOIN_TIMEOUT_S"
 DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's and DeepSpeed's rendezvous waited this long before
@@ -152,6 +153,10 @@ def init_distributed(backend: str | None, gpus: int, env: Mapping[str, str] | No
     from deepspeed.constants import default_pg_timeout
 
     env = os.environ if env is None else env
+    if gpus:  # before anything waits on the others: a missing plugin is this node's own fault
+        wrong = net_plugin.problem(env)  # [Note: the network plugin]
+        if wrong:
+            raise HierConfigError("NCCL_NET", env.get("NCCL_NET"), wrong)
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     store = join(rank, world, host, port, join_timeout_s(env))
