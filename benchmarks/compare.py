@@ -292,7 +292,7 @@ def compute_estimate(summary: dict) -> float | None:
 def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate: float):
     """The planner's cluster and workload for a run of this benchmark (also what the planner
     test re-runs from a recorded JSON)."""
-    from zeropp_hier.planner import model as P
+    from zeropp_hier import planner as P
 
     topo = plan["topology"]
     gcds_per_node = topo["gpus_per_node"] * topo["gcds_per_gpu"]
@@ -317,7 +317,7 @@ def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate:
         plan["micro_batch"],
         weight_bytes=2 if plan.get("dtype") == "bf16" else 4,
         vocab=m["vocab_size"],
-        prefetch_bucket=plan.get("prefetch_bucket") or 0,  # [Note: the turn] in planner/model.py
+        prefetch_bucket=plan.get("prefetch_bucket") or 0,  # [Note: the turn] in planner/workload.py
     )
     return cl, wl
 
@@ -362,14 +362,14 @@ def _candidate(plan: dict, name: str, cands: dict):
     """The planner's candidate for a configuration of the plan: by name (with the preset's
     compression as the run had it), or our preset with the configuration's compression over the
     preset's as it ran, and its chunks (None where the planner has none)."""
-    from zeropp_hier.planner import model as P
+    from zeropp_hier import planner as P
 
     cfg = plan["configs"].get(name, {})
     ran = plan.get("preset_compression", UNRECORDED_PRESET_COMPRESSION)
     if name in cands:
         cand = cands[name]
         if cfg.get("kind") == "ours" and name in ran:
-            cand = cand._replace(compression=P._compression(name, schemes=_as_ran(ran[name])))
+            cand = cand._replace(compression=P.compression_for(name, schemes=_as_ran(ran[name])))
     elif cfg.get("kind") == "ours" and cfg.get("preset") in cands:
         base = cands[cfg["preset"]]
         preset_ran = _as_ran(ran[cfg["preset"]]) if cfg["preset"] in ran else None
@@ -377,7 +377,7 @@ def _candidate(plan: dict, name: str, cands: dict):
         if preset_ran is not None:
             comp = _over(preset_ran, comp) if comp else preset_ran
         cand = base._replace(
-            name=name, compression=P._compression(cfg["preset"], schemes=comp) if comp else base.compression
+            name=name, compression=P.compression_for(cfg["preset"], schemes=comp) if comp else base.compression
         )
     else:
         return None
@@ -392,7 +392,7 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
     window, hundreds of ms, not a per-collective cost)."""
     import dataclasses
 
-    from zeropp_hier.planner import model as P
+    from zeropp_hier import planner as P
     from zeropp_hier.planner import schedule as S
 
     cl, wl = planner_inputs(plan, probe, compute_s, quant_rate)

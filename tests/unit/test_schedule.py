@@ -5,7 +5,7 @@ other lanes; the busiest link bounds it)."""
 
 import pytest
 
-from zeropp_hier.planner import model as P
+from zeropp_hier import planner as P
 from zeropp_hier.planner.schedule import Hop, simulate
 
 NODE, GPU, GCD = ("node",), ("gpu",), ("gcd",)

@@ -69,7 +69,7 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   bind: in the fair-fight benchmark (docs/benchmarks.md, 16 ranks) int8 gpu gradients put
 #   47.1 + 6.0 MB per step on them, int4 35.7 + 6.0 (zeropp: 71.2 + 9.3). The planner's
 #   ``auto`` weighs the same busiest-link bound ([Note: busiest-link bound] in
-#   planner/model.py) and has int8 on both hops as its candidate for links where the package
+#   planner/pipeline.py) and has int8 on both hops as its candidate for links where the package
 #   links do not bind.
 # - int8 on the node hop: accuracy, measured (benchmarks/convergence.py,
 #   docs/benchmarks.md#convergence-on-real-text). Every setting with int4 gradients on the node
