@@ -10,7 +10,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from benchmarks.compare import planner_inputs
+from benchmarks.compare_planner import planner_inputs
 from zeropp_hier import planner as P
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology

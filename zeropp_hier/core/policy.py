@@ -176,7 +176,7 @@ class NumericsConfig:
     max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
 
-def _merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, Scheme]:
+def merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, Scheme]:
     """``v`` is one scheme for every tier, or a per-tier object merged over ``base``."""
     merged: dict[str, Any] = {t: base.get(t, "none") for t in TIERS}  # checked below, whatever its source
     if isinstance(v, str):
@@ -265,10 +265,10 @@ def parse_compression(v: Any, preset: FixedPreset, field: str) -> CompressionCon
     d = check_mapping(v, field)
     check_keys(d, _COMPRESSION_KEYS, field)
     block, blocks = _parse_blocks(d.get("block_size"), f"{field}.block_size")
-    weights = _merge_schemes(defaults["weights"], d.get("weights"), f"{field}.weights")
-    fwd = _merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
-    bwd = _merge_schemes(weights, d.get("backward_weights"), f"{field}.backward_weights")
-    grads = _merge_schemes(defaults["gradients"], d.get("gradients"), f"{field}.gradients")
+    weights = merge_schemes(defaults["weights"], d.get("weights"), f"{field}.weights")
+    fwd = merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
+    bwd = merge_schemes(weights, d.get("backward_weights"), f"{field}.backward_weights")
+    grads = merge_schemes(defaults["gradients"], d.get("gradients"), f"{field}.gradients")
     ef = _parse_error_feedback(
         d.get("error_feedback"), grads, PRESET_ERROR_FEEDBACK[preset], f"{field}.error_feedback"
     )
