@@ -84,7 +84,7 @@ def auto_candidates(kept_gb: float | None = None, chunks: int | None = None) -> 
     accuracy, [Note: preset compression defaults]), and frontier with
     per-layer kept levels (within ``kept_gb`` when the config gives a budget, else within what
     memory leaves). ``chunks``: pipeline chunks, None for the planner's choice
-    ([Note: busiest-link bound]); 1 where the job's hops do not run on lanes."""
+    ([Note: busiest-link bound] in pipeline.py); 1 where the job's hops do not run on lanes."""
     cands = [
         Candidate("zero3", False, "zero3", compression_for("zero3")),
         Candidate("zeropp", False, "zeropp", compression_for("zeropp"), kept_gb=kept_gb),

@@ -43,7 +43,7 @@ class ClusterModel:
     stock_quantization: bool = True  # whether DeepSpeed's qwZ/qgZ kernels run on this device
     compute_s: float | None = None  # measured compute per step; overrides device_flops
     source: str = ""  # where the numbers come from, printed beside predictions
-    # fraction of each phase's communication left exposed by overlap ([Note: cost model]);
+    # fraction of each phase's communication left exposed by overlap ([Note: cost model] in cost.py);
     # phases not named are fully exposed
     exposed: Mapping[str, float] = field(default_factory=dict)
 
@@ -82,7 +82,7 @@ def frontier(nodes: int = 48) -> ClusterModel:
 
 
 # Exposed fractions per phase on the emulated cluster with DeepSpeed's prefetch on
-# ([Note: cost model]); with prefetch off every phase is exposed.
+# ([Note: cost model] in cost.py); with prefetch off every phase is exposed.
 EMULATED_EXPOSED = {"forward_gather": 1.0, "backward_gather": 0.0, "grad_reduce": 0.5}
 
 

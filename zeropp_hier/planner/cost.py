@@ -70,7 +70,7 @@ def collectives(
     Stock DeepSpeed runs the same plan shapes (zero3: flat; ZeRO++: flat forward, hpZ backward
     inside the node) but reduces gradients with one flat reduce-scatter unless qgZ is on. With a
     level plan ``lp`` (equal layers), each level's share of the layers takes its own backward.
-    Backward gathers ``backward_share`` of the model ([Note: the turn])."""
+    Backward gathers ``backward_share`` of the model ([Note: the turn] in workload.py)."""
     plan = make_plan(cand.preset, cand.compression, topo)
     w = topo.world_size
     out: list[Collective] = []

@@ -1,6 +1,6 @@
 """One step predicted per candidate (time per phase and tier, busiest link, memory per GCD), and
 the candidates ranked: fitting first, then fastest (``rank``), or by what ``auto`` minimises
-(``rank_auto``, [Note: busiest-link bound])."""
+(``rank_auto``, [Note: busiest-link bound] in pipeline.py)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | 
 
 
 def rank_auto(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate]) -> list[Prediction]:
-    """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound])."""
+    """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound] in pipeline.py)."""
     preds = [predict(c, cluster, wl) for c in candidates]
     return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p, cluster)))
 
