@@ -33,6 +33,7 @@ A collective's time is
   a copy per receiving rank. This is why wire bytes differ from ``comm_stats``'s direct-algorithm
   accounting for flat collectives.
 * quantized hops add (de)quantization time at the device's rate; payloads are counted at their
+  packed size plus one fp32 scale per block.
 """
 
 from __future__ import annotations
