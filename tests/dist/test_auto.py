@@ -116,7 +116,7 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
     from zeropp_hier.core.config import parse_section
     from zeropp_hier.deepspeed import auto
     from zeropp_hier.deepspeed.runtime import topology_for
-    from zeropp_hier.planner import model as planner
+    from zeropp_hier import planner
 
     rank = dist.get_rank()
     calls = []

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from benchmarks import compare_rank
-from benchmarks.compare import planner_inputs
+from benchmarks.compare_planner import planner_inputs
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.app import models
 from zeropp_hier.app.job import JobSpec, ds_config_for

@@ -1,11 +1,11 @@
-"""[Note: busiest-link bound] in planner/model.py: auto chooses compression and pipeline chunks
+"""[Note: busiest-link bound] in planner/pipeline.py: auto chooses compression and pipeline chunks
 from the busiest link's time; the chunks' staging enters the memory model."""
 
 from dataclasses import replace
 
 import pytest
 
-from zeropp_hier.planner import model as P
+from zeropp_hier import planner as P
 
 
 def fair_cluster(ratios, library="gloo"):
@@ -25,7 +25,7 @@ def by_name(preds):
 
 def test_package_links_carry_the_node_tier_and_bind_at_frontier_ratios():
     c = fair_cluster((16, 4, 1))
-    p = P.predict(P.Candidate("frontier", False, "frontier", P._compression("frontier")), c, WL)
+    p = P.predict(P.Candidate("frontier", False, "frontier", P.compression_for("frontier")), c, WL)
     assert p.busiest_link == "gpu_out"
     # the node hop's bytes also leave through the package links: a node-only collective loads them
     node_hop = next(k for k in p.costs if k.coll.axes == ("node",) and k.coll.phase == "forward_gather")
@@ -51,13 +51,13 @@ def test_auto_takes_int4_on_the_gpu_hop_where_package_links_bind_and_zeropp_on_f
 
 def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_without_lanes():
     c = fair_cluster((16, 4, 1))
-    cand = P.Candidate("frontier", False, "frontier", P._compression("frontier"))
+    cand = P.Candidate("frontier", False, "frontier", P.compression_for("frontier"))
     p = P.predict(cand, c, WL)
     assert p.chunks > 1
     jobs = P.phase_jobs(p.costs, WL)
-    best = min(P._jobs_time(jobs, k) for k in range(1, 65))
-    assert P._jobs_time(jobs, p.chunks) == best
-    assert P._jobs_time(jobs, p.chunks) < P._jobs_time(jobs, 1)
+    best = min(P.jobs_time(jobs, k) for k in range(1, 65))
+    assert P.jobs_time(jobs, p.chunks) == best
+    assert P.jobs_time(jobs, p.chunks) < P.jobs_time(jobs, 1)
     # one issuing lane (NCCL/RCCL): nothing overlaps, chunks would only add latency
     assert P.predict(cand, fair_cluster((16, 4, 1), library="rccl"), WL).chunks == 1
     # a given count is kept, and auto_candidates passes one on
@@ -67,7 +67,7 @@ def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_without_lanes(
 
 def test_pipeline_staging_is_counted_and_bounded():
     c = fair_cluster((16, 4, 1))
-    cand = P.Candidate("frontier", False, "frontier", P._compression("frontier"))
+    cand = P.Candidate("frontier", False, "frontier", P.compression_for("frontier"))
     one = P.memory(cand, c, WL, chunks=1)
     four = P.memory(cand, c, WL, chunks=4)
     assert "pipeline staging" not in one.parts

@@ -20,7 +20,8 @@ PURE = [
     "zeropp_hier.detect.rocm_topo",
     "zeropp_hier.detect.slurm_env",
     "zeropp_hier.detect.xgmi_links",
-    "zeropp_hier.planner.model",
+    "zeropp_hier.planner",
+    "zeropp_hier.planner.schedule",
     "zeropp_hier.planner.tables",
     "zeropp_hier.tools.sweep_report",
 ]

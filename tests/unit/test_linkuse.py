@@ -145,7 +145,7 @@ def test_probe_sizes_shrink_with_the_node_rate_within_bounds():
 
 
 def test_regime_check_is_the_unshaped_step_over_the_slowest_presets_shaped_step():
-    from benchmarks.compare import regime_check
+    from benchmarks.compare_report import regime_check
 
     summary = {
         "shaped": {"zeropp": {"median_step_s": 30.0}, "frontier": {"median_step_s": 20.0}},

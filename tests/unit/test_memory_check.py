@@ -3,11 +3,11 @@ and a refusal naming the field, the predicted GB, the budget and the fix. No ran
 
 import pytest
 
+from zeropp_hier import planner
 from zeropp_hier.app import job, memory_check
 from zeropp_hier.app.job import JobSpec
 from zeropp_hier.app.models import MODELS
 from zeropp_hier.core.errors import HierConfigError
-from zeropp_hier.planner import model as planner
 
 
 def test_too_big_a_model_is_refused_before_any_rank_starts(monkeypatch):
@@ -39,7 +39,7 @@ def test_predicted_gb_equals_the_planner_memory():
 
     wl = planner.gpt_workload(float(n_params(m)), m.layers, m.hidden, m.seq_len, 1, weight_bytes=2, vocab=m.vocab_size)
     cluster = planner.emulated(nodes=2, gpus_per_node=2, gcds_per_gpu=2)
-    cand = planner.Candidate("frontier", False, "frontier", planner._compression("frontier"))
+    cand = planner.Candidate("frontier", False, "frontier", planner.compression_for("frontier"))
     total = planner.memory(cand, cluster, wl).total / 1e9
     row = next(line for line in lines if line.startswith("| frontier |"))
     assert float(row.split("|")[-3]) == pytest.approx(total, rel=1e-2)

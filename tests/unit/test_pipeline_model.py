@@ -1,8 +1,8 @@
-"""The planner's model of pipelined hops ([Note: pipelined hops] in planner/model.py): pure."""
+"""The planner's model of pipelined hops ([Note: pipelined hops] in planner/pipeline.py): pure."""
 
 import pytest
 
-from zeropp_hier.planner import model as P
+from zeropp_hier import planner as P
 
 # a gather's hops in order (node, gpu, gcd): seconds for the whole job, on their own links
 HOPS = [4.0, 2.0, 1.0]

@@ -10,10 +10,11 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from benchmarks.compare import planner_inputs
+from benchmarks.compare_planner import planner_inputs
+from zeropp_hier import planner as P
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology
-from zeropp_hier.planner import model as P
+from zeropp_hier.planner import tables
 from zeropp_hier.tools.cli import main as cli_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -161,7 +162,7 @@ def test_memory_refuses_what_does_not_fit_and_says_what_to_relax():
     assert not by["frontier"].memory.fits
     assert by["zeropp"].memory.fits and by["ds-zero3"].memory.fits
     assert preds[0].memory.fits and not preds[-1].memory.fits  # refused ones rank last
-    text = "\n".join(P.explain(preds, cl))
+    text = "\n".join(tables.explain(preds, cl))
     assert "does not fit: frontier" in text and "tertiary" in text and "zeropp" in text
     assert "kept_shards_gb" in text  # the per-layer way out is named
 
@@ -177,7 +178,7 @@ def test_a_budget_mixes_levels_and_the_plan_shows_them():
     assert fit.memory.parts["kept copies (per-layer levels)"] == fit.kept_levels.kept_bytes
     # between frontier (every layer in the package) and zeropp (every layer in the node)
     assert by["frontier"].step_s < fit.step_s < by["zeropp"].step_s
-    lines = "\n".join(P.level_lines(fit))
+    lines = "\n".join(tables.level_lines(fit))
     assert "| package |" in lines and "| node |" in lines and "kept copies (per-layer levels)" in lines
     # docs/design.md#memory-per-gcd arithmetic for the fitting 20B case
     m = P.memory(by["ds-zero3"].candidate, cl, P.Workload(params=20e9, tokens_per_gcd=1))
@@ -270,13 +271,13 @@ def test_plan_imports_no_torch():
 
 
 def test_memory_counts_error_feedback_residuals_and_gradient_staging():
-    from zeropp_hier.planner import model as P
+    from zeropp_hier import planner as P
 
     cl = P.frontier(nodes=48)
     wl = P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8)
     default = next(c for c in P.default_candidates(cl) if c.name == "frontier")
     assert "error-feedback residuals" not in P.memory(default, cl, wl).parts  # int8 node stage: none
-    int4 = P._compression("frontier", schemes={"gradients": {"gpu": "int4", "node": "int4"}})
+    int4 = P.compression_for("frontier", schemes={"gradients": {"gpu": "int4", "node": "int4"}})
     frontier = default._replace(compression=int4)
     mem = P.memory(frontier, cl, wl)
     # an int4 node stage is fed back ("auto"): its send buffer holds the rank's rows for every

@@ -5,7 +5,7 @@ other lanes; the busiest link bounds it)."""
 
 import pytest
 
-from zeropp_hier.planner import model as P
+from zeropp_hier import planner as P
 from zeropp_hier.planner.schedule import Hop, simulate
 
 NODE, GPU, GCD = ("node",), ("gpu",), ("gcd",)
@@ -124,14 +124,15 @@ def test_the_schedule_predicts_the_recorded_link_bound_runs(recorded):
     """Re-run from each recorded link-bound fair fight's inputs (not its recorded predictions):
     the pipelined frontier's scheduled step within 10% of its measured step, every other
     configuration's within 20%, and the measured order of our configurations kept
-    (docs/benchmarks.md, "The link-bound fair fight", gives each error; 10-20% off are the
-    unpipelined frontier, zeropp in the deep-prefetch runs and stock ZeRO++ in the first run,
-    for the reasons given under "The planner, from probed rates")."""
+    (docs/benchmarks.md, "The link-bound fair fight", gives the current run's errors and
+    CHANGELOG.md the earlier runs'; 10-20% off are the unpipelined frontier, zeropp in the
+    deep-prefetch runs and stock ZeRO++ in the first run, for the reasons given there under
+    "The planner")."""
     import json
     import statistics
     from pathlib import Path
 
-    from benchmarks.compare import compute_estimate, predictions
+    from benchmarks.compare_planner import compute_estimate, predictions
 
     rec = json.loads((Path(__file__).parents[2] / "benchmarks" / "results" / recorded).read_text())
     shaped = rec["summary"]["shaped"]

@@ -1,7 +1,7 @@
 """The job's memory check: the planner's memory per GCD for this model and layout, printed before
 the model is built, and a refusal when the chosen layout cannot fit.
 
-Pure: the planner's arithmetic (``planner/model.memory``, docs/design.md#memory-per-gcd) on the
+Pure: the planner's arithmetic (``planner/memory_per_gcd.memory``, docs/design.md#memory-per-gcd) on the
 job's shape; no torch.distributed. ``launch`` calls it on every rank before any rank builds a
 model, so every rank refuses alike and nothing is spent on a run that cannot fit.
 
@@ -16,8 +16,8 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .. import planner as P
 from ..core.errors import HierConfigError
-from ..planner import model as P
 from .models import n_params
 
 if TYPE_CHECKING:
@@ -69,17 +69,17 @@ def _layout(spec: JobSpec, world: int, ranks_per_node: int, device_name: str | N
 def _candidates(spec: JobSpec) -> list[P.Candidate]:
     comp = spec.compression
     if spec.preset == "stock":
-        return [P.Candidate("stock", True, "zero3", P._compression("zero3"))]
+        return [P.Candidate("stock", True, "zero3", P.compression_for("zero3"))]
     if spec.preset == "auto":
         return P.auto_candidates()
     if isinstance(comp, dict):
-        c = P._compression(
+        c = P.compression_for(
             spec.preset,
             schemes={k: v for k, v in comp.items() if k != "block_size"},
             block=int(comp.get("block_size", 256)),
         )
     else:
-        c = P._compression(spec.preset, comp)
+        c = P.compression_for(spec.preset, comp)
     return [P.Candidate(spec.preset, False, spec.preset, c)]
 
 
@@ -124,18 +124,20 @@ def check(
     # another preset that fits is the cheapest fix; else the model (or the budget) must change
     others = [
         P.predict(c, cluster, wl)
-        for c in (P.Candidate(n, False, n, P._compression(n)) for n in ("zeropp", "zero3"))
+        for c in (P.Candidate(n, False, n, P.compression_for(n)) for n in ("zeropp", "zero3"))
         if c.preset != spec.preset
     ]
     fitting = [p for p in others if p.memory.fits]
     value: object  # the refused field's value: a preset name or a description of the model
     if fitting and spec.preset not in ("stock", "auto"):
         field, value = "preset", spec.preset
-        fix = f"preset {fitting[0].candidate.name} fits ({fitting[0].memory.total / GB:.3g} GB); " + P._relax(need)
+        fix = f"preset {fitting[0].candidate.name} fits ({fitting[0].memory.total / GB:.3g} GB); " + P.fit_advice(
+            need.candidate.preset
+        )
     else:
         field, value = "model", f"{n_params(m) / 1e9:.3g}B params, {m.layers} layers x {m.hidden}"
         fix = (
-            P._relax(need)
+            P.fit_advice(need.candidate.preset)
             + " Or a smaller model, micro_batch or seq_len"
             + (", or activation_checkpointing=torch." if spec.activation_checkpointing == "none" else ".")
         )

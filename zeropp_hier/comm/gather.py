@@ -198,7 +198,7 @@ def gather_bucket(
 # comm/executor.py), and the executor's slot order alone pipelines the tiers: on lanes (gloo),
 # chunk i's ``gcd`` hop, chunk i+1's ``gpu`` hop and chunk i+2's ``node`` hop run at once, so a
 # gather costs about its slowest tier plus the others' time for one chunk (fill and drain;
-# [Note: pipelined hops] in planner/model.py) instead of the sum of its tiers.
+# [Note: pipelined hops] in planner/pipeline.py) instead of the sum of its tiers.
 #
 # Same bytes, same values: a gather only moves columns, and chunk edges fall on whole blocks of
 # every quantizing hop and of an encoded start ([Note: blocks never straddle]: slots are whole

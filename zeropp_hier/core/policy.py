@@ -69,7 +69,7 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   bind: in the fair-fight benchmark (docs/benchmarks.md, 16 ranks) int8 gpu gradients put
 #   47.1 + 6.0 MB per step on them, int4 35.7 + 6.0 (zeropp: 71.2 + 9.3). The planner's
 #   ``auto`` weighs the same busiest-link bound ([Note: busiest-link bound] in
-#   planner/model.py) and has int8 on both hops as its candidate for links where the package
+#   planner/pipeline.py) and has int8 on both hops as its candidate for links where the package
 #   links do not bind.
 # - int8 on the node hop: accuracy, measured (benchmarks/convergence.py,
 #   docs/benchmarks.md#convergence-on-real-text). Every setting with int4 gradients on the node
@@ -176,7 +176,7 @@ class NumericsConfig:
     max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
 
-def _merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, Scheme]:
+def merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, Scheme]:
     """``v`` is one scheme for every tier, or a per-tier object merged over ``base``."""
     merged: dict[str, Any] = {t: base.get(t, "none") for t in TIERS}  # checked below, whatever its source
     if isinstance(v, str):
@@ -265,10 +265,10 @@ def parse_compression(v: Any, preset: FixedPreset, field: str) -> CompressionCon
     d = check_mapping(v, field)
     check_keys(d, _COMPRESSION_KEYS, field)
     block, blocks = _parse_blocks(d.get("block_size"), f"{field}.block_size")
-    weights = _merge_schemes(defaults["weights"], d.get("weights"), f"{field}.weights")
-    fwd = _merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
-    bwd = _merge_schemes(weights, d.get("backward_weights"), f"{field}.backward_weights")
-    grads = _merge_schemes(defaults["gradients"], d.get("gradients"), f"{field}.gradients")
+    weights = merge_schemes(defaults["weights"], d.get("weights"), f"{field}.weights")
+    fwd = merge_schemes(weights, d.get("forward_weights"), f"{field}.forward_weights")
+    bwd = merge_schemes(weights, d.get("backward_weights"), f"{field}.backward_weights")
+    grads = merge_schemes(defaults["gradients"], d.get("gradients"), f"{field}.gradients")
     ef = _parse_error_feedback(
         d.get("error_feedback"), grads, PRESET_ERROR_FEEDBACK[preset], f"{field}.error_feedback"
     )

@@ -13,13 +13,13 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
    smallest over all ranks (an all-reduce);
 3. the model as the planner sees it: its parameter count, layers ([Note: kept levels]),
    weight width and largest tensor;
-4. ``planner.model.rank_auto`` over ``planner.model.auto_candidates``, on rank 0 only: our presets
+4. ``planner.rank_auto`` over ``planner.auto_candidates``, on rank 0 only: our presets
    with the policy's compression, frontier with gentler gradient compression, and frontier with
    per-layer kept levels; the candidate that fits with the shortest predicted communication is
    chosen. Where the hop groups run on lanes (gloo) that is the busiest link's time or the
    pipelined jobs', whichever is longer, and the planner also picks the pipeline chunk count
    (``pipeline.chunks``, unless the config sets more than 1), its extra staging counted in the
-   memory check ([Note: busiest-link bound] in planner/model.py); with one issuing lane
+   memory check ([Note: busiest-link bound] in planner/pipeline.py); with one issuing lane
    (NCCL/RCCL) it is the collectives in sequence and one chunk. Compute time does not enter:
    the planner adds it alike to every candidate. Rank 0 broadcasts the choice and its record
    (one ``broadcast_object_list`` on the default group, before any hop group of the runtime
@@ -105,7 +105,7 @@ def _memory_per_gcd(device: torch.device, topo: Topology) -> float:
 def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int, device: torch.device):
     """The config with the chosen preset, compression and kept budget, and a record of the
     choice ([Note: auto preset]). Collective."""
-    from ..planner import model as P
+    from .. import planner as P
 
     t0 = time.perf_counter()
     rates, source = _rates(cfg, topo, rank, device)

@@ -1,6 +1,68 @@
 """The planner: predicts one training step (time per phase and tier, memory per GCD) of every
 layout and compression before any process starts, and ranks them. Pure arithmetic over ``core``
-(no torch.distributed, no DeepSpeed, no printing, no files): ``model`` is the cost and memory
-model and the ranking, ``tables`` the plain-text tables that the job and the command print.
-The ``zeropp-hier plan`` command (``zeropp_hier/tools/cli.py``) and the ``auto`` preset
-(``zeropp_hier/deepspeed/auto.py``) are its users."""
+(no torch.distributed, no DeepSpeed, no printing, no files), one concern per module, each
+building on the ones before it:
+
+* ``clusters``: the machines (link rates per tier, memory, device rates), Frontier and the
+  emulated cluster built in;
+* ``workload``: what one step asks of them;
+* ``candidates``: the configurations compared (stock DeepSpeed, our presets);
+* ``cost``: the collectives a candidate issues and their time on the links;
+* ``pipeline``: hops pipelined in chunks, and the chunk count;
+* ``memory_per_gcd``: memory per GCD by part;
+* ``ranking``: one predicted step per candidate, and the ranking;
+* ``schedule``: the step replayed as its dependencies and lanes allow;
+* ``tables``: every table printed for people (the job's and the planner's).
+
+The names below are the planner's public face: ``from zeropp_hier import planner`` and use
+``planner.rank(...)``. The ``zeropp-hier plan`` command (``zeropp_hier/tools/cli.py``) and the
+``auto`` preset (``zeropp_hier/deepspeed/auto.py``) are its users."""
+
+from .candidates import Candidate, auto_candidates, compression_for, default_candidates
+from .clusters import EMULATED_EXPOSED, GB, PHASES, ClusterModel, TierLink, emulated, frontier, with_probed_tiers
+from .cost import Collective, CollectiveCost, collective_cost, collectives, link_loads
+from .memory_per_gcd import CHUNK_STAGING_COPIES, Memory, fit_advice, level_plan, memory, pipeline_staging
+from .pipeline import PhaseJob, best_chunks, choose_chunks, jobs_time, phase_jobs, pipelined_time, sequential_time
+from .ranking import Prediction, predict, rank, rank_auto, rank_key, ratio
+from .workload import Workload, gpt_workload
+
+__all__ = [
+    "CHUNK_STAGING_COPIES",
+    "EMULATED_EXPOSED",
+    "GB",
+    "PHASES",
+    "Candidate",
+    "ClusterModel",
+    "Collective",
+    "CollectiveCost",
+    "Memory",
+    "PhaseJob",
+    "Prediction",
+    "TierLink",
+    "Workload",
+    "auto_candidates",
+    "best_chunks",
+    "choose_chunks",
+    "collective_cost",
+    "collectives",
+    "compression_for",
+    "default_candidates",
+    "emulated",
+    "fit_advice",
+    "frontier",
+    "gpt_workload",
+    "jobs_time",
+    "level_plan",
+    "link_loads",
+    "memory",
+    "phase_jobs",
+    "pipeline_staging",
+    "pipelined_time",
+    "predict",
+    "rank",
+    "rank_auto",
+    "rank_key",
+    "ratio",
+    "sequential_time",
+    "with_probed_tiers",
+]

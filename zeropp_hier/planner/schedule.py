@@ -1,8 +1,8 @@
 """One training step's hop collectives laid out on the executor's lanes, in time. Pure.
 
 [Note: step schedule]
-``model.predict`` prices each collective alone and bounds the step by its busiest link
-([Note: busiest-link bound] in planner/model.py); neither says how far the step's dependencies
+``ranking.predict`` prices each collective alone and bounds the step by its busiest link
+([Note: busiest-link bound] in planner/pipeline.py); neither says how far the step's dependencies
 keep the links from that bound. This follows the step as the runtime runs it on lanes (gloo):
 
 * a *job* per layer and pass ([Note: a job per layer] in deepspeed/inflight.py), its hops in
@@ -14,7 +14,7 @@ keep the links from that bound. This follows the step as the runtime runs it on 
   layer first, from the backward hops, at most ``backward_window`` layers ahead where
   ``pipeline.backward_layers_ahead`` holds the rest back ([Note: backward window] in
   deepspeed/inflight.py), and its first ``held_at_turn`` layers need no gather ([Note: the
-  turn] in planner/model.py); after a layer's backward its gradients join the bucket and a full
+  turn] in planner/workload.py); after a layer's backward its gradients join the bucket and a full
   bucket is submitted (the rest at the end);
 * each lane takes its collectives strictly in submission order, and a job's hop starts once its
   previous hop has ended ([Note: one order of hop collectives] rule 1);
@@ -49,7 +49,10 @@ import math
 from collections import deque
 from typing import Generator, Hashable, NamedTuple, Sequence
 
-from . import model
+from .clusters import PHASES
+from .pipeline import phase_jobs
+from .ranking import Prediction
+from .workload import Workload
 
 
 class Hop(NamedTuple):
@@ -238,7 +241,7 @@ def _pass(
     hops: Sequence[Hop], layers: int, window: int, compute_s: float, held: int = 0, after=None
 ) -> Generator[_Op, _Job | None, None]:
     """One pass over ``layers`` layers as the training thread runs it. The first ``held`` layers
-    are still gathered ([Note: the turn] in planner/model.py): no job; the others take equal
+    are still gathered ([Note: the turn] in planner/workload.py): no job; the others take equal
     shares of ``hops``. ``after(k)``: the thread's ops once layer k has computed."""
     jobs: list[_Job | None] = []
     gathered = layers - held
@@ -280,7 +283,7 @@ def simulate(
     runs ahead; ``buckets``: gradient buckets per step (jobs of the ``reduce`` hops);
     ``backward_window``: at most this many layers ahead in backward ([Note: backward window] in
     deepspeed/inflight.py; None: ``window``); ``held_at_turn``: backward's first layers still
-    gathered from forward, which backward does not gather ([Note: the turn] in planner/model.py)."""
+    gathered from forward, which backward does not gather ([Note: the turn] in planner/workload.py)."""
     if layers < 1 or buckets < 1 or chunks < 1 or window < 0 or not 0 <= held_at_turn <= layers:
         raise ValueError(
             f"layers={layers}, buckets={buckets}, chunks={chunks}, window={window}, "
@@ -312,8 +315,8 @@ def simulate(
 
 
 def for_prediction(
-    pred: model.Prediction,
-    wl: model.Workload,
+    pred: Prediction,
+    wl: Workload,
     window: int,
     compute_s: float,
     link_bound_s: float | None = None,
@@ -332,8 +335,8 @@ def for_prediction(
     layers = max(1, wl.layers)
     # whole layers held at the turn; the bytes of the rest are in the backward hops already
     held = min(layers, round(wl.kept_at_turn / (wl.params / layers))) if wl.params > 0 else 0
-    hops: dict[str, list[Hop]] = {ph: [] for ph in model.PHASES}
-    for job in model.phase_jobs(pred.costs, wl):  # per job; the schedule takes a pass's time per hop
+    hops: dict[str, list[Hop]] = {ph: [] for ph in PHASES}
+    for job in phase_jobs(pred.costs, wl):  # per job; the schedule takes a pass's time per hop
         hops[job.phase] = [
             Hop(
                 lane,

@@ -123,7 +123,7 @@ def _tier_bw(text: str) -> dict[str, float]:
 
 
 def build_plan_inputs(args):
-    from ..planner import model as P
+    from .. import planner as P
 
     if args.cluster == "frontier":
         cluster = P.frontier(args.nodes)
@@ -155,7 +155,8 @@ def build_plan_inputs(args):
 
 
 def cmd_plan(args) -> int:
-    from ..planner import model as P
+    from .. import planner as P
+    from ..planner import tables
 
     cluster, wl, (layers, d) = build_plan_inputs(args)
     preds = P.rank(cluster, wl)
@@ -185,26 +186,25 @@ def cmd_plan(args) -> int:
     )
     bw = ", ".join(f"{t} {cluster.tiers[t].bandwidth / 1e9:.3g} GB/s" for t in ("gcd", "gpu", "node"))
     print(f"per-GCD link rates: {bw}; {cluster.source}\n")
-    print("\n".join(P.table(preds)))
+    print("\n".join(tables.prediction_table(preds)))
     print()
-    for line in P.explain(preds, cluster):
+    for line in tables.explain(preds, cluster):
         print(line)
     for p in preds:
         if p.kept_levels is not None:
             print()
-            print("\n".join(P.level_lines(p)))
+            print("\n".join(tables.level_lines(p)))
     if args.hops:
         from ..core.plan import make_plan
-        from ..planner.tables import plan_lines, topology_lines
 
         print()
-        for line in topology_lines(cluster.topology):
+        for line in tables.topology_lines(cluster.topology):
             print(line)
         for cand in P.default_candidates(cluster):
             if not cand.stock and cand.name == cand.preset:  # each preset with its own compression
                 print()
                 topo = cluster.topology
-                for line in plan_lines(make_plan(cand.preset, cand.compression, topo), topo):
+                for line in tables.plan_lines(make_plan(cand.preset, cand.compression, topo), topo):
                     print(line)
     by = {p.candidate.name: p for p in preds}
     if "ds-zeropp" in by and "frontier" in by and cluster.library != "gloo":
@@ -215,18 +215,16 @@ def cmd_plan(args) -> int:
 
 def published_comparison(cluster, wl, preds) -> str:
     """Predicted ratios beside the published ones, and what moves them."""
-    from ..planner import model as P
-    from ..planner.tables import fmt_bytes
+    from .. import planner as P
+    from ..planner.tables import fmt_bytes, markdown
 
     f_zpp = P.ratio(preds, "ds-zeropp", "frontier")
     zpp_z3 = P.ratio(preds, "ds-zero3", "ds-zeropp")
-    lines = [
-        "| ratio | predicted | published (384 GCDs) |",
-        "|---|---|---|",
-        f"| frontier over stock ZeRO++ | {f_zpp:.2f}x | {PUBLISHED['frontier/zeropp']:.2f}x |",
-        f"| stock ZeRO++ over stock ZeRO-3 | {zpp_z3:.2f}x | ~{PUBLISHED['zeropp/zero3']:.1f}x |",
-        "",
+    rows = [
+        ["frontier over stock ZeRO++", f"{f_zpp:.2f}x", f"{PUBLISHED['frontier/zeropp']:.2f}x"],
+        ["stock ZeRO++ over stock ZeRO-3", f"{zpp_z3:.2f}x", f"~{PUBLISHED['zeropp/zero3']:.1f}x"],
     ]
+    lines = [*markdown(["ratio", "predicted", "published (384 GCDs)"], rows), ""]
     by = {p.candidate.name: p for p in preds}
     comp = by["frontier"].compute_s / by["frontier"].step_s
     lines.append("Where and why the prediction differs:")

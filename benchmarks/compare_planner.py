@@ -1,0 +1,148 @@
+"""The planner beside the comparison benchmark: its cluster and workload for a run
+(``planner_inputs``), the candidate for each configuration as it ran, and the predicted and
+scheduled step of each (``predictions``). Pure: it reads a run's plan and measurements (a live
+run's, or a recorded JSON's, as the planner tests do) and starts nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from benchmarks.compare_variants import UNRECORDED_PRESET_COMPRESSION
+from zeropp_hier import planner as P
+from zeropp_hier.core.policy import PRESET_COMPRESSION, merge_schemes
+from zeropp_hier.core.topology import TIERS
+from zeropp_hier.planner import schedule as S
+
+
+def compute_estimate(summary: dict) -> float | None:
+    """Compute time per step for the planner: the median of every unshaped step, all
+    configurations pooled. With the links unshaped every configuration's step is compute plus
+    memory-speed copies; pooling damps the load spikes of a machine shared with others."""
+    samples = [t for d in summary.get("unshaped", {}).values() for t in d["step_times"]]
+    return statistics.median(samples) if samples else None
+
+
+def planner_inputs(plan: dict, probe: dict | None, compute_s: float, quant_rate: float):
+    """The planner's cluster and workload for a run of this benchmark (also what the planner
+    test re-runs from a recorded JSON)."""
+    topo = plan["topology"]
+    gcds_per_node = topo["gpus_per_node"] * topo["gcds_per_gpu"]
+    cl = P.emulated(
+        node_mbit=plan["node_mbit"],
+        nodes=plan["world"] // gcds_per_node,
+        gpus_per_node=topo["gpus_per_node"],
+        gcds_per_gpu=topo["gcds_per_gpu"],
+        compute_s=compute_s,
+        quant_rate=quant_rate,
+        # overlap hides communication only with DeepSpeed's prefetch on ([Note: cost model])
+        exposed=P.EMULATED_EXPOSED if plan.get("prefetch_bucket") else None,
+    )
+    if probe is not None:
+        cl = P.with_probed_tiers(cl, probe)
+    m = plan["model"]
+    wl = P.gpt_workload(
+        plan["params"],
+        m["n_layers"],
+        m["d_model"],
+        m["seq_len"],
+        plan["micro_batch"],
+        weight_bytes=2 if plan.get("dtype") == "bf16" else 4,
+        vocab=m["vocab_size"],
+        prefetch_bucket=plan.get("prefetch_bucket") or 0,  # [Note: the turn] in planner/workload.py
+    )
+    return cl, wl
+
+
+def preset_compression(presets) -> dict:
+    """The compression each of our presets ran with, for the plan: a result file re-run later
+    ([Note: step schedule]) must model what ran, not a later default."""
+    return {p: PRESET_COMPRESSION[p] for p in sorted(set(presets)) if p in PRESET_COMPRESSION}
+
+
+def _as_ran(preset_compression: dict) -> dict:
+    """A recorded preset's compression with every tier named: the record is the preset's
+    ``PRESET_COMPRESSION`` entry of its day, where a tier left out was exact, whatever the
+    default says now."""
+
+    def full(tiers):
+        return {t: tiers.get(t, "none") for t in TIERS} if isinstance(tiers, dict) else tiers
+
+    return {kind: full(tiers) for kind, tiers in preset_compression.items()}
+
+
+def _over(base: dict, override: dict) -> dict:
+    """A configuration's compression override over its preset's, kind by kind and tier by tier,
+    by the config parser's own merge rule (``merge_schemes``); other keys are replaced."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = merge_schemes(base[k], v, f"compression.{k}") if isinstance(base.get(k), dict) else v
+    return out
+
+
+def _candidate(plan: dict, name: str, cands: dict):
+    """The planner's candidate for a configuration of the plan: by name (with the preset's
+    compression as the run had it), or our preset with the configuration's compression over the
+    preset's as it ran, and its chunks (None where the planner has none)."""
+    cfg = plan["configs"].get(name, {})
+    ran = plan.get("preset_compression", UNRECORDED_PRESET_COMPRESSION)
+    if name in cands:
+        cand = cands[name]
+        if cfg.get("kind") == "ours" and name in ran:
+            cand = cand._replace(compression=P.compression_for(name, schemes=_as_ran(ran[name])))
+    elif cfg.get("kind") == "ours" and cfg.get("preset") in cands:
+        base = cands[cfg["preset"]]
+        preset_ran = _as_ran(ran[cfg["preset"]]) if cfg["preset"] in ran else None
+        comp = cfg.get("compression")
+        if preset_ran is not None:
+            comp = _over(preset_ran, comp) if comp else preset_ran
+        cand = base._replace(
+            name=name, compression=P.compression_for(cfg["preset"], schemes=comp) if comp else base.compression
+        )
+    else:
+        return None
+    return cand._replace(chunks=cfg.get("pipeline", {}).get("chunks", 1)) if cfg.get("kind") == "ours" else cand
+
+
+def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
+    """The planner beside each configuration: its cost model (``step_s``), and for the link-bound
+    regime the step scheduled on the lanes ([Note: step schedule] in planner/schedule.py):
+    probed hop rates, the tbf capacities for the busiest-link bound, and the emulated cluster's
+    latencies (a probe's intercept at sub-Mbit rates is the token bucket's burst and TCP's
+    window, hundreds of ms, not a per-collective cost)."""
+    cl, wl = planner_inputs(plan, probe, compute_s, quant_rate)
+    tbf, _ = planner_inputs(plan, None, compute_s, quant_rate)
+    tbf = dataclasses.replace(tbf, efficiency=1.0)  # the links' physical capacity
+    lanes = dataclasses.replace(
+        cl, tiers={t: P.TierLink(v.bandwidth, tbf.tiers[t].latency) for t, v in cl.tiers.items()}
+    )
+    if plan.get("reduce_bucket"):
+        wl = dataclasses.replace(wl, reduce_bucket=float(plan["reduce_bucket"]))
+    layer_params = plan["params"] / max(1, wl.layers)
+    window = max(1, round(plan["prefetch_bucket"] / layer_params)) if plan.get("prefetch_bucket") else 0
+    cands = {c.name: c for c in P.default_candidates(cl)}
+    by = {p.candidate.name: p for p in P.rank(cl, wl)}
+    out = {}
+    for n in names:
+        cand = _candidate(plan, n, cands)
+        if cand is None:
+            continue
+        prefetch = plan["configs"].get(n, {}).get("prefetch", True)  # compare_rank.ds_overrides
+        wl_n = wl if prefetch else dataclasses.replace(wl, kept_at_turn=0.0)
+        p = by[n] if n in by and cand == by[n].candidate and prefetch else P.predict(cand, cl, wl_n)
+        row = {
+            "step_s": p.step_s,
+            "node_bytes": p.tier_bytes["node"],
+            "gpu_bytes": p.tier_bytes["gpu"],
+            "gcd_bytes": p.tier_bytes["gcd"],
+            "phase_s": p.phase_s,
+        }
+        bound = P.predict(cand, tbf, wl_n).link_bound_s
+        ahead = plan["configs"].get(n, {}).get("pipeline", {}).get("backward_layers_ahead")
+        win = window if prefetch else 0
+        sched = S.for_prediction(
+            P.predict(cand, lanes, wl_n), wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead
+        )
+        row.update(scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=win)
+        out[n] = row
+    return out

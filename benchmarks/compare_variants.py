@@ -1,0 +1,105 @@
+"""The configurations the comparison benchmark can run, as data: stock DeepSpeed's two, our three
+presets and ``auto`` (``ORDER``, the default set ``DEFAULT``), and the named variants
+(``VARIANTS``) that ``--configs`` picks for one question each (overlap, kept levels, pipelined
+hops, gradient schemes). A configuration is what ``benchmarks/compare_rank.py`` builds: ``kind``
+stock or ours, and for ours the preset and the ``zeropp_hier`` section's overrides."""
+
+from __future__ import annotations
+
+from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
+
+ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
+DEFAULT = ORDER[:5]
+# variants for the overlap question (name them with --configs): prefetch off, and every
+# collective inline (overlap off) with prefetch on
+# frontier's whole compression until its node stage became int8 (CHANGELOG)
+FRONTIER_INT4_NODE = {"weights": {"node": "int8"}, **INT4_NODE_GRADIENTS}
+VARIANTS = {
+    "zeropp/no-prefetch": {"kind": "ours", "preset": "zeropp", "prefetch": False},
+    "frontier/no-prefetch": {"kind": "ours", "preset": "frontier", "prefetch": False},
+    "zeropp/inline": {"kind": "ours", "preset": "zeropp", "overlap": False},
+    "frontier/inline": {"kind": "ours", "preset": "frontier", "overlap": False},
+    # package copies for about half the layers, node copies for the rest ([Note: kept levels]):
+    # the model's package copy is ~1.75 MB per rank in int8 rows, a node copy ~0.44 MB
+    "frontier/half": {"kind": "ours", "preset": "frontier", "memory": {"kept_shards_gb": 0.0011}},
+    # zeropp (ZeRO++'s flat forward) with package copies for the same layers: their backward
+    # stays in the package; and with package copies for every layer (hpZ over the package)
+    "zeropp/half": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 0.0011}},
+    "zeropp/package": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 1.0}},
+    # package copies for half the transformer blocks (blocks.0-1, with the embeddings and ln_f,
+    # upgraded in model order; 1.19 of 1.81 MB per rank), node copies for blocks.2-3
+    "zeropp/half-blocks": {"kind": "ours", "preset": "zeropp", "memory": {"kept_shards_gb": 0.0012}},
+    # pipelined hops ([Note: chunked gathers]): each gather and gradient bucket cut into 4
+    # block-aligned chunks, so the lanes run different chunks' hops on different tiers at once
+    "frontier/pipe": {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 4}},
+    "zeropp/pipe": {"kind": "ours", "preset": "zeropp", "pipeline": {"chunks": 4}},
+    # twice the chunks: less fill and drain per job, more messages (the schedule at link share
+    # 0.15: 68.0 s with 4 chunks, 65.3 s with 8)
+    "frontier/pipe8": {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 8}},
+    # int8 gradients on the package links, int4 on the network (frontier's default before int4 on
+    # the package links)
+    "frontier/int8-gpu": {
+        "kind": "ours",
+        "preset": "frontier",
+        "compression": {"gradients": {"gcd": "none", "gpu": "int8", "node": "int4"}},
+    },
+    # pipelined, with int8 gradients on the in-package hop too: in the link-bound regime the
+    # backward's gcd lane carries the backward gathers and every gradient in bf16 and binds there
+    # while the package links wait ([Note: step schedule] in zeropp_hier/planner/schedule.py)
+    "frontier/pipe-int8-gcd": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4},
+        "compression": INT8_GCD_GRADIENTS,
+    },
+    # int8 on the in-package hop beside int4 gpu and int8 node hops: frontier/pipe since this
+    # became frontier's default, spelled out
+    "frontier/pipe-int8-gcd-node8": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4},
+        "compression": INT8_GCD_NODE8,
+    },
+    # frontier's default before that: the in-package hop exact; unchunked and pipelined
+    "frontier/exact-gcd": {"kind": "ours", "preset": "frontier", "compression": EXACT_GCD_GRADIENTS},
+    "frontier/pipe-exact-gcd": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4},
+        "compression": EXACT_GCD_GRADIENTS,
+    },
+    # and with the backward's gathers at most one layer ahead, so that each layer's gradients
+    # reach the gcd lane before the gathers of the layers after the next ([Note: backward window]
+    # in zeropp_hier/deepspeed/inflight.py)
+    "frontier/pipe-int8-gcd-w1": {
+        "kind": "ours",
+        "preset": "frontier",
+        "pipeline": {"chunks": 4, "backward_layers_ahead": 1},
+        "compression": INT8_GCD_GRADIENTS,
+    },
+    # int4 gradients on the package links and the network, spelled out (frontier's default
+    # before its node stage became int8; the recorded runs below that name it were made when
+    # frontier sent int8 on the package links)
+    "frontier/int4-gpu": {"kind": "ours", "preset": "frontier", "compression": FRONTIER_INT4_NODE},
+}
+
+
+def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
+    zpp = {"zero_hpz_partition_size": gcds_per_node}
+    if stock_quant_ok:
+        zpp.update(zero_quantized_weights=True, zero_quantized_gradients=True)
+    return {
+        "ds-zero3": {"kind": "stock"},
+        "ds-zeropp": {"kind": "stock", "zero": zpp},
+        "zero3": {"kind": "ours", "preset": "zero3"},
+        "zeropp": {"kind": "ours", "preset": "zeropp"},
+        "frontier": {"kind": "ours", "preset": "frontier"},
+        # chooses at initialize from a probe of these links ([Note: auto preset])
+        "auto": {"kind": "ours", "preset": "auto"},
+        **VARIANTS,
+    }
+
+
+# What the presets compressed in result files written before the plan recorded it
+# ("preset_compression")
+UNRECORDED_PRESET_COMPRESSION = {"frontier": FRONTIER_INT4_NODE}

@@ -1,0 +1,132 @@
+"""The clusters the planner models: per-GCD link rates and latencies per tier, memory per GCD,
+the device's rates, and which collective library runs. Two built in (``frontier``, ``emulated``),
+and ``with_probed_tiers`` for rates that ``zeropp-hier probe`` measured. Pure data."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from ..core.topology import Topology
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class TierLink:
+    bandwidth: float  # bytes/s per GCD per direction
+    latency: float  # seconds per algorithm step (alpha)
+
+
+# the phases of a step's communication, as Prediction.phase_s and ClusterModel.exposed name them
+PHASES = ("forward_gather", "backward_gather", "grad_reduce")
+
+
+@functools.lru_cache(maxsize=16)  # a Topology indexes every rank: build each one once
+def _topology(nodes: int, gpus_per_node: int, gcds_per_gpu: int) -> Topology:
+    return Topology(nodes, gpus_per_node, gcds_per_gpu)
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gcds_per_gpu: int
+    tiers: Mapping[str, TierLink]
+    memory_per_gcd: float  # bytes
+    device_flops: float  # achieved FLOP/s per GCD on the model's matmuls
+    quant_rate: float  # elements/s per GCD for a quantize + dequantize round trip
+    library: str = "rccl"  # "rccl" | "nccl" | "gloo": which collective algorithms run
+    efficiency: float = 1.0  # fraction of link rate a collective gets (1.0 for probed rates)
+    stock_quantization: bool = True  # whether DeepSpeed's qwZ/qgZ kernels run on this device
+    compute_s: float | None = None  # measured compute per step; overrides device_flops
+    source: str = ""  # where the numbers come from, printed beside predictions
+    # fraction of each phase's communication left exposed by overlap ([Note: cost model] in cost.py);
+    # phases not named are fully exposed
+    exposed: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for phase, e in self.exposed.items():
+            if phase not in PHASES or not 0.0 <= e <= 1.0:
+                raise ValueError(
+                    f"ClusterModel.exposed[{phase!r}] = {e!r}: give a fraction in [0, 1] for a phase of {PHASES}"
+                )
+
+    @property
+    def topology(self) -> Topology:
+        return _topology(self.nodes, self.gpus_per_node, self.gcds_per_gpu)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node * self.gcds_per_gpu
+
+
+def frontier(nodes: int = 48) -> ClusterModel:
+    """Frontier as docs/design.md#hardware-tiers states it (per-GCD, per-direction link rates); latencies and the
+    achieved FLOP rate are assumptions, printed with every prediction."""
+    return ClusterModel(
+        name=f"Frontier ({nodes} nodes, {nodes * 8} GCDs)",
+        nodes=nodes,
+        gpus_per_node=4,
+        gcds_per_gpu=2,
+        tiers={"gcd": TierLink(200 * GB, 5e-6), "gpu": TierLink(50 * GB, 10e-6), "node": TierLink(12.5 * GB, 20e-6)},
+        memory_per_gcd=64 * GB,
+        device_flops=70e12,
+        quant_rate=2e11,
+        library="rccl",
+        source="docs/design.md#hardware-tiers link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
+        "MI250X GCD's 191.5 bf16 peak), alpha 5/10/20 us, no compute/communication overlap",
+    )
+
+
+# Exposed fractions per phase on the emulated cluster with DeepSpeed's prefetch on
+# ([Note: cost model] in cost.py); with prefetch off every phase is exposed.
+EMULATED_EXPOSED = {"forward_gather": 1.0, "backward_gather": 0.0, "grad_reduce": 0.5}
+
+
+def emulated(
+    node_mbit: float = 10.0,
+    nodes: int = 2,
+    gpus_per_node: int = 2,
+    gcds_per_gpu: int = 2,
+    efficiency: float = 0.75,
+    compute_s: float | None = None,
+    quant_rate: float = 2e7,
+    device_flops: float = 1.5e9,
+    exposed: Mapping[str, float] | None = None,
+) -> ClusterModel:
+    """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
+    gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
+    gpu tiers in ``zeropp-hier probe`` runs here (62-67% with other settings,
+    docs/benchmarks.md#emulated-cluster-notes);
+    probed tiers replace it. Compute on 2 shared CPU cores is a
+    measurement (``compute_s``) whenever one is available."""
+    bps = node_mbit * 1e6 / 8
+    return ClusterModel(
+        name=f"emulated {nodes}x{gpus_per_node}x{gcds_per_gpu} (node {node_mbit:g} Mbit/s per GCD)",
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        gcds_per_gpu=gcds_per_gpu,
+        tiers={"gcd": TierLink(16 * bps, 2e-4), "gpu": TierLink(4 * bps, 5e-4), "node": TierLink(bps, 1e-3)},
+        memory_per_gcd=24 * GB / (nodes * gpus_per_node * gcds_per_gpu),
+        device_flops=device_flops,
+        quant_rate=quant_rate,
+        library="gloo",
+        efficiency=efficiency,
+        stock_quantization=False,
+        compute_s=compute_s,
+        source="tbf rates of benchmarks/cluster; gloo algorithms measured there"
+        + ("; overlap as measured with prefetch on" if exposed else ""),
+        exposed=dict(exposed or {}),
+    )
+
+
+def with_probed_tiers(cluster: ClusterModel, probe: Mapping) -> ClusterModel:
+    """Replace tier bandwidths and latencies by ``zeropp-hier probe`` output (efficiency 1:
+    probed rates are what collectives achieve)."""
+    tiers = dict(cluster.tiers)
+    for t, v in probe["tiers"].items():
+        tiers[t] = TierLink(float(v["bandwidth"]), float(v["latency"]))
+    return replace(cluster, tiers=tiers, efficiency=1.0, source=cluster.source + "; tiers probed")

@@ -1,0 +1,267 @@
+"""The collectives one step issues and their time on the cluster's links.
+
+Pure: no torch.distributed, no processes. The collectives a configuration issues come from
+``plan.make_plan`` — the very plan the runtime executes — so prediction and implementation
+cannot drift apart.
+
+[Note: cost model]
+One step = compute + every collective, one after another, less what overlap hides. Each phase
+has an exposed fraction e (forward gathers, backward gathers, gradient reduce):
+``step = compute + comm - min(sum((1 - e) * phase), compute)``. How much overlap hides is a
+property of the machine (on GPUs the links run beside the SMs; on a CPU the collectives'
+copies and quantization compete with compute for the same cores), so it is measured, not
+derived. Every fraction is 1 (nothing hidden) unless a measurement says otherwise: the Frontier
+model keeps 1, an upper bound. The emulated cluster with DeepSpeed's prefetch on uses
+forward 1, backward 0, gradients 0.5 (``EMULATED_EXPOSED``): forward gathers did not hide there,
+backward re-gathers (prefetched, from the kept copies) did, and half of the gradient stages ran
+beside backward. That choice was read off the three runs in docs/benchmarks.md ("auto at
+three link settings": all within 7.6% of the measured step with it; one fraction for all phases
+left 15%), so it describes those runs; it is not a held-out validation. It changes predicted
+steps and can change the ranking between layouts whose time sits in different phases.
+A collective's time is
+``max over links (bytes on the link / (capacity * efficiency)) + latency * steps``:
+
+* links are the resources of the machine: the in-package link of each package (capacity
+  gcds_per_gpu * gcd rate), each package's links to the rest of its node (out and in,
+  gcds_per_gpu * gpu rate) and each node's network links (out and in, gcds_per_node * node rate).
+  Rates are per GCD and per direction — what one GCD gets when every GCD of its enclosure sends,
+  which is how docs/design.md#hardware-tiers states Frontier's numbers and how ``zeropp-hier probe`` measures them.
+* the bytes on each link follow the algorithm the library uses: ring all-gather and
+  reduce-scatter over the group in rank order (NCCL/RCCL; gloo's reduce-scatter sends as much as
+  a ring all-reduce, measured on the emulated cluster), direct all-to-all. A flat ring crosses a
+  slow link once per enclosure and so is already frugal with node bytes; a direct exchange sends
+  a copy per receiving rank. This is why wire bytes differ from ``comm_stats``'s direct-algorithm
+  accounting for flat collectives.
+* quantized hops add (de)quantization time at the device's rate; payloads are counted at their
+  packed size plus one fp32 scale per block.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import levels
+from ..core.plan import CommPlan, make_plan
+from ..core.topology import AXES, TIERS, Topology
+from .candidates import Candidate
+from .clusters import ClusterModel
+
+
+class Collective(NamedTuple):
+    phase: str  # forward_gather | backward_gather | grad_reduce
+    op: str  # all_gather | reduce_scatter | all_to_all
+    axes: tuple[str, ...]
+    scheme: str
+    send_elems: float  # elements this rank contributes (all_gather) or holds (reduce ops)
+    quant_elems: float  # elements (de)quantized on this rank for this collective
+
+
+def collectives(
+    cand: Candidate,
+    topo: Topology,
+    params: float,
+    lp: levels.LevelPlan | None = None,
+    backward_share: float = 1.0,
+) -> tuple[CommPlan, list[Collective]]:
+    """The collectives one step issues, whole model at once (per-layer calls add only latency).
+
+    Stock DeepSpeed runs the same plan shapes (zero3: flat; ZeRO++: flat forward, hpZ backward
+    inside the node) but reduces gradients with one flat reduce-scatter unless qgZ is on. With a
+    level plan ``lp`` (equal layers), each level's share of the layers takes its own backward.
+    Backward gathers ``backward_share`` of the model ([Note: the turn] in workload.py)."""
+    plan = make_plan(cand.preset, cand.compression, topo)
+    w = topo.world_size
+    out: list[Collective] = []
+    fwd, enc = _gather(plan.forward, "forward_gather", topo, params / w, params, None)
+    out += fwd
+    shares: dict[tuple[str, ...] | None, float]  # the axes of a kept copy (None: none) -> share
+    if plan.kept_axes is None:
+        shares = {None: 1.0}
+    elif lp is None:
+        shares = {plan.kept_axes: 1.0}
+    else:
+        n = len(lp.levels)
+        shares = {}
+        for lvl, count in lp.counts().items():
+            if count:
+                shares[levels.LEVEL_AXES[lvl]] = count / n
+    for axes, share in shares.items():
+        share *= backward_share
+        if axes is None:  # no kept copy: the forward's gather again
+            out += [
+                c._replace(phase="backward_gather", send_elems=c.send_elems * share, quant_elems=c.quant_elems * share)
+                for c in fwd
+            ]
+            continue
+        # the kept copy is cut from the forward's result, encoded if the forward quantized
+        kept = share * params / w * topo.axes_size(axes)
+        bwd, _ = _gather(plan.backward_for(axes), "backward_gather", topo, kept, share * params, enc)
+        out += bwd
+    buf = float(params)  # full gradient on every rank
+    flat_stock = cand.stock and not any(h.scheme in ("int8", "int4") for h in plan.reduce)
+    if flat_stock:
+        out.append(Collective("grad_reduce", "reduce_scatter", AXES, "none", buf, 0.0))
+    else:
+        for hop in plan.reduce:
+            k = topo.axes_size(hop.axes)
+            q = buf * 2 if hop.scheme in ("int8", "int4") else 0.0
+            out.append(Collective("grad_reduce", "all_to_all", hop.axes, hop.scheme, buf, q))
+            buf /= k
+    return plan, out
+
+
+def _gather(hops, phase: str, topo: Topology, held: float, total: float, enc: str | None):
+    """One gather's collectives and the scheme it ends encoded in. ``held``: elements this rank
+    contributes to the first hop; ``total``: elements it ends with; ``enc``: the scheme the
+    input is already encoded in (a kept copy). A gather quantizes once and later hops carry
+    the encoded rows ([Note: quantize once per gather] in comm/collectives.py): their bytes are
+    the encoding's, and the only other (de)quantization is the decode of ``total`` at the end."""
+    out = []
+    for i, hop in enumerate(hops):
+        q = 0.0
+        if enc is None and hop.scheme in ("int8", "int4"):
+            enc, q = hop.scheme, held + total
+        elif enc is not None and i == 0:
+            q = total  # a kept encoded copy: decode at the end
+        out.append(Collective(phase, "all_gather", hop.axes, enc or hop.scheme, held, q))
+        held *= topo.axes_size(hop.axes)
+    return out, enc
+
+
+def bytes_per_elem(scheme: str, width: int, block: int) -> float:
+    return {"int8": 1 + 4 / block, "int4": 0.5 + 4 / block, "fp16": 2, "bf16": 2}.get(scheme, width)
+
+
+# link kinds in the order a collective's first messages reach them (nearest rank first): ties
+# between tiers go to the first
+KINDS = ("gcd", "gpu_out", "gpu_in", "node_out", "node_in")
+
+
+class KindLoad(NamedTuple):
+    per_link: float  # bytes on each link of this kind that the collective uses
+    links: int  # links of this kind in the cluster that carry them
+
+
+def _tier_of(kind: str) -> str:
+    return kind.split("_")[0]
+
+
+@functools.lru_cache(maxsize=1 << 12)  # ranking re-costs the same sums many times
+def summed(x: float, n: int) -> float:
+    """``x`` added ``n`` times, one addition after another: n * x, rounded as running sums round
+    ([Note: link loads per tier]). Sequential, as numpy's ``add.accumulate`` is."""
+    if n <= 2:
+        return n * x  # exact: 0 + x and x + x do not round
+    return float(np.add.accumulate(np.full(n, x))[-1])
+
+
+def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -> dict[str, KindLoad]:
+    """Bytes on the links of each kind for one collective; ``payload`` = bytes of this rank's
+    contribution (all_gather) or of its whole buffer (reduce ops).
+
+    [Note: link loads per tier]
+    Computed per link kind in closed form, not per pair of ranks (an all-to-all over all of
+    Frontier would be 5.7e9 pairs). The planner's clusters place ranks in coordinate order, so
+    every group of the collective has the same shape and every link of a kind carries the same
+    bytes. A group spans ``k`` ranks, ``m_pkg`` of them in any one package and ``m_node`` in any
+    one node (the group's extent along gcd, and along gpu and gcd). In rank order a group's
+    members in one package, and in one node, are consecutive, so a ring crosses the boundary of
+    each such block once each way. Per package (node) there are G / m_pkg (P*G / m_node) groups.
+
+    * ring (all_gather, reduce_scatter), ``e`` bytes per ring edge: the package link carries the
+      block's m_pkg - 1 inner edges (all m_pkg when the group is the package: the ring closes
+      inside); a package's link out (and in) one edge per group, G / m_pkg * e; a node's link
+      out (and in) P*G / m_node * e.
+    * all-to-all, ``x = payload / k`` per ordered pair: the package link m_pkg(m_pkg-1) x; the
+      package's link out G (k - m_pkg) x (each of its G ranks sends to every member outside
+      the package); the node's link out P*G (k - m_node) x.
+
+    Each figure is summed as a walk over the messages would sum it (``summed``: the same
+    addition repeated, not one multiplication), so the planner's figures match such a walk's to
+    the last bit and no printed figure moves at a rounding edge. tests/unit/test_planner.py
+    checks these against a walk over every pair of ranks."""
+    if not topo.is_identity_map:
+        raise ValueError("planner.link_loads: the planner's topologies place ranks in coordinate order (no rank_map)")
+    nodes, per_node, per_pkg = topo.dims
+    axes = set(coll.axes)
+    s_node = nodes if "node" in axes else 1
+    s_gpu = per_node if "gpu" in axes else 1
+    m_pkg = per_pkg if "gcd" in axes else 1
+    m_node = s_gpu * m_pkg
+    k = s_node * m_node
+    if k < 2:
+        return {}
+    packages = nodes * per_node
+    if coll.op == "all_to_all":
+        unit = payload / k  # bytes per ordered pair
+        count = {
+            "gcd": m_pkg * (m_pkg - 1),
+            "gpu": per_pkg * (k - m_pkg),
+            "node": per_node * per_pkg * (k - m_node),
+        }
+    else:
+        if coll.op == "all_gather":
+            unit = (k - 1) * payload  # bytes per ring edge
+        elif library == "gloo":  # gloo's reduce-scatter moves an all-reduce's bytes
+            unit = 2 * (k - 1) / k * payload
+        else:
+            unit = (k - 1) / k * payload
+        count = {
+            "gcd": m_pkg - 1 + (k == m_pkg),
+            "gpu": per_pkg // m_pkg if k > m_pkg else 0,
+            "node": per_node * per_pkg // m_node if k > m_node else 0,
+        }
+    per_link = {tier: summed(unit, n) for tier, n in count.items()}
+    links = {"gcd": packages, "gpu": packages, "node": nodes}
+    out: dict[str, KindLoad] = {}
+    for kind in KINDS:
+        tier = _tier_of(kind)
+        if per_link[tier] > 0:
+            out[kind] = KindLoad(per_link[tier], links[tier])
+    return out
+
+
+def capacity(cluster: ClusterModel, kind: str) -> float:
+    t = cluster.tiers
+    if kind == "gcd":
+        return cluster.gcds_per_gpu * t["gcd"].bandwidth
+    if kind.startswith("gpu"):
+        return cluster.gcds_per_gpu * t["gpu"].bandwidth
+    return cluster.gcds_per_gpu * cluster.gpus_per_node * t["node"].bandwidth
+
+
+class CollectiveCost(NamedTuple):
+    coll: Collective
+    seconds: float
+    bottleneck: str  # tier of the busiest link
+    tier_bytes: dict  # bytes this collective puts on each tier, whole cluster
+    quant_seconds: float
+    latency_seconds: float
+    link_seconds: dict = {}  # bytes on each link kind / its capacity ([Note: busiest-link bound])
+    flow_rate: float = 0.0  # one rank's throughput alone on its busiest link ([Note: shared links])
+
+
+def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int) -> CollectiveCost:
+    topo = cluster.topology
+    payload = coll.send_elems * bytes_per_elem(coll.scheme, width, block)
+    loads = link_loads(coll, topo, cluster.library, payload)
+    seconds = {kind: load.per_link / (capacity(cluster, kind) * cluster.efficiency) for kind, load in loads.items()}
+    worst = max(seconds.values(), default=0.0)
+    # the busiest link's tier; links of two tiers busy alike (to rounding): the faster tier
+    bottleneck = next((_tier_of(kd) for kd, sec in seconds.items() if sec >= worst * (1 - 1e-12)), coll.axes[0])
+    tier_bytes = {t: 0.0 for t in TIERS}
+    for kind in ("gcd", "gpu_out", "node_out"):
+        if kind in loads:
+            tier_bytes[_tier_of(kind)] += summed(loads[kind].per_link, loads[kind].links)
+    tier_bytes["gpu"] -= tier_bytes["node"]  # package-out bytes that stay inside the node
+    k = topo.axes_size(coll.axes)
+    steps = (2 if coll.op == "reduce_scatter" and cluster.library == "gloo" else 1) * (k - 1)
+    # one collective per hop, payload and scales together ([Note: one collective per hop])
+    alpha = cluster.tiers[coll.axes[0]].latency * steps * calls
+    quant = coll.quant_elems / (2 * cluster.quant_rate)
+    # a hop's flows (one per rank) run at its busiest tier's per-GCD rate when alone
+    flow = cluster.tiers[bottleneck].bandwidth * cluster.efficiency
+    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds, flow)

@@ -1,0 +1,116 @@
+"""Pipelined hops: a job's hops cut into chunks that the executor's lanes run as a pipeline
+([Note: pipelined hops]), the step's jobs per phase, and the chunk count that minimises them
+([Note: busiest-link bound]). Pure arithmetic over the collectives' costs."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+from ..core.config import MAX_PIPELINE_CHUNKS
+from .clusters import PHASES, ClusterModel
+from .cost import CollectiveCost
+from .workload import Workload
+
+# [Note: pipelined hops]
+# A job (one gather, one gradient bucket's stages) runs its hops in sequence: unpipelined it costs
+# the sum of its hops' times. Cut into ``c`` chunks that the executor's lanes run as a pipeline
+# ([Note: chunked gathers] in comm/gather.py), hop t of chunk i starts once hop t of chunk i-1
+# and hop t-1 of chunk i are done: a flow shop of identical jobs, whose makespan is
+# ``sum(tau) + (c - 1) * max(tau)`` with ``tau_t = T_t / c + alpha_t`` (``T_t`` the hop's time
+# for the whole job, ``alpha_t`` its fixed cost per collective, paid once per chunk). That is
+# the slowest hop's time plus fill and drain (every other hop's time for one chunk), and each
+# chunk pays every hop's latency again, so more chunks shorten fill and drain but add
+# latency; ``best_chunks`` takes the minimum. The model holds where each hop has its own link
+# and its own lane (gloo's lanes): hops that share a physical link (the gpu and node tiers both
+# cross a package's links) are one resource and should be passed as one stage, and with one
+# issuing lane (NCCL) or serial issue (RCCL) the hops do not overlap: use ``sequential_time``.
+
+
+def sequential_time(hop_s: Sequence[float], latency_s: Sequence[float] | None = None) -> float:
+    """A job's hops one after another ([Note: pipelined hops]): the sum of their times."""
+    lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
+    return float(sum(hop_s) + sum(lat))
+
+
+def pipelined_time(hop_s: Sequence[float], chunks: int, latency_s: Sequence[float] | None = None) -> float:
+    """A job of hops taking ``hop_s`` seconds each (whole job, in hop order; ``latency_s`` per
+    collective) cut into ``chunks`` pipelined chunks ([Note: pipelined hops]): the slowest
+    chunk-hop ``chunks`` times, plus every other hop once (fill and drain)."""
+    if chunks < 1:
+        raise ValueError(f"chunks = {chunks}: a job is cut into at least one chunk")
+    if len(hop_s) == 0:
+        return 0.0
+    lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
+    if len(lat) != len(hop_s):
+        raise ValueError(f"{len(hop_s)} hop times but {len(lat)} latencies")
+    tau = [t / chunks + a for t, a in zip(hop_s, lat)]
+    return float(sum(tau) + (chunks - 1) * max(tau))
+
+
+def best_chunks(hop_s: Sequence[float], latency_s: Sequence[float] | None = None, max_chunks: int = 64) -> int:
+    """The chunk count in 1..``max_chunks`` with the shortest ``pipelined_time`` (the smallest on
+    a tie)."""
+    return min(range(1, max_chunks + 1), key=lambda c: (pipelined_time(hop_s, c, latency_s), c))
+
+
+# [Note: busiest-link bound]
+# With lanes (gloo), hops of different jobs and, pipelined, of one job's chunks run on their links
+# at once, so a step's communication tends to its busiest link's time: the bytes every collective
+# puts on that link over its capacity (``Prediction.link_s``, per link kind; a package's links
+# out and in, ``gpu_out``/``gpu_in``, carry the gpu tier's bytes and the node tier's, since a
+# node's traffic leaves through its packages). No schedule beats that bound; a job's hops still
+# run in sequence within a chunk, so the estimate is the larger of the bound and every phase's
+# jobs pipelined in ``chunks`` chunks ([Note: pipelined hops]): ``pipelined_comm_s``.
+# ``choose_chunks`` takes the chunk count that minimises the pipelined jobs (each chunk pays
+# every hop's latency again); with one issuing lane (NCCL) or serial issue (RCCL) nothing
+# overlaps and chunking only adds latency, so there it is 1. ``auto`` ranks by the bound where
+# lanes run (``rank_key``), so compression is chosen for the busiest link: int4 gradients on the
+# package links when those bind, fewer in-package bytes when the package link does (flat links).
+# The chunks' extra staging (``pipeline_staging``) enters the memory check.
+
+
+class PhaseJob(NamedTuple):
+    phase: str
+    hop_s: tuple[float, ...]  # each hop's time for one job (bandwidth and quantization)
+    latency_s: tuple[float, ...]  # each hop's fixed cost per collective
+    calls: int  # jobs of this phase per step
+    lanes: tuple[tuple[str, ...], ...] = ()  # each hop's group (its axes): the executor's lane
+    # each hop's (link kind, seconds busy) for one job, and its flows' rate ([Note: shared links])
+    links: tuple[tuple[tuple[str, float], ...], ...] = ()
+    rates: tuple[float, ...] = ()
+
+
+def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
+    """The step's jobs per phase: one gather per parameter group and pass, one job per gradient
+    bucket, each running its phase's hops in order."""
+    out = []
+    for phase in PHASES:
+        cs = [c for c in costs if c.coll.phase == phase]
+        if not cs:
+            continue
+        calls = wl.gathers_per_pass if phase != "grad_reduce" else max(1, math.ceil(wl.params / wl.reduce_bucket))
+        out.append(
+            PhaseJob(
+                phase,
+                tuple((c.seconds - c.latency_seconds) / calls for c in cs),
+                tuple(c.latency_seconds / calls for c in cs),
+                calls,
+                tuple(c.coll.axes for c in cs),
+                tuple(tuple((k, sec / calls) for k, sec in c.link_seconds.items()) for c in cs),
+                tuple(c.flow_rate for c in cs),
+            )
+        )
+    return out
+
+
+def jobs_time(jobs: Sequence[PhaseJob], chunks: int) -> float:
+    return sum(j.calls * pipelined_time(j.hop_s, chunks, j.latency_s) for j in jobs)
+
+
+def choose_chunks(jobs: Sequence[PhaseJob], cluster: ClusterModel, max_chunks: int = MAX_PIPELINE_CHUNKS) -> int:
+    """[Note: busiest-link bound]: the chunk count (1..``max_chunks``, smallest on a tie) that
+    minimises the step's pipelined jobs where lanes overlap hops (gloo); 1 elsewhere."""
+    if cluster.library != "gloo" or not jobs:
+        return 1
+    return min(range(1, max_chunks + 1), key=lambda c: (jobs_time(jobs, c), c))

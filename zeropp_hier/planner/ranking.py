@@ -1,0 +1,125 @@
+"""One step predicted per candidate (time per phase and tier, busiest link, memory per GCD), and
+the candidates ranked: fitting first, then fastest (``rank``), or by what ``auto`` minimises
+(``rank_auto``, [Note: busiest-link bound] in pipeline.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from ..core import levels
+from ..core.topology import TIERS
+from .candidates import Candidate, default_candidates
+from .clusters import PHASES, ClusterModel
+from .cost import collective_cost, collectives
+from .memory_per_gcd import Memory, level_plan, memory
+from .pipeline import choose_chunks, jobs_time, phase_jobs
+from .workload import Workload
+
+
+@dataclass(frozen=True)
+class Prediction:
+    candidate: Candidate
+    step_s: float
+    compute_s: float
+    phase_s: dict
+    tier_s: dict  # communication seconds whose bottleneck is each tier
+    tier_bytes: dict  # bytes per step on each tier, whole cluster
+    memory: Memory
+    costs: list = field(default_factory=list, repr=False)
+    kept_levels: levels.LevelPlan | None = None  # kept level per layer, under a budget
+    # [Note: busiest-link bound]: seconds each link kind is busy per step (bytes / capacity), the
+    # chunks per job chosen (or given), and communication with the jobs pipelined in that many
+    link_s: dict = field(default_factory=dict)
+    chunks: int = 1
+    pipelined_comm_s: float = 0.0
+
+    @property
+    def busiest_link(self) -> str:
+        """The link kind that is busy longest per step (``gpu_out``: a package's links out)."""
+        return max(self.link_s, key=lambda k: self.link_s[k]) if self.link_s else ""
+
+    @property
+    def link_bound_s(self) -> float:
+        """No schedule moves a step's bytes faster than its busiest link can."""
+        return max(self.link_s.values(), default=0.0)
+
+    @property
+    def dominant_tier(self) -> str:
+        return max(self.tier_s, key=lambda t: self.tier_s[t])
+
+    @property
+    def comm_s(self) -> float:
+        return sum(self.phase_s.values())
+
+    @property
+    def latency_s(self) -> float:
+        return sum(c.latency_seconds for c in self.costs)
+
+
+def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
+    topo = cluster.topology
+    lp = level_plan(cand, cluster, wl)
+    _, colls = collectives(cand, topo, wl.params, lp, wl.backward_share)
+    phase_s = dict.fromkeys(PHASES, 0.0)
+    tier_s = {t: 0.0 for t in TIERS}
+    tier_bytes = {t: 0.0 for t in TIERS}
+    costs = []
+    link_s: dict[str, float] = {}
+    for c in colls:
+        # gradients travel in the training dtype (DeepSpeed's communication_data_type)
+        # one gather per parameter group and pass; DeepSpeed reduces gradients in buckets of
+        # reduce_bucket_size (5e8 elements by default)
+        calls = wl.gathers_per_pass if c.phase != "grad_reduce" else max(1, math.ceil(wl.params / wl.reduce_bucket))
+        cost = collective_cost(c, cluster, wl.weight_bytes, cand.compression.block_size, calls)
+        costs.append(cost)
+        phase_s[c.phase] += cost.seconds
+        tier_s[cost.bottleneck] += cost.seconds
+        for t in TIERS:
+            tier_bytes[t] += cost.tier_bytes[t]
+        for kind, sec in cost.link_seconds.items():
+            link_s[kind] = link_s.get(kind, 0.0) + sec
+    jobs = phase_jobs(costs, wl)
+    chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, cluster)
+    pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks))
+    compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
+    comm = sum(phase_s.values())
+    hidden = sum((1.0 - cluster.exposed.get(ph, 1.0)) * t for ph, t in phase_s.items())
+    return Prediction(
+        cand,
+        compute + comm - min(hidden, compute),
+        compute,
+        phase_s,
+        tier_s,
+        tier_bytes,
+        memory(cand, cluster, wl, None if lp is None else lp.kept_bytes, chunks),
+        costs,
+        lp,
+        link_s,
+        chunks,
+        pipelined,
+    )
+
+
+def rank_key(p: Prediction, cluster: ClusterModel) -> float:
+    """What ``auto`` minimises: the pipelined estimate, at least the busiest link's time, where
+    lanes overlap hops (gloo); the collectives in sequence where one lane issues them."""
+    return p.pipelined_comm_s if cluster.library == "gloo" else p.comm_s
+
+
+def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:
+    """Every candidate, fitting ones first, fastest first."""
+    preds = [predict(c, cluster, wl) for c in (candidates or default_candidates(cluster))]
+    return sorted(preds, key=lambda p: (not p.memory.fits, p.step_s))
+
+
+def rank_auto(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate]) -> list[Prediction]:
+    """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound] in pipeline.py)."""
+    preds = [predict(c, cluster, wl) for c in candidates]
+    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p, cluster)))
+
+
+def ratio(preds: Iterable[Prediction], slow: str, fast: str) -> float:
+    by = {p.candidate.name: p for p in preds}
+    return by[slow].step_s / by[fast].step_s
