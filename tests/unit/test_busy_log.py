@@ -4,6 +4,7 @@ on the hop group the job declared, with jobs that stand in for collectives by wa
 
 import threading
 
+import pytest
 import torch
 
 from benchmarks.linkuse import busy_summary
@@ -65,6 +66,22 @@ def test_one_lane_records_the_declared_hop_groups():
     assert sorted(lane for lane, _, _ in rec) == [("gcd",), ("gpu", "gcd"), ("node",)]
     s = busy_summary(rec, [(min(a for _, a, _ in rec), max(b for _, _, b in rec))])
     assert s["together_s"] == 0  # one thread ran them one after another
+    ex.close()
+
+
+@pytest.mark.parametrize("one_lane", [False, True])
+def test_drain_records_no_collective_and_the_summary_reads_every_record(one_lane):
+    """``drain`` (run by the engine at every step's end) queues a barrier slot on every lane; it
+    issues no collective, so nothing of it is recorded: with one lane it used to record the
+    folded lane ``("one_lane",)``, which the benchmark's summary refused."""
+    ex = CommExecutor("test", CPU, one_lane=one_lane)
+    ex.record_busy()
+    _two_jobs(ex, side_by_side=not one_lane)
+    ex.drain()
+    rec = ex.busy_log.intervals()
+    assert sorted(lane for lane, _, _ in rec) == [("gcd",), ("gpu", "gcd"), ("node",)]
+    s = busy_summary(rec, [(min(a for _, a, _ in rec), max(b for _, _, b in rec))])
+    assert set(s["busy_s"]) == {"gcd", "gpu", "node"} and all(v > 0 for v in s["busy_s"].values())
     ex.close()
 
 

@@ -5,7 +5,8 @@ With recording on (``CommExecutor.record_busy()``), the executor notes for every
 hop group it ran on (its lane as the job declared it, before ``one_lane`` folds the lanes into
 one) and when it started and ended: from the job's ``Move`` to its next ``Move`` or its end, i.e.
 the collective and the job's own work on its result up to the next collective (dequantizing,
-summing a stage). Time a lane spends waiting for its turn is not counted.
+summing a stage). Time a lane spends waiting for its turn is not counted, nor ``drain``'s
+barrier (a slot on every lane that issues no collective).
 
 On the CPU both ends are host ``time.perf_counter()`` readings (the clock
 ``app.training.train_steps`` times steps with). On a GPU they are events on the lane's stream
