@@ -131,3 +131,18 @@ def test_rccl_default_is_serial_and_the_executor_carries_it():
     ex = executor_for(resolve_issue_mode(True, *NCCL), "test", CPU)
     assert ex.one_lane and not ex.serial
     ex.close()
+
+
+@pytest.mark.parametrize("backend", [GLOO, NCCL, RCCL])
+def test_ticks_are_one_lane_and_never_serial_on_every_backend(backend):
+    """The tick mode is the same schedule everywhere (gloo measures what a GPU runs); it needs no
+    host wait on ROCm, because one communicator carries every transfer ([Note: ticks])."""
+    mode = resolve_issue_mode("ticks", *backend)
+    assert (mode.name, mode.background, mode.one_lane, mode.serial, mode.ticks) == ("ticks", True, True, False, True)
+    assert mode.warning is None
+    assert parse_section({"overlap": "ticks"}).overlap == "ticks"
+
+
+def test_the_tick_mode_needs_its_transport():
+    with pytest.raises(ValueError, match="TickTransport"):
+        executor_for(resolve_issue_mode("ticks", *GLOO), "test", CPU)

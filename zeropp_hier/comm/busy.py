@@ -23,6 +23,11 @@ import time
 from typing import Any, Hashable
 
 
+class Several(tuple):
+    """The hop groups of one slot that moves several hops' transfers together (a tick, [Note:
+    ticks] in comm/tick_plan.py): each is recorded busy for the slot's interval."""
+
+
 class BusyLog:
     """(lane, start, end) per collective, host seconds (``time.perf_counter``)."""
 
@@ -48,7 +53,8 @@ class BusyLog:
     def stop(self, begun: Any, lane: Hashable, stream: Any = None) -> None:
         end = self.start(stream)
         with self._lock:
-            self._raw.append((lane, begun, end))
+            for one in lane if isinstance(lane, Several) else (lane,):
+                self._raw.append((one, begun, end))
 
     def intervals(self) -> list[tuple[Hashable, float, float]]:
         """Every recorded collective so far as (lane, start, end) in host seconds; on a GPU this

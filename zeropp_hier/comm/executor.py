@@ -155,6 +155,10 @@ class CommExecutor:
     ``timeout_s``: the collective timeout of the groups the jobs use (``collective_timeout_s``);
     it bounds every wait ([Note: executor failure semantics]). None: waits are unbounded."""
 
+    # jobs issue their own collectives; the tick executor (comm/ticks.py) has them yield each
+    # transfer instead ([Note: collectives as steps] in comm/collectives.py)
+    yields_wires = False
+
     def __init__(
         self,
         name: str,
