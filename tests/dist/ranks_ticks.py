@@ -276,3 +276,62 @@ def parity_run(cases: dict, rank_map: list, chunk_counts) -> dict:
         out["cases"][name] = per
     out["deepspeed_loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "deepspeed")
     return out
+
+
+def engine_run(configs: dict, steps: int) -> dict:
+    """Train each config from the same seed; record every hop transfer call of the run (its
+    group, issuing thread, in-flight work at issue, and any hop collective)."""
+    from zeropp_hier.app import training
+
+    import zeropp_hier
+
+    out = {}
+    for name, cfg in configs.items():
+        engine = training.build_engine(cfg)
+        calls = CallLog(engine.hier_runtime.tick_group)
+        calls.on = True
+        try:
+            losses = training.train_steps(engine, steps)
+        finally:
+            calls.on = False
+            calls.restore()
+        out[name] = {
+            "losses": losses,
+            "state": training.gathered_state(engine),
+            "stats": zeropp_hier.comm_stats(engine),
+            "mode": engine.hier_runtime.issue_mode.name,
+            "calls": {
+                "groups": sorted(set(calls.groups)),
+                "batches": len(calls.groups),
+                "threads": len(calls.threads),
+                "training_thread": threading.get_ident() in calls.threads,
+                "hop_collectives": calls.hop_collectives,
+                "pending_at_issue": calls.pending_at_issue,
+            },
+        }
+        training.release(engine)
+    return out
+
+
+def die_mid_tick(config: dict, victim: int, kill_call: int) -> str:
+    """Train in the tick mode; on ``victim``, the ``kill_call``-th grouped call posts its
+    transfers and then the process SIGKILLs itself: a rank dead in the middle of a tick."""
+    import os
+    import signal
+
+    from zeropp_hier.app import training
+
+    engine = training.build_engine(config)
+    real = dist.batch_isend_irecv
+    seen = [0]
+
+    def batch(ops):
+        works = real(ops)
+        seen[0] += 1
+        if dist.get_rank() == victim and seen[0] == kill_call:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return works
+
+    dist.batch_isend_irecv = batch
+    training.train_steps(engine, 4)
+    return "finished"  # never reached: the test fails if it is
