@@ -335,3 +335,23 @@ def die_mid_tick(config: dict, victim: int, kill_call: int) -> str:
     dist.batch_isend_irecv = batch
     training.train_steps(engine, 4)
     return "finished"  # never reached: the test fails if it is
+
+
+def disagree_run(rank_map: list, odd_rank: int) -> dict:
+    """Every rank agrees the tick schedule at start-up; ``odd_rank`` runs another chunk count."""
+    from zeropp_hier.comm import gather
+    from zeropp_hier.comm.ticks import agree_schedule, plan_pieces
+    from zeropp_hier.core.config import parse_section
+    from zeropp_hier.core.plan import make_plan
+    from zeropp_hier.core.topology import Topology
+
+    rank = dist.get_rank()
+    topo = Topology.for_world(dist.get_world_size(), 2, 2, rank_map)
+    plan = make_plan("frontier", parse_section({"enabled": True, "preset": "frontier"}).compression, topo)
+    pieces = plan_pieces(plan, gather.backward_hops(plan, all_levels=False))
+    same = agree_schedule(topo, rank, pieces, 3)  # alike everywhere: passes, one digest
+    try:
+        agree_schedule(topo, rank, pieces, 4 if rank == odd_rank else 3)
+    except Exception as e:  # noqa: BLE001 - handed to the test
+        return {"digest": same, "error": type(e).__name__, "failed": sorted(getattr(e, "failed", {})), "text": str(e)}
+    return {"digest": same, "error": None}

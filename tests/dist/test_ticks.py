@@ -30,7 +30,12 @@ def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8
                 what = f"rank {rank} {name} chunks={chunks}"
                 for part in ("forward", "backward", "reduce"):
                     assert c[part]["values"], f"{what}: {part} values differ from hop by hop"
-                    assert c[part]["bytes"] == c[part]["ref_bytes"], (what, part, c[part]["bytes"], c[part]["ref_bytes"])
+                    assert c[part]["bytes"] == c[part]["ref_bytes"], (
+                        what,
+                        part,
+                        c[part]["bytes"],
+                        c[part]["ref_bytes"],
+                    )
                     assert any(c[part]["bytes"].values()), f"{what}: {part} moved nothing"
                     # every byte the tick transport sent is one the stats counted, tier by tier
                     assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])
@@ -46,3 +51,14 @@ def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8
                 if chunks > 1 and name.startswith("frontier"):
                     # several hops of different chunks in one tick: the tiers share a call
                     assert c["calls"]["most_hops_in_a_tick"] > 1, (what, c["calls"])
+
+
+def test_a_rank_with_another_tick_schedule_stops_every_rank_at_start_up(bare8):
+    odd = 2
+    results = bare8.run(ranks_ticks.disagree_run, ranks_ticks.RANK_MAP, odd)
+    assert len({r["digest"] for r in results}) == 1  # the same schedule: one digest everywhere
+    for rank, r in enumerate(results):
+        assert r["error"] == "HierRankError", (rank, r)
+        assert "tick schedule" in r["text"] and "pipeline.chunks" in r["text"], r["text"]
+        # each rank names who differs from what it expects: the odd rank, or (on it) all others
+        assert r["failed"] == ([x for x in range(8) if x != odd] if rank == odd else [odd]), (rank, r["failed"])

@@ -146,3 +146,26 @@ def test_ticks_are_one_lane_and_never_serial_on_every_backend(backend):
 def test_the_tick_mode_needs_its_transport():
     with pytest.raises(ValueError, match="TickTransport"):
         executor_for(resolve_issue_mode("ticks", *GLOO), "test", CPU)
+
+
+@pytest.mark.parametrize(
+    "backend, overlap, warned",
+    [
+        (NCCL, True, True),  # one lane: hop by hop
+        (RCCL, True, True),  # one lane, serial
+        (GLOO, "one_lane", True),
+        (GLOO, False, True),  # inline
+        (GLOO, True, False),  # lanes pipeline the chunks
+        (NCCL, "ticks", False),  # ticks overlap them in one call
+        (RCCL, "ticks", False),
+    ],
+)
+def test_chunks_that_overlap_nothing_start_with_a_warning(backend, overlap, warned):
+    from zeropp_hier.comm.issue import chunks_warning
+
+    mode = resolve_issue_mode(overlap, *backend)
+    text = chunks_warning(mode, 4)
+    assert (text is not None) == warned
+    if text:
+        assert "pipeline.chunks = 4" in text and '"ticks"' in text and mode.name in text
+    assert chunks_warning(mode, 1) is None  # unchunked: nothing to warn about

@@ -127,6 +127,20 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> Issue
     return IssueMode(True, True, serial, f"{library}: {why}")
 
 
+def chunks_warning(mode: IssueMode, chunks: int) -> str | None:
+    """The start-up warning when ``pipeline.chunks`` > 1 overlaps nothing in ``mode``: on one
+    lane (hop by hop) and inline the chunks' hops run one after another, so chunking only adds
+    latency ([Note: chunked gathers] in comm/gather.py)."""
+    if chunks <= 1 or mode.ticks or (mode.background and not mode.one_lane):
+        return None
+    return (
+        f"zeropp_hier.pipeline.chunks = {chunks} in issue mode {mode.name}: every chunk's hops run "
+        "one after another there, so the chunks overlap nothing and only add latency. Use "
+        'zeropp_hier.overlap = "ticks" (one communicator, the chunks\' tiers overlapping in one grouped call per '
+        "tick, on any backend), or pipeline.chunks = 1."
+    )
+
+
 def executor_for(
     mode: IssueMode,
     name: str,
@@ -151,4 +165,4 @@ def executor_for(
     )
 
 
-__all__ = ["IssueMode", "OVERLAP_CHOICES", "backend_for", "executor_for", "resolve_issue_mode"]
+__all__ = ["IssueMode", "OVERLAP_CHOICES", "backend_for", "chunks_warning", "executor_for", "resolve_issue_mode"]

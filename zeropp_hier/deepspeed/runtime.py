@@ -26,7 +26,7 @@ from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
 from ..comm.executor import Job
 from ..comm.groups import build_hop_groups, build_tick_group
-from ..comm.issue import backend_for, executor_for, resolve_issue_mode
+from ..comm.issue import backend_for, chunks_warning, executor_for, resolve_issue_mode
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
@@ -117,6 +117,9 @@ class HierRuntime:
             log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
             if self.issue_mode.warning:
                 log.warning("zeropp_hier: %s", self.issue_mode.warning)
+            chunked = chunks_warning(self.issue_mode, cfg.pipeline.chunks)
+            if chunked:
+                log.warning("zeropp_hier: %s", chunked)
         # the tick mode's one communicator, and every rank's schedule agreed before any tick
         # ([Note: ticks] in comm/tick_plan.py)
         self.tick_group = None
