@@ -97,3 +97,24 @@ def test_inline_records_each_collective_too():
     ex.record_busy()  # anew: what came before is gone
     assert ex.busy_log.intervals() == []
     ex.close()
+
+
+def test_a_slot_of_several_hops_records_each_hop_group_for_its_interval():
+    """A tick ([Note: ticks] in comm/tick_plan.py) moves several hops' transfers in one slot:
+    each hop group is busy for the slot's interval, and the summary sees the tiers together."""
+    from zeropp_hier.comm.busy import Several
+
+    ex = CommExecutor("test", CPU, one_lane=True)
+    ex.record_busy()
+
+    def tick():
+        yield Move(("ticks",))
+        return "t"
+
+    assert ex.result(ex.submit(tick(), [("ticks",)], hops=[Several([("node",), ("gpu",), ("gcd",)])])) == "t"
+    rec = ex.busy_log.intervals()
+    assert sorted(lane for lane, _, _ in rec) == [("gcd",), ("gpu",), ("node",)]
+    assert len({(a, b) for _, a, b in rec}) == 1  # one interval, three hop groups
+    s = busy_summary(rec, [(rec[0][1], rec[0][2] + 1.0)])
+    assert s["together_s"] == s["busy_s"]["node"]
+    ex.close()

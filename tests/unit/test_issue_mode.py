@@ -169,3 +169,14 @@ def test_chunks_that_overlap_nothing_start_with_a_warning(backend, overlap, warn
     if text:
         assert "pipeline.chunks = 4" in text and '"ticks"' in text and mode.name in text
     assert chunks_warning(mode, 1) is None  # unchunked: nothing to warn about
+
+
+def test_ticks_with_gpu_tensors_on_gloo_are_refused_by_name():
+    from zeropp_hier.comm.issue import check_tick_device
+
+    ticks = resolve_issue_mode("ticks", *GLOO)
+    with pytest.raises(HierConfigError, match="zeropp_hier.overlap.*gloo does only for CPU tensors"):
+        check_tick_device(ticks, "gloo", "cuda")
+    check_tick_device(ticks, "gloo", "cpu")  # the emulated cluster: CPU tensors on gloo
+    check_tick_device(resolve_issue_mode("ticks", *NCCL), "nccl", "cuda")
+    check_tick_device(resolve_issue_mode(True, *GLOO), "gloo", "cuda")  # other modes: no check

@@ -32,7 +32,10 @@ after another, kept for comparison and debugging. With one lane (the default on 
 all collectives in one order on one thread and one stream, nothing pipelined across jobs; the
 lanes keep each communicator's order but not the order between communicators, which NCCL and
 RCCL need. ``serial`` (ROCm) also waits, on that thread, for each collective to complete on the
-device before issuing the next, so no two communicators have collectives in flight.
+device before issuing the next, so no two communicators have collectives in flight. The tick
+mode (``"overlap": "ticks"``, ``TickExecutor`` in comm/ticks.py) is one lane too, but a job's
+slots are ticks: the chunks of one piece of work advance together, each tick one grouped
+point-to-point call on one communicator ([Note: ticks] in comm/tick_plan.py).
 
 [Note: executor failure semantics]
 A failed collective leaves the hop groups in an unknown state: its peers may have completed it,

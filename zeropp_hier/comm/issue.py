@@ -127,6 +127,22 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> Issue
     return IssueMode(True, True, serial, f"{library}: {why}")
 
 
+def check_tick_device(mode: IssueMode, backend: str, device_type: str) -> None:
+    """Refuse the tick mode where its transfers cannot run: gloo's point-to-point calls read and
+    write host memory only (PyTorch's backend table: no gloo send/recv of GPU tensors), so hop
+    groups on gloo with the tensors on a GPU cannot use it. Pure; the same on every rank."""
+    from ..core.errors import HierConfigError
+
+    if mode.ticks and backend.lower() == "gloo" and device_type != "cpu":
+        raise HierConfigError(
+            "zeropp_hier.overlap",
+            "ticks",
+            f"the tick mode sends point-to-point, which gloo does only for CPU tensors, and this run's "
+            f"tensors are on {device_type}: use NCCL/RCCL for {device_type} tensors, or another overlap "
+            "mode (true) for gloo on a GPU",
+        )
+
+
 def chunks_warning(mode: IssueMode, chunks: int) -> str | None:
     """The start-up warning when ``pipeline.chunks`` > 1 overlaps nothing in ``mode``: on one
     lane (hop by hop) and inline the chunks' hops run one after another, so chunking only adds
@@ -165,4 +181,12 @@ def executor_for(
     )
 
 
-__all__ = ["IssueMode", "OVERLAP_CHOICES", "backend_for", "chunks_warning", "executor_for", "resolve_issue_mode"]
+__all__ = [
+    "IssueMode",
+    "OVERLAP_CHOICES",
+    "backend_for",
+    "check_tick_device",
+    "chunks_warning",
+    "executor_for",
+    "resolve_issue_mode",
+]

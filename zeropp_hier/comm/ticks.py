@@ -26,6 +26,7 @@ from .busy import Several
 from .collectives import Wire
 from .executor import CommExecutor, Job, JobOrderError, Move
 from .failures import as_timedelta, collective_guard, slowest_tier
+from .issue import backend_for
 from .stats import CommStats
 
 TICK_LANE = ("ticks",)  # the executor's one slot name for a tick
@@ -51,6 +52,10 @@ class TickTransport:
         self.timeout_s = timeout_s
         self.log: list | None = None
         self.issuing_threads: set[int] = set()  # host threads that issued a tick (one, by design)
+
+    def _on_host(self, tensor: torch.Tensor) -> bool:
+        """Whether this group's transfers of ``tensor`` run on the host (gloo)."""
+        return backend_for(dist.get_backend(self.group), tensor.device.type) == "gloo"
 
     def run(self, tick: int, wires: Sequence[Wire]) -> list[torch.Tensor]:
         """The received rows of each wire (as the hop group's collective returns them)."""
@@ -90,7 +95,10 @@ class TickTransport:
             timeout_s=self.timeout_s,
         ):
             if ops:
-                timeout = as_timedelta(self.timeout_s)
+                # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
+                # stream wait (a timeout argument would make the host wait instead), and the
+                # group's own timeout bounds the transfer
+                timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
                 for work in dist.batch_isend_irecv(ops):
                     work.wait() if timeout is None else work.wait(timeout)
         for w, out in zip(wires, outs):  # as the hop collective counts it

@@ -26,7 +26,7 @@ from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
 from ..comm.executor import Job
 from ..comm.groups import build_hop_groups, build_tick_group
-from ..comm.issue import backend_for, chunks_warning, executor_for, resolve_issue_mode
+from ..comm.issue import backend_for, check_tick_device, chunks_warning, executor_for, resolve_issue_mode
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
@@ -110,9 +110,9 @@ class HierRuntime:
         self.comm_device = torch.device(get_accelerator().current_device_name())
         # who issues the hop collectives, chosen for the hop groups' backend in one place
         # ([Note: one issuing thread on GPUs] in comm/issue.py)
-        self.issue_mode = resolve_issue_mode(
-            cfg.overlap, backend_for(dist.get_backend(), self.comm_device.type), torch.version.hip is not None
-        )
+        backend = backend_for(dist.get_backend(), self.comm_device.type)
+        self.issue_mode = resolve_issue_mode(cfg.overlap, backend, torch.version.hip is not None)
+        check_tick_device(self.issue_mode, backend, self.comm_device.type)
         if rank == 0:
             log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
             if self.issue_mode.warning:
