@@ -103,12 +103,15 @@ def rank_sequence(
     return out
 
 
-def unmatched(sequences: dict[int, list[Transfer]]) -> list[str]:
-    """Every transfer whose other end is missing or disagrees (rank a sends ``n`` rows to b in
-    tick t iff b receives ``n`` rows from a in tick t); empty when every one is matched."""
+def unmatched(sequences: dict[int, list[Transfer]], only: int | None = None) -> list[str]:
+    """Every transfer (of rank ``only``, or of every rank given) whose other end is missing or
+    disagrees (rank a sends ``n`` rows to b in tick t iff b receives ``n`` rows from a in tick
+    t); empty when every one is matched. ``sequences`` must hold the peers of those ranks."""
     index = {(r, x.tick, x.peer): x for r, seq in sequences.items() for x in seq}
     bad = []
     for (r, t, p), x in index.items():
+        if only is not None and r != only:
+            continue
         other = index.get((p, t, r))
         if other is None or (other.send, other.recv) != (x.recv, x.send):
             bad.append(f"rank {r} tick {t} peer {p}: {x.send} rows out, {x.recv} in; the peer has {other}")

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..core.plan import CommPlan, Hop
 from ..core.topology import AXES, Topology
 from . import tick_plan
-from .agree import HierRankError, digest
+from .agree import agree_local, digest
 from .busy import Several
 from .collectives import Wire
 from .executor import CommExecutor, Job, JobOrderError, Move
@@ -193,33 +193,54 @@ def plan_pieces(plan: CommPlan, backward: Sequence[Hop]) -> dict[str, list[tuple
     return out
 
 
-def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int) -> str:
-    """Collective on the world: every rank's sequence of (tick, peer, rows out, rows in) over
-    ``pieces`` agreed by digest ([Note: ticks]); raises ``HierRankError`` on every rank, naming
-    the ranks whose sequence is not the one the others expect, before any tick is issued.
+class TickScheduleError(RuntimeError):
+    """A peer's tick schedule is not the one this rank expects of it ([Note: ticks])."""
 
-    Each rank computes every rank's sequence (pure, O(world x peers x ticks): fine for the
-    worlds the project runs; a Frontier-scale world would want only its peers' sequences)."""
-    world = topo.world_size
-    expected = tick_plan.world_sequences(topo, pieces, chunks, range(world))
-    bad = tick_plan.unmatched({r: [tick_plan.Transfer(*x[1:]) for x in seq] for r, seq in expected.items()})
-    if bad:
-        raise AssertionError(f"zeropp_hier internal: the tick schedule is not matched pairwise: {bad[:3]}")
-    want = [digest(expected[r]) for r in range(world)]
-    mine = want[rank]
-    got: list = [mine]
+
+def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int) -> str:
+    """Collective on the world, before any tick: every rank's sequence of (tick, peer, rows out,
+    rows in) over ``pieces`` agreed by digest ([Note: ticks]). Each rank recomputes the
+    sequences of the ranks it exchanges with (the members of its hop groups), checks that each
+    of its own transfers is matched by its peer's, and compares their digests with the ones
+    they sent; then every rank learns every verdict (``agree_local``), so a difference stops
+    every rank with ``HierRankError`` naming the ranks that found it. Returns one digest of all
+    ranks' sequences. Cost: the peers' sequences, O(peers x transfers per rank)."""
+    hop_axes = {axes for hops in pieces.values() for axes in hops}
+    near = sorted({p for axes in hop_axes for p in topo.peers(rank, axes)} | {rank})
+    expected: dict[int, list] = {q: [] for q in near}
+    for name, hops in pieces.items():
+        kind = tick_plan.EXCHANGE if name == "reduce" else tick_plan.GATHER
+        seqs = {q: tick_plan.rank_sequence(topo, q, hops, kind, chunks) for q in near}
+        bad = tick_plan.unmatched(seqs, only=rank)
+        if bad:  # the pure schedule itself is wrong: a bug, the same on every rank
+            raise AssertionError(f"zeropp_hier internal: the {name} tick schedule is not matched: {bad[:3]}")
+        for q in near:
+            expected[q] += [(name, *x) for x in seqs[q]]
+    want = {q: digest(expected[q]) for q in near}
+    got: list = [want[rank]]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         got = [None] * dist.get_world_size()
-        dist.all_gather_object(got, mine)
-    wrong = [r for r, d in enumerate(got) if d != want[r]]
-    if wrong:
-        raise HierRankError(
-            f'zeropp_hier: the tick schedule (overlap "ticks") differs on ranks {wrong} from the one '
-            f"rank {rank} computed for them (pipeline.chunks = {chunks}, hops {pieces}): every rank must "
-            "run the same zeropp_hier config, topology and code; no tick was issued.",
-            {r: f"tick schedule {got[r]}" for r in wrong},
-        )
-    return digest(want)
+        dist.all_gather_object(got, want[rank])
+
+    def check() -> None:
+        wrong = [q for q in near if got[q] != want[q]]
+        if wrong:
+            raise TickScheduleError(
+                f'the tick schedule (overlap "ticks") of ranks {wrong} is not the one rank {rank} computed for '
+                f"them (pipeline.chunks = {chunks}, hops {pieces}): every rank must run the same zeropp_hier "
+                "config, topology and code; no tick was issued"
+            )
+
+    agree_local("tick schedule", check)
+    return digest(got)
 
 
-__all__ = ["TICK_LANE", "TickExecutor", "TickTransport", "agree_schedule", "plan_pieces", "tick_job"]
+__all__ = [
+    "TICK_LANE",
+    "TickExecutor",
+    "TickScheduleError",
+    "TickTransport",
+    "agree_schedule",
+    "plan_pieces",
+    "tick_job",
+]
