@@ -22,7 +22,9 @@ Why the GPU rules hold by construction:
   flight even in one order, ROCm/rccl#2191) holds without the host wait that ``one_lane/serial``
   puts before every collective, and without relying on NCCL's implicit launch order across
   communicators (``NCCL_LAUNCH_ORDER_IMPLICIT``, which rccl#2191 reports does not hold for three
-  communicators on gfx90a).
+  communicators on gfx90a). DeepSpeed's own collectives (its gradient-norm all-reduce and
+  checkpoint barriers, on its own group, from the training thread) stay outside this rule, as
+  in every issue mode.
 * One program order. One host thread (the executor's single lane) issues every tick, in the
   order the training thread submitted the work, and the schedule of a piece of work depends
   only on its hops and chunk count, which every rank has alike (agreed at start-up:

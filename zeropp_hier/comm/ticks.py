@@ -11,7 +11,6 @@ schedule's order, moves them in one call, and sends each chunk its received rows
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 from typing import Any, Hashable, NamedTuple, Sequence
 
@@ -51,7 +50,6 @@ class TickTransport:
         self.stats = stats
         self.timeout_s = timeout_s
         self.log: list | None = None
-        self.issuing_threads: set[int] = set()  # host threads that issued a tick (one, by design)
 
     def _on_host(self, tensor: torch.Tensor) -> bool:
         """Whether this group's transfers of ``tensor`` run on the host (gloo)."""
@@ -60,7 +58,6 @@ class TickTransport:
     def run(self, tick: int, wires: Sequence[Wire]) -> list[torch.Tensor]:
         """The received rows of each wire (as the hop group's collective returns them)."""
         ops: list[dist.P2POp] = []
-        self.issuing_threads.add(threading.get_ident())
         outs: list[torch.Tensor] = []
         moved: list[tuple[int, int, int]] = []
         for slot, w in enumerate(wires):
