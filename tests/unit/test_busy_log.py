@@ -4,6 +4,7 @@ on the hop group the job declared, with jobs that stand in for collectives by wa
 
 import threading
 
+import pytest
 import torch
 
 from benchmarks.linkuse import busy_summary
@@ -68,6 +69,22 @@ def test_one_lane_records_the_declared_hop_groups():
     ex.close()
 
 
+@pytest.mark.parametrize("one_lane", [False, True])
+def test_drain_records_no_collective_and_the_summary_reads_every_record(one_lane):
+    """``drain`` (run by the engine at every step's end) queues a barrier slot on every lane; it
+    issues no collective, so nothing of it is recorded: with one lane it used to record the
+    folded lane ``("one_lane",)``, which the benchmark's summary refused."""
+    ex = CommExecutor("test", CPU, one_lane=one_lane)
+    ex.record_busy()
+    _two_jobs(ex, side_by_side=not one_lane)
+    ex.drain()
+    rec = ex.busy_log.intervals()
+    assert sorted(lane for lane, _, _ in rec) == [("gcd",), ("gpu", "gcd"), ("node",)]
+    s = busy_summary(rec, [(min(a for _, a, _ in rec), max(b for _, _, b in rec))])
+    assert set(s["busy_s"]) == {"gcd", "gpu", "node"} and all(v > 0 for v in s["busy_s"].values())
+    ex.close()
+
+
 def test_inline_records_each_collective_too():
     ex = CommExecutor("test", CPU, overlap=False)
     ex.record_busy()
@@ -79,4 +96,25 @@ def test_inline_records_each_collective_too():
     assert all(e <= s for e, s in zip(ends, starts[1:]))  # one after another on the caller
     ex.record_busy()  # anew: what came before is gone
     assert ex.busy_log.intervals() == []
+    ex.close()
+
+
+def test_a_slot_of_several_hops_records_each_hop_group_for_its_interval():
+    """A tick ([Note: ticks] in comm/tick_plan.py) moves several hops' transfers in one slot:
+    each hop group is busy for the slot's interval, and the summary sees the tiers together."""
+    from zeropp_hier.comm.busy import Several
+
+    ex = CommExecutor("test", CPU, one_lane=True)
+    ex.record_busy()
+
+    def tick():
+        yield Move(("ticks",))
+        return "t"
+
+    assert ex.result(ex.submit(tick(), [("ticks",)], hops=[Several([("node",), ("gpu",), ("gcd",)])])) == "t"
+    rec = ex.busy_log.intervals()
+    assert sorted(lane for lane, _, _ in rec) == [("gcd",), ("gpu",), ("node",)]
+    assert len({(a, b) for _, a, b in rec}) == 1  # one interval, three hop groups
+    s = busy_summary(rec, [(rec[0][1], rec[0][2] + 1.0)])
+    assert s["together_s"] == s["busy_s"]["node"]
     ex.close()

@@ -131,3 +131,52 @@ def test_rccl_default_is_serial_and_the_executor_carries_it():
     ex = executor_for(resolve_issue_mode(True, *NCCL), "test", CPU)
     assert ex.one_lane and not ex.serial
     ex.close()
+
+
+@pytest.mark.parametrize("backend", [GLOO, NCCL, RCCL])
+def test_ticks_are_one_lane_and_never_serial_on_every_backend(backend):
+    """The tick mode is the same schedule everywhere (gloo measures what a GPU runs); it needs no
+    host wait on ROCm, because one communicator carries every transfer ([Note: ticks])."""
+    mode = resolve_issue_mode("ticks", *backend)
+    assert (mode.name, mode.background, mode.one_lane, mode.serial, mode.ticks) == ("ticks", True, True, False, True)
+    assert mode.warning is None
+    assert parse_section({"overlap": "ticks"}).overlap == "ticks"
+
+
+def test_the_tick_mode_needs_its_transport():
+    with pytest.raises(ValueError, match="TickTransport"):
+        executor_for(resolve_issue_mode("ticks", *GLOO), "test", CPU)
+
+
+@pytest.mark.parametrize(
+    "backend, overlap, warned",
+    [
+        (NCCL, True, True),  # one lane: hop by hop
+        (RCCL, True, True),  # one lane, serial
+        (GLOO, "one_lane", True),
+        (GLOO, False, True),  # inline
+        (GLOO, True, False),  # lanes pipeline the chunks
+        (NCCL, "ticks", False),  # ticks overlap them in one call
+        (RCCL, "ticks", False),
+    ],
+)
+def test_chunks_that_overlap_nothing_start_with_a_warning(backend, overlap, warned):
+    from zeropp_hier.comm.issue import chunks_warning
+
+    mode = resolve_issue_mode(overlap, *backend)
+    text = chunks_warning(mode, 4)
+    assert (text is not None) == warned
+    if text:
+        assert "pipeline.chunks = 4" in text and '"ticks"' in text and mode.name in text
+    assert chunks_warning(mode, 1) is None  # unchunked: nothing to warn about
+
+
+def test_ticks_with_gpu_tensors_on_gloo_are_refused_by_name():
+    from zeropp_hier.comm.issue import check_tick_device
+
+    ticks = resolve_issue_mode("ticks", *GLOO)
+    with pytest.raises(HierConfigError, match="zeropp_hier.overlap.*gloo does only for CPU tensors"):
+        check_tick_device(ticks, "gloo", "cuda")
+    check_tick_device(ticks, "gloo", "cpu")  # the emulated cluster: CPU tensors on gloo
+    check_tick_device(resolve_issue_mode("ticks", *NCCL), "nccl", "cuda")
+    check_tick_device(resolve_issue_mode(True, *GLOO), "gloo", "cuda")  # other modes: no check

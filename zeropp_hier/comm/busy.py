@@ -5,7 +5,8 @@ With recording on (``CommExecutor.record_busy()``), the executor notes for every
 hop group it ran on (its lane as the job declared it, before ``one_lane`` folds the lanes into
 one) and when it started and ended: from the job's ``Move`` to its next ``Move`` or its end, i.e.
 the collective and the job's own work on its result up to the next collective (dequantizing,
-summing a stage). Time a lane spends waiting for its turn is not counted.
+summing a stage). Time a lane spends waiting for its turn is not counted, nor ``drain``'s
+barrier (a slot on every lane that issues no collective).
 
 On the CPU both ends are host ``time.perf_counter()`` readings (the clock
 ``app.training.train_steps`` times steps with). On a GPU they are events on the lane's stream
@@ -20,6 +21,11 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Hashable
+
+
+class Several(tuple):
+    """The hop groups of one slot that moves several hops' transfers together (a tick, [Note:
+    ticks] in comm/tick_plan.py): each is recorded busy for the slot's interval."""
 
 
 class BusyLog:
@@ -47,7 +53,8 @@ class BusyLog:
     def stop(self, begun: Any, lane: Hashable, stream: Any = None) -> None:
         end = self.start(stream)
         with self._lock:
-            self._raw.append((lane, begun, end))
+            for one in lane if isinstance(lane, Several) else (lane,):
+                self._raw.append((one, begun, end))
 
     def intervals(self) -> list[tuple[Hashable, float, float]]:
         """Every recorded collective so far as (lane, start, end) in host seconds; on a GPU this

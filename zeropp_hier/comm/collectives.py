@@ -8,7 +8,7 @@ RCCL and NCCL); coalescing managers are avoided because they fail on gloo and po
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, Generator, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -113,6 +113,29 @@ class Encoded(NamedTuple):
         return _nbytes(self.data) + _nbytes(self.scales)
 
 
+class Wire(NamedTuple):
+    """The transfer a hop needs, as its driver yields it ([Note: collectives as steps]):
+    ``kind`` "gather" (all-gather of the 1-D ``send`` over ``hg``; the answer is [k, numel] in
+    peer order) or "exchange" (all-to-all of the [k, m] ``send`` rows in peer order; the answer
+    is the k received rows, peer order)."""
+
+    kind: str
+    hg: HopGroup
+    send: torch.Tensor
+    phase: str
+
+
+Steps = Generator[Wire, torch.Tensor, Any]  # a hop's work; returns its result
+
+# [Note: collectives as steps]
+# Each hop's work is written once, as a generator (``*_steps``) that yields the one transfer it
+# needs (``Wire``) and is sent the received rows back; everything before (cast, encode, the
+# padding off the wire) and after (decode, merge, the stage sum) is the same code whoever moves
+# the bytes. ``drive`` moves them with the hop group's own collective (the hop-by-hop modes);
+# the tick mode ([Note: ticks] in comm/tick_plan.py) moves the transfers of several hops in one
+# grouped point-to-point call. Bit-identical values by construction: only the transport differs.
+
+
 class HierCollectives:
     def __init__(self, topo: Topology, groups: dict[tuple[str, ...], HopGroup], stats: CommStats):
         self.topo = topo
@@ -151,6 +174,19 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(local))
         return self._peer_order(out.view(k, -1), hg)
 
+    def drive(self, steps: Steps) -> Any:
+        """Run a hop's steps with the hop group's own collective."""
+        try:
+            wire = next(steps)
+            while True:
+                if wire.kind == "gather":
+                    got = self._gather_blocks(wire.send, wire.hg, wire.phase)
+                else:
+                    got = self._exchange(wire.send, wire.hg, wire.phase)
+                wire = steps.send(got)
+        except StopIteration as stop:
+            return stop.value
+
     def gather_hop(
         self,
         buf: torch.Tensor,
@@ -160,6 +196,18 @@ class HierCollectives:
         hook: PayloadHook | None = None,
         valid: layout.Valid | None = None,
     ) -> torch.Tensor:
+        """``gather_hop_steps`` with the hop group's collective."""
+        return self.drive(self.gather_hop_steps(buf, hop, block_size, phase, hook, valid))
+
+    def gather_hop_steps(
+        self,
+        buf: torch.Tensor,
+        hop: Hop,
+        block_size: int,
+        phase: str,
+        hook: PayloadHook | None = None,
+        valid: layout.Valid | None = None,
+    ) -> Steps:
         """One gather hop on a plain buffer. buf: [n, p, g, S] (canonical layout); returns the
         buffer with the hop's axes filled in. A compressed hop encodes this rank's buffer, gathers
         the encoded rows and decodes every row, this rank's own included, so all ranks end with
@@ -168,7 +216,8 @@ class HierCollectives:
         sent ([Note: padding stays off the wire])."""
         if hop.scheme in _BITS:
             enc = self.encode(buf, hop, block_size, hook)
-            return self.decode(self.gather_encoded(enc, hop, phase, valid), buf.dtype)
+            got = yield from self.gather_encoded_steps(enc, hop, phase, valid)
+            return self.decode(got, buf.dtype)
         hg = self.groups[hop.axes]
         have = (buf.shape[0], buf.shape[1], buf.shape[2])
         local = buf.reshape(-1)
@@ -178,9 +227,9 @@ class HierCollectives:
             if hook is not None:
                 full = local.to(_CAST[hop.scheme]) if sent is not local else wire
                 hook.encoded(local, lambda: full.to(torch.float32))
-            flat = self._gather_blocks(wire, hg, phase).to(buf.dtype)
+            flat = (yield Wire("gather", hg, wire, phase)).to(buf.dtype)
         else:
-            flat = self._gather_blocks(sent.contiguous(), hg, phase)
+            flat = yield Wire("gather", hg, sent.contiguous(), phase)
         k = len(hg.peers)
         rows = _restore(flat.reshape(k * have[0] * have[1] * have[2], -1), valid, buf.shape[3])
         return layout.merge_gathered(rows.reshape(-1), have, layout.hop_dims(self.topo, hop.axes), buf.shape[3])
@@ -209,6 +258,12 @@ class HierCollectives:
         return Encoded(q.data.view(*rows, -1), q.scales.view(*rows, -1), q.bits, block_size, buf.shape[3])
 
     def gather_encoded(self, enc: Encoded, hop: Hop, phase: str, valid: layout.Valid | None = None) -> Encoded:
+        """``gather_encoded_steps`` with the hop group's collective."""
+        return self.drive(self.gather_encoded_steps(enc, hop, phase, valid))
+
+    def gather_encoded_steps(
+        self, enc: Encoded, hop: Hop, phase: str, valid: layout.Valid | None = None
+    ) -> Generator[Wire, torch.Tensor, Encoded]:
         """One gather hop of encoded rows: data and scales of each row as one byte row, one
         collective ([Note: one collective per hop]), gathered exactly; of the data, only the
         bytes of ``valid`` elements ([Note: padding stays off the wire])."""
@@ -220,7 +275,7 @@ class HierCollectives:
         data = _keep(enc.data.reshape(-1, width), valid, per_unit)
         data_bytes = data.shape[1] * enc.data.element_size()
         wire = _pack(data, enc.scales.reshape(-1, enc.scales.shape[3]))
-        flat = self._gather_blocks(wire.view(-1), hg, phase)
+        flat = yield Wire("gather", hg, wire.view(-1), phase)
         merged = layout.merge_gathered(flat.reshape(-1), have, layout.hop_dims(self.topo, hop.axes), wire.shape[1])
         rows = merged.shape[:3]
         got, scales = _unpack(merged.reshape(-1, wire.shape[1]), data_bytes, enc.data.dtype)
@@ -255,6 +310,19 @@ class HierCollectives:
         hook: StageHook | None = None,
         valid: layout.Valid | None = None,
     ) -> torch.Tensor:
+        """``reduce_stage_steps`` with the hop group's collective."""
+        return self.drive(self.reduce_stage_steps(buf, hop, block_size, wire_dtype, phase, hook, valid))
+
+    def reduce_stage_steps(
+        self,
+        buf: torch.Tensor,
+        hop: Hop,
+        block_size: int,
+        wire_dtype: torch.dtype,
+        phase: str = "grad_reduce",
+        hook: StageHook | None = None,
+        valid: layout.Valid | None = None,
+    ) -> Steps:
         """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
         returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
         dequantization, never in the wire format. ``hook`` may adjust the
@@ -273,7 +341,7 @@ class HierCollectives:
             per_unit = 8 // q.bits
             data_rows, scale_rows = q.data.view(k, -1), q.scales.view(k, -1)
             sent = _keep(data_rows, cols, per_unit)
-            packed = self._exchange(_pack(sent, scale_rows), self.groups[hop.axes], phase)
+            packed = yield Wire("exchange", self.groups[hop.axes], _pack(sent, scale_rows).contiguous(), phase)
             data, scales = _unpack(packed, sent.shape[1] * sent.element_size(), q.data.dtype)
             data = _restore(data, cols, data_rows.shape[1], per_unit)
             parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
@@ -283,7 +351,8 @@ class HierCollectives:
             wire = send.to(dtype)
             if hook is not None:
                 hook.encoded(send, lambda: wire.to(torch.float32))
-            recv = _restore(self._exchange(_keep(wire, cols), self.groups[hop.axes], phase), cols, m)
+            got = yield Wire("exchange", self.groups[hop.axes], _keep(wire, cols).contiguous(), phase)
+            recv = _restore(got, cols, m)
             summed = recv.to(torch.float32).sum(0)
         if hook is not None:
             hook.reduced(summed)

@@ -5,13 +5,14 @@ between global ranks and coordinate order. Plain state: no DeepSpeed, no paramet
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Generator
 
 import torch
 
 from ..core import layout
 from ..core.plan import CommPlan
 from ..core.topology import Coord, Topology
-from .collectives import HierCollectives
+from .collectives import HierCollectives, Steps
 from .executor import CommExecutor
 from .hooks import NO_HOOKS, HookSource
 
@@ -40,6 +41,14 @@ class CommContext:
         self._index_order = layout.index_order(self.topo)  # host copies; per device in _perms
         self._rank_order = layout.rank_order(self.topo)
         self._perms = layout.DevicePerms()  # [Note: no host traffic in the hot path]
+
+    def wire(self, steps: Steps) -> Generator[Any, Any, Any]:
+        """A hop's transfer ([Note: collectives as steps] in comm/collectives.py): issued here by
+        the hop group's collective, or, when the executor runs ticks ([Note: ticks] in
+        comm/tick_plan.py), yielded to it (the job's driver sends the received rows back)."""
+        if self.executor.yields_wires:
+            return (yield from steps)
+        return self.coll.drive(steps)
 
     @property
     def world(self) -> int:

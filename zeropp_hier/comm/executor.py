@@ -32,7 +32,10 @@ after another, kept for comparison and debugging. With one lane (the default on 
 all collectives in one order on one thread and one stream, nothing pipelined across jobs; the
 lanes keep each communicator's order but not the order between communicators, which NCCL and
 RCCL need. ``serial`` (ROCm) also waits, on that thread, for each collective to complete on the
-device before issuing the next, so no two communicators have collectives in flight.
+device before issuing the next, so no two communicators have collectives in flight. The tick
+mode (``"overlap": "ticks"``, ``TickExecutor`` in comm/ticks.py) is one lane too, but a job's
+slots are ticks: the chunks of one piece of work advance together, each tick one grouped
+point-to-point call on one communicator ([Note: ticks] in comm/tick_plan.py).
 
 [Note: executor failure semantics]
 A failed collective leaves the hop groups in an unknown state: its peers may have completed it,
@@ -125,7 +128,9 @@ class _Running:
     def __init__(self, job: Job, lanes: Sequence[Hashable], fut: Future, ready: Any, hops: Sequence[Hashable] = ()):
         self.job = job
         self.lanes = tuple(lanes)
-        self.hops = tuple(hops)  # the hop group of each collective, as declared ([Note: busy intervals])
+        # the hop group of each collective, as declared ([Note: busy intervals]); None: a slot that
+        # issues no collective (``drain``'s barrier), not recorded
+        self.hops = tuple(hops)
         self.fut = fut
         self.event = ready  # on a GPU: the previous step's end (the caller's stream at submit)
         self.turn = 0  # index of the slot that may run next
@@ -152,6 +157,10 @@ class CommExecutor:
 
     ``timeout_s``: the collective timeout of the groups the jobs use (``collective_timeout_s``);
     it bounds every wait ([Note: executor failure semantics]). None: waits are unbounded."""
+
+    # jobs issue their own collectives; the tick executor (comm/ticks.py) has them yield each
+    # transfer instead ([Note: collectives as steps] in comm/collectives.py)
+    yields_wires = False
 
     def __init__(
         self,
@@ -220,10 +229,13 @@ class CommExecutor:
         return None
 
     # -- caller side ---------------------------------------------------------------------------
-    def submit(self, job: Job, lanes: Sequence[Hashable]) -> Future:
+    def submit(self, job: Job, lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None) -> Future:
         """Queue ``job``, whose collectives are on ``lanes`` in this order (one entry per
         collective). Must be called from one thread, in the same program order on every rank.
-        Raises ``ExecutorBrokenError`` once the executor is broken or closed."""
+        ``hops``: the hop group each slot records as busy ([Note: busy intervals]; None in it:
+        a slot that issues no collective); default ``lanes``. Raises ``ExecutorBrokenError``
+        once the executor is broken or closed."""
+        hops = lanes if hops is None else hops
         refusal = self._refusal()
         if refusal is not None:
             raise refusal
@@ -232,7 +244,7 @@ class CommExecutor:
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
         if not self.overlap or not lanes:  # inline; a job with no collective has nothing to overlap
             try:
-                fut.set_result(_Done(_run_inline(job, lanes, self.busy_log), None))
+                fut.set_result(_Done(_run_inline(job, lanes, self.busy_log if any(hops) else None), None))
             except BaseException as e:  # noqa: B036 - handed to the waiter, as a thread would
                 if lanes:  # a failed collective (or an interrupt inside one) breaks the executor
                     self.mark_broken(e)
@@ -242,7 +254,7 @@ class CommExecutor:
         if self._cuda is not None:  # the job starts after what the caller queued so far
             ready = self._cuda.Event()
             ready.record(self._cuda.current_stream(self.device))
-        running = _Running(job, [self.key(lane) for lane in lanes], fut, ready, lanes)
+        running = _Running(job, [self.key(lane) for lane in lanes], fut, ready, hops)
         if self.timeout_s is not None:
             ahead = self._slots_submitted - self._slots_done
             bound = self.timeout_s * (ahead + len(lanes)) + WAIT_SLACK_S
@@ -338,7 +350,7 @@ class CommExecutor:
         """Wait until everything submitted so far has run (errors stay with their futures)."""
         if not self.overlap:
             return
-        lanes = list(self._known)
+        lanes = list(self._known)  # lane keys: with one lane, the folded ``ONE``
         if not lanes:
             return
 
@@ -347,7 +359,8 @@ class CommExecutor:
                 yield Move(lane)
             return None
 
-        self.result(self.submit(barrier(), lanes))
+        # a slot on each lane but no collective: nothing to record as a hop group's busy time
+        self.result(self.submit(barrier(), lanes, hops=[None] * len(lanes)))
 
     def close(self, timeout: float | None = None) -> list[str]:
         """Stop every lane; wait for all of them together at most ``timeout`` seconds (default
@@ -462,11 +475,12 @@ class CommExecutor:
                 # this collective, and what follows up to the next one or the end
                 if self.serial and self._previous is not None:
                     self._previous.synchronize()  # one lane: only this thread sets it
-                busy = self.busy_log
+                hop = running.hops[index]
+                busy = self.busy_log if hop is not None else None
                 begun = busy.start(stream) if busy is not None else None
                 nxt = _advance(running.job, running.lanes, index + 1, self.key)
                 if busy is not None:
-                    busy.stop(begun, running.hops[index], stream)
+                    busy.stop(begun, hop, stream)
                 if self.serial and cuda is not None:
                     self._previous = cuda.Event()
                     self._previous.record(stream)

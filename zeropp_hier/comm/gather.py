@@ -91,7 +91,7 @@ def hop_steps(
     phase: str,
     carry: Sequence[torch.Tensor] = (),
     valid: layout.Valid | None = None,
-) -> Generator[Move, None, Buffer]:
+) -> Generator[Any, Any, Buffer]:
     """Run ``hops`` over ``start`` ([n, p, g, S], plain or encoded); announce each collective
     before issuing it. ``carry``: tensors made on other lanes that the first hop reads (the
     kept copies). ``valid``: the elements of a row that can hold a value, the only ones every
@@ -111,11 +111,13 @@ def hop_steps(
         if enc is None and hop.scheme in QUANTIZED:
             assert buf is not None
             enc = coll.encode(buf, hop, hop.block_size, hook=hook)
+        # the hop's transfer by its group's collective, or yielded to the tick driver
+        # ([Note: collectives as steps] in comm/collectives.py)
         if enc is not None:
-            enc = coll.gather_encoded(enc, hop, phase, valid)
+            enc = yield from ctx.wire(coll.gather_encoded_steps(enc, hop, phase, valid))
         else:
             assert buf is not None
-            buf = coll.gather_hop(buf, hop, hop.block_size, phase, hook=hook, valid=valid)
+            buf = yield from ctx.wire(coll.gather_hop_steps(buf, hop, hop.block_size, phase, hook=hook, valid=valid))
     out = enc if enc is not None else buf
     assert out is not None
     return out

@@ -50,3 +50,14 @@ def build_hop_groups(
                     torch_from_peer = torch.tensor([members.index(r) for r in torch_order])
                 out[axes] = HopGroup(axes, pg, members, peer_from_torch, torch_from_peer, timeout_s)
     return out
+
+
+def build_tick_group(topo: Topology, timeout_s: float | None = None) -> dist.ProcessGroup:
+    """The one group of every rank that carries every hop's transfers in the tick mode ([Note:
+    ticks] in comm/tick_plan.py); collective: every rank creates it, after its hop groups.
+    Our own, not the default group, so that it gets ``collective_timeout_s`` ([Note: failure
+    detection]) and DeepSpeed's collectives never share its communicator."""
+    pg = dist.new_group(ranks=list(range(topo.world_size)), timeout=as_timedelta(setup_timeout(timeout_s)))
+    if timeout_s is not None:
+        set_group_timeout(pg, timeout_s)
+    return pg

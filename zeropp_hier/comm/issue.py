@@ -1,7 +1,7 @@
 """Who issues the hop collectives: the executor mode, chosen per communication backend here only.
 
 [Note: one issuing thread on GPUs]
-``zeropp_hier.overlap`` takes ``true`` (default), ``"lanes"``, ``"one_lane"`` or ``false``;
+``zeropp_hier.overlap`` takes ``true`` (default), ``"lanes"``, ``"one_lane"``, ``"ticks"`` or ``false``;
 ``resolve_issue_mode`` turns it, the hop groups' backend and the torch build into the mode the
 executor runs ([Note: one order of hop collectives] in comm/executor.py):
 
@@ -19,11 +19,19 @@ executor runs ([Note: one order of hop collectives] in comm/executor.py):
   in separate epochs). Lanes keep each communicator's order but not the order between them: the
   thread that reaches its launch first differs from rank to rank.
 * RCCL (a ROCm build, ``torch.version.hip``): one lane, and *serial*: the lane's thread issues
-  a collective only once the previous one has completed on the device, so no two communicators
-  have collectives in flight at once. An FSDP HYBRID_SHARD hang on MI250X was traced to
-  communicators driven from several host threads (https://github.com/ROCm/rccl/pull/1600), and
+  a collective only once the previous one has completed on the device (a host wait on an event,
+  before every hop collective), so no two communicators have collectives in flight at once.
   RCCL on gfx90a deadlocks with two or three communicators in flight even when every rank
-  submits them in one order (https://github.com/ROCm/rccl/issues/2191, open).
+  submits them in one order; ``NCCL_LAUNCH_ORDER_IMPLICIT=1`` rescues two communicators but not
+  three (https://github.com/ROCm/rccl/issues/2191, open). https://github.com/ROCm/rccl/pull/1600
+  (closed) is about RCCL stalls on Frontier at scale or with the aws-ofi-rccl plugin (it proposed
+  NCCL_STEPS 16 for the 64-wide wavefront); later in it, its author traced his own application's
+  hang to FSDP HYBRID_SHARD communicators driven from several host threads and worked around it
+  by synchronising every collective: one application's report, and the same rule as here.
+* ``"ticks"``, on any backend: one lane, and every hop's transfers as point-to-point calls on
+  one communicator of every rank, one grouped call per tick, the chunks of a piece of work on
+  different tiers inside it ([Note: ticks] in comm/tick_plan.py). No host wait: the rule above
+  holds because there is only one communicator.
 * ``"lanes"`` asks for the per-group threads anywhere; on NCCL/RCCL it runs, with a warning that
   names the risk. ``"one_lane"`` is one lane on any backend (serial on ROCm). ``false`` runs every
   job inline on the training thread, one after another.
@@ -40,8 +48,9 @@ if TYPE_CHECKING:
     import torch
 
     from .executor import CommExecutor
+    from .ticks import TickTransport
 
-OVERLAP_CHOICES = (True, False, "lanes", "one_lane")
+OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks")
 SAFE_WITH_LANES = ("gloo",)  # backends whose collectives run on the calling host thread
 
 
@@ -51,11 +60,14 @@ class IssueMode(NamedTuple):
     serial: bool  # on a device, a collective is issued only after the previous one completed
     reason: str  # why, for the log line at start-up
     warning: str | None = None  # set when the configuration asks for a mode known to be unsafe
+    ticks: bool = False  # one lane; each piece of work in ticks on one communicator ([Note: ticks])
 
     @property
     def name(self) -> str:
         if not self.background:
             return "inline"
+        if self.ticks:
+            return "ticks"
         return ("one_lane/serial" if self.serial else "one_lane") if self.one_lane else "lanes"
 
 
@@ -72,12 +84,21 @@ def backend_for(backend: str, device_type: str) -> str:
 def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> IssueMode:
     """The executor mode for ``zeropp_hier.overlap`` = ``overlap`` on hop groups of ``backend``
     (pure: [Note: one issuing thread on GPUs])."""
-    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane"):
+    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane", "ticks"):
         raise ValueError(f"zeropp_hier.overlap = {overlap!r}: use one of {list(OVERLAP_CHOICES)}")
     if overlap is False:
         return IssueMode(False, False, False, "overlap false: every job inline on the training thread")
     device_lib = backend.lower() not in SAFE_WITH_LANES
     library = ("RCCL" if is_hip else "NCCL") if backend.lower() == "nccl" else backend
+    if overlap == "ticks":  # the same schedule on every backend: gloo measures what a GPU runs
+        return IssueMode(
+            True,
+            True,
+            False,
+            f"{library}: ticks: one host thread issues one grouped point-to-point call per tick on one "
+            "communicator spanning the world; the chunks of a piece of work overlap the tiers inside it",
+            ticks=True,
+        )
     if overlap == "lanes" or (overlap is True and not device_lib):
         if not device_lib:
             return IssueMode(True, False, False, f"{backend}: a host thread per hop group (lanes)")
@@ -106,14 +127,66 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> Issue
     return IssueMode(True, True, serial, f"{library}: {why}")
 
 
-def executor_for(mode: IssueMode, name: str, device: torch.device, timeout_s: float | None = None) -> CommExecutor:
+def check_tick_device(mode: IssueMode, backend: str, device_type: str) -> None:
+    """Refuse the tick mode where its transfers cannot run: gloo's point-to-point calls read and
+    write host memory only (PyTorch's backend table: no gloo send/recv of GPU tensors), so hop
+    groups on gloo with the tensors on a GPU cannot use it. Pure; the same on every rank."""
+    from ..core.errors import HierConfigError
+
+    if mode.ticks and backend.lower() == "gloo" and device_type != "cpu":
+        raise HierConfigError(
+            "zeropp_hier.overlap",
+            "ticks",
+            f"the tick mode sends point-to-point, which gloo does only for CPU tensors, and this run's "
+            f"tensors are on {device_type}: use NCCL/RCCL for {device_type} tensors, or another overlap "
+            "mode (true) for gloo on a GPU",
+        )
+
+
+def chunks_warning(mode: IssueMode, chunks: int) -> str | None:
+    """The start-up warning when ``pipeline.chunks`` > 1 overlaps nothing in ``mode``: on one
+    lane (hop by hop) and inline the chunks' hops run one after another, so chunking only adds
+    latency ([Note: chunked gathers] in comm/gather.py)."""
+    if chunks <= 1 or mode.ticks or (mode.background and not mode.one_lane):
+        return None
+    return (
+        f"zeropp_hier.pipeline.chunks = {chunks} in issue mode {mode.name}: every chunk's hops run "
+        "one after another there, so the chunks overlap nothing and only add latency. Use "
+        'zeropp_hier.overlap = "ticks" (one communicator, the chunks\' tiers overlapping in one grouped call per '
+        "tick, on any backend), or pipeline.chunks = 1."
+    )
+
+
+def executor_for(
+    mode: IssueMode,
+    name: str,
+    device: torch.device,
+    timeout_s: float | None = None,
+    transport: TickTransport | None = None,
+) -> CommExecutor:
     """The executor that runs hop collectives in ``mode``; ``timeout_s`` bounds its waits
-    ([Note: executor failure semantics] in comm/executor.py)."""
+    ([Note: executor failure semantics] in comm/executor.py); ``transport``: the tick mode's
+    (comm/ticks.py), required there."""
     from .executor import CommExecutor
+
+    if mode.ticks:
+        from .ticks import TickExecutor
+
+        if transport is None:
+            raise ValueError("zeropp_hier internal: the tick mode needs a TickTransport")
+        return TickExecutor(name, device, transport, timeout_s=timeout_s)
 
     return CommExecutor(
         name, device, overlap=mode.background, one_lane=mode.one_lane, serial=mode.serial, timeout_s=timeout_s
     )
 
 
-__all__ = ["IssueMode", "OVERLAP_CHOICES", "backend_for", "executor_for", "resolve_issue_mode"]
+__all__ = [
+    "IssueMode",
+    "OVERLAP_CHOICES",
+    "backend_for",
+    "check_tick_device",
+    "chunks_warning",
+    "executor_for",
+    "resolve_issue_mode",
+]

@@ -133,7 +133,9 @@ def _chunk_stages(
         # the rows and the output are read and written on several lanes (GPU streams)
         yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
         hook = ctx.hooks.reduce_hook(ckey, s, hop, loss_scale)
-        buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
+        buf = yield from ctx.wire(
+            ctx.coll.reduce_stage_steps(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
+        )
     return buf
 
 

@@ -31,7 +31,7 @@ PRESETS: tuple[Preset, ...] = get_args(Preset)
 FIXED_PRESETS: tuple[FixedPreset, ...] = get_args(FixedPreset)
 TopologyMode = Literal["manual", "auto"]
 TOPOLOGY_MODES: tuple[TopologyMode, ...] = get_args(TopologyMode)
-OverlapMode = Literal["lanes", "one_lane"]  # besides true / false
+OverlapMode = Literal["lanes", "one_lane", "ticks"]  # besides true / false
 OVERLAP_MODES: tuple[OverlapMode, ...] = get_args(OverlapMode)
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
@@ -222,7 +222,8 @@ class HierConfig:
     # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
     # compute ([Note: one order of hop collectives] in comm/executor.py): true, the mode safe for
     # the backend ([Note: one issuing thread on GPUs] in comm/issue.py); "lanes": one lane per hop
-    # group; "one_lane": one lane for all; false: inline
+    # group; "one_lane": one lane for all; "ticks": one lane, each piece of work's chunks in
+    # ticks of one grouped point-to-point call ([Note: ticks] in comm/tick_plan.py); false: inline
     overlap: bool | OverlapMode = True
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()
@@ -315,8 +316,10 @@ def parse_section(section: Any) -> HierConfig:
             overlap,
             "use true (default: gathers overlap compute through DeepSpeed's prefetch; lanes on gloo, "
             'one issuing thread on NCCL/RCCL, serialized on ROCm), "one_lane" (overlapped, every hop '
-            'group on one lane), "lanes" (a host thread per hop group, even on NCCL/RCCL: risks a '
-            "deadlock there) or false (every collective inline)",
+            'group on one lane), "ticks" (one issuing thread and one communicator; the chunks of '
+            "pipeline.chunks overlap the tiers inside one grouped point-to-point call per tick), "
+            '"lanes" (a host thread per hop group, even on NCCL/RCCL: risks a deadlock there) or '
+            "false (every collective inline)",
         )
     return HierConfig(
         enabled=enabled,

@@ -25,8 +25,8 @@ from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
 from ..comm.executor import Job
-from ..comm.groups import build_hop_groups
-from ..comm.issue import backend_for, executor_for, resolve_issue_mode
+from ..comm.groups import build_hop_groups, build_tick_group
+from ..comm.issue import backend_for, check_tick_device, chunks_warning, executor_for, resolve_issue_mode
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
@@ -62,6 +62,7 @@ def plan_summary(cfg: HierConfig, topo: Topology, level_plan: LevelPlan | None =
         "memory": repr(cfg.memory),
         "numerics": repr(cfg.numerics),
         "pipeline": repr(cfg.pipeline),  # chunks and deferral change which collectives run, and when
+        "overlap": repr(cfg.overlap),  # "ticks" moves the hops' bytes by point-to-point calls instead
         "topology": [list(topo.dims), list(topo.rank_map) if topo.rank_map is not None else None],
         "hops": repr(plan),
         "levels": None if level_plan is None else dict(level_plan.levels),
@@ -109,15 +110,28 @@ class HierRuntime:
         self.comm_device = torch.device(get_accelerator().current_device_name())
         # who issues the hop collectives, chosen for the hop groups' backend in one place
         # ([Note: one issuing thread on GPUs] in comm/issue.py)
-        self.issue_mode = resolve_issue_mode(
-            cfg.overlap, backend_for(dist.get_backend(), self.comm_device.type), torch.version.hip is not None
-        )
+        backend = backend_for(dist.get_backend(), self.comm_device.type)
+        self.issue_mode = resolve_issue_mode(cfg.overlap, backend, torch.version.hip is not None)
+        check_tick_device(self.issue_mode, backend, self.comm_device.type)
         if rank == 0:
             log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
             if self.issue_mode.warning:
                 log.warning("zeropp_hier: %s", self.issue_mode.warning)
+            chunked = chunks_warning(self.issue_mode, cfg.pipeline.chunks)
+            if chunked:
+                log.warning("zeropp_hier: %s", chunked)
+        # the tick mode's one communicator, and every rank's schedule agreed before any tick
+        # ([Note: ticks] in comm/tick_plan.py)
+        self.tick_group = None
+        transport = None
+        if self.issue_mode.ticks:
+            from ..comm.ticks import TickTransport, agree_schedule, plan_pieces
+
+            self.tick_group = build_tick_group(topo, cfg.collective_timeout_s)
+            transport = TickTransport(self.tick_group, rank, topo, self.stats, cfg.collective_timeout_s)
+            agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), cfg.pipeline.chunks)
         self.executor = executor_for(
-            self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s
+            self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s, transport=transport
         )
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
@@ -155,6 +169,9 @@ class HierRuntime:
             return
         for hg in self.groups.values():
             dist.destroy_process_group(hg.group)
+        if self.tick_group is not None:
+            dist.destroy_process_group(self.tick_group)
+            self.tick_group = None
         # clear the dict in place: HierCollectives holds the same one, and the groups' transport
         # threads end only when the last reference goes
         self.groups.clear()
@@ -235,6 +252,9 @@ class HierRuntime:
                 ranges = gather.column_ranges(b.width, b.align, chunks)
                 bucket_lanes = [h.axes for h in b.hops]
                 jobs = gather.chunk_jobs(self.comm, b.hops, b.make_start, ranges, phase, b.finish, b.carry, b.valid)
+                if self.executor.yields_wires:  # the chunks advance together, in ticks
+                    futures.append(self.executor.submit_all(jobs, bucket_lanes))
+                    continue
                 for job in jobs:
                     futures.append(self.executor.submit(job, bucket_lanes))
             layer.futures = futures

@@ -1,0 +1,66 @@
+"""The tick mode ([Note: ticks] in comm/tick_plan.py) on 8 real gloo ranks (2 nodes x 2 GPUs x 2
+GCDs, a permuted rank map) without DeepSpeed: every preset and compression, unchunked and in
+chunks, gives bit for bit the values, kept copies and per-tier bytes of today's hop-by-hop
+gathers and reduce-scatters (the project's executor on its lanes, the hop groups' own
+collectives), while every transfer goes through one process group in one grouped call per tick,
+issued from one host thread, with no hop collective at all; each rank's transfers are the
+schedule's (tick, peer, bytes), and the schedule is agreed at start-up."""
+
+from . import ranks_ticks
+
+CASES = {
+    "zero3/none": ("zero3", "none"),
+    "zeropp/none": ("zeropp", "none"),
+    "zeropp/int8": ("zeropp", "int8"),
+    "frontier/none": ("frontier", "none"),
+    "frontier/int8": ("frontier", "int8"),
+    "frontier/default": ("frontier", None),  # the preset's own per-tier compression
+    "frontier/int4-node": ("frontier", {"weights": {"node": "int4"}, "gradients": {"node": "int4"}, "block_size": 64}),
+}
+CHUNKS = (1, 3)
+
+
+def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8):
+    results = bare8.run(ranks_ticks.parity_run, CASES, ranks_ticks.RANK_MAP, CHUNKS)
+    for rank, r in enumerate(results):
+        assert r["deepspeed_loaded"] == [], f"rank {rank}: the drivers must not need DeepSpeed"
+        assert r["agreed"], f"rank {rank}: no schedule digest"
+        for name, per_chunks in r["cases"].items():
+            for chunks, c in per_chunks.items():
+                what = f"rank {rank} {name} chunks={chunks}"
+                for part in ("forward", "backward", "reduce"):
+                    assert c[part]["values"], f"{what}: {part} values differ from hop by hop"
+                    assert c[part]["bytes"] == c[part]["ref_bytes"], (
+                        what,
+                        part,
+                        c[part]["bytes"],
+                        c[part]["ref_bytes"],
+                    )
+                    assert any(c[part]["bytes"].values()), f"{what}: {part} moved nothing"
+                    # every byte the tick transport sent is one the stats counted, tier by tier
+                    assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])
+                    # the (tick, peer) sequence is the pure schedule's
+                    assert c[part]["sequence_ok"], (what, part, c[part]["sequence"][:6])
+                assert c["forward"]["kept"], f"{what}: kept copies differ"
+                # one grouped call per tick, on the tick group only, from one thread; no hop collective
+                assert c["calls"]["groups"] == ["tick"], (what, c["calls"])
+                assert c["calls"]["threads"] == 1, (what, c["calls"])
+                assert c["calls"]["hop_collectives"] == 0, (what, c["calls"])
+                assert c["calls"]["pending_at_issue"] == 0, (what, c["calls"])
+                assert c["calls"]["batches"] == c["calls"]["ticks"], (what, c["calls"])
+                if chunks > 1 and name.startswith("frontier"):
+                    # several hops of different chunks in one tick: the tiers share a call
+                    assert c["calls"]["most_hops_in_a_tick"] > 1, (what, c["calls"])
+
+
+def test_a_rank_with_another_tick_schedule_stops_every_rank_at_start_up(bare8):
+    odd = 2
+    results = bare8.run(ranks_ticks.disagree_run, ranks_ticks.RANK_MAP, odd)
+    assert len({r["digest"] for r in results}) == 1  # the same schedule: one digest everywhere
+    for rank, r in enumerate(results):
+        # every rank stops, those that never exchange with the odd rank too
+        assert r["error"] == "HierRankError", (rank, r)
+        assert "tick schedule" in r["text"] and "pipeline.chunks" in r["text"], r["text"]
+        # the ranks that found the difference: the odd rank and the members of its hop groups
+        assert odd in r["failed"] and len(r["failed"]) > 1, (rank, r["failed"])
+        assert set(r["failed"]) <= set(range(8)) and len(r["failed"]) < 8, (rank, r["failed"])

@@ -1,0 +1,61 @@
+"""The tick mode ([Note: ticks] in comm/tick_plan.py) in a full DeepSpeed engine on 8 real gloo
+ranks (2 nodes x 2 GPUs x 2 GCDs): the same losses, weights and bytes as the hop-by-hop mode a
+GPU runs today ("one_lane") with the same chunks, every hop transfer through the one tick group
+from one thread, none on the training thread; and a rank killed in the middle of a tick ends
+every rank with a named HierCommError within the collective timeout."""
+
+from zeropp_hier.app.training import ds_config
+
+from . import ranks_ticks
+from .test_failures import BOUND_S, broken_world, parse_error, processes_of
+
+STEPS = 3
+TIMEOUT_S = 5.0
+
+
+def _configs() -> dict:
+    out = {}
+    for preset, compression, chunks in (("frontier", None, 3), ("zeropp", "int8", 1)):
+        for mode in ("one_lane", "ticks"):
+            cfg = ds_config(preset) if compression is None else ds_config(preset, compression=compression)
+            cfg["zeropp_hier"]["overlap"] = mode
+            cfg["zeropp_hier"]["pipeline"] = {"chunks": chunks}
+            out[f"{preset}/{mode}"] = cfg
+    return out
+
+
+def test_ticks_train_like_the_gpu_mode_through_one_group_and_one_thread(world8):
+    for rank, res in enumerate(world8.run(ranks_ticks.engine_run, _configs(), STEPS)):
+        for preset in ("frontier", "zeropp"):
+            ref, got = res[f"{preset}/one_lane"], res[f"{preset}/ticks"]
+            what = f"rank {rank} {preset}"
+            assert (ref["mode"], got["mode"]) == ("one_lane", "ticks"), what
+            # bit for bit: the same values moved, the same sums, the same optimizer steps
+            assert got["losses"] == ref["losses"], (what, got["losses"], ref["losses"])
+            for name, t in ref["state"].items():
+                assert bool((got["state"][name] == t).all()), f"{what}: {name} differs"
+            for phase in ("forward_gather", "backward_gather", "grad_reduce"):
+                assert got["stats"]["bytes"][phase] == ref["stats"]["bytes"][phase], (what, phase)
+            # the watch sees the hop collectives of the hop-by-hop mode, and none in ticks
+            assert ref["calls"]["hop_collectives"] > 0 and ref["calls"]["batches"] == 0, (what, ref["calls"])
+            c = got["calls"]
+            assert c["hop_collectives"] == 0 and c["batches"] > 0, (what, c)
+            assert c["groups"] == ["tick"] and c["threads"] == 1 and not c["training_thread"], (what, c)
+            assert c["pending_at_issue"] == 0, (what, c)
+
+
+def test_a_rank_killed_mid_tick_ends_every_rank_with_a_named_error():
+    cfg = ds_config("frontier")
+    cfg["zeropp_hier"].update(overlap="ticks", pipeline={"chunks": 3}, collective_timeout_s=TIMEOUT_S)
+    victim = 5
+    world, err = broken_world(8, ranks_ticks.die_mid_tick, cfg, victim, 40)
+    assert "killed by SIGKILL" in err.failures[victim]
+    assert err.killed == [], f"the launcher had to kill {err.killed}: a rank hung"
+    for rank in range(8):
+        assert err.exit_after_s[rank] <= BOUND_S, (rank, err.exit_after_s)
+        if rank == victim:
+            continue
+        p = parse_error(err.failures[rank])
+        assert p is not None, f"rank {rank} did not end with a HierCommError:\n{err.failures[rank]}"
+        assert p["rank"] == rank and p["tier"] in ("gcd", "gpu", "node"), p
+    assert processes_of(world) == [], "a process of the failed world is still running"
