@@ -134,8 +134,8 @@ def hf_trainer_run(
             disable_tqdm=True,
             dataloader_num_workers=0,
             seed=0,
-            use_cpu=True,
-        )  # [Note: the Trainer's world on CPU ranks]
+            use_cpu=True,  # [Note: the Trainer's world on CPU ranks]
+        )
         # after TrainingArguments (its HfDeepSpeedConfig is alive): transformers builds the model
         # under deepspeed.zero.Init, each parameter cut into 1/world shards as it is made
         model = GPTNeoXForCausalLM.from_pretrained(model_dir)
