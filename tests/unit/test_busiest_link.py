@@ -93,9 +93,9 @@ def test_chunks_follow_the_issue_mode():
     jobs = P.phase_jobs(p.costs, WL)
     assert p.chunks > 1
     assert P.jobs_time(jobs, p.chunks, "ticks") == min(P.jobs_time(jobs, k, "ticks") for k in range(1, 65))
-    assert P.jobs_time(jobs, p.chunks, "ticks") < P.jobs_time(jobs, 1, "ticks") == pytest.approx(
-        P.jobs_time(jobs, 1, "one_lane")
-    )
+    assert P.jobs_time(jobs, p.chunks, "ticks") < P.jobs_time(jobs, 1, "ticks")
+    # one chunk in ticks is hop after hop
+    assert P.jobs_time(jobs, 1, "ticks") == pytest.approx(P.jobs_time(jobs, 1, "one_lane"))
     assert P.rank_key(p, ticks) == p.pipelined_comm_s >= p.link_bound_s
     one = replace(ticks, issue_mode="one_lane")
     q = P.predict(cand, one, WL)
