@@ -208,3 +208,16 @@ def test_one_chunk_in_ticks_is_one_lane_and_a_mode_must_be_known():
     assert t.schedule_s == pytest.approx(o.schedule_s) and lanes.schedule_s < o.schedule_s
     with pytest.raises(ValueError, match="'two_lanes'"):
         simulate(FORWARD, [], [], 1, 0, 1, 0.0, 0.0, mode="two_lanes")
+
+
+def test_in_ticks_the_gathers_one_prefetch_submits_together_are_one_stream():
+    """[Note: one tick stream per call] in comm/ticks.py: four layers, prefetch 3 ahead, no
+    compute, one chunk each; a layer's hops take 1, 0.5 and 0.25 s. Layer 0 is fetched alone
+    (3 ticks: 1.75 s); after its wait the prefetch submits layers 1-3 in one call: one stream of
+    3 + 3 - 1 = 5 ticks, {1} 1 s, {0.5, 1} 1 s, {0.25, 0.5, 1} 1 s, {0.25, 0.5} 0.5 s, {0.25}
+    0.25 s = 3.75 s. Hop after hop the four layers take 4 x 1.75 = 7 s."""
+    ticks = simulate(FORWARD, [], [], 4, 3, 1, 0.0, 0.0, mode="ticks")
+    assert ticks.schedule_s == pytest.approx(1.75 + 3.75)
+    assert simulate(FORWARD, [], [], 4, 3, 1, 0.0, 0.0, mode="one_lane").schedule_s == pytest.approx(7.0)
+    # fetched one at a time (no prefetch) nothing is submitted together: layer after layer
+    assert simulate(FORWARD, [], [], 4, 0, 1, 0.0, 0.0, mode="ticks").schedule_s == pytest.approx(7.0)

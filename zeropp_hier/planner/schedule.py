@@ -13,7 +13,9 @@ issue modes ([Note: one issuing thread on GPUs] in comm/issue.py; ``MODES``):
 * ``"ticks"``: one lane of *ticks*; a job's chunks advance in ticks (tick ``t`` holds hop 0 of
   chunk ``t``, hop 1 of chunk ``t - 1``, hop 2 of chunk ``t - 2``: [Note: ticks] in
   comm/tick_plan.py), a tick's hops run at once sharing their links, the tick ends with its
-  slowest hop, and the next tick (or the next job's first) starts then. Jobs one after another.
+  slowest hop, and the next tick (or the next job's first) starts then. Jobs one after another,
+  except the gathers one prefetch submits together: they are one stream, their chunks numbered
+  in submission order ([Note: one tick stream per call] in comm/ticks.py).
 
 In every mode:
 
@@ -175,10 +177,18 @@ class _Lanes:
         self.running: dict[Hashable, list[_Task]] = {}  # lane -> its batch's hops not yet done
         self.started: dict[Hashable, float] = {}
         self.busy: dict[Hashable, float] = {}
+        # the tick stream that a fused submission may join: (its hops, its ticks, its chunks)
+        self._stream: tuple[tuple, list[list[_Task]], int] | None = None
 
-    def submit(self, hops: Sequence[Hop], share: float) -> _Job:
+    def close_stream(self) -> None:
+        """The thread did something other than a fused submission: the next job starts a stream."""
+        self._stream = None
+
+    def submit(self, hops: Sequence[Hop], share: float, fuse: bool = False) -> _Job:
         """A job of ``share`` of each hop's pass, cut into the chunks, queued on its lanes (in
-        the tick mode as ``chunks + len(hops) - 1`` ticks on the one lane)."""
+        the tick mode as ``chunks + len(hops) - 1`` ticks on the one lane; with ``fuse``, as the
+        next chunks of the tick stream that the submission before opened, if it had these hops
+        and was fused too: [Note: one tick stream per call] in comm/ticks.py)."""
         job = _Job()
         grid: list[list[_Task]] = []  # [chunk][hop]
         for _ in range(self.chunks):
@@ -190,9 +200,16 @@ class _Lanes:
             grid.append(row)
             job.tasks += row
         if self.mode == "ticks":
-            for t in range(self.chunks + len(hops) - 1):
-                tick = [grid[c][t - c] for c in range(self.chunks) if 0 <= t - c < len(hops)]
-                self.queues.setdefault(ONE_LANE, deque()).append(tick)
+            key = tuple(hops)
+            joined = self._stream if fuse and self._stream is not None and self._stream[0] == key else None
+            ticks, base = (joined[1], joined[2]) if joined is not None else ([], 0)
+            for c, row in enumerate(grid):
+                for i, task in enumerate(row):  # hop i of chunk base + c: tick base + c + i
+                    while len(ticks) <= base + c + i:  # a new tick, queued after the stream's others
+                        ticks.append([])
+                        self.queues.setdefault(ONE_LANE, deque()).append(ticks[-1])
+                    ticks[base + c + i].append(task)
+            self._stream = (key, ticks, base + self.chunks) if fuse and hops else None
         else:
             for task in job.tasks:
                 self.queues.setdefault(task.lane, deque()).append([task])
@@ -247,7 +264,7 @@ class _Lanes:
                 self._finish(t)
 
 
-_Op = tuple  # ("submit", hops, share) -> _Job; ("wait", job); ("compute", seconds); ("forward_end",)
+_Op = tuple  # ("submit", hops, share[, fuse]) -> _Job; ("wait", job); ("compute", seconds); ("forward_end",)
 
 
 def _run(lanes: _Lanes, thread: Generator[_Op, _Job | None, None]) -> tuple[float, float]:
@@ -266,8 +283,11 @@ def _run(lanes: _Lanes, thread: Generator[_Op, _Job | None, None]) -> tuple[floa
                 ended = lanes.now
                 break
             reply = None
+            fused = op[0] == "submit" and len(op) > 3 and op[3]
+            if not fused:  # a stream is the submissions of one call, nothing between them
+                lanes.close_stream()
             if op[0] == "submit":
-                reply = lanes.submit(op[1], op[2])
+                reply = lanes.submit(op[1], op[2], fused)
             elif op[0] == "wait":
                 blocked = op[1] if op[1].end is None else None
             elif op[0] == "compute":
@@ -292,10 +312,10 @@ def _pass(
     jobs: list[_Job | None] = []
     gathered = layers - held
 
-    def fetch(k: int) -> Generator[_Op, _Job | None, _Job | None]:
+    def fetch(k: int, fuse: bool = False) -> Generator[_Op, _Job | None, _Job | None]:
         if not hops or k < held:
             return None
-        return (yield ("submit", hops, 1.0 / gathered))
+        return (yield ("submit", hops, 1.0 / gathered, fuse))
 
     for k in range(layers):
         if len(jobs) <= k:  # not prefetched: fetched now
@@ -303,8 +323,8 @@ def _pass(
         job = jobs[k]
         if job is not None:
             yield ("wait", job)
-        while hops and len(jobs) <= min(layers - 1, k + window):  # DeepSpeed's prefetch
-            jobs.append((yield from fetch(len(jobs))))
+        while hops and len(jobs) <= min(layers - 1, k + window):  # DeepSpeed's prefetch: one call
+            jobs.append((yield from fetch(len(jobs), fuse=True)))
         yield ("compute", compute_s / layers)
         if after is not None:
             yield from after(k)
