@@ -278,7 +278,7 @@ def plan_notes(args: argparse.Namespace, plan: dict, spec: ClusterSpec, quant_pr
         f"Ours ran in {issue_mode_label(plan)}"
         + (
             ": every hop collective from one thread, overlap true as NCCL/RCCL resolve it (one_lane) "
-            "or the mode a configuration names."
+            "or the mode a configuration names; gloo omits RCCL's host wait before each collective."
             if args.issue_mode == "gpu"
             else "; a GPU runs one issuing thread (--issue-mode gpu)."
         ),
