@@ -2,16 +2,19 @@
 
     sudo python -m benchmarks.compare                       # full run (~20 min on 2 CPU cores)
     sudo python -m benchmarks.compare --rounds 1 --steps 1  # smoke run
+    sudo python -m benchmarks.compare --issue-mode lanes    # gloo's per-group threads instead
 
 Builds the emulated cluster (benchmarks/cluster: 2 nodes x 2 packages x 2 GCDs, tbf links in
 Frontier's per-GCD ratios), probes each tier, then trains the same GPT-NeoX shape
 (``--shape``, benchmarks/shapes.py; fp32, DeepSpeed prefetch and reuse distance 0 so that
 backward re-gathers as for a large model) through the training job's own code
 (benchmarks/compare_rank.py) under every configuration in one 8-rank world, round after round
-in a rotating order, and finally one pass with the links unshaped (the CPU-bound part of each
-step). Reports median step time, tokens/s, wire bytes per tier per step from the interface
-counters (the same for stock DeepSpeed and for us) beside ``comm_stats`` for ours, peak RSS per
-rank, ratios, and the planner's predictions; writes JSON and a PNG bar chart. The cluster is
+in a rotating order (ours in ``--issue-mode``: by default ``gpu``, one issuing thread as
+NCCL/RCCL run it, [Note: benchmark issue mode] in compare_variants.py), and finally one pass
+with the links unshaped (the CPU-bound part of each step). Reports median step time, tokens/s,
+wire bytes per tier per step from the interface counters (the same for stock DeepSpeed and for
+us) beside ``comm_stats`` for ours, peak RSS per rank, ratios, and the planner's predictions,
+every table naming the issue mode; writes JSON and a PNG bar chart. The cluster is
 torn down at the end, on error and on signals.
 
 This module is the runner (the command line, the cluster, the calibration and the probe); the
@@ -36,7 +39,15 @@ from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
 from benchmarks.compare_planner import compute_estimate, predictions, preset_compression
 from benchmarks.compare_report import add_link_use, bar_chart, link_uses, regime_check, report, summarize
-from benchmarks.compare_variants import DEFAULT, ORDER, VARIANTS, configs
+from benchmarks.compare_variants import (
+    DEFAULT,
+    ISSUE_MODES,
+    ORDER,
+    VARIANTS,
+    configs,
+    in_issue_mode,
+    issue_mode_label,
+)
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.files import write_json_atomic
 
@@ -85,7 +96,7 @@ def main(argv=None) -> int:
         json.dump({"plan": plan, "results": results, "wire": wire, "links": links, "regime": regime}, f)
     summary = record(args, plan, spec, notes, probe, results, wire, links, regime, t_start)
     os.remove(raw)
-    bar_chart(summary, args.png, args.shape)
+    bar_chart(summary, args.png, args.shape, issue_mode_label(plan))
     print(f"\nwrote {args.out} and {args.png} ({time.time() - t_start:.0f} s)")
     return 0
 
@@ -160,6 +171,14 @@ def parse_args(argv) -> argparse.Namespace:
         help="emulate device compute: each transformer block waits this long in forward and twice "
         "that in backward with the CPU free ([Note: device-time compute] in compare_rank.py)",
     )
+    ap.add_argument(
+        "--issue-mode",
+        choices=ISSUE_MODES,
+        default="gpu",
+        help="who issues our hop collectives: gpu = one issuing thread, overlap as NCCL/RCCL resolve it "
+        '("one_lane", or the mode a configuration names, e.g. "ticks"); lanes = gloo\'s thread per hop '
+        "group (not a GPU mode). Stock DeepSpeed is the same in both ([Note: benchmark issue mode])",
+    )
     ap.add_argument("--configs", help=f"comma-separated, from {ORDER + list(VARIANTS)} (default: {DEFAULT})")
     ap.add_argument(
         "--fair",
@@ -227,8 +246,9 @@ def build_plan(args: argparse.Namespace, spec: ClusterSpec, quant_problem: str |
         "world": spec.world_size,
         "node_mbit": args.node_mbit,
         "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
+        "issue_mode": args.issue_mode,  # [Note: benchmark issue mode]
         "configs": {
-            n: c
+            n: in_issue_mode(c, args.issue_mode)
             for n, c in configs(spec.gcds_per_node, quant_problem is None).items()
             if n in (args.configs.split(",") if args.configs else DEFAULT)
         },
@@ -254,6 +274,13 @@ def plan_notes(args: argparse.Namespace, plan: dict, spec: ClusterSpec, quant_pr
             f"{2 * args.device_ms:g} ms in backward with the CPU free (a stand-in for GPU compute)."
             if args.device_ms
             else ""
+        ),
+        f"Ours ran in {issue_mode_label(plan)}"
+        + (
+            ": every hop collective from one thread, overlap true as NCCL/RCCL resolve it (one_lane) "
+            "or the mode a configuration names; gloo omits RCCL's host wait before each collective."
+            if args.issue_mode == "gpu"
+            else "; a GPU runs one issuing thread (--issue-mode gpu)."
         ),
         f"{args.rounds} rounds x {args.steps} measured steps (+{args.warmup} warm-up) per configuration, "
         "rotating order; step time = slowest rank; median over rounds and steps.",
@@ -367,7 +394,7 @@ def record(
         f"compute = median unshaped step over all configurations {compute_s:.2f} s, "
         f"quantize+dequantize {quant_rate / 1e6:.1f} M elem/s per rank."
     )
-    text = report(summary, pred, {"notes": notes})
+    text = report(summary, pred, {"notes": notes, "issue_mode": issue_mode_label(plan)})
     print(text)
     write_json_atomic(
         args.out,

@@ -104,9 +104,21 @@ def _candidate(plan: dict, name: str, cands: dict):
     return cand._replace(chunks=cfg.get("pipeline", {}).get("chunks", 1)) if cfg.get("kind") == "ours" else cand
 
 
+def schedule_mode(cfg: dict) -> str:
+    """The issue mode a configuration ran in on gloo, as the planner models it ([Note: step
+    schedule]): ``overlap`` "ticks" and "one_lane" as named, false (inline, hop after hop on the
+    training thread) as one lane; true and "lanes" are gloo's lanes. Stock DeepSpeed's own
+    collectives are modelled on lanes, as before the issue mode was recorded."""
+    overlap = cfg.get("overlap", True) if cfg.get("kind") == "ours" else True
+    if overlap in ("ticks", "one_lane"):
+        return str(overlap)
+    return "one_lane" if overlap is False else "lanes"
+
+
 def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: float, names) -> dict:
     """The planner beside each configuration: its cost model (``step_s``), and for the link-bound
-    regime the step scheduled on the lanes ([Note: step schedule] in planner/schedule.py):
+    regime the step scheduled in the configuration's issue mode (``schedule_mode``; [Note: step
+    schedule] in planner/schedule.py):
     probed hop rates, the tbf capacities for the busiest-link bound, and the emulated cluster's
     latencies (a probe's intercept at sub-Mbit rates is the token bucket's burst and TCP's
     window, hundreds of ms, not a per-collective cost)."""
@@ -127,9 +139,16 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         cand = _candidate(plan, n, cands)
         if cand is None:
             continue
-        prefetch = plan["configs"].get(n, {}).get("prefetch", True)  # compare_rank.ds_overrides
+        cfg = plan["configs"].get(n, {})
+        mode = schedule_mode(cfg)
+        prefetch = cfg.get("prefetch", True)  # compare_rank.ds_overrides
         wl_n = wl if prefetch else dataclasses.replace(wl, kept_at_turn=0.0)
-        p = by[n] if n in by and cand == by[n].candidate and prefetch else P.predict(cand, cl, wl_n)
+        cl_n = dataclasses.replace(cl, issue_mode=mode)
+        p = (
+            by[n]
+            if n in by and cand == by[n].candidate and prefetch and mode == "lanes"
+            else P.predict(cand, cl_n, wl_n)
+        )
         row = {
             "step_s": p.step_s,
             "node_bytes": p.tier_bytes["node"],
@@ -138,11 +157,13 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
             "phase_s": p.phase_s,
         }
         bound = P.predict(cand, tbf, wl_n).link_bound_s
-        ahead = plan["configs"].get(n, {}).get("pipeline", {}).get("backward_layers_ahead")
+        ahead = cfg.get("pipeline", {}).get("backward_layers_ahead")
         win = window if prefetch else 0
         sched = S.for_prediction(
-            P.predict(cand, lanes, wl_n), wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead
+            P.predict(cand, lanes, wl_n), wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode
         )
-        row.update(scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=win)
+        row.update(
+            scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=win, mode=mode
+        )
         out[n] = row
     return out

@@ -8,7 +8,7 @@ import statistics
 
 from benchmarks import linkuse
 from benchmarks.cluster.spec import ClusterSpec
-from benchmarks.compare_variants import ORDER, VARIANTS
+from benchmarks.compare_variants import ORDER, VARIANTS, issue_mode_label
 from benchmarks.shapes import DEFAULT_SHAPE
 
 
@@ -109,16 +109,17 @@ def add_link_use(summary: dict, spec: ClusterSpec) -> None:
         d["link_use"] = use
 
 
-def link_table(summary: dict, names: list) -> list:
-    """The printed columns of [Note: link use], one row per shaped configuration."""
+def link_table(summary: dict, names: list, mode: str | None = None) -> list:
+    """The printed columns of [Note: link use], one row per shaped configuration; ``mode``: the
+    issue mode's label (``issue_mode_label``; default: a file that did not record it)."""
     s = summary["shaped"]
     pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
     sec = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     lines = [
-        "Link use per tier (gcd / gpu / node; a gpu link is a package veth direction, it carries the "
-        "node tier's bytes too): busy = time with a collective of the tier in flight (executor, mean "
-        "over ranks; a hop spanning several tiers counts under its slowest); "
-        "util = wire bytes / (capacity x step), mean over the tier's links; ideal = "
+        f"Link use, ours in {mode or issue_mode_label({})}. Per tier (gcd / gpu / node; a gpu link is "
+        "a package veth direction, it carries the node tier's bytes too): busy = time with a "
+        "collective of the tier in flight (executor, mean over ranks; a hop spanning several tiers "
+        "counts under its slowest); util = wire bytes / (capacity x step), mean over the tier's links; ideal = "
         "busiest link's bytes / capacity + unshaped CPU time outside every collective:",
         "",
         "| configuration | wire MB/step | busy | 2+ tiers busy | mean util | busiest link util | "
@@ -155,6 +156,9 @@ def regime_check(summary: dict, slowest: str) -> dict | None:
 
 
 def report(summary: dict, pred: dict, meta: dict) -> str:
+    """The tables and notes; ``meta``: ``notes``, and ``issue_mode`` (the label every table
+    names, ``issue_mode_label``; a result file without one ran lanes, and the tables say so)."""
+    mode = meta.get("issue_mode") or issue_mode_label({})
     s = summary["shaped"]
     un = summary.get("unshaped", {})
     names = [n for n in ORDER + list(VARIANTS) if n in s]
@@ -164,6 +168,8 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
     base3, basepp = s[b3]["median_step_s"], s[bpp]["median_step_s"]
     mb = lambda x: f"{x / 1e6:.1f}"  # noqa: E731
     lines = [
+        f"Step time and bytes, ours in {mode}:",
+        "",
         f"| configuration | median step s | tokens/s | vs {b3} | vs {bpp} | node MB/step (wire) | "
         "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
         "unshaped step s | exposed comm s |",
@@ -200,9 +206,9 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
         ]
     lines += [
         "",
-        "Planner beside measurement (step-time ratios; the planner's node bytes are wire bytes; "
-        "scheduled: the step laid out on the lanes, [Note: step schedule] in zeropp_hier/planner/schedule.py, "
-        "at least the busiest link at its tbf capacity):",
+        f"Planner beside measurement, ours in {mode} (step-time ratios; the planner's node bytes are wire "
+        "bytes; scheduled: the step laid out in each configuration's issue mode, [Note: step schedule] in "
+        "zeropp_hier/planner/schedule.py, at least the busiest link at its tbf capacity):",
         "",
         f"| configuration | measured s | predicted s | measured vs {b3} | predicted vs {b3} | "
         f"measured vs {bpp} | predicted vs {bpp} | node MB/step measured | predicted | "
@@ -224,24 +230,29 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
             )
         )
     if any("link_use" in s[n] for n in names):
-        lines += ["", *link_table(summary, names)]
+        lines += ["", *link_table(summary, names, mode)]
     lines += ["", *meta["notes"]]
     return "\n".join(lines)
 
 
-def bar_chart(summary: dict, path: str, shape: str = DEFAULT_SHAPE) -> None:
+def bar_chart(summary: dict, path: str, shape: str = DEFAULT_SHAPE, mode: str | None = None) -> str | None:
+    """Step time and node bytes per configuration of ``ORDER``; the title names the issue mode
+    (``mode``, ``issue_mode_label``; default: a file that did not record it). Returns the title
+    (None without matplotlib)."""
     try:
         import matplotlib
     except ImportError:  # optional: the table and the JSON carry every number
         print(f"(matplotlib not installed: no chart at {path})")
-        return
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     s = summary["shaped"]
     names = [n for n in ORDER if n in s]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    title = f"ours in {mode or issue_mode_label({})}"
+    fig.suptitle(title, fontsize=10)
     a1.bar(
         names,
         [s[n]["median_step_s"] for n in names],
@@ -256,3 +267,5 @@ def bar_chart(summary: dict, path: str, shape: str = DEFAULT_SHAPE) -> None:
         a.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return title

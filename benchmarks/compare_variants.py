@@ -1,8 +1,9 @@
 """The configurations the comparison benchmark can run, as data: stock DeepSpeed's two, our three
 presets and ``auto`` (``ORDER``, the default set ``DEFAULT``), and the named variants
 (``VARIANTS``) that ``--configs`` picks for one question each (overlap, kept levels, pipelined
-hops, gradient schemes). A configuration is what ``benchmarks/compare_rank.py`` builds: ``kind``
-stock or ours, and for ours the preset and the ``zeropp_hier`` section's overrides."""
+hops, gradient schemes, the tick mode). A configuration is what ``benchmarks/compare_rank.py``
+builds: ``kind`` stock or ours, and for ours the preset and the ``zeropp_hier`` section's
+overrides. ``in_issue_mode`` sets ours to the issue mode of a run ([Note: benchmark issue mode])."""
 
 from __future__ import annotations
 
@@ -81,7 +82,50 @@ VARIANTS = {
     # before its node stage became int8; the recorded runs below that name it were made when
     # frontier sent int8 on the package links)
     "frontier/int4-gpu": {"kind": "ours", "preset": "frontier", "compression": FRONTIER_INT4_NODE},
+    # the tick mode ([Note: ticks] in zeropp_hier/comm/tick_plan.py): one issuing thread and one
+    # communicator, as on a GPU, with each job's 4 chunks on different tiers inside one grouped
+    # call per tick; the same in either --issue-mode (the configuration names its mode)
+    "frontier/ticks": {"kind": "ours", "preset": "frontier", "overlap": "ticks", "pipeline": {"chunks": 4}},
+    "zeropp/ticks": {"kind": "ours", "preset": "zeropp", "overlap": "ticks", "pipeline": {"chunks": 4}},
 }
+
+# [Note: benchmark issue mode]
+# ``benchmarks.compare --issue-mode`` says who issues our hop collectives. ``gpu`` (the default)
+# runs every configuration of ours as a GPU backend would: one issuing thread, the ``overlap``
+# NCCL/RCCL resolve ``true`` (the default) to: "one_lane" (comm/issue.py); a configuration that
+# names its own mode ("ticks", "one_lane", false: inline) runs it as a GPU would, as named.
+# ``lanes`` leaves ``overlap`` as the configuration has it, so ``true`` is gloo's per-group
+# threads, a mode the GPU backends forbid. Stock DeepSpeed issues its own collectives and is the
+# same in both. The mode is recorded as ``plan["issue_mode"]``; a result file written before it was
+# recorded ran lanes.
+ISSUE_MODES = ("gpu", "lanes")
+UNRECORDED_ISSUE_MODE = "lanes"
+GPU_OVERLAP = "one_lane"  # what NCCL/RCCL resolve overlap true to (resolve_issue_mode)
+
+
+def in_issue_mode(cfg: dict, issue_mode: str) -> dict:
+    """A configuration as it runs in ``issue_mode`` ([Note: benchmark issue mode])."""
+    if issue_mode not in ISSUE_MODES:
+        raise ValueError(f"issue mode {issue_mode!r}: use one of {list(ISSUE_MODES)}")
+    if issue_mode == "lanes" or cfg.get("kind") != "ours":
+        return cfg
+    overlap = cfg.get("overlap", True)
+    return {**cfg, "overlap": GPU_OVERLAP if overlap is True else overlap}
+
+
+def issue_mode_of(plan: dict) -> str:
+    """The issue mode a plan ran in (``lanes`` for a file written before it was recorded)."""
+    return plan.get("issue_mode", UNRECORDED_ISSUE_MODE)
+
+
+def issue_mode_label(plan: dict) -> str:
+    """The issue mode as every table and the chart name it."""
+    mode = plan.get("issue_mode")
+    if mode == "gpu":
+        return "issue mode gpu (one issuing thread, as NCCL/RCCL)"
+    if mode == "lanes":
+        return "issue mode lanes (gloo's thread per hop group; not a GPU mode)"
+    return "issue mode lanes (recorded before the mode was: gloo's thread per hop group)"
 
 
 def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:

@@ -278,6 +278,119 @@ def parity_run(cases: dict, rank_map: list, chunk_counts) -> dict:
     return out
 
 
+def _pieces_of_data(world: int, rank: int, plan, backward, count: int):
+    """``count`` forward gathers' primary buffers, each from its own random tensors."""
+    from zeropp_hier.comm import gather
+
+    sizes = [-(-n // world) for n in NUMELS]
+    slots = gather.slots_of(sizes, gather.slot_align((*plan.forward, *backward)))
+    starts = []
+    for i in range(count):
+        gen = torch.Generator().manual_seed(4321 + i)
+        parts = []
+        for n, s in zip(NUMELS, sizes):
+            full = torch.randn(n, generator=gen)
+            part = torch.full((s,), float("nan"))
+            mine = full[rank * s : (rank + 1) * s]
+            part[: mine.numel()] = mine
+            parts.append(part)
+        starts.append(gather.primary_buffer(parts, sizes, NUMELS, slots, rank))
+    return sizes, slots, starts
+
+
+def stream_run(cases: dict, rank_map: list, chunk_counts, count: int) -> dict:
+    """[Note: one tick stream per call] in comm/ticks.py: ``count`` forward gathers submitted
+    inside ``fused()`` against each alone hop by hop; then a forward gather and a backward one
+    (other hops) inside one ``fused()``, which must start a second stream."""
+    from zeropp_hier.comm import gather, tick_plan
+    from zeropp_hier.comm.collectives import Encoded
+    from zeropp_hier.core import layout
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict = {}
+    for name, (preset, compression) in cases.items():
+        cfg, topo, plan, backward, groups, tick_group = _setup(preset, compression, rank_map)
+        per: dict = {}
+        try:
+            for chunks in chunk_counts:
+                ref = _ctx(cfg, topo, plan, groups, tick_group, False, chunks)
+                tck = _ctx(cfg, topo, plan, groups, tick_group, True, chunks)
+                ex = tck.executor
+                sizes, slots, starts = _pieces_of_data(world, rank, plan, backward, count)
+                keep = [plan.kept_axes] * len(NUMELS) if plan.kept_axes is not None else None
+                fhops = gather.hops_for(plan, (), "forward_gather")
+                lanes = [h.axes for h in fhops]
+
+                def jobs_of(ctx, hops, start, phase, keep_, chunks=chunks):
+                    align = gather.chunk_align(hops, start.block_size if isinstance(start, Encoded) else 1)
+                    ranges = gather.column_ranges(sum(slots), align, chunks)
+                    finish = gather.finish_bucket(ctx, torch.float32, sizes, slots, NUMELS, keep_)
+                    valid = layout.valid_of(sizes, slots)
+                    return gather.chunk_jobs(ctx, hops, lambda: start, ranges, phase, finish, valid=valid)
+
+                want = [_gather(ref, fhops, s, "forward_gather", sizes, slots, keep, chunks) for s in starts]
+                ex.transport.log = []
+                settled: list = []  # ticks run when each piece's future was settled
+                futures = []
+                before = dict(tck.coll.stats.snapshot()["bytes"]["forward_gather"])
+                streams = ex.streams
+                with ex.fused():
+                    for s in starts:
+                        f = ex.submit_all(jobs_of(tck, fhops, s, "forward_gather", keep), lanes)
+                        f.add_done_callback(lambda _f: settled.append(len(ex.transport.log)))
+                        futures.append(f)
+                    held = not any(f.done() for f in futures)  # nothing runs before the context ends
+                got = [ex.result(f) for f in futures]
+                log = ex.transport.log
+                c: dict = {
+                    "held": held,
+                    "streams": ex.streams - streams,
+                    "ticks": len(log),
+                    "want_ticks": count * chunks + len(lanes) - 1,
+                    "settled": settled,
+                    "want_settled": [(i + 1) * chunks + len(lanes) - 1 for i in range(count)],
+                    "values": all(torch.equal(a, b) for w, g in zip(want, got) for a, b in zip(w.values, g.values)),
+                    "kept": all(_same(a, b) for w, g in zip(want, got) for a, b in zip(w.kept, g.kept)),
+                    "most_hops_in_a_tick": max(h for _, h, _ in log),
+                }
+                seq = [(t, p) for t, _, moved in log for p, _, _ in moved]
+                rs = tick_plan.rank_sequence(topo, rank, lanes, tick_plan.GATHER, count * chunks)
+                c["sequence_ok"] = seq == [(x.tick, x.peer) for x in rs]
+                before_r = {}  # the reference's bytes for the same gathers, once more
+                for s in starts:
+                    b0 = dict(ref.coll.stats.snapshot()["bytes"]["forward_gather"])
+                    _gather(ref, fhops, s, "forward_gather", sizes, slots, keep, chunks)
+                    for t, v in _bytes(ref, "forward_gather", b0).items():
+                        before_r[t] = before_r.get(t, 0) + v
+                c["bytes"], c["ref_bytes"] = _bytes(tck, "forward_gather", before), before_r
+                # other hops break the stream: a forward gather, then a backward one from the
+                # primary, inside one context
+                bhops = gather.hops_for(plan, (), "backward_gather")
+                streams = ex.streams
+                with ex.fused():
+                    f1 = ex.submit_all(jobs_of(tck, fhops, starts[0], "forward_gather", None), lanes)
+                    f2 = ex.submit_all(
+                        jobs_of(tck, bhops, starts[1], "backward_gather", None), [h.axes for h in bhops]
+                    )
+                r1, r2 = ex.result(f1), ex.result(f2)
+                w1 = _gather(ref, fhops, starts[0], "forward_gather", sizes, slots, None, chunks)
+                w2 = _gather(ref, bhops, starts[1], "backward_gather", sizes, slots, None, chunks)
+                c["split_streams"] = ex.streams - streams
+                c["split_values"] = all(torch.equal(a, b) for a, b in zip(w1.values, r1.values)) and all(
+                    torch.equal(a, b) for a, b in zip(w2.values, r2.values)
+                )
+                c["split_hops"] = (tuple(lanes), tuple(h.axes for h in bhops))
+                per[chunks] = c
+                ref.executor.close()
+                tck.executor.close()
+        finally:
+            for hg in groups.values():
+                dist.destroy_process_group(hg.group)
+            dist.destroy_process_group(tick_group)
+        out[name] = per
+    return out
+
+
 def engine_run(configs: dict, steps: int) -> dict:
     """Train each config from the same seed; record every hop transfer call of the run (its
     group, issuing thread, in-flight work at issue, and any hop collective)."""
@@ -300,6 +413,9 @@ def engine_run(configs: dict, steps: int) -> dict:
             "state": training.gathered_state(engine),
             "stats": zeropp_hier.comm_stats(engine),
             "mode": engine.hier_runtime.issue_mode.name,
+            # [Note: one tick stream per call]: pieces submitted and tick streams run
+            "pieces": getattr(engine.hier_runtime.executor, "pieces", None),
+            "streams": getattr(engine.hier_runtime.executor, "streams", None),
             "calls": {
                 "groups": sorted(set(calls.groups)),
                 "batches": len(calls.groups),

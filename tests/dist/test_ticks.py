@@ -53,6 +53,33 @@ def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8
                     assert c["calls"]["most_hops_in_a_tick"] > 1, (what, c["calls"])
 
 
+def test_pieces_submitted_together_run_as_one_tick_stream_bit_for_bit(bare8):
+    """[Note: one tick stream per call] in comm/ticks.py: three gathers inside ``fused()`` run as
+    one stream of ``3 C + H - 1`` ticks (not ``3 (C + H - 1)``), each gather's values and kept
+    copies bit for bit the hop-by-hop ones, its future settled as its last chunk ends (before the
+    stream's end), the (tick, peer) sequence the pure schedule's over all the chunks; gathers of
+    other hops start a stream of their own."""
+    count = 3
+    cases = {k: CASES[k] for k in ("zeropp/int8", "frontier/default", "frontier/none")}
+    results = bare8.run(ranks_ticks.stream_run, cases, ranks_ticks.RANK_MAP, CHUNKS, count)
+    for rank, r in enumerate(results):
+        for name, per_chunks in r.items():
+            for chunks, c in per_chunks.items():
+                what = f"rank {rank} {name} chunks={chunks}"
+                assert c["held"], f"{what}: a piece ran before the context ended"
+                assert c["streams"] == 1, (what, c["streams"])
+                assert c["ticks"] == c["want_ticks"], (what, c["ticks"], c["want_ticks"])
+                assert c["settled"] == c["want_settled"], (what, c["settled"], c["want_settled"])
+                assert c["values"] and c["kept"], f"{what}: values or kept copies differ from hop by hop"
+                assert c["sequence_ok"], what
+                assert c["bytes"] == c["ref_bytes"] and any(c["bytes"].values()), (what, c["bytes"], c["ref_bytes"])
+                if name.startswith("frontier"):  # the pieces' hops share ticks even unchunked
+                    assert c["most_hops_in_a_tick"] > 1, (what, c["most_hops_in_a_tick"])
+                # a different hop sequence starts a second stream (same values)
+                assert c["split_values"], what
+                assert c["split_streams"] == (1 if c["split_hops"][0] == c["split_hops"][1] else 2), (what, c)
+
+
 def test_a_rank_with_another_tick_schedule_stops_every_rank_at_start_up(bare8):
     odd = 2
     results = bare8.run(ranks_ticks.disagree_run, ranks_ticks.RANK_MAP, odd)

@@ -80,3 +80,28 @@ def test_pipeline_staging_is_counted_and_bounded():
         WL.weight_bytes * WL.largest_layer_params + 4 * bucket + 4 * P.CHUNK_STAGING_COPIES * 3 * bucket / 4
     )
     assert P.pipeline_staging(WL, 8, 3) < P.pipeline_staging(WL, 4, 3)  # smaller chunks, less running
+
+
+def test_chunks_follow_the_issue_mode():
+    """[Note: busiest-link bound]: the planner chooses ``pipeline.chunks`` for the issue mode it
+    models (``ClusterModel.issue_mode``; None: the library's default): the jobs in ticks where
+    ticks run, 1 hop after hop on one lane, and the mode decides what ``auto`` ranks by."""
+    cand = P.Candidate("frontier", False, "frontier", P.compression_for("frontier"))
+    assert fair_cluster((16, 4, 1)).mode == "lanes" and fair_cluster((16, 4, 1), library="rccl").mode == "one_lane"
+    ticks = replace(fair_cluster((16, 4, 1), library="rccl"), issue_mode="ticks")
+    p = P.predict(cand, ticks, WL)
+    jobs = P.phase_jobs(p.costs, WL)
+    assert p.chunks > 1
+    assert P.jobs_time(jobs, p.chunks, "ticks") == min(P.jobs_time(jobs, k, "ticks") for k in range(1, 65))
+    assert P.jobs_time(jobs, p.chunks, "ticks") < P.jobs_time(jobs, 1, "ticks")
+    # one chunk in ticks is hop after hop
+    assert P.jobs_time(jobs, 1, "ticks") == pytest.approx(P.jobs_time(jobs, 1, "one_lane"))
+    assert P.rank_key(p, ticks) == p.pipelined_comm_s >= p.link_bound_s
+    one = replace(ticks, issue_mode="one_lane")
+    q = P.predict(cand, one, WL)
+    assert q.chunks == 1 and P.rank_key(q, one) == q.comm_s
+    # ticks overlap the tiers inside a job only: never faster than lanes, never slower than one lane
+    lanes = P.predict(cand, replace(ticks, issue_mode="lanes"), WL)
+    assert lanes.pipelined_comm_s <= p.pipelined_comm_s <= q.comm_s
+    with pytest.raises(ValueError, match="issue_mode = 'gpu'"):
+        replace(ticks, issue_mode="gpu")

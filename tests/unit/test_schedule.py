@@ -147,3 +147,77 @@ def test_the_schedule_predicts_the_recorded_link_bound_runs(recorded):
     assert all(abs(e) <= (0.10 if n == "frontier/pipe" else 0.20) for n, e in errors.items()), errors
     ours = [n for n in shaped if rec["plan"]["configs"][n]["kind"] == "ours"]
     assert sorted(ours, key=lambda n: shaped[n]["median_step_s"]) == sorted(ours, key=lambda n: pred[n]["scheduled_s"])
+
+
+# Issue modes ([Note: step schedule]): a hand-built step of two jobs of three hops, each job in two
+# chunks. The thread submits both at time 0: no forward or backward hops, two layers of zero
+# compute and two gradient buckets, so each layer's backward submits one bucket (a job of the
+# three reduce hops, half of each hop's pass). A hop's pass takes 4, 8 and 2 s, so one chunk of
+# one job (a quarter of the pass) takes a = 1, b = 2 and c = 0.5 s on its hops.
+A, B, C = ("a",), ("b",), ("c",)
+TWO_JOBS = [Hop(A, 4.0, 0.0), Hop(B, 8.0, 0.0), Hop(C, 2.0, 0.0)]
+
+
+def _two_jobs(mode, hops=TWO_JOBS):
+    return simulate([], [], hops, 2, 0, 2, 0.0, 0.0, chunks=2, mode=mode)
+
+
+def test_lanes_pipeline_every_chunk_of_both_jobs_on_their_own_lanes():
+    # lane a: chunks 1-4 (job 1's two, then job 2's) back to back, ending at 1, 2, 3, 4; lane b
+    # starts chunk 1 at 1 and is the slowest, so it runs its four 2 s hops back to back: 1-3,
+    # 3-5, 5-7, 7-9; lane c trails each by 0.5 s: the last ends at 9 + 0.5
+    s = _two_jobs("lanes")
+    assert s.schedule_s == pytest.approx(9.5)
+    assert s.mode == "lanes" and s.lane_busy_s == pytest.approx({A: 4.0, B: 8.0, C: 2.0})
+
+
+def test_one_lane_runs_every_hop_of_every_job_one_after_another():
+    # 2 jobs x 2 chunks x (1 + 2 + 0.5) s, nothing at once
+    s = _two_jobs("one_lane")
+    assert s.schedule_s == pytest.approx(2 * 2 * 3.5)
+    assert s.lane_busy_s == pytest.approx({"one lane": 14.0})
+
+
+def test_ticks_run_a_jobs_chunks_in_ticks_and_jobs_one_after_another():
+    # per job 2 + 3 - 1 = 4 ticks: {a1} 1 s, {b1, a2} max(2, 1) = 2 s, {c1, b2} max(0.5, 2) = 2 s,
+    # {c2} 0.5 s: 5.5 s; the second job's ticks follow the first's: 11 s
+    s = _two_jobs("ticks")
+    assert s.schedule_s == pytest.approx(2 * (1.0 + 2.0 + 2.0 + 0.5))
+    assert s.lane_busy_s == pytest.approx({"one lane": 11.0})
+    # the closed form the planner ranks by ([Note: pipelined hops]) agrees, per job
+    assert P.ticked_time([2.0, 4.0, 1.0], 2) == pytest.approx(5.5)
+
+
+def test_a_tick_lasts_as_long_as_its_hops_sharing_a_link_take():
+    # hops a and b both cross one link (its seconds are theirs alone): in tick {b1, a2} they share
+    # it, so that tick moves 2 + 1 s of the link's work, 3 s ([Note: shared links]); tick
+    # {c1, b2} has b alone on the link (2 s) and c on its own. Per job 1 + 3 + 2 + 0.5 = 6.5 s
+    shared = [Hop(A, 4.0, 0.0, (("pkg", 4.0),)), Hop(B, 8.0, 0.0, (("pkg", 8.0),)), Hop(C, 2.0, 0.0)]
+    s = _two_jobs("ticks", shared)
+    assert s.schedule_s == pytest.approx(2 * 6.5)
+    assert P.ticked_time([2.0, 4.0, 1.0], 2, links=[(("pkg", 2.0),), (("pkg", 4.0),), ()]) == pytest.approx(6.5)
+    # hop after hop nothing shares: the same 14 s as with links of their own
+    assert _two_jobs("one_lane", shared).schedule_s == pytest.approx(14.0)
+
+
+def test_one_chunk_in_ticks_is_one_lane_and_a_mode_must_be_known():
+    # a whole step (prefetch, compute, buckets): with one chunk each tick holds one hop
+    t = simulate(FORWARD, FORWARD, TWO_JOBS, 4, 1, 2, 1.0, 2.0, chunks=1, mode="ticks")
+    o = simulate(FORWARD, FORWARD, TWO_JOBS, 4, 1, 2, 1.0, 2.0, chunks=1, mode="one_lane")
+    lanes = simulate(FORWARD, FORWARD, TWO_JOBS, 4, 1, 2, 1.0, 2.0, chunks=1, mode="lanes")
+    assert t.schedule_s == pytest.approx(o.schedule_s) and lanes.schedule_s < o.schedule_s
+    with pytest.raises(ValueError, match="'two_lanes'"):
+        simulate(FORWARD, [], [], 1, 0, 1, 0.0, 0.0, mode="two_lanes")
+
+
+def test_in_ticks_the_gathers_one_prefetch_submits_together_are_one_stream():
+    """[Note: one tick stream per call] in comm/ticks.py: four layers, prefetch 3 ahead, no
+    compute, one chunk each; a layer's hops take 1, 0.5 and 0.25 s. Layer 0 is fetched alone
+    (3 ticks: 1.75 s); after its wait the prefetch submits layers 1-3 in one call: one stream of
+    3 + 3 - 1 = 5 ticks, {1} 1 s, {0.5, 1} 1 s, {0.25, 0.5, 1} 1 s, {0.25, 0.5} 0.5 s, {0.25}
+    0.25 s = 3.75 s. Hop after hop the four layers take 4 x 1.75 = 7 s."""
+    ticks = simulate(FORWARD, [], [], 4, 3, 1, 0.0, 0.0, mode="ticks")
+    assert ticks.schedule_s == pytest.approx(1.75 + 3.75)
+    assert simulate(FORWARD, [], [], 4, 3, 1, 0.0, 0.0, mode="one_lane").schedule_s == pytest.approx(7.0)
+    # fetched one at a time (no prefetch) nothing is submitted together: layer after layer
+    assert simulate(FORWARD, [], [], 4, 0, 1, 0.0, 0.0, mode="ticks").schedule_s == pytest.approx(7.0)

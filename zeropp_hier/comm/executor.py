@@ -229,6 +229,12 @@ class CommExecutor:
         return None
 
     # -- caller side ---------------------------------------------------------------------------
+    def fused(self) -> contextlib.AbstractContextManager:
+        """A context whose submissions may run as one piece of work: the tick executor runs the
+        pieces submitted inside it as one tick stream ([Note: one tick stream per call] in
+        comm/ticks.py); here, where each lane pipelines jobs anyway, nothing changes."""
+        return contextlib.nullcontext()
+
     def submit(self, job: Job, lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None) -> Future:
         """Queue ``job``, whose collectives are on ``lanes`` in this order (one entry per
         collective). Must be called from one thread, in the same program order on every rank.

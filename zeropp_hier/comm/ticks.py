@@ -7,12 +7,33 @@ A job here is the same generator as on the lanes (comm/gather.py, comm/reduce.py
 comm/collectives.py) after the hop's ``Move`` instead of issuing a collective. The tick driver
 (``tick_job``) holds the chunks of one piece of work, collects the transfers of a tick in the
 schedule's order, moves them in one call, and sends each chunk its received rows.
+
+[Note: one tick stream per call]
+Each piece of work alone pays its own fill and drain: ``C + H - 1`` ticks for ``C`` chunks over
+``H`` hops, most of them with fewer than ``H`` hops at once. DeepSpeed's prefetch hands one
+gather call several layers ([Note: a job per layer] in deepspeed/inflight.py), each a piece (or
+one per bucket). Inside ``TickExecutor.fused()`` the pieces submitted are held and then run as
+*one* tick stream: their chunks numbered in submission order, chunk ``c`` hop ``h`` in tick
+``c + h`` as within a piece, so ``L`` pieces of ``C`` chunks take ``L * C + H - 1`` ticks and
+layer k+1's node hop shares a call with layer k's gpu hop. Each piece keeps its own future,
+settled on the lane the moment its last chunk ends (a device event recorded there, as at a
+job's end), so a wait for layer k returns while the later layers are still in ticks. Only
+pieces with one hop sequence whose hop groups are all different are fused (a piece of another
+sequence starts a new stream), so a tick still carries at most one transfer per pair of ranks
+and direction. What breaks a stream: leaving the context, a submission of other hops, a wait
+(``result``), ``drain`` or ``close``, all at points of the one program order. Every chunk's
+job is the same generator as alone, so values, kept copies and bytes are unchanged; the order
+of local work between ticks changes only across pieces, which touch different tensors. The
+start-up agreement covers each piece's sequence; the stream's is the same pure schedule over
+more chunks, and the number of pieces per call follows DeepSpeed's prefetch in program order,
+the same on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future
-from typing import Any, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,7 +44,7 @@ from . import tick_plan
 from .agree import agree_local, digest
 from .busy import Several
 from .collectives import Wire
-from .executor import CommExecutor, Job, JobOrderError, Move
+from .executor import CommExecutor, Job, JobOrderError, Move, _Done
 from .failures import as_timedelta, collective_guard, slowest_tier
 from .issue import backend_for
 from .stats import CommStats
@@ -130,10 +151,17 @@ def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire 
     return wire
 
 
-def tick_job(transport: TickTransport, jobs: Sequence[Job], lanes: Sequence[Sequence[Hashable]]) -> Job:
+def tick_job(
+    transport: TickTransport,
+    jobs: Sequence[Job],
+    lanes: Sequence[Sequence[Hashable]],
+    on_end: Callable[[int, Any], None] | None = None,
+) -> Job:
     """One piece of work (``jobs[c]``: chunk ``c``, its hops on ``lanes[c]``) in ticks: before
     each tick a ``Move`` for the executor's one lane, then the tick's transfers in one call.
-    Returns the last chunk's value (the others return None: [Note: chunked gathers])."""
+    Returns the last chunk's value (the others return None: [Note: chunked gathers]);
+    ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick stream per
+    call])."""
     schedule = tick_plan.ticks([len(x) for x in lanes])
     waiting: dict[int, Wire] = {}
     values: list[Any] = [None] * len(jobs)
@@ -150,34 +178,140 @@ def tick_job(transport: TickTransport, jobs: Sequence[Job], lanes: Sequence[Sequ
             if isinstance(nxt, _End):
                 values[s.chunk] = nxt.value
                 del waiting[s.chunk]
+                if on_end is not None:
+                    on_end(s.chunk, nxt.value)
             else:
                 waiting[s.chunk] = nxt
     return values[-1] if values else None
 
 
+class _Piece(NamedTuple):
+    """A piece of work held for a tick stream: its chunks' jobs, their hops, its future."""
+
+    jobs: list[Job]
+    lanes: tuple[Hashable, ...]
+    fut: Future
+
+
 class TickExecutor(CommExecutor):
     """The executor of the tick mode: one lane (one host thread, one stream), each piece of work
     run by ``tick_job`` on ``transport``. ``submit`` runs one job in ticks (its hops one per
-    tick); ``submit_all`` runs the chunks of one piece together ([Note: ticks])."""
+    tick); ``submit_all`` runs the chunks of one piece together ([Note: ticks]); inside
+    ``fused()`` the pieces submitted run as one tick stream ([Note: one tick stream per call])."""
 
     yields_wires = True
 
     def __init__(self, name: str, device: torch.device, transport: TickTransport, timeout_s: float | None = None):
         super().__init__(name, device, overlap=True, one_lane=True, timeout_s=timeout_s, serial=False)
         self.transport = transport
+        self._fusing = 0  # depth of ``fused`` contexts
+        self._held: list[_Piece] = []  # pieces of the stream being collected, in submission order
+        # pieces of work submitted, and tick streams started (a piece alone is one): fewer
+        # streams than pieces is what ``fused`` saved in fill and drain
+        self.pieces = 0
+        self.streams = 0
+
+    @contextlib.contextmanager
+    def fused(self) -> Iterator[None]:
+        self._fusing += 1
+        try:
+            yield
+        finally:
+            self._fusing -= 1
+            if not self._fusing:
+                self._flush()
 
     def submit(self, job: Job, lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None) -> Future:
         if hops is not None or not lanes:  # drain's barrier; a job with no transfer
+            self._flush()
             return super().submit(job, lanes, hops)
-        return self._ticks([job], [tuple(lanes)])
+        return self._piece([job], tuple(lanes))
 
     def submit_all(self, jobs: Sequence[Job], lanes: Sequence[Hashable]) -> Future:
-        return self._ticks(list(jobs), [tuple(lanes)] * len(jobs))
+        return self._piece(list(jobs), tuple(lanes))
 
-    def _ticks(self, jobs: list[Job], lanes: list[tuple[Hashable, ...]]) -> Future:
+    def result(self, fut: Future, timeout: float | None = None) -> Any:
+        self._flush()  # a wait for a held piece would never end
+        return super().result(fut, timeout)
+
+    def drain(self) -> None:
+        self._flush()
+        super().drain()
+
+    def close(self, timeout: float | None = None) -> list[str]:
+        self._flush()
+        return super().close(timeout)
+
+    def _piece(self, jobs: list[Job], lanes: tuple[Hashable, ...]) -> Future:
+        self.pieces += 1
+        if not self._fusing or len(set(lanes)) != len(lanes):
+            self._flush()
+            return self._ticks(jobs, [lanes] * len(jobs))
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
+        if self._held and self._held[0].lanes != lanes:
+            self._flush()
+        fut: Future = Future()
+        self._held.append(_Piece(jobs, lanes, fut))
+        self.outstanding += 1
+        self.max_outstanding = max(self.max_outstanding, self.outstanding)
+        return fut
+
+    def _flush(self) -> None:
+        """Run the held pieces as one tick stream; each piece's future is settled as its last
+        chunk ends ([Note: one tick stream per call])."""
+        pieces, self._held = self._held, []
+        if not pieces:
+            return
+        jobs = [j for p in pieces for j in p.jobs]
+        last: dict[int, Future] = {}
+        end = -1
+        for p in pieces:
+            end += len(p.jobs)
+            last[end] = p.fut
+        cuda = self._cuda
+
+        def settle(chunk: int, value: Any) -> None:
+            fut = last.get(chunk)
+            if fut is None:
+                return
+            event = None
+            if cuda is not None:  # on the lane's stream: a waiter's stream waits for this chunk
+                event = cuda.Event()
+                event.record(cuda.current_stream(self.device))
+            fut.set_result(_Done(value, event))
+
+        def rest(stream: Future) -> None:
+            error = stream.exception()
+            for fut in last.values():
+                if not fut.done():
+                    fut.set_exception(
+                        error or JobOrderError("zeropp_hier internal: a tick stream ended before one of its pieces")
+                    )
+
+        try:
+            stream = self._ticks(jobs, [pieces[0].lanes] * len(jobs), settle)
+        except BaseException as e:  # noqa: B036 - refused: every held piece's waiter gets it
+            for fut in last.values():
+                fut.set_exception(e)
+            return
+        self.outstanding -= 1  # the stream's own future has no waiter: each piece has its own
+        deadline = getattr(stream, "zeropp_deadline", None)
+        for fut in last.values():
+            if deadline is not None:
+                fut.zeropp_deadline = deadline  # type: ignore[attr-defined]
+        stream.add_done_callback(rest)
+
+    def _ticks(
+        self, jobs: list[Job], lanes: list[tuple[Hashable, ...]], on_end: Callable[[int, Any], None] | None = None
+    ) -> Future:
         schedule = tick_plan.ticks([len(x) for x in lanes])
         busy = [Several(lanes[s.chunk][s.hop] for s in slots) for slots in schedule]
-        return super().submit(tick_job(self.transport, jobs, lanes), [TICK_LANE] * len(schedule), busy)
+        self.streams += 1
+        return CommExecutor.submit(
+            self, tick_job(self.transport, jobs, lanes, on_end), [TICK_LANE] * len(schedule), busy
+        )
 
 
 def plan_pieces(plan: CommPlan, backward: Sequence[Hop]) -> dict[str, list[tuple[str, ...]]]:

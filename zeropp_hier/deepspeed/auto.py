@@ -16,11 +16,12 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
 4. ``planner.rank_auto`` over ``planner.auto_candidates``, on rank 0 only: our presets
    with the policy's compression, frontier with gentler gradient compression, and frontier with
    per-layer kept levels; the candidate that fits with the shortest predicted communication is
-   chosen. Where the hop groups run on lanes (gloo) that is the busiest link's time or the
-   pipelined jobs', whichever is longer, and the planner also picks the pipeline chunk count
-   (``pipeline.chunks``, unless the config sets more than 1), its extra staging counted in the
-   memory check ([Note: busiest-link bound] in planner/pipeline.py); with one issuing lane
-   (NCCL/RCCL) it is the collectives in sequence and one chunk. Compute time does not enter:
+   chosen. Where the hop groups run on lanes (gloo) or in ticks (``overlap: "ticks"``) that is
+   the busiest link's time or the jobs' time pipelined (or in ticks), whichever is longer, and
+   the planner also picks the pipeline chunk count (``pipeline.chunks``, unless the config sets
+   more than 1), its extra staging counted in the memory check ([Note: busiest-link bound] in
+   planner/pipeline.py); with one issuing lane hop after hop (NCCL/RCCL's default) it is the
+   collectives in sequence and one chunk. Compute time does not enter:
    the planner adds it alike to every candidate. Rank 0 broadcasts the choice and its record
    (one ``broadcast_object_list`` on the default group, before any hop group of the runtime
    exists), and every other rank takes the candidate of that name. The ranking's inputs are
@@ -114,6 +115,9 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     numel = [getattr(p, "ds_numel", p.numel()) for _, p in named]
     width = named[0][1].element_size() if named else 2
     tiers = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
+    from ..comm.issue import resolve_issue_mode
+
+    mode = resolve_issue_mode(cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)))
     cluster = P.ClusterModel(
         name=f"this job ({topo.num_nodes}x{topo.gpus_per_node}x{topo.gcds_per_gpu})",
         nodes=topo.num_nodes,
@@ -128,6 +132,8 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         stock_quantization=False,
         compute_s=0.0,
         source=source,
+        # the issue mode this run resolved to: inline (overlap false) runs hop after hop as one lane
+        issue_mode="ticks" if mode.ticks else ("lanes" if mode.background and not mode.one_lane else "one_lane"),
     )
     wl = P.Workload(
         params=float(sum(numel)),
@@ -137,13 +143,8 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         largest_layer_params=float(max(numel, default=0)),
         layers=max(1, len({levels.layer_of(n) for n, _ in named})),
     )
-    from ..comm.issue import resolve_issue_mode
-
-    backend = dist.get_backend()
-    mode = resolve_issue_mode(cfg.overlap, backend, bool(getattr(torch.version, "hip", None)))
-    lanes = mode.background and not mode.one_lane
-    # the planner picks the chunks where lanes pipeline them; a config's own count (> 1) stays
-    chunks = cfg.pipeline.chunks if (cfg.pipeline.chunks > 1 or not lanes) else None
+    # the planner picks the chunks where they overlap hops (lanes, ticks); a config's own count (> 1) stays
+    chunks = cfg.pipeline.chunks if (cfg.pipeline.chunks > 1 or cluster.mode == "one_lane") else None
     candidates = P.auto_candidates(cfg.memory.kept_shards_gb, chunks)
     shared: list = [None]
     failure: Exception | None = None
@@ -188,8 +189,10 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
         "chosen": c.name,
         "preset": c.preset,
         "predicted_comm_s": best.comm_s,
-        # [Note: busiest-link bound]: what the ranking used where lanes run, and the chunks chosen
+        # [Note: busiest-link bound]: what the ranking used where lanes or ticks run, the issue mode
+        # it modelled, and the chunks chosen
         "predicted_pipelined_s": best.pipelined_comm_s,
+        "issue_mode": cluster.mode,
         "busiest_link": best.busiest_link,
         "link_bound_s": best.link_bound_s,
         "chunks": best.chunks,

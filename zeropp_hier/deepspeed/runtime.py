@@ -216,8 +216,11 @@ class HierRuntime:
         layers = [Layer(ps, phase=phase, key=k) for k, ps in by_layer.items()]
         if phase == "backward_gather":  # backward uses the layers last to first
             layers.reverse()
-        for layer in layers:  # submitted now, or when the backward window lets them go
-            self.window.add(layer)
+        # the layers submitted now run as one tick stream in the tick mode ([Note: one tick
+        # stream per call] in comm/ticks.py); on lanes this changes nothing
+        with self.executor.fused():
+            for layer in layers:  # submitted now, or when the backward window lets them go
+                self.window.add(layer)
         return GatherHandle(layers, self.executor, self.window)
 
     def note_layers(self, named_params: Iterable[tuple[str, ZeroParam]]) -> None:

@@ -22,7 +22,16 @@ from .candidates import Candidate, auto_candidates, compression_for, default_can
 from .clusters import EMULATED_EXPOSED, GB, PHASES, ClusterModel, TierLink, emulated, frontier, with_probed_tiers
 from .cost import Collective, CollectiveCost, collective_cost, collectives, link_loads
 from .memory_per_gcd import CHUNK_STAGING_COPIES, Memory, fit_advice, level_plan, memory, pipeline_staging
-from .pipeline import PhaseJob, best_chunks, choose_chunks, jobs_time, phase_jobs, pipelined_time, sequential_time
+from .pipeline import (
+    PhaseJob,
+    best_chunks,
+    choose_chunks,
+    jobs_time,
+    phase_jobs,
+    pipelined_time,
+    sequential_time,
+    ticked_time,
+)
 from .ranking import Prediction, predict, rank, rank_auto, rank_key, ratio
 from .workload import Workload, gpt_workload
 
@@ -58,6 +67,7 @@ __all__ = [
     "phase_jobs",
     "pipeline_staging",
     "pipelined_time",
+    "ticked_time",
     "predict",
     "rank",
     "rank_auto",

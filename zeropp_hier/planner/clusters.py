@@ -19,6 +19,9 @@ class TierLink:
     latency: float  # seconds per algorithm step (alpha)
 
 
+# the issue modes the planner models ([Note: step schedule] in schedule.py; comm/issue.py runs them)
+ISSUE_MODES = ("lanes", "one_lane", "ticks")
+
 # the phases of a step's communication, as Prediction.phase_s and ClusterModel.exposed name them
 PHASES = ("forward_gather", "backward_gather", "grad_reduce")
 
@@ -46,13 +49,29 @@ class ClusterModel:
     # fraction of each phase's communication left exposed by overlap ([Note: cost model] in cost.py);
     # phases not named are fully exposed
     exposed: Mapping[str, float] = field(default_factory=dict)
+    # who issues the hop collectives ([Note: step schedule] in schedule.py): "lanes" (a thread
+    # per hop group), "one_lane" (one thread, hop after hop) or "ticks"; None: what ``overlap``
+    # true resolves to for ``library`` (lanes on gloo, one lane on NCCL/RCCL: comm/issue.py)
+    issue_mode: str | None = None
 
     def __post_init__(self):
+        if self.issue_mode not in (None, *ISSUE_MODES):
+            raise ValueError(
+                f"ClusterModel.issue_mode = {self.issue_mode!r}: use one of {list(ISSUE_MODES)}, or None for "
+                f"the default of library {self.library!r}"
+            )
         for phase, e in self.exposed.items():
             if phase not in PHASES or not 0.0 <= e <= 1.0:
                 raise ValueError(
                     f"ClusterModel.exposed[{phase!r}] = {e!r}: give a fraction in [0, 1] for a phase of {PHASES}"
                 )
+
+    @property
+    def mode(self) -> str:
+        """The issue mode the planner models: ``issue_mode``, or the library's default."""
+        if self.issue_mode is not None:
+            return self.issue_mode
+        return "lanes" if self.library == "gloo" else "one_lane"
 
     @property
     def topology(self) -> Topology:

@@ -25,6 +25,9 @@ from .workload import Workload
 # and its own lane (gloo's lanes): hops that share a physical link (the gpu and node tiers both
 # cross a package's links) are one resource and should be passed as one stage, and with one
 # issuing lane (NCCL) or serial issue (RCCL) the hops do not overlap: use ``sequential_time``.
+# In the tick mode ([Note: ticks] in comm/tick_plan.py) chunk ``c``'s hop ``h`` runs in tick
+# ``c + h`` and a tick lasts as long as its slowest hop, or longer where its hops share a link:
+# ``ticked_time``.
 
 
 def sequential_time(hop_s: Sequence[float], latency_s: Sequence[float] | None = None) -> float:
@@ -48,6 +51,35 @@ def pipelined_time(hop_s: Sequence[float], chunks: int, latency_s: Sequence[floa
     return float(sum(tau) + (chunks - 1) * max(tau))
 
 
+def ticked_time(
+    hop_s: Sequence[float],
+    chunks: int,
+    latency_s: Sequence[float] | None = None,
+    links: Sequence[Sequence[tuple[str, float]]] = (),
+) -> float:
+    """A job of hops taking ``hop_s`` seconds each (whole job; ``latency_s`` per collective) in
+    ``chunks`` chunks run in ticks ([Note: pipelined hops]): ``chunks + len(hop_s) - 1`` ticks,
+    tick ``t`` holding hop ``h`` of chunk ``t - h``, each as long as the longest of its hops
+    (``hop_s[h] / chunks + latency_s[h]``) and at least the load of every link its hops share
+    (``links[h]``: the hop's (link kind, seconds busy) for the whole job, [Note: shared links]
+    in schedule.py; a closed form, where the schedule fills the links flow by flow)."""
+    if chunks < 1:
+        raise ValueError(f"chunks = {chunks}: a job is cut into at least one chunk")
+    lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
+    if len(lat) != len(hop_s):
+        raise ValueError(f"{len(hop_s)} hop times but {len(lat)} latencies")
+    total = 0.0
+    for t in range(chunks + len(hop_s) - 1):
+        inside = [h for h in range(len(hop_s)) if 0 <= t - h < chunks]
+        longest = max(hop_s[h] / chunks + lat[h] for h in inside)
+        load: dict[str, float] = {}
+        for h in inside:
+            for kind, sec in links[h] if h < len(links) else ():
+                load[kind] = load.get(kind, 0.0) + sec / chunks
+        total += max(longest, max(load.values(), default=0.0))
+    return float(total)
+
+
 def best_chunks(hop_s: Sequence[float], latency_s: Sequence[float] | None = None, max_chunks: int = 64) -> int:
     """The chunk count in 1..``max_chunks`` with the shortest ``pipelined_time`` (the smallest on
     a tie)."""
@@ -57,17 +89,18 @@ def best_chunks(hop_s: Sequence[float], latency_s: Sequence[float] | None = None
 # [Note: busiest-link bound]
 # With lanes (gloo), hops of different jobs and, pipelined, of one job's chunks run on their links
 # at once, so a step's communication tends to its busiest link's time: the bytes every collective
-# puts on that link over its capacity (``Prediction.link_s``, per link kind; a package's links
-# out and in, ``gpu_out``/``gpu_in``, carry the gpu tier's bytes and the node tier's, since a
-# node's traffic leaves through its packages). No schedule beats that bound; a job's hops still
-# run in sequence within a chunk, so the estimate is the larger of the bound and every phase's
-# jobs pipelined in ``chunks`` chunks ([Note: pipelined hops]): ``pipelined_comm_s``.
-# ``choose_chunks`` takes the chunk count that minimises the pipelined jobs (each chunk pays
-# every hop's latency again); with one issuing lane (NCCL) or serial issue (RCCL) nothing
-# overlaps and chunking only adds latency, so there it is 1. ``auto`` ranks by the bound where
-# lanes run (``rank_key``), so compression is chosen for the busiest link: int4 gradients on the
-# package links when those bind, fewer in-package bytes when the package link does (flat links).
-# The chunks' extra staging (``pipeline_staging``) enters the memory check.
+# puts on that link over its capacity (``Prediction.link_s``, per link kind; a package's links out
+# and in, ``gpu_out``/``gpu_in``, carry the gpu tier's bytes and the node tier's, since a node's
+# traffic leaves through its packages). No schedule beats that bound; a job's hops still run in
+# sequence within a chunk, so the estimate is the larger of the bound and every phase's jobs
+# pipelined in ``chunks`` chunks ([Note: pipelined hops]): ``pipelined_comm_s``. ``choose_chunks``
+# takes the chunk count that minimises the pipelined jobs (each chunk pays every hop's latency
+# again); with one issuing lane (NCCL) or serial issue (RCCL) nothing overlaps and chunking only
+# adds latency, so there it is 1; in the tick mode it minimises the jobs in ticks, one job after
+# another (``ticked_time``): ``jobs_time`` in the cluster's mode. ``auto`` ranks by the bound where
+# lanes or ticks run (``rank_key``), so compression is chosen for the busiest link: int4 gradients
+# on the package links when those bind, fewer in-package bytes when the package link does (flat
+# links). The chunks' extra staging (``pipeline_staging``) enters the memory check.
 
 
 class PhaseJob(NamedTuple):
@@ -104,13 +137,20 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
     return out
 
 
-def jobs_time(jobs: Sequence[PhaseJob], chunks: int) -> float:
+def jobs_time(jobs: Sequence[PhaseJob], chunks: int, mode: str = "lanes") -> float:
+    """The step's jobs one after another, each in ``chunks`` chunks as the issue mode runs them:
+    pipelined on lanes ([Note: pipelined hops]), in ticks, or hop after hop on one lane."""
+    if mode == "ticks":
+        return sum(j.calls * ticked_time(j.hop_s, chunks, j.latency_s, j.links) for j in jobs)
+    if mode == "one_lane":
+        return sum(j.calls * sequential_time(j.hop_s, [a * chunks for a in j.latency_s]) for j in jobs)
     return sum(j.calls * pipelined_time(j.hop_s, chunks, j.latency_s) for j in jobs)
 
 
 def choose_chunks(jobs: Sequence[PhaseJob], cluster: ClusterModel, max_chunks: int = MAX_PIPELINE_CHUNKS) -> int:
     """[Note: busiest-link bound]: the chunk count (1..``max_chunks``, smallest on a tie) that
-    minimises the step's pipelined jobs where lanes overlap hops (gloo); 1 elsewhere."""
-    if cluster.library != "gloo" or not jobs:
+    minimises the step's jobs in the cluster's issue mode where its chunks overlap hops (lanes,
+    ticks); 1 on one lane, where they overlap nothing."""
+    if cluster.mode == "one_lane" or not jobs:
         return 1
-    return min(range(1, max_chunks + 1), key=lambda c: (jobs_time(jobs, c), c))
+    return min(range(1, max_chunks + 1), key=lambda c: (jobs_time(jobs, c, cluster.mode), c))

@@ -30,7 +30,8 @@ class Prediction:
     costs: list = field(default_factory=list, repr=False)
     kept_levels: levels.LevelPlan | None = None  # kept level per layer, under a budget
     # [Note: busiest-link bound]: seconds each link kind is busy per step (bytes / capacity), the
-    # chunks per job chosen (or given), and communication with the jobs pipelined in that many
+    # chunks per job chosen (or given), and communication with the jobs in that many chunks as the
+    # cluster's issue mode runs them (pipelined on lanes, in ticks, hop after hop on one lane)
     link_s: dict = field(default_factory=dict)
     chunks: int = 1
     pipelined_comm_s: float = 0.0
@@ -82,7 +83,7 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
             link_s[kind] = link_s.get(kind, 0.0) + sec
     jobs = phase_jobs(costs, wl)
     chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, cluster)
-    pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks))
+    pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks, cluster.mode))
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
     comm = sum(phase_s.values())
     hidden = sum((1.0 - cluster.exposed.get(ph, 1.0)) * t for ph, t in phase_s.items())
@@ -103,9 +104,10 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
 
 
 def rank_key(p: Prediction, cluster: ClusterModel) -> float:
-    """What ``auto`` minimises: the pipelined estimate, at least the busiest link's time, where
-    lanes overlap hops (gloo); the collectives in sequence where one lane issues them."""
-    return p.pipelined_comm_s if cluster.library == "gloo" else p.comm_s
+    """What ``auto`` minimises: the jobs as the cluster's issue mode runs them (pipelined on lanes,
+    in ticks), at least the busiest link's time; the collectives in sequence where one lane
+    issues them hop after hop."""
+    return p.comm_s if cluster.mode == "one_lane" else p.pipelined_comm_s
 
 
 def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:

@@ -1,9 +1,23 @@
-"""One training step's hop collectives laid out on the executor's lanes, in time. Pure.
+"""One training step's hop collectives laid out in time, in an issue mode. Pure.
 
 [Note: step schedule]
 ``ranking.predict`` prices each collective alone and bounds the step by its busiest link
 ([Note: busiest-link bound] in planner/pipeline.py); neither says how far the step's dependencies
-keep the links from that bound. This follows the step as the runtime runs it on lanes (gloo):
+keep the links from that bound. This follows the step as the runtime runs it, in one of three
+issue modes ([Note: one issuing thread on GPUs] in comm/issue.py; ``MODES``):
+
+* ``"lanes"`` (gloo's default): a FIFO lane per hop group, so the hops of different jobs and of
+  one job's chunks run on their links at once;
+* ``"one_lane"`` (what NCCL/RCCL run by default): one lane for every hop of every job, so every
+  hop collective runs after the previous one has ended, in submission order;
+* ``"ticks"``: one lane of *ticks*; a job's chunks advance in ticks (tick ``t`` holds hop 0 of
+  chunk ``t``, hop 1 of chunk ``t - 1``, hop 2 of chunk ``t - 2``: [Note: ticks] in
+  comm/tick_plan.py), a tick's hops run at once sharing their links, the tick ends with its
+  slowest hop, and the next tick (or the next job's first) starts then. Jobs one after another,
+  except the gathers one prefetch submits together: they are one stream, their chunks numbered
+  in submission order ([Note: one tick stream per call] in comm/ticks.py).
+
+In every mode:
 
 * a *job* per layer and pass ([Note: a job per layer] in deepspeed/inflight.py), its hops in
   order; a gradient bucket is a job of the reduce hops; with ``chunks`` > 1 each job is that many
@@ -16,11 +30,19 @@ keep the links from that bound. This follows the step as the runtime runs it on 
   deepspeed/inflight.py), and its first ``held_at_turn`` layers need no gather ([Note: the
   turn] in planner/workload.py); after a layer's backward its gradients join the bucket and a full
   bucket is submitted (the rest at the end);
-* each lane takes its collectives strictly in submission order, and a job's hop starts once its
-  previous hop has ended ([Note: one order of hop collectives] rule 1);
+* each lane takes its work strictly in submission order (a hop, or in the tick mode a tick), and
+  a job's hop starts once its previous hop has ended ([Note: one order of hop collectives] rule 1);
 * a hop first pays its fixed costs (latency, quantization), then moves its bytes over the
   physical links it crosses, sharing them with every other hop on them at that moment
   ([Note: shared links]);
+* the step ends when the last job has ended and the thread has finished, plus ``tail_s``
+  (the optimizer step, outside every collective).
+
+The simulation is event by event: the training thread runs until it waits (for a job, or while
+a layer computes), lanes start what they can, and time moves to the next hop or compute end,
+the hops on links progressing at their shares meanwhile.
+
+[Note: shared links]);
 * the step ends when the last job has ended and the thread has finished, plus ``tail_s``
   (the optimizer step, outside every collective).
 
@@ -49,7 +71,7 @@ import math
 from collections import deque
 from typing import Generator, Hashable, NamedTuple, Sequence
 
-from .clusters import PHASES
+from .clusters import ISSUE_MODES, PHASES
 from .pipeline import phase_jobs
 from .ranking import Prediction
 from .workload import Workload
@@ -65,11 +87,16 @@ class Hop(NamedTuple):
     rate: float = 1.0  # one flow's throughput alone (any unit the step's hops share)
 
 
+MODES = ISSUE_MODES  # [Note: step schedule]
+ONE_LANE = "one lane"  # the lane of every hop in the one-lane and tick modes
+
+
 class StepSchedule(NamedTuple):
     schedule_s: float  # when the last job and the training thread are done, plus the tail
     link_bound_s: float  # the busiest link's time ([Note: busiest-link bound])
     forward_s: float  # when the forward pass ended
-    lane_busy_s: dict  # lane -> seconds with a collective on it
+    lane_busy_s: dict  # lane -> seconds with work on it (one lane, ``ONE_LANE``, but in "lanes")
+    mode: str = "lanes"  # the issue mode it models ([Note: step schedule])
 
     @property
     def step_s(self) -> float:
@@ -84,8 +111,8 @@ class _Task:
 
     __slots__ = ("lane", "fixed", "demand", "span", "rate", "after", "job", "start", "left", "done", "share")
 
-    def __init__(self, hop: Hop, share: float, after: _Task | None, job: _Job):
-        self.lane = hop.lane
+    def __init__(self, hop: Hop, share: float, after: _Task | None, job: _Job, lane: Hashable):
+        self.lane = lane
         links = dict(hop.links) if hop.links else {("own", hop.lane): hop.seconds}
         self.span = max(links.values(), default=0.0) * share  # seconds on its links alone
         self.demand = {k: (w * share) / self.span for k, w in links.items() if w > 0} if self.span > 0 else {}
@@ -138,24 +165,54 @@ def _fair_shares(moving: Sequence[_Task]) -> None:
 
 
 class _Lanes:
-    """The lanes and the links under them, moved on event by event."""
+    """The lanes and the links under them, moved on event by event. A lane runs one *batch* at a
+    time, in order: a hop (lanes, one lane) or a tick's hops (ticks), ended with its last hop."""
 
-    def __init__(self, chunks: int):
-        self.chunks = chunks
+    def __init__(self, chunks: int, mode: str = "lanes"):
+        if mode not in MODES:
+            raise ValueError(f"planner.schedule: mode {mode!r}: use one of {list(MODES)}")
+        self.chunks, self.mode = chunks, mode
         self.now = 0.0
-        self.queues: dict[Hashable, deque[_Task]] = {}
-        self.running: dict[Hashable, _Task] = {}
+        self.queues: dict[Hashable, deque[list[_Task]]] = {}
+        self.running: dict[Hashable, list[_Task]] = {}  # lane -> its batch's hops not yet done
+        self.started: dict[Hashable, float] = {}
         self.busy: dict[Hashable, float] = {}
+        # the tick stream that a fused submission may join: (its hops, its ticks, its chunks)
+        self._stream: tuple[tuple, list[list[_Task]], int] | None = None
 
-    def submit(self, hops: Sequence[Hop], share: float) -> _Job:
-        """A job of ``share`` of each hop's pass, cut into the chunks, queued on its lanes."""
+    def close_stream(self) -> None:
+        """The thread did something other than a fused submission: the next job starts a stream."""
+        self._stream = None
+
+    def submit(self, hops: Sequence[Hop], share: float, fuse: bool = False) -> _Job:
+        """A job of ``share`` of each hop's pass, cut into the chunks, queued on its lanes (in
+        the tick mode as ``chunks + len(hops) - 1`` ticks on the one lane; with ``fuse``, as the
+        next chunks of the tick stream that the submission before opened, if it had these hops
+        and was fused too: [Note: one tick stream per call] in comm/ticks.py)."""
         job = _Job()
+        grid: list[list[_Task]] = []  # [chunk][hop]
         for _ in range(self.chunks):
             prev = None
+            row = []
             for h in hops:
-                prev = _Task(h, share / self.chunks, prev, job)
-                job.tasks.append(prev)
-                self.queues.setdefault(h.lane, deque()).append(prev)
+                prev = _Task(h, share / self.chunks, prev, job, h.lane if self.mode == "lanes" else ONE_LANE)
+                row.append(prev)
+            grid.append(row)
+            job.tasks += row
+        if self.mode == "ticks":
+            key = tuple(hops)
+            joined = self._stream if fuse and self._stream is not None and self._stream[0] == key else None
+            ticks, base = (joined[1], joined[2]) if joined is not None else ([], 0)
+            for c, row in enumerate(grid):
+                for i, task in enumerate(row):  # hop i of chunk base + c: tick base + c + i
+                    while len(ticks) <= base + c + i:  # a new tick, queued after the stream's others
+                        ticks.append([])
+                        self.queues.setdefault(ONE_LANE, deque()).append(ticks[-1])
+                    ticks[base + c + i].append(task)
+            self._stream = (key, ticks, base + self.chunks) if fuse and hops else None
+        else:
+            for task in job.tasks:
+                self.queues.setdefault(task.lane, deque()).append([task])
         if not job.tasks:
             job.end = self.now
         return job
@@ -166,22 +223,28 @@ class _Lanes:
 
     def _start_ready(self) -> None:
         for lane, q in self.queues.items():
-            if lane not in self.running and q and (q[0].after is None or q[0].after.done):
-                t = self.running[lane] = q.popleft()
-                t.start = self.now
+            if lane not in self.running and q and all(t.after is None or t.after.done for t in q[0]):
+                batch = self.running[lane] = q.popleft()
+                self.started[lane] = self.now
+                for t in batch:
+                    t.start = self.now
 
     def _finish(self, t: _Task) -> None:
         t.done = True
-        del self.running[t.lane]
-        self.busy[t.lane] = self.busy.get(t.lane, 0.0) + self.now - t.start
+        batch = self.running[t.lane]
+        batch.remove(t)
+        if not batch:
+            del self.running[t.lane]
+            self.busy[t.lane] = self.busy.get(t.lane, 0.0) + self.now - self.started[t.lane]
         if all(x.done for x in t.job.tasks):
             t.job.end = self.now
 
     def step(self, until: float) -> None:
         """Move on to the next event: a task's fixed costs or link work ending, or ``until``."""
         self._start_ready()
+        running = [t for batch in self.running.values() for t in batch]
         moving, nxt = [], until
-        for t in self.running.values():
+        for t in running:
             if t.start + t.fixed > self.now + _EPS:
                 nxt = min(nxt, t.start + t.fixed)
             elif t.span > 0:
@@ -196,12 +259,12 @@ class _Lanes:
         for t in moving:
             t.left -= (nxt - self.now) * t.share / t.span
         self.now = max(self.now, nxt)
-        for t in list(self.running.values()):
+        for t in running:
             if t.start + t.fixed <= self.now + _EPS and (t.span <= 0 or t.left <= 1e-9):
                 self._finish(t)
 
 
-_Op = tuple  # ("submit", hops, share) -> _Job; ("wait", job); ("compute", seconds); ("forward_end",)
+_Op = tuple  # ("submit", hops, share[, fuse]) -> _Job; ("wait", job); ("compute", seconds); ("forward_end",)
 
 
 def _run(lanes: _Lanes, thread: Generator[_Op, _Job | None, None]) -> tuple[float, float]:
@@ -220,8 +283,11 @@ def _run(lanes: _Lanes, thread: Generator[_Op, _Job | None, None]) -> tuple[floa
                 ended = lanes.now
                 break
             reply = None
+            fused = op[0] == "submit" and len(op) > 3 and op[3]
+            if not fused:  # a stream is the submissions of one call, nothing between them
+                lanes.close_stream()
             if op[0] == "submit":
-                reply = lanes.submit(op[1], op[2])
+                reply = lanes.submit(op[1], op[2], fused)
             elif op[0] == "wait":
                 blocked = op[1] if op[1].end is None else None
             elif op[0] == "compute":
@@ -246,10 +312,10 @@ def _pass(
     jobs: list[_Job | None] = []
     gathered = layers - held
 
-    def fetch(k: int) -> Generator[_Op, _Job | None, _Job | None]:
+    def fetch(k: int, fuse: bool = False) -> Generator[_Op, _Job | None, _Job | None]:
         if not hops or k < held:
             return None
-        return (yield ("submit", hops, 1.0 / gathered))
+        return (yield ("submit", hops, 1.0 / gathered, fuse))
 
     for k in range(layers):
         if len(jobs) <= k:  # not prefetched: fetched now
@@ -257,8 +323,8 @@ def _pass(
         job = jobs[k]
         if job is not None:
             yield ("wait", job)
-        while hops and len(jobs) <= min(layers - 1, k + window):  # DeepSpeed's prefetch
-            jobs.append((yield from fetch(len(jobs))))
+        while hops and len(jobs) <= min(layers - 1, k + window):  # DeepSpeed's prefetch: one call
+            jobs.append((yield from fetch(len(jobs), fuse=True)))
         yield ("compute", compute_s / layers)
         if after is not None:
             yield from after(k)
@@ -278,12 +344,14 @@ def simulate(
     link_bound_s: float = 0.0,
     backward_window: int | None = None,
     held_at_turn: int = 0,
+    mode: str = "lanes",
 ) -> StepSchedule:
-    """[Note: step schedule]. ``layers``: jobs per pass; ``window``: layers DeepSpeed's prefetch
-    runs ahead; ``buckets``: gradient buckets per step (jobs of the ``reduce`` hops);
-    ``backward_window``: at most this many layers ahead in backward ([Note: backward window] in
-    deepspeed/inflight.py; None: ``window``); ``held_at_turn``: backward's first layers still
-    gathered from forward, which backward does not gather ([Note: the turn] in planner/workload.py)."""
+    """[Note: step schedule], in issue mode ``mode`` (``MODES``). ``layers``: jobs per pass;
+    ``window``: layers DeepSpeed's prefetch runs ahead; ``buckets``: gradient buckets per step
+    (jobs of the ``reduce`` hops); ``backward_window``: at most this many layers ahead in
+    backward ([Note: backward window] in deepspeed/inflight.py; None: ``window``);
+    ``held_at_turn``: backward's first layers still gathered from forward, which backward does
+    not gather ([Note: the turn] in planner/workload.py)."""
     if layers < 1 or buckets < 1 or chunks < 1 or window < 0 or not 0 <= held_at_turn <= layers:
         raise ValueError(
             f"layers={layers}, buckets={buckets}, chunks={chunks}, window={window}, "
@@ -309,9 +377,9 @@ def simulate(
             yield ("submit", reduce, 1.0 / buckets)
             submitted += 1
 
-    lanes = _Lanes(chunks)
+    lanes = _Lanes(chunks, mode)
     thread_end, forward_end = _run(lanes, step())
-    return StepSchedule(max(thread_end, lanes.now) + tail_s, link_bound_s, forward_end, dict(lanes.busy))
+    return StepSchedule(max(thread_end, lanes.now) + tail_s, link_bound_s, forward_end, dict(lanes.busy), mode)
 
 
 def for_prediction(
@@ -323,6 +391,7 @@ def for_prediction(
     forward_share: float = 1 / 3,
     backward_window: int | None = None,
     shared_links: bool = True,
+    mode: str = "lanes",
 ) -> StepSchedule:
     """The schedule of a planner prediction's collectives ([Note: step schedule]): a job per
     layer (``wl.layers``), ``ceil(params / reduce_bucket)`` gradient buckets, the prediction's
@@ -330,7 +399,7 @@ def for_prediction(
     about twice a forward); backward's first layers held from forward as ``wl.kept_at_turn``
     says. ``link_bound_s``: the busiest link at its physical capacity (default: the prediction's
     own). ``shared_links``: hops share the physical links they cross ([Note: shared links]);
-    False gives each lane links of its own."""
+    False gives each lane links of its own. ``mode``: the issue mode laid out (``MODES``)."""
     buckets = max(1, math.ceil(wl.params / wl.reduce_bucket))
     layers = max(1, wl.layers)
     # whole layers held at the turn; the bytes of the rest are in the backward hops already
@@ -360,4 +429,5 @@ def for_prediction(
         link_bound_s=pred.link_bound_s if link_bound_s is None else link_bound_s,
         backward_window=backward_window,
         held_at_turn=held,
+        mode=mode,
     )
