@@ -16,6 +16,7 @@ import sys
 
 from zeropp_hier.app import training
 from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
@@ -32,7 +33,7 @@ def measure(configs: dict, steps: int) -> dict:
     out = {}
     for name, cfg in configs.items():
         res = training.run(
-            training.ds_config(cfg["preset"], compression=cfg.get("compression"), micro_batch=4),
+            ds_config(cfg["preset"], compression=cfg.get("compression"), micro_batch=4),
             steps,
             MODEL,
             want_state=False,

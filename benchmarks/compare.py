@@ -144,7 +144,7 @@ def configs(gcds_per_node: int, stock_quant_ok: bool) -> dict:
 
 
 def params_of(shape: str) -> int:
-    from zeropp_hier.app.models import n_params
+    from zeropp_hier.app.spec import n_params
 
     return n_params(SHAPES[shape])
 

@@ -28,8 +28,7 @@ def job_spec(cfg: dict, plan: dict):
     micro-batch and topology; stock configurations are the job's ``stock`` preset (DeepSpeed
     ZeRO-3 with no zeropp_hier section: plain ``deepspeed.initialize``, the same model built
     under stock ``deepspeed.zero.Init`` from the same seed)."""
-    from zeropp_hier.app.job import JobSpec
-    from zeropp_hier.app.models import ModelSpec
+    from zeropp_hier.app.spec import JobSpec, ModelSpec
 
     return JobSpec(
         preset="stock" if cfg["kind"] == "stock" else cfg["preset"],
@@ -90,7 +89,7 @@ def _device_time_hook(fn):
 
 
 def ds_overrides(cfg: dict, plan: dict) -> dict:
-    """What the benchmark sets beyond the job's config (``job.ds_config_for``): stock ZeRO++'s
+    """What the benchmark sets beyond the job's config (``JobSpec.ds_config``): stock ZeRO++'s
     ``zero`` keys, DeepSpeed's prefetch and gradient buckets, our overlap/memory/pipeline keys."""
     zero = dict(cfg.get("zero", {}))
     bucket = plan.get("prefetch_bucket", 0)

@@ -33,7 +33,7 @@ import sys
 import time
 
 from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS
-from zeropp_hier.app.models import MODELS, ModelSpec
+from zeropp_hier.app.spec import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
@@ -90,7 +90,7 @@ def prepare_data(path: str) -> dict:
 
 
 def job_spec(preset, compression, a: dict):
-    from zeropp_hier.app.job import JobSpec
+    from zeropp_hier.app.spec import JobSpec
 
     return JobSpec(
         preset=preset or "stock",

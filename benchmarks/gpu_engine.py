@@ -183,7 +183,7 @@ def rank_error_pass(configs: dict, steps: int, model_kw: dict) -> dict:
 
 def configs_for(gpus: int, gcds: int) -> dict:
     """Each configuration in fp32 and bf16, named ``<config>_<dtype>`` (``dtype_of``)."""
-    from zeropp_hier.app.training import ds_config
+    from zeropp_hier.app.spec import ds_config
 
     topo = dict(gpus_per_node=gpus, gcds_per_gpu=gcds)
     cfgs = {}

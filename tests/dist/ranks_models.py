@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 
 from zeropp_hier.app import models, training
+from zeropp_hier.app.spec import ModelSpec
 
 
 def _proc_status_kib(key: str) -> int:
@@ -25,7 +26,7 @@ def _reset_peak_rss() -> None:
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
-def build_peak(spec: models.ModelSpec, config: dict) -> dict:
+def build_peak(spec: ModelSpec, config: dict) -> dict:
     """Peak resident memory while this rank builds ``spec`` sharded, against the model's size."""
     import ctypes
 
@@ -45,7 +46,7 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
     from zeropp_hier.deepspeed.runtime import HierRuntime
 
     runtime = HierRuntime.create(hier_config_from_ds(config))
-    warm = models.build(models.ModelSpec(), config, hier_runtime=runtime)
+    warm = models.build(ModelSpec(), config, hier_runtime=runtime)
     del warm
     gc.collect()
     libc.malloc_trim(0)
@@ -65,7 +66,7 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
     }
 
 
-def checkpointed_runs(configs: dict, spec: models.ModelSpec, api: str, steps: int) -> dict:
+def checkpointed_runs(configs: dict, spec: ModelSpec, api: str, steps: int) -> dict:
     """Each named config trained from the same seed with activation checkpointing ``api``; also
     how often one block ran forward (twice per micro-step when backward recomputes it)."""
     out = {}

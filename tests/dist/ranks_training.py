@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import training
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core import layout
 from zeropp_hier.app.gpt import GPTConfig
 
@@ -97,8 +98,8 @@ def init_parity(steps: int) -> dict:
     from zeropp_hier.app.gpt import GPT
     out = {}
     for name, cfg, init, initialize in (
-            ("stock", training.ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
-            ("hier", training.ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
+            ("stock", ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
+            ("hier", ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
         torch.manual_seed(0)
         with init(config_dict_or_path=cfg):
             model = GPT(GPTConfig())
@@ -108,7 +109,7 @@ def init_parity(steps: int) -> dict:
         if name == "hier":
             out[name]["stats"] = zeropp_hier.comm_stats(engine)
         training.release(engine)
-    off = training.ds_config("frontier")
+    off = ds_config("frontier")
     off["zeropp_hier"]["enabled"] = False
     engine = training.build_engine(off)
     out["disabled"] = {"engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__}
@@ -123,8 +124,8 @@ def modified_weights(steps: int) -> dict:
 
     from zeropp_hier.app.gpt import synthetic_batch
     out = {}
-    for name, cfg in (("stock", training.ds_config(None)),
-                      ("hier", training.ds_config("frontier", compression="none"))):
+    for name, cfg in (("stock", ds_config(None)),
+                      ("hier", ds_config("frontier", compression="none"))):
         engine = training.build_engine(cfg)
         training.train_steps(engine, 2)
         x, y = synthetic_batch(engine.module.config, 2, 99, dist.get_rank())

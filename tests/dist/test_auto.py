@@ -3,7 +3,7 @@
 same on every rank, is recorded, and the engine then trains as the chosen preset."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.errors import HierConfigError
 
 STEPS = 2

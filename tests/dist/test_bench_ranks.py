@@ -8,7 +8,7 @@ import math
 
 from benchmarks import compare_rank
 from benchmarks.shapes import planner_model
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.spec import ModelSpec
 
 from ..helpers import assert_losses_close
 

@@ -8,7 +8,7 @@ real engines:
   the executor drained) and training is unchanged by it.
 """
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 

@@ -1,7 +1,7 @@
 """Frozen parameters keep their kept shards across steps: a fine-tune that trains a small part
 of the model gathers the frozen rest over the network once, then from the package copy; the
 results stay those of stock ZeRO-3 (same test, same world)."""
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 

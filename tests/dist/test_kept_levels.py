@@ -2,7 +2,7 @@
 (2 nodes x 2 packages x 2 GCDs), against stock DeepSpeed ZeRO-3 in the same world."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close, assert_states_close
 from . import ranks_training

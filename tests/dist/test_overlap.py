@@ -11,7 +11,7 @@ every call):
   gradient buckets are reduced while backward goes on ([Note: gradient stages beside backward]),
   and the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
 """
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 

@@ -9,7 +9,7 @@ beside stock DeepSpeed where one applies:
 """
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 
@@ -82,8 +82,8 @@ def persistent_params_run(stock_cfg, ours_cfg, steps):
 
 def test_persistent_parameters_and_gathered_parameters_go_through_the_hierarchy(world4):
     zero = {"stage": 3}  # DeepSpeed's default stage3_param_persistence_threshold (1e5)
-    stock = _cfg(None, extra={"zero_optimization": dict(zero)})
-    ours = _cfg("frontier", compression="none", extra={"zero_optimization": dict(zero)})
+    stock, ours = _cfg(None), _cfg("frontier", compression="none")
+    stock["zero_optimization"], ours["zero_optimization"] = dict(zero), dict(zero)  # replaced, not merged
     runs = world4.run(persistent_params_run, stock, ours, STEPS)
     for rank, r in enumerate(runs):
         assert r["stock"]["persistent"] > 0 and r["ours"]["persistent"] == r["stock"]["persistent"]
@@ -145,7 +145,7 @@ def test_optimizer_offload_communicates_on_the_accelerator_device(world4, tmp_pa
     device. On this CPU-only machine both are the CPU, so this proves the devices agree with the
     accelerator's, as a GPU run must; only a GPU run can show a CPU tensor being refused."""
     # int4 node gradients, so that error feedback has residuals to restore
-    cfg = _cfg("frontier", extra={"zero_force_ds_cpu_optimizer": False},
+    cfg = _cfg("frontier", overrides={"zero_force_ds_cpu_optimizer": False},
                compression={"gradients": {"gpu": "int4", "node": "int4"}})
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     runs = world4.run(offload_run, cfg, str(tmp_path), 2)

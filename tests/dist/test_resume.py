@@ -5,8 +5,9 @@ frontier preset, real token data, through ``zeropp_hier.app.job.rank_main``)."""
 import pytest
 
 from zeropp_hier.app import data
-from zeropp_hier.app.job import JobSpec, rank_main
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.job import rank_main
+from zeropp_hier.app.spec import JobSpec
+from zeropp_hier.app.spec import ModelSpec
 from zeropp_hier.app.text import stdlib_files
 
 STEPS, K = 4, 2

@@ -18,8 +18,9 @@ import torch
 
 from tests.dist.ranks_resume_world import Capture
 from zeropp_hier.app import data, resume, resume_rules
-from zeropp_hier.app.job import JobSpec, rank_main, with_data_vocab
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.job import rank_main
+from zeropp_hier.app.spec import JobSpec, with_data_vocab
+from zeropp_hier.app.spec import ModelSpec
 from zeropp_hier.app.text import stdlib_files
 from zeropp_hier.launch.world import LocalWorld, WorldError
 

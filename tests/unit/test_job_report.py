@@ -1,6 +1,7 @@
 """Rank 0's reporter (app/job.py): the progress bar on a resumed run."""
 
-from zeropp_hier.app.job import JobSpec, _Reporter
+from zeropp_hier.app.job import _Reporter
+from zeropp_hier.app.spec import JobSpec
 
 
 def test_a_resumed_run_counts_the_steps_left(tmp_path):

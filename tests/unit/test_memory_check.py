@@ -4,8 +4,7 @@ and a refusal naming the field, the predicted GB, the budget and the fix. No ran
 import pytest
 
 from zeropp_hier.app import job, memory_check
-from zeropp_hier.app.job import JobSpec
-from zeropp_hier.app.models import MODELS
+from zeropp_hier.app.spec import MODELS, JobSpec
 from zeropp_hier.core.errors import HierConfigError
 from zeropp_hier.planner import model as planner
 
@@ -35,7 +34,7 @@ def test_predicted_gb_equals_the_planner_memory():
     )
     lines = memory_check.check(spec, 8, 8, None)
     m = MODELS["neox_1_4b"]
-    from zeropp_hier.app.models import n_params
+    from zeropp_hier.app.spec import n_params
 
     wl = planner.gpt_workload(float(n_params(m)), m.layers, m.hidden, m.seq_len, 1, weight_bytes=2, vocab=m.vocab_size)
     cluster = planner.emulated(nodes=2, gpus_per_node=2, gcds_per_gpu=2)

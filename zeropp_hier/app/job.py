@@ -1,5 +1,4 @@
-"""The main job, shared by its two front ends (``python -m zeropp_hier.app.train``, the Hydra app,
-and ``python -m zeropp_hier.app.demo``, the argparse one): train a GPT-NeoX of a named size
+"""The main job, run by the Hydra app (``python -m zeropp_hier.app.train``): train a GPT-NeoX of a named size
 (``app/models.py``), built sharded, on prepared token files (``app/data.py``) or synthetic
 batches, report each step, write the metrics.
 
@@ -14,146 +13,13 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal, Mapping, get_args
+from dataclasses import asdict
+from typing import Any, Callable, Mapping
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..files import write_json_atomic
 from ..planner.tables import fmt_bytes
-from .models import CHECKPOINTING, Checkpointing, ModelSpec
-
-Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
-Dtype = Literal["fp32", "bf16", "fp16"]
-Progress = Literal["auto", "on", "off"]
-PRESETS: tuple[str, ...] = get_args(Preset)
-DTYPES: tuple[str, ...] = get_args(Dtype)
-PROGRESS: tuple[str, ...] = get_args(Progress)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """The job, typed, with its defaults in this one place. The Hydra app's YAML defaults
-    (``configs/train.yaml`` and its default groups) are tested equal to these
-    (``tests/unit/test_train_config.py``); the argparse front end takes its defaults from here."""
-
-    preset: Preset = "frontier"
-    compression: Any = None  # None: the preset's own; "none"/"int8"/...: every tier; or a dict
-    steps: int = 30
-    dtype: Dtype = "fp32"
-    micro_batch: int = 4
-    model: ModelSpec = field(default_factory=ModelSpec)  # zeropp_hier.app.models; default: tiny
-    activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
-    data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
-    save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/resume.py
-    checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
-    resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
-    # the "topology" value of the zeropp_hier section ("auto", or a dict)
-    topology: Any = field(default_factory=lambda: {"gpus_per_node": 2, "gcds_per_gpu": 2})
-    local_world: int = 8  # ranks to start when not under a launcher
-    regather: bool = True  # DeepSpeed prefetch/reuse 0: backward re-gathers as for a large model
-    lr: float = 3e-3
-    warmup_steps: int = 0  # DeepSpeed WarmupLR: lr rises linearly from 0 over this many steps (0: constant lr)
-    seed: int = 0
-    out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
-    memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
-    progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
-    label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
-
-    def check(self) -> None:
-        from ..core.errors import HierConfigError
-
-        if self.preset not in PRESETS:
-            raise HierConfigError("preset", self.preset, f"use one of {list(PRESETS)}")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise HierConfigError("steps", self.steps, "use a positive integer")
-        if self.dtype not in DTYPES:
-            raise HierConfigError("dtype", self.dtype, "use fp32, bf16 or fp16")
-        if self.progress not in PROGRESS:
-            raise HierConfigError("progress", self.progress, "use auto, on or off")
-        if self.activation_checkpointing not in CHECKPOINTING:
-            raise HierConfigError(
-                "activation_checkpointing", self.activation_checkpointing, f"use one of {list(CHECKPOINTING)}"
-            )
-        self.model.check()
-        if not isinstance(self.save_every, int) or self.save_every < 0:
-            raise HierConfigError("save_every", self.save_every, "use 0 (no checkpoints) or a positive step count")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise HierConfigError("warmup_steps", self.warmup_steps, "use 0 (constant lr) or a positive step count")
-        if self.memory_gb is not None and not (isinstance(self.memory_gb, (int, float)) and self.memory_gb > 0):
-            raise HierConfigError("memory_gb", self.memory_gb, "use a positive number of GB, or null for the device's")
-        if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
-            raise HierConfigError(
-                "checkpoint_dir", self.checkpoint_dir, "name a directory for save_every / resume (or set out_dir)"
-            )
-
-    @property
-    def ckpt_dir(self) -> str | None:
-        if self.checkpoint_dir:
-            return self.checkpoint_dir
-        return os.path.join(self.out_dir, "checkpoints") if self.out_dir else None
-
-
-def with_data_vocab(spec: JobSpec) -> JobSpec:
-    """``spec`` with the model's vocabulary written out when the model leaves it null: the
-    data's tokenizer's size (the prepared directory's index.json), or 256 for synthetic batches
-    (which draw from the model's own vocabulary, so any size serves them); a model whose
-    vocabulary is smaller than the data's is refused."""
-    from dataclasses import replace
-
-    from ..core.errors import HierConfigError
-    from .models import BYTE_VOCAB
-
-    m = spec.model
-    if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
-        return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
-    from .data import TokenData
-
-    vocab, where = TokenData(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
-    if m.vocab_size is None:
-        return replace(spec, model=replace(m, vocab_size=vocab))
-    if m.vocab_size < vocab:
-        raise HierConfigError(
-            "model.vocab_size",
-            m.vocab_size,
-            f"{where} has {vocab} tokens: use a model with at least as many (model.vocab_size={vocab}, "
-            "or null to take the data's)",
-        )
-    return spec
-
-
-def ds_config_for(spec: JobSpec, overrides: Mapping[str, Any] | None = None) -> dict:
-    """The job's DeepSpeed config. ``overrides``: sections merged in last, one level deep (a
-    dict value updates the section of the same name, anything else replaces it), e.g. the
-    benchmarks' ``{"zero_optimization": {"zero_hpz_partition_size": 4}}`` for stock ZeRO++."""
-    from . import training
-
-    preset = None if spec.preset == "stock" else spec.preset
-    cfg = training.ds_config(
-        preset,
-        dtype=spec.dtype,
-        micro_batch=spec.micro_batch,
-        compression=spec.compression,
-        lr=spec.lr,
-        regather=spec.regather,
-    )
-    if preset is not None:
-        cfg["zeropp_hier"]["topology"] = spec.topology
-    if spec.warmup_steps:
-        cfg["scheduler"] = {
-            "type": "WarmupLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": spec.lr,
-                "warmup_num_steps": spec.warmup_steps,
-                "warmup_type": "linear",
-            },
-        }
-    for key, value in (overrides or {}).items():
-        if isinstance(value, Mapping) and isinstance(cfg.get(key), dict):
-            cfg[key].update(value)
-        else:
-            cfg[key] = value
-    return cfg
+from .spec import JobSpec, input_embedding_params, with_data_vocab
 
 
 class _JobLogHandler(logging.StreamHandler):
@@ -271,14 +137,14 @@ class Run:
     and the per-step metrics. ``rank_main`` drives it with the job's reporting, resume and
     checkpoints; the benchmarks (``benchmarks/compare_rank.py``, ``benchmarks/convergence.py``)
     with their own hooks, so that what they measure is what the job runs.
-    ``ds_overrides``: see ``ds_config_for``. Collective: every rank builds it."""
+    ``ds_overrides``: see ``spec.ds_config``. Collective: every rank builds it."""
 
     def __init__(self, spec: JobSpec, ds_overrides: Mapping[str, Any] | None = None):
         import torch
         import torch.distributed as dist
 
         from ..core.topology import TIERS
-        from . import flops, models, training
+        from . import flops, training
         from .data import Loader, TokenData
 
         spec = with_data_vocab(spec)  # the model's vocabulary: the data's, or refused if smaller
@@ -290,7 +156,7 @@ class Run:
         if spec.data_path is not None:
             self.tokens = TokenData(spec.data_path)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
-        self.config = ds_config_for(spec, ds_overrides)
+        self.config = spec.ds_config(ds_overrides)
         self.engine = training.build_engine(
             self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing
         )
@@ -301,7 +167,7 @@ class Run:
         dev = self.engine.device
         self.device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
         self.flops_per_token = flops.flops_per_token(
-            self.n_params, models.input_embedding_params(m), m.layers, m.hidden, m.seq_len
+            self.n_params, input_embedding_params(m), m.layers, m.hidden, m.seq_len
         )
         self.peak_tflops = flops.peak_tflops(self.device_name)
         self.windows: list[tuple[float, float]] = []  # each trained step's (start, end), host clock

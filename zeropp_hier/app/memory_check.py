@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..core.errors import HierConfigError
 from ..planner import model as P
-from .models import n_params
-
-if TYPE_CHECKING:
-    from .job import JobSpec
+from .spec import JobSpec, n_params
 
 GB = 1e9
 # device memory by name (substring of torch.cuda.get_device_name): MI250X 128 GB HBM2e per GPU,

@@ -13,57 +13,6 @@ import torch.distributed as dist
 
 from .gpt import GPT, GPTConfig, synthetic_batch
 
-DTYPE_SECTIONS: dict[str, dict[str, Any]] = {
-    "fp32": {},
-    "fp16": {"fp16": {"enabled": True, "initial_scale_power": 8}},
-    "bf16": {"bf16": {"enabled": True}},
-}
-
-
-def ds_config(
-    preset: str | None,
-    *,
-    dtype: str = "fp32",
-    micro_batch: int = 2,
-    grad_accum: int = 1,
-    compression: Any = None,
-    gpus_per_node: int = 2,
-    gcds_per_gpu: int = 2,
-    lr: float = 3e-3,
-    eps: float = 1e-6,
-    regather: bool = True,
-    extra: dict | None = None,
-) -> dict:
-    """A DeepSpeed config; ``preset=None`` gives stock ZeRO-3 (no zeropp_hier section).
-
-    ``regather`` sets DeepSpeed's prefetch and reuse distance to 0 so that a small model is
-    released after forward and gathered again in backward, as a large one would be (with the
-    defaults a small model stays gathered and there is no backward gather to measure)."""
-    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
-    if regather:
-        zero.update(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0)
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": grad_accum,
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "Adam", "params": {"lr": lr, "eps": eps, "torch_adam": True}},
-        "zero_optimization": zero,
-        **DTYPE_SECTIONS[dtype],
-    }
-    if preset is not None:
-        section: dict[str, Any] = {
-            "enabled": True,
-            "preset": preset,
-            "topology": {"gpus_per_node": gpus_per_node, "gcds_per_gpu": gcds_per_gpu},
-        }
-        if compression is not None:
-            section["compression"] = compression
-        cfg["zeropp_hier"] = section
-    if extra:
-        cfg.update(extra)
-    return cfg
-
 
 def build_engine(config: dict, model_cfg: Any = GPTConfig(), seed: int = 0, checkpointing: str = "none"):
     """An engine for ``model_cfg``: a ``ModelSpec`` is built sharded under ZeRO-3
