@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from zeropp_hier.app import training
+from zeropp_hier.app import run as app_run
 from zeropp_hier.app.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.files import write_json_atomic
@@ -32,7 +32,7 @@ CONFIGS = {
 def measure(configs: dict, steps: int) -> dict:
     out = {}
     for name, cfg in configs.items():
-        res = training.run(
+        res = app_run.run_config(
             ds_config(cfg["preset"], compression=cfg.get("compression"), micro_batch=4),
             steps,
             MODEL,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import gc
 
-from zeropp_hier.app import models, training
+from zeropp_hier.app import models
+from zeropp_hier.app import run as app_run
 from zeropp_hier.app.spec import ModelSpec
 
 
@@ -71,15 +72,15 @@ def checkpointed_runs(configs: dict, spec: ModelSpec, api: str, steps: int) -> d
     how often one block ran forward (twice per micro-step when backward recomputes it)."""
     out = {}
     for name, cfg in configs.items():
-        engine = training.build_engine(cfg, spec, checkpointing=api)
+        engine = app_run.build_engine(cfg, spec, checkpointing=api)
         lm = engine.module.lm if isinstance(engine.module, models.CausalLM) else engine.module
         # the block's first submodule, counted as it starts: torch's non-reentrant recompute
         # stops as soon as it has what backward needs, before the block's last module ends
         first = lm.gpt_neox.layers[0].input_layernorm if hasattr(lm, "gpt_neox") else lm.blocks[0].ln1
         calls = [0]
         handle = first.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        losses = training.train_steps(engine, steps)
+        losses = app_run.train_steps(engine, steps)
         handle.remove()
-        out[name] = {"losses": losses, "state": training.gathered_state(engine), "block_forwards": calls[0]}
-        training.release(engine)
+        out[name] = {"losses": losses, "state": app_run.gathered_state(engine), "block_forwards": calls[0]}
+        app_run.release(engine)
     return out

@@ -13,19 +13,19 @@ def auto_runs(cfgs: dict, steps: int) -> dict:
     import time
 
     import zeropp_hier
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
     out = {}
     for name, cfg in cfgs.items():
         t0 = time.perf_counter()
-        engine = training.build_engine(cfg)
+        engine = app_run.build_engine(cfg)
         built = time.perf_counter() - t0
-        losses = training.train_steps(engine, steps)
+        losses = app_run.train_steps(engine, steps)
         st = zeropp_hier.comm_stats(engine)
         out[name] = {"losses": losses, "auto": st["auto"], "preset": engine.hier_runtime.plan.preset,
                      "build_s": built, "bytes": st["bytes"],
                      "chunks": engine.hier_runtime.cfg.pipeline.chunks}
-        training.release(engine)
+        app_run.release(engine)
     return out
 
 

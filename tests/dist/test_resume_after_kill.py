@@ -14,10 +14,10 @@ import time
 import pytest
 
 from zeropp_hier.app import data
-from zeropp_hier.app.job import rank_main
+from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.app.spec import ModelSpec
-from zeropp_hier.app.text import stdlib_files
+from zeropp_hier.app.data import stdlib_files
 
 # the first commit (step 2) is the kill's signal; the job's steps 3 and 4 and their commit are what
 # the kill cuts off and the resumed run redoes
@@ -26,7 +26,7 @@ STEPS, EVERY = 4, 2
 # the killed job: the same JobSpec, run by launch() in a process of its own session
 CHILD = """
 import sys
-from zeropp_hier.app.job import launch
+from zeropp_hier.app.launch import launch
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.app.spec import ModelSpec
 data, out, ckpt, steps, every = sys.argv[1:6]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from zeropp_hier.app import data
-from zeropp_hier.app.text import HELD_OUT_EVERY, stdlib_files
+from zeropp_hier.app.data import HELD_OUT_EVERY, stdlib_files
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from zeropp_hier.app.job import launcher_env
+from zeropp_hier.app.launch import launcher_env
 from zeropp_hier.app.spec import MODELS, JobSpec
 from zeropp_hier.app.train import spec_from_config
 
