@@ -339,7 +339,7 @@ def _as_ran(preset_compression: dict) -> dict:
     """A recorded preset's compression with every tier named: the record is the preset's
     ``PRESET_COMPRESSION`` entry of its day, where a tier left out was exact, whatever the
     default says now."""
-    from zeropp_hier.core.topology import TIERS
+    from zeropp_hier.core.vocab import TIERS
 
     def full(tiers):
         return {t: tiers.get(t, "none") for t in TIERS} if isinstance(tiers, dict) else tiers

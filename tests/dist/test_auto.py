@@ -84,7 +84,8 @@ def probe_sizes(target_s):
     import torch.distributed as dist
 
     from zeropp_hier.comm.groups import build_hop_groups
-    from zeropp_hier.core.topology import TIERS, Topology
+    from zeropp_hier.core.topology import Topology
+    from zeropp_hier.core.vocab import TIERS
     from zeropp_hier.detect.links import measure_tiers
 
     topo = Topology.for_world(dist.get_world_size(), gpus_per_node=2, gcds_per_gpu=2)

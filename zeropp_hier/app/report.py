@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
-from ..core.topology import TIERS
+from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
 from ..planner.tables import fmt_bytes

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .spec import JobSpec
+
 KEY = "zeropp_hier_job"
 
 
@@ -117,13 +119,14 @@ def _job_state(tag_dir: str, manifest: dict | None) -> dict:
     return job
 
 
-def _plan_on_rank0(spec, world: int, data_sha256: str | None) -> Plan:
+def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
     from ..core.errors import HierConfigError
     from ..deepspeed import checkpoint
     from ..deepspeed.checkpoint_files import MANIFEST, file_digest, read_manifest, resolve_tag
     from . import resume_rules
 
     root = spec.ckpt_dir
+    assert root is not None  # JobSpec.check: resume needs a directory
     tag = resolve_tag(root, None if spec.resume == "latest" else spec.resume)
     if tag is None or not os.path.isdir(os.path.join(root, tag)):
         raise HierConfigError(
@@ -158,7 +161,7 @@ def _plan_on_rank0(spec, world: int, data_sha256: str | None) -> Plan:
     return Plan(tag, out, True, int(saved_world))
 
 
-def plan(spec, world: int, data_sha256: str | None) -> Plan:
+def plan(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
     """Collective over the world: rank 0 reads the checkpoint's record, decides, converts when
     the world changed; every rank returns the same plan or raises the same error."""
     import torch.distributed as dist

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import zeropp_hier
 
 from ..core.errors import HierConfigError
-from ..core.topology import TIERS
+from ..core.vocab import TIERS
 from ..quant import kernel_info
 from . import flops, models, report, resume, resume_rules
 from .data import Loader, TokenData, synthetic_batch

@@ -14,9 +14,13 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping, get_args
 
+from ..core import vocab
+from ..core.config import TopologySpec
 from ..core.errors import HierConfigError
+from ..core.policy import Compression
 
-Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
+# the section's presets (core/vocab.py) and "stock": DeepSpeed's own ZeRO-3, without our section
+Preset = Literal[vocab.Preset, "stock"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 Progress = Literal["auto", "on", "off"]
 PRESETS: tuple[str, ...] = get_args(Preset)
@@ -36,9 +40,9 @@ class ModelSpec:
     arch: Arch = "neox"
     vocab_size: int | None = None  # None: the data's (the job sets it: 256 for byte-level or synthetic data)
     seq_len: int = 64  # tokens per sample (GPT-NeoX's max_position_embeddings)
-    hidden: int = 64
-    heads: int = 4
-    layers: int = 4
+    hidden: int = 64  # model width
+    heads: int = 4  # attention heads (divide hidden)
+    layers: int = 4  # transformer blocks
     intermediate: int = 256  # MLP width (4 x hidden in every published GPT-NeoX shape)
     rotary_pct: float = 0.25  # share of each head's dimensions that rotary embeddings rotate
     parallel_residual: bool = True  # attention and MLP read the same input (GPT-NeoX-20B, Pythia)
@@ -108,7 +112,7 @@ def input_embedding_params(spec: ModelSpec) -> int:
     return spec.vocab * spec.hidden if spec.arch == "neox" else spec.seq_len * spec.hidden
 
 
-def _default_topology() -> dict:
+def _default_topology() -> TopologySpec:
     return {"gpus_per_node": 2, "gcds_per_gpu": 2}
 
 
@@ -119,10 +123,10 @@ class JobSpec:
     (``tests/unit/test_train_config.py``)."""
 
     preset: Preset = "frontier"
-    compression: Any = None  # None: the preset's own; "none"/"int8"/...: every tier; or a dict
-    steps: int = 30
-    dtype: Dtype = "fp32"
-    micro_batch: int = 4
+    compression: Compression = None  # None: the preset's own; "none"/"int8"/...: every tier; or a dict
+    steps: int = 30  # optimizer steps the run ends at (a resumed run continues up to it)
+    dtype: Dtype = "fp32"  # training dtype: DeepSpeed's bf16/fp16 sections (fp16 with loss scaling)
+    micro_batch: int = 4  # sequences per rank per step
     model: ModelSpec = field(default_factory=ModelSpec)  # default: the tiny size
     activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
     data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
@@ -130,12 +134,12 @@ class JobSpec:
     checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
     resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
     # the "topology" value of the zeropp_hier section ("auto", or a dict)
-    topology: Any = field(default_factory=_default_topology)
+    topology: TopologySpec = field(default_factory=_default_topology)
     local_world: int = 8  # ranks to start when not under a launcher
     regather: bool = True  # DeepSpeed prefetch/reuse 0: backward re-gathers as for a large model
-    lr: float = 3e-3
+    lr: float = 3e-3  # Adam's learning rate
     warmup_steps: int = 0  # DeepSpeed WarmupLR: lr rises linearly from 0 over this many steps (0: constant lr)
-    seed: int = 0
+    seed: int = 0  # the model's initial weights and the data order
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
@@ -223,8 +227,8 @@ def ds_config(
     dtype: Dtype = "fp32",
     micro_batch: int = 2,
     grad_accum: int = 1,
-    compression: Any = None,
-    topology: Any = None,
+    compression: Compression = None,
+    topology: TopologySpec | None = None,
     gpus_per_node: int = 2,
     gcds_per_gpu: int = 2,
     lr: float = 3e-3,

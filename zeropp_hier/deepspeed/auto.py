@@ -43,7 +43,8 @@ import torch.distributed as dist
 
 from ..core import levels
 from ..core.config import HierConfig, MemoryConfig
-from ..core.topology import TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import TIERS
 
 PROBE_REPS = 2
 # the larger probe message of a tier is cut to about this long a collective (links.measure_tiers)
@@ -113,7 +114,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     named = list(module.named_parameters())
     numel = [getattr(p, "ds_numel", p.numel()) for _, p in named]
     width = named[0][1].element_size() if named else 2
-    tiers = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
+    tiers: dict[str, P.TierLink] = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
     cluster = P.ClusterModel(
         name=f"this job ({topo.num_nodes}x{topo.gpus_per_node}x{topo.gcds_per_gpu})",
         nodes=topo.num_nodes,
@@ -165,7 +166,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         cfg,
         preset=c.preset,
         compression=c.compression,
-        memory=MemoryConfig(kept_gb),
+        memory=MemoryConfig(kept_shards_gb=kept_gb),
         pipeline=dataclasses.replace(cfg.pipeline, chunks=int(record["chunks"])),
         chosen_by_auto=c.name,
     )

@@ -56,7 +56,8 @@ from ..core import levels
 from ..core.config import MAX_PIPELINE_CHUNKS
 from ..core.plan import STREAM_CHUNK_ELEMS, CommPlan, make_plan
 from ..core.policy import CompressionConfig, FixedPreset, parse_compression
-from ..core.topology import AXES, TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import AXES, TIERS
 from .tables import fmt_bytes
 
 GB = 1e9
@@ -457,7 +458,7 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     worst = max(seconds.values(), default=0.0)
     # the busiest link's tier; links of two tiers busy alike (to rounding): the faster tier
     bottleneck = next((_tier_of(kd) for kd, sec in seconds.items() if sec >= worst * (1 - 1e-12)), coll.axes[0])
-    tier_bytes = {t: 0.0 for t in TIERS}
+    tier_bytes: dict[str, float] = {t: 0.0 for t in TIERS}
     for kind in ("gcd", "gpu_out", "node_out"):
         if kind in loads:
             tier_bytes[_tier_of(kind)] += summed(loads[kind].per_link, loads[kind].links)
@@ -637,8 +638,8 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     lp = level_plan(cand, cluster, wl)
     _, colls = collectives(cand, topo, wl.params, lp, wl.backward_share)
     phase_s = dict.fromkeys(PHASES, 0.0)
-    tier_s = {t: 0.0 for t in TIERS}
-    tier_bytes = {t: 0.0 for t in TIERS}
+    tier_s: dict[str, float] = {t: 0.0 for t in TIERS}
+    tier_bytes: dict[str, float] = {t: 0.0 for t in TIERS}
     costs = []
     link_s: dict[str, float] = {}
     for c in colls:

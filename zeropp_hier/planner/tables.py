@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ..core.plan import CommPlan, Hop
-from ..core.topology import TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import TIERS
 
 NUMERIC = set("0123456789.+-eE ")
 
