@@ -20,12 +20,18 @@ without ``transformers`` (``arch: gpt``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import zeropp_hier
+
+from ..core.config import hier_config_from_ds
+from ..core.errors import HierConfigError
+from .gpt import GPT, GPTConfig
 from .spec import CHECKPOINTING, Checkpointing, ModelSpec
 
 if TYPE_CHECKING:  # transformers is imported only when a NeoX model is built
@@ -75,17 +81,11 @@ def _is_stage3(ds_config: dict) -> bool:
 def _hier_init_applies(ds_config: dict) -> bool:
     """Whether the model can be built under ``zeropp_hier.Init``: an enabled section with a named
     preset ("auto" chooses at initialize, from the built model: stock partitioning then)."""
-    from ..core.config import hier_config_from_ds
-
     cfg = hier_config_from_ds(ds_config)
     return cfg.enabled and cfg.preset != "auto"
 
 
 def _hier_init(hier_runtime):
-    import functools
-
-    import zeropp_hier
-
     return zeropp_hier.Init if hier_runtime is None else functools.partial(zeropp_hier.Init, hier_runtime=hier_runtime)
 
 
@@ -113,8 +113,6 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     spec = spec.resolved()
     torch.manual_seed(seed)
     if spec.arch == "gpt":
-        from .gpt import GPT, GPTConfig
-
         cfg = GPTConfig(spec.vocab, spec.seq_len, spec.hidden, spec.heads, spec.layers)
         if not _is_stage3(ds_config):
             return GPT(cfg)
@@ -148,8 +146,6 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     order: where per-block hooks go (activation checkpointing, the benchmarks' device time)."""
     if isinstance(model, CausalLM):
         return list(model.lm.gpt_neox.layers)  # type: ignore[union-attr,arg-type]  # transformers' GPTNeoX: a ModuleList
-    from .gpt import GPT
-
     if isinstance(model, GPT):
         return list(model.blocks)
     raise TypeError(f"no transformer blocks known for a {type(model).__name__}")
@@ -159,8 +155,6 @@ def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
     """Activation checkpointing per transformer block: ``torch`` = ``torch.utils.checkpoint``
     non-reentrant; ``deepspeed`` = ``deepspeed.checkpointing.checkpoint`` (what Megatron-style
     models call). Backward recomputes each block's forward, which gathers its weights again."""
-    from ..core.errors import HierConfigError
-
     if api not in CHECKPOINTING:
         raise HierConfigError("activation_checkpointing", api, f"use one of {list(CHECKPOINTING)}")
     if api == "none":
@@ -181,8 +175,6 @@ def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
             # DeepSpeed's reentrant checkpoint needs
             lm._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
         return
-    from .gpt import GPT
-
     if isinstance(model, GPT):
         model.checkpoint = api
         return

@@ -14,6 +14,8 @@ import sys
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
+from tqdm import tqdm
+
 from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
@@ -47,8 +49,6 @@ class Reporter:
         self.jsonl = None
         if not enabled:
             return
-        from tqdm import tqdm  # only rank 0 draws a bar
-
         disable = {"auto": None, "on": False, "off": True}[spec.progress]  # None: only on a TTY
         self.bar = tqdm(
             total=spec.steps,
