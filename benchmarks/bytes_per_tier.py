@@ -14,8 +14,9 @@ import argparse
 import os
 import sys
 
-from zeropp_hier.app import training
+from zeropp_hier.app import run as app_run
 from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
@@ -31,8 +32,8 @@ CONFIGS = {
 def measure(configs: dict, steps: int) -> dict:
     out = {}
     for name, cfg in configs.items():
-        res = training.run(
-            training.ds_config(cfg["preset"], compression=cfg.get("compression"), micro_batch=4),
+        res = app_run.run_config(
+            ds_config(cfg["preset"], compression=cfg.get("compression"), micro_batch=4),
             steps,
             MODEL,
             want_state=False,

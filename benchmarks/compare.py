@@ -71,7 +71,7 @@ def stock_quantization_problem() -> str | None:
 
 
 def params_of(shape: str) -> int:
-    from zeropp_hier.app.models import n_params
+    from zeropp_hier.app.spec import n_params
 
     return n_params(SHAPES[shape])
 
@@ -265,7 +265,7 @@ def plan_notes(args: argparse.Namespace, plan: dict, spec: ClusterSpec, quant_pr
     return [
         f"Model: GPT-NeoX shape {args.shape} ({model.layers} layers x hidden {model.hidden}, {model.heads} heads, "
         f"vocabulary {model.vocab_size}, {model.seq_len} tokens), {plan['params'] / 1e6:.2f}M parameters, "
-        f"built and trained by the job's code (zeropp_hier.app.job.Run), {args.dtype}, micro-batch "
+        f"built and trained by the job's code (zeropp_hier.app.run.Run), {args.dtype}, micro-batch "
         f"{args.micro_batch}, DeepSpeed stage3_prefetch_bucket_size={args.prefetch_bucket} and "
         "stage3_max_reuse_distance=0 (backward re-gathers)"
         + (f", reduce_bucket_size={args.reduce_bucket}." if args.reduce_bucket else ".")

@@ -11,7 +11,7 @@ import statistics
 from benchmarks.compare_variants import UNRECORDED_PRESET_COMPRESSION
 from zeropp_hier import planner as P
 from zeropp_hier.core.policy import PRESET_COMPRESSION, merge_schemes
-from zeropp_hier.core.topology import TIERS
+from zeropp_hier.core.vocab import TIERS
 from zeropp_hier.planner import schedule as S
 
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.compare_rank '<json plan>'
 
-Every configuration is the training job's own code (``zeropp_hier.app.job.Run``: the job's
+Every configuration is the training job's own code (``zeropp_hier.app.run.Run``: the job's
 config, the model shape built sharded, its step loop and metrics), stock DeepSpeed as the job's
 ``stock`` preset with the benchmark's extra DeepSpeed keys. The plan lists configurations (stock
 DeepSpeed or a zeropp_hier preset), the model shape, rounds and steps. One
@@ -24,12 +24,11 @@ warnings.filterwarnings("ignore", category=UserWarning)
 
 
 def job_spec(cfg: dict, plan: dict):
-    """The job (``zeropp_hier.app.job``) of one configuration: the plan's model shape, dtype,
+    """The job (``zeropp_hier.app.run``) of one configuration: the plan's model shape, dtype,
     micro-batch and topology; stock configurations are the job's ``stock`` preset (DeepSpeed
     ZeRO-3 with no zeropp_hier section: plain ``deepspeed.initialize``, the same model built
     under stock ``deepspeed.zero.Init`` from the same seed)."""
-    from zeropp_hier.app.job import JobSpec
-    from zeropp_hier.app.models import ModelSpec
+    from zeropp_hier.app.spec import JobSpec, ModelSpec
 
     return JobSpec(
         preset="stock" if cfg["kind"] == "stock" else cfg["preset"],
@@ -90,7 +89,7 @@ def _device_time_hook(fn):
 
 
 def ds_overrides(cfg: dict, plan: dict) -> dict:
-    """What the benchmark sets beyond the job's config (``job.ds_config_for``): stock ZeRO++'s
+    """What the benchmark sets beyond the job's config (``JobSpec.ds_config``): stock ZeRO++'s
     ``zero`` keys, DeepSpeed's prefetch and gradient buckets, our overlap/memory/pipeline keys."""
     zero = dict(cfg.get("zero", {}))
     bucket = plan.get("prefetch_bucket", 0)
@@ -143,7 +142,7 @@ def run_one(name: str, cfg: dict, plan: dict, label: str, marks: bool = True) ->
     from benchmarks.cluster import rankside
     from benchmarks.cluster.rankside import peak_rss_bytes, peak_rss_reset
     from benchmarks.linkuse import busy_summary
-    from zeropp_hier.app.job import Run
+    from zeropp_hier.app.run import Run
 
     mark = rankside.mark if marks else (lambda _label: None)
     shaped = label.startswith("shaped/")

@@ -3,7 +3,7 @@
     python -m benchmarks.convergence                    # ~25 min on 2 CPU cores
     python -m benchmarks.convergence --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
 
-Every configuration is the training job itself (``zeropp_hier.app.job.Run``: the job's
+Every configuration is the training job itself (``zeropp_hier.app.run.Run``: the job's
 config, its GPT-NeoX built sharded, its data loader, step loop and metrics), on 8 local CPU
 ranks = 2 nodes x 2 GPUs x 2 GCDs, gloo. The model is the job's ``tiny`` GPT-NeoX (byte level,
 vocabulary 256; ``--d-model``/``--heads``/``--layers``/``--seq-len`` change it); the data is the
@@ -33,7 +33,7 @@ import sys
 import time
 
 from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS
-from zeropp_hier.app.models import MODELS, ModelSpec
+from zeropp_hier.app.spec import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
@@ -80,7 +80,7 @@ def model_config(a: dict) -> ModelSpec:
 def prepare_data(path: str) -> dict:
     """The stdlib corpus as the job's token files (``zeropp-hier data prepare --stdlib``), once."""
     from zeropp_hier.app import data
-    from zeropp_hier.app.text import stdlib_files
+    from zeropp_hier.app.data import stdlib_files
 
     index = os.path.join(path, "index.json")
     if not os.path.exists(index):
@@ -90,7 +90,7 @@ def prepare_data(path: str) -> dict:
 
 
 def job_spec(preset, compression, a: dict):
-    from zeropp_hier.app.job import JobSpec
+    from zeropp_hier.app.spec import JobSpec
 
     return JobSpec(
         preset=preset or "stock",
@@ -134,15 +134,15 @@ def train_one(name: str, preset, compression, a: dict) -> dict:
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier.app import training
-    from zeropp_hier.app.job import Run
+    from zeropp_hier.app import run as app_run
+    from zeropp_hier.app.run import Run
 
     rank, world = dist.get_rank(), dist.get_world_size()
     run = Run(job_spec(preset, compression, a))
     t0 = time.perf_counter()
     rows = run.train(a["steps"])
     seconds = time.perf_counter() - t0
-    state = training.gathered_state(run.engine)
+    state = app_run.gathered_state(run.engine)
     out = {"losses": [r["loss"] for r in rows], "seconds": seconds, "params": run.n_params}
     if run.hier:
         st = zeropp_hier.comm_stats(run.engine)

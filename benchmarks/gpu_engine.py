@@ -90,7 +90,7 @@ def _batch(engine, model_cfg, step: int):
     sync-debug windows: it is the input, not the engine's work)."""
     import torch
 
-    from zeropp_hier.app.gpt import synthetic_batch
+    from zeropp_hier.app.data import synthetic_batch
 
     x, y = synthetic_batch(model_cfg, engine.train_micro_batch_size_per_gpu(), step, torch.distributed.get_rank())
     return x.to(engine.device), y.to(engine.device)
@@ -109,10 +109,10 @@ def _one_config(cfg: dict, steps: int, model_cfg) -> dict:
     import torch
 
     import zeropp_hier
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
     torch.cuda.reset_peak_memory_stats()  # the peak of this config, not of the process
-    engine = training.build_engine(cfg, model_cfg)
+    engine = app_run.build_engine(cfg, model_cfg)
     dev = engine.device
     params = list(engine.module.parameters())
     devices = sorted({str(p.ds_tensor.device) for p in params} | {str(p.device) for p in params} | {str(dev)})
@@ -136,7 +136,7 @@ def _one_config(cfg: dict, steps: int, model_cfg) -> dict:
         "losses": losses,
         "devices": devices,
         "syncs": rec.summary(),
-        "state": {k: v.cpu() for k, v in training.gathered_state(engine).items()},
+        "state": {k: v.cpu() for k, v in app_run.gathered_state(engine).items()},
         "max_memory_allocated": torch.cuda.max_memory_allocated(dev),
     }
     rt = getattr(engine, "hier_runtime", None)
@@ -144,7 +144,7 @@ def _one_config(cfg: dict, steps: int, model_cfg) -> dict:
         st = zeropp_hier.comm_stats(engine)
         res["stats"] = {"bytes": st["bytes"], "calls": st.get("calls"), "kernels": zeropp_hier.quant.backend(dev)}
         res["comm_device"] = str(rt.comm_device)
-    training.release(engine)
+    app_run.release(engine)
     return res
 
 
@@ -152,13 +152,13 @@ def rank_error_pass(configs: dict, steps: int, model_kw: dict) -> dict:
     """Forward and backward of each config under sync-debug "error": a host sync raises."""
     import torch
 
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
     from zeropp_hier.app.gpt import GPTConfig
 
     model_cfg = GPTConfig(**model_kw)
     out = {}
     for name, cfg in configs.items():
-        engine = training.build_engine(cfg, model_cfg)
+        engine = app_run.build_engine(cfg, model_cfg)
         losses: list = []
         raised = None
         for step in range(steps):
@@ -176,14 +176,14 @@ def rank_error_pass(configs: dict, steps: int, model_kw: dict) -> dict:
             engine.step()
             losses.append(float(loss.detach().float()))
         if not raised:
-            training.release(engine)
+            app_run.release(engine)
         out[name] = {"losses": losses, "raised": raised}
     return out
 
 
 def configs_for(gpus: int, gcds: int) -> dict:
     """Each configuration in fp32 and bf16, named ``<config>_<dtype>`` (``dtype_of``)."""
-    from zeropp_hier.app.training import ds_config
+    from zeropp_hier.app.spec import ds_config
 
     topo = dict(gpus_per_node=gpus, gcds_per_gpu=gcds)
     cfgs = {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Hashable, Iterable, NamedTuple, Sequence
 
-TIERS = ("gcd", "gpu", "node")  # fastest link first (zeropp_hier.core.topology.TIERS)
+from zeropp_hier.core.vocab import TIERS
 
 Interval = tuple[float, float]
 

@@ -14,7 +14,7 @@ Every shape has 64-dimensional heads, an MLP of 4 x hidden and 64 tokens per sam
 
 from __future__ import annotations
 
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.spec import ModelSpec
 
 SHAPES: dict[str, ModelSpec] = {
     "base": ModelSpec(vocab_size=1024, seq_len=64, hidden=256, heads=4, layers=4, intermediate=1024),

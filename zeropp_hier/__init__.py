@@ -46,7 +46,7 @@ _LAZY = {
     "patch_deepspeed": "zeropp_hier.deepspeed.patch",
     "unpatch_deepspeed": "zeropp_hier.deepspeed.patch",
     "is_patched": "zeropp_hier.deepspeed.patch",
-    "HierCheckpointError": "zeropp_hier.deepspeed.checkpoint",
+    "HierCheckpointError": "zeropp_hier.core.errors",
     "HierCommError": "zeropp_hier.comm.failures",
     "HierConfig": "zeropp_hier.core.config",
     "parse_section": "zeropp_hier.core.config",

@@ -10,7 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from zeropp_hier.app import training
+from zeropp_hier.app import run as app_run
 
 
 def save_and_reload(cases: dict, root: str) -> dict:
@@ -19,15 +19,15 @@ def save_and_reload(cases: dict, root: str) -> dict:
     torch's own tensors-only set does not allow (the survey behind the allowlist)."""
     out = {}
     for name, cfg in cases.items():
-        engine = training.build_engine(cfg)
-        training.train_steps(engine, 2)
+        engine = app_run.build_engine(cfg)
+        app_run.train_steps(engine, 2)
         engine.save_checkpoint(os.path.join(root, name), tag="t")
-        saved = training.gathered_state(engine)
-        training.release(engine)
-        fresh = training.build_engine(cfg, seed=123)
+        saved = app_run.gathered_state(engine)
+        app_run.release(engine)
+        fresh = app_run.build_engine(cfg, seed=123)
         path, _ = fresh.load_checkpoint(os.path.join(root, name))
-        loaded = training.gathered_state(fresh)
-        training.release(fresh)
+        loaded = app_run.gathered_state(fresh)
+        app_run.release(fresh)
         globals_found = {}
         if dist.get_rank() == 0:
             tag_dir = os.path.join(root, name, "t")
@@ -45,14 +45,14 @@ def save_and_reload(cases: dict, root: str) -> dict:
 
 def two_versions(config: dict, first: str, second: str) -> dict:
     """Tag "t" after 2 steps in ``first``, and "t" again after 3 steps in ``second``."""
-    engine = training.build_engine(config)
-    training.train_steps(engine, 2)
+    engine = app_run.build_engine(config)
+    app_run.train_steps(engine, 2)
     engine.save_checkpoint(first, tag="t")
-    v1 = training.gathered_state(engine)
-    training.train_steps(engine, 1, start=2)
+    v1 = app_run.gathered_state(engine)
+    app_run.train_steps(engine, 1, start=2)
     engine.save_checkpoint(second, tag="t")
-    v2 = training.gathered_state(engine)
-    training.release(engine)
+    v2 = app_run.gathered_state(engine)
+    app_run.release(engine)
     return {"v1": v1, "v2": v2}
 
 
@@ -61,15 +61,15 @@ def load_each(config: dict, roots: dict, **load_kwargs) -> dict:
     loaded, or the error every rank raised (``{"type", "path", "message"}``)."""
     import zeropp_hier
 
-    engine = training.build_engine(config, seed=123)
+    engine = app_run.build_engine(config, seed=123)
     out = {}
     for name, root in roots.items():
         try:
             path, _ = engine.load_checkpoint(root, **load_kwargs)
-            out[name] = {"path": path, "state": training.gathered_state(engine)}
+            out[name] = {"path": path, "state": app_run.gathered_state(engine)}
         except zeropp_hier.HierCheckpointError as e:
             out[name] = {"type": type(e).__name__, "path": e.path, "message": str(e)}
-    training.release(engine)
+    app_run.release(engine)
     return out
 
 
@@ -81,8 +81,8 @@ def save_load_in_own_dirs(config: dict, dirs: dict, shared: str) -> dict:
     import zeropp_hier
 
     rank = dist.get_rank()
-    engine = training.build_engine(config)
-    training.train_steps(engine, 1)
+    engine = app_run.build_engine(config)
+    app_run.train_steps(engine, 1)
     out = {}
     try:
         engine.save_checkpoint(dirs[rank], tag="t")
@@ -95,16 +95,16 @@ def save_load_in_own_dirs(config: dict, dirs: dict, shared: str) -> dict:
         shutil.copytree(shared, dirs[rank])
         os.remove(os.path.join(dirs[rank], "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
     dist.barrier()
-    fresh = training.build_engine(config, seed=123)
+    fresh = app_run.build_engine(config, seed=123)
     try:
         fresh.load_checkpoint(dirs[rank] if rank == 1 else shared)
         out["load"] = None
     except zeropp_hier.HierCheckpointError as e:
         out["load"] = {"path": e.path, "message": str(e)}
     fresh.load_checkpoint(shared)  # and the world is still usable
-    out["loss_after"] = training.train_steps(fresh, 1, start=fresh.global_steps)[0]
-    training.release(fresh)
-    training.release(engine)
+    out["loss_after"] = app_run.train_steps(fresh, 1, start=fresh.global_steps)[0]
+    app_run.release(fresh)
+    app_run.release(engine)
     return out
 
 
@@ -115,8 +115,8 @@ def hash_error_on_one_rank(config: dict, root: str, victim: int) -> dict:
     from zeropp_hier.deepspeed import checkpoint, checkpoint_files
 
     rank = dist.get_rank()
-    engine = training.build_engine(config)
-    training.train_steps(engine, 1)
+    engine = app_run.build_engine(config)
+    app_run.train_steps(engine, 1)
     engine.save_checkpoint(root, tag="good")
     real = checkpoint.file_digest
     modules = (checkpoint, checkpoint_files)  # the save hashes in one, the checks of a load in the other
@@ -143,5 +143,5 @@ def hash_error_on_one_rank(config: dict, root: str, victim: int) -> dict:
             m.file_digest = real
     out["latest"] = open(os.path.join(root, "latest")).read()
     out["tags"] = checkpoint.complete_tags(root)
-    training.release(engine)
+    app_run.release(engine)
     return out

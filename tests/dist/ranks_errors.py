@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from zeropp_hier.app import training
+from zeropp_hier.app import run as app_run
 
 
 def _outcome(fn) -> dict:
@@ -27,9 +27,9 @@ def _outcome(fn) -> dict:
 
 
 def _build_and_release(config: dict) -> dict:
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     out = {"preset": engine.hier_runtime.cfg.preset if engine.hier_runtime else None}
-    training.release(engine)
+    app_run.release(engine)
     return out
 
 
@@ -76,9 +76,9 @@ def one_rank_errors(config: dict, auto_config: dict, probe_dir: str) -> dict:
     out["different_plan"] = _outcome(lambda: _build_and_release(cfg))
 
     # 5. and the world still works: every rank builds and trains one step
-    engine = training.build_engine(config)
-    out["after"] = training.train_steps(engine, 1)
-    training.release(engine)
+    engine = app_run.build_engine(config)
+    out["after"] = app_run.train_steps(engine, 1)
+    app_run.release(engine)
     return out
 
 
@@ -86,7 +86,7 @@ def skip_cap(config: dict, inject_rank: int, first_bad: int, steps: int) -> dict
     """From step ``first_bad`` on, one gradient element on ``inject_rank`` is +Inf every step."""
     import zeropp_hier
 
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     rank = dist.get_rank()
     now = {"step": -1}
     param = dict(engine.module.named_parameters())["blocks.0.fc.weight"]
@@ -102,13 +102,13 @@ def skip_cap(config: dict, inject_rank: int, first_bad: int, steps: int) -> dict
     try:
         for step in range(steps):
             now["step"] = step
-            training.train_steps(engine, 1, start=step)
+            app_run.train_steps(engine, 1, start=step)
             out["steps_run"] += 1
     except zeropp_hier.HierSkippedStepsError as e:
         out["error"] = str(e)
         out["history"] = e.history
         out["at_step"] = now["step"]
-    training.release(engine)
+    app_run.release(engine)
     return out
 
 
@@ -125,7 +125,7 @@ def interrupted_mid_step(config: dict, signal_step: int, marker_dir: str, save_d
     # (`pytest ... &`) has SIGINT ignored, every process it starts inherits that, and Python then
     # installs no handler: restore the foreground job's answer for what this test is about.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     rank = dist.get_rank()
 
     def hook(module, inputs):
@@ -137,7 +137,7 @@ def interrupted_mid_step(config: dict, signal_step: int, marker_dir: str, save_d
 
     engine.module.blocks[1].fc.register_forward_pre_hook(hook)
     try:
-        training.train_steps(engine, signal_step + 2)
+        app_run.train_steps(engine, signal_step + 2)
     except KeyboardInterrupt as interrupt:
         try:
             engine.save_checkpoint(save_dir)

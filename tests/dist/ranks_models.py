@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 
-from zeropp_hier.app import models, training
+from zeropp_hier.app import models
+from zeropp_hier.app import run as app_run
+from zeropp_hier.app.spec import ModelSpec
 
 
 def _proc_status_kib(key: str) -> int:
@@ -25,7 +27,7 @@ def _reset_peak_rss() -> None:
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
-def build_peak(spec: models.ModelSpec, config: dict) -> dict:
+def build_peak(spec: ModelSpec, config: dict) -> dict:
     """Peak resident memory while this rank builds ``spec`` sharded, against the model's size."""
     import ctypes
 
@@ -45,7 +47,7 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
     from zeropp_hier.deepspeed.runtime import HierRuntime
 
     runtime = HierRuntime.create(hier_config_from_ds(config))
-    warm = models.build(models.ModelSpec(), config, hier_runtime=runtime)
+    warm = models.build(ModelSpec(), config, hier_runtime=runtime)
     del warm
     gc.collect()
     libc.malloc_trim(0)
@@ -65,20 +67,20 @@ def build_peak(spec: models.ModelSpec, config: dict) -> dict:
     }
 
 
-def checkpointed_runs(configs: dict, spec: models.ModelSpec, api: str, steps: int) -> dict:
+def checkpointed_runs(configs: dict, spec: ModelSpec, api: str, steps: int) -> dict:
     """Each named config trained from the same seed with activation checkpointing ``api``; also
     how often one block ran forward (twice per micro-step when backward recomputes it)."""
     out = {}
     for name, cfg in configs.items():
-        engine = training.build_engine(cfg, spec, checkpointing=api)
+        engine = app_run.build_engine(cfg, spec, checkpointing=api)
         lm = engine.module.lm if isinstance(engine.module, models.CausalLM) else engine.module
         # the block's first submodule, counted as it starts: torch's non-reentrant recompute
         # stops as soon as it has what backward needs, before the block's last module ends
         first = lm.gpt_neox.layers[0].input_layernorm if hasattr(lm, "gpt_neox") else lm.blocks[0].ln1
         calls = [0]
         handle = first.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        losses = training.train_steps(engine, steps)
+        losses = app_run.train_steps(engine, steps)
         handle.remove()
-        out[name] = {"losses": losses, "state": training.gathered_state(engine), "block_forwards": calls[0]}
-        training.release(engine)
+        out[name] = {"losses": losses, "state": app_run.gathered_state(engine), "block_forwards": calls[0]}
+        app_run.release(engine)
     return out

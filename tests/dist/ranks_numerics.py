@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from zeropp_hier.app import training
-from zeropp_hier.app.gpt import GPTConfig, synthetic_batch
+from zeropp_hier.app import run as app_run
+from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.data import synthetic_batch
 
 INJECT_PARAM = "blocks.0.fc.weight"
 
@@ -21,31 +22,31 @@ def ef_checkpoint_resume(config: dict, ckpt_dir: str, before: int, after: int,
     """Uninterrupted run vs save + load into a fresh engine + continue, with error feedback on;
     and a control that loads the same checkpoint but drops the residuals."""
     import zeropp_hier
-    build = lambda seed=0: training.build_engine(config, model_cfg, seed)  # noqa: E731
+    build = lambda seed=0: app_run.build_engine(config, model_cfg, seed)  # noqa: E731
     ref = build()
-    ref_losses = training.train_steps(ref, before + after)
-    ref_state = training.gathered_state(ref)
+    ref_losses = app_run.train_steps(ref, before + after)
+    ref_state = app_run.gathered_state(ref)
     ref_stats = zeropp_hier.comm_stats(ref)
-    training.release(ref)
+    app_run.release(ref)
 
     first = build()
-    training.train_steps(first, before)
+    app_run.train_steps(first, before)
     saved = _residuals(first)
     first.save_checkpoint(ckpt_dir, tag="ef")
-    training.release(first)
+    app_run.release(first)
 
     second = build(seed=123)  # different init: the load must overwrite it
     second.load_checkpoint(ckpt_dir, tag="ef")
     loaded = _residuals(second)
-    resumed = training.train_steps(second, after, start=before)
-    state = training.gathered_state(second)
-    training.release(second)
+    resumed = app_run.train_steps(second, after, start=before)
+    state = app_run.gathered_state(second)
+    app_run.release(second)
 
     control = build(seed=123)
     control.load_checkpoint(ckpt_dir, tag="ef")
     control.hier_runtime.numerics.error_feedback.reset()
-    control_losses = training.train_steps(control, after, start=before)
-    training.release(control)
+    control_losses = app_run.train_steps(control, after, start=before)
+    app_run.release(control)
 
     same_keys = sorted(saved) == sorted(loaded)
     max_diff = max((float((saved[k] - loaded[k]).abs().max()) for k in saved), default=None) if same_keys else None
@@ -76,7 +77,7 @@ def _train_with_injection(engine, steps: int, inject_step: int, inject_rank: int
     for step in range(steps):
         now["step"] = step
         if step == inject_step:
-            out["before"] = training.gathered_state(engine)
+            out["before"] = app_run.gathered_state(engine)
         x, y = synthetic_batch(c, engine.train_micro_batch_size_per_gpu(), step, rank)
         loss = engine(x, y)
         engine.backward(loss)
@@ -85,12 +86,12 @@ def _train_with_injection(engine, steps: int, inject_step: int, inject_rank: int
         except zeropp_hier.HierNonFiniteError as e:
             out["error"] = {"message": str(e), "step": e.step, "rank": e.rank, "phase": e.phase,
                             "tier": e.tier, "seen": e.seen}
-            out["after"] = training.gathered_state(engine)
+            out["after"] = app_run.gathered_state(engine)
             break
         out["losses"].append(float(loss.detach().float()))
         out["scales"].append(float(engine.optimizer.loss_scale))
         if step == inject_step:
-            out["after"] = training.gathered_state(engine)
+            out["after"] = app_run.gathered_state(engine)
     handle.remove()
     out["skipped_steps"] = engine.skipped_steps
     if getattr(engine, "hier_runtime", None) is not None:
@@ -104,9 +105,9 @@ def _train_with_injection(engine, steps: int, inject_step: int, inject_rank: int
 def nonfinite_injection(configs: dict, steps: int, inject_step: int, inject_rank: int) -> dict:
     out = {}
     for name, cfg in configs.items():
-        engine = training.build_engine(cfg)
+        engine = app_run.build_engine(cfg)
         out[name] = _train_with_injection(engine, steps, inject_step, inject_rank)
-        training.release(engine)
+        app_run.release(engine)
     return out
 
 

@@ -16,8 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from zeropp_hier.app import training
-from zeropp_hier.app.gpt import synthetic_batch
+from zeropp_hier.app import run as app_run
+from zeropp_hier.app.data import synthetic_batch
 
 
 # -- dead and stuck ranks -------------------------------------------------------------------------
@@ -25,7 +25,7 @@ from zeropp_hier.app.gpt import synthetic_batch
 def die_mid_step(config: dict, victim: int, stuck: int, kill_step: int) -> str:
     """Train; in the forward pass of ``kill_step``, ``victim`` SIGKILLs itself and ``stuck``
     stops (sleeps) just before a layer's gather: one dead peer, one silent peer."""
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     rank = dist.get_rank()
 
     def hook(module, inputs):
@@ -36,14 +36,14 @@ def die_mid_step(config: dict, victim: int, stuck: int, kill_step: int) -> str:
                 time.sleep(3600)
 
     engine.module.blocks[1].fc.register_forward_pre_hook(hook)
-    training.train_steps(engine, kill_step + 2)
+    app_run.train_steps(engine, kill_step + 2)
     return "finished"  # never reached: the test fails if it is
 
 
 def stall_before_step(config: dict, stuck: int, stall_step: int) -> str:
     """``stuck`` stops between backward and ``engine.step()``: the other ranks wait in
     DeepSpeed's own gradient-norm all-reduce, on DeepSpeed's data-parallel group."""
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     c = engine.module.config
     rank = dist.get_rank()
     for step in range(stall_step + 2):
@@ -82,10 +82,10 @@ def _die_while_writing(engine, victim: int, marker: str) -> None:
 def save_then_die_in_save(config: dict, root: str, victim: int, steps_good: int, steps_more: int) -> str:
     """Save tag "good" after ``steps_good`` steps, train on, and lose ``victim`` while it writes
     its optimizer file of tag "bad"."""
-    engine = training.build_engine(config)
-    training.train_steps(engine, steps_good)
+    engine = app_run.build_engine(config)
+    app_run.train_steps(engine, steps_good)
     engine.save_checkpoint(root, tag="good")
-    training.train_steps(engine, steps_more, start=steps_good)
+    app_run.train_steps(engine, steps_more, start=steps_good)
     _die_while_writing(engine, victim, "optim_states")
     engine.save_checkpoint(root, tag="bad")
     return "finished"  # never reached
@@ -93,17 +93,17 @@ def save_then_die_in_save(config: dict, root: str, victim: int, steps_good: int,
 
 def resume_from_latest(config: dict, root: str, steps_good: int, steps_after: int) -> dict:
     """An uninterrupted run vs a fresh engine that loads whatever ``latest`` names and continues."""
-    ref = training.build_engine(config)
-    ref_losses = training.train_steps(ref, steps_good + steps_after)
-    ref_state = training.gathered_state(ref)
-    training.release(ref)
+    ref = app_run.build_engine(config)
+    ref_losses = app_run.train_steps(ref, steps_good + steps_after)
+    ref_state = app_run.gathered_state(ref)
+    app_run.release(ref)
 
-    engine = training.build_engine(config, seed=123)  # another init: the load must overwrite it
+    engine = app_run.build_engine(config, seed=123)  # another init: the load must overwrite it
     path, _ = engine.load_checkpoint(root)
     loaded_steps = engine.global_steps
-    losses = training.train_steps(engine, steps_after, start=steps_good)
-    state = training.gathered_state(engine)
-    training.release(engine)
+    losses = app_run.train_steps(engine, steps_after, start=steps_good)
+    state = app_run.gathered_state(engine)
+    app_run.release(engine)
     return {"path": path, "loaded_steps": loaded_steps, "ref_losses": ref_losses[steps_good:],
             "losses": losses, "ref_state": ref_state, "state": state}
 
@@ -113,8 +113,8 @@ def try_loads(config: dict, cases: dict, good: tuple) -> dict:
     then load ``good``. The engine's weights must be untouched by every refused load, and the
     world must stay usable (every rank refused the same way, nobody is left in a collective)."""
     import zeropp_hier
-    engine = training.build_engine(config, seed=123)
-    before = training.gathered_state(engine)
+    engine = app_run.build_engine(config, seed=123)
+    before = app_run.gathered_state(engine)
     errors = {}
     for name, (root, tag) in cases.items():
         try:
@@ -122,13 +122,13 @@ def try_loads(config: dict, cases: dict, good: tuple) -> dict:
             errors[name] = None
         except zeropp_hier.HierCheckpointError as e:
             errors[name] = {"path": e.path, "message": str(e)}
-    after = training.gathered_state(engine)
+    after = app_run.gathered_state(engine)
     untouched = max(float((after[n] - before[n]).abs().max()) for n in before)
     path, _ = engine.load_checkpoint(*good)
-    loaded = training.gathered_state(engine)
+    loaded = app_run.gathered_state(engine)
     moved = max(float((loaded[n] - before[n]).abs().max()) for n in before)
-    losses = training.train_steps(engine, 1, start=engine.global_steps)
-    training.release(engine)
+    losses = app_run.train_steps(engine, 1, start=engine.global_steps)
+    app_run.release(engine)
     return {"errors": errors, "untouched": untouched, "good_path": path, "moved": moved,
             "loss_after": losses[0]}
 
@@ -158,13 +158,13 @@ def train_global(engine, steps: int, start: int) -> list[float]:
 
 
 def reshard_source(config: dict, root: str, steps_before: int, steps_after: int) -> dict:
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     train_global(engine, steps_before, 0)
     engine.save_checkpoint(root, tag="reshard")
-    saved = training.gathered_state(engine)
+    saved = app_run.gathered_state(engine)
     ref_losses = train_global(engine, steps_after, steps_before)
-    ref_state = training.gathered_state(engine)
-    training.release(engine)
+    ref_state = app_run.gathered_state(engine)
+    app_run.release(engine)
     return {"saved": saved, "ref_losses": ref_losses, "ref_state": ref_state}
 
 
@@ -175,19 +175,19 @@ def reshard_target(config: dict, root: str, steps_before: int, steps_after: int,
     ``load_optimizer_states=False``, which consolidates them with zero_to_fp32 from a native
     checkpoint of any world size), i.e. with fresh Adam states: the run the full load must
     *not* look like."""
-    engine = training.build_engine(config, seed=123)
+    engine = app_run.build_engine(config, seed=123)
     engine.load_checkpoint(root)
-    loaded = training.gathered_state(engine)
+    loaded = app_run.gathered_state(engine)
     losses = train_global(engine, steps_after, steps_before)
-    state = training.gathered_state(engine)
-    training.release(engine)
+    state = app_run.gathered_state(engine)
+    app_run.release(engine)
     out = {"loaded": loaded, "losses": losses, "state": state, "world": dist.get_world_size()}
     if control is not None:
-        engine = training.build_engine(control[0], seed=123)
+        engine = app_run.build_engine(control[0], seed=123)
         engine.load_checkpoint(control[1], load_optimizer_states=False)
-        out["weights_only_loaded"] = training.gathered_state(engine)
+        out["weights_only_loaded"] = app_run.gathered_state(engine)
         out["weights_only_losses"] = train_global(engine, steps_after, steps_before)
-        training.release(engine)
+        app_run.release(engine)
     return out
 
 
@@ -212,7 +212,7 @@ def _process_groups() -> int:
 def soak(config: dict, stock_config: dict, steps: int, every: int) -> dict:
     """``steps`` steps of ``config`` sampling resident memory, process groups, open files and
     threads every ``every`` steps; then the same steps of ``stock_config`` for the losses."""
-    engine = training.build_engine(config)
+    engine = app_run.build_engine(config)
     samples = []
 
     def sample(step, loss, seconds):
@@ -226,14 +226,14 @@ def soak(config: dict, stock_config: dict, steps: int, every: int) -> dict:
 
     groups_before = _process_groups()
     t0 = time.perf_counter()
-    losses = training.train_steps(engine, steps, on_step=sample)
+    losses = app_run.train_steps(engine, steps, on_step=sample)
     seconds = time.perf_counter() - t0
-    training.release(engine)
-    stock = training.build_engine(stock_config)
+    app_run.release(engine)
+    stock = app_run.build_engine(stock_config)
     t0 = time.perf_counter()
-    stock_losses = training.train_steps(stock, steps)
+    stock_losses = app_run.train_steps(stock, steps)
     stock_seconds = time.perf_counter() - t0
-    training.release(stock)
+    app_run.release(stock)
     return {"losses": losses, "stock_losses": stock_losses, "samples": samples,
             "groups_before": groups_before, "seconds": seconds, "stock_seconds": stock_seconds}
 
@@ -269,9 +269,9 @@ def engines_one_after_another(config: dict, engines: int) -> list:
     process groups and of this process's threads (a long-lived process must not accumulate them)."""
     out = []
     for _ in range(engines):
-        engine = training.build_engine(config)
-        training.train_steps(engine, 1)
-        training.release(engine)
+        engine = app_run.build_engine(config)
+        app_run.train_steps(engine, 1)
+        app_run.release(engine)
         gc.collect()
         out.append({"groups": _process_groups(), "threads": _os_threads()})
     return out

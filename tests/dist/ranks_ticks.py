@@ -151,7 +151,7 @@ def _check_log(ctx, topo, rank, axes, kind, phase_bytes):
     """The transport's log of one piece against the pure schedule: the (tick, peer) sequence, and
     the bytes it sent per tier against the stats' count."""
     from zeropp_hier.comm import tick_plan
-    from zeropp_hier.core.topology import TIERS
+    from zeropp_hier.core.vocab import TIERS
 
     log = ctx.executor.transport.log
     seq = [(t, p) for t, _, moved in log for p, _, _ in moved]

@@ -10,52 +10,53 @@ import os
 import torch
 import torch.distributed as dist
 
-from zeropp_hier.app import training
+from zeropp_hier.app import run as app_run
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core import layout
 from zeropp_hier.app.gpt import GPTConfig
 
 
 def run_configs(configs: dict, steps: int, model_cfg: GPTConfig = GPTConfig()) -> dict:
     """Train each named config from the same seed, one after the other, in this world."""
-    return {name: training.run(cfg, steps, model_cfg) for name, cfg in configs.items()}
+    return {name: app_run.run_config(cfg, steps, model_cfg) for name, cfg in configs.items()}
 
 
 def partition_sizes(config: dict, model_cfg: GPTConfig = GPTConfig()) -> dict:
     """Per-parameter partition sizes under ``config`` (for byte bounds), and a 1-step run's stats."""
-    engine = training.build_engine(config, model_cfg)
+    engine = app_run.build_engine(config, model_cfg)
     sizes = [p.ds_tensor.ds_numel for p in engine.module.parameters()]
-    training.release(engine)
+    app_run.release(engine)
     return {"partition_sizes": sizes}
 
 
 def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_after: int) -> dict:
     """Uninterrupted run vs save at ``steps_before`` + load in a fresh engine + continue."""
     import zeropp_hier
-    ref = training.build_engine(config)
-    ref_losses = training.train_steps(ref, steps_before + steps_after)
-    ref_state = training.gathered_state(ref)
-    training.release(ref)
+    ref = app_run.build_engine(config)
+    ref_losses = app_run.train_steps(ref, steps_before + steps_after)
+    ref_state = app_run.gathered_state(ref)
+    app_run.release(ref)
 
-    first = training.build_engine(config)
-    training.train_steps(first, steps_before)
+    first = app_run.build_engine(config)
+    app_run.train_steps(first, steps_before)
     first.save_checkpoint(ckpt_dir, tag="step5")
-    training.release(first)
+    app_run.release(first)
 
-    second = training.build_engine(config, seed=123)  # different init: the load must overwrite it
+    second = app_run.build_engine(config, seed=123)  # different init: the load must overwrite it
     second.load_checkpoint(ckpt_dir, tag="step5")
     rt = second.hier_runtime
     shards_after_load = len(rt.shards)
     # one forward rebuilds the kept shards from the loaded weights
     c = second.module.config
-    from zeropp_hier.app.gpt import synthetic_batch
+    from zeropp_hier.app.data import synthetic_batch
     x, y = synthetic_batch(c, second.train_micro_batch_size_per_gpu(), 0, dist.get_rank())
     with torch.no_grad():
         second(x, y)
     shard_errors = compare_shards_with_gather(second)
-    resumed = training.train_steps(second, steps_after, start=steps_before)
-    state = training.gathered_state(second)
+    resumed = app_run.train_steps(second, steps_after, start=steps_before)
+    state = app_run.gathered_state(second)
     stats = zeropp_hier.comm_stats(second)
-    training.release(second)
+    app_run.release(second)
     return {"ref_losses": ref_losses[steps_before:], "resumed_losses": resumed,
             "ref_state": ref_state, "state": state, "shards_after_load": shards_after_load,
             "shard_errors": shard_errors, "stats": stats}
@@ -97,22 +98,22 @@ def init_parity(steps: int) -> dict:
     from zeropp_hier.app.gpt import GPT
     out = {}
     for name, cfg, init, initialize in (
-            ("stock", training.ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
-            ("hier", training.ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
+            ("stock", ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
+            ("hier", ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
         torch.manual_seed(0)
         with init(config_dict_or_path=cfg):
             model = GPT(GPTConfig())
         engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=cfg)
-        out[name] = {"losses": training.train_steps(engine, steps), "engine": type(engine).__name__,
+        out[name] = {"losses": app_run.train_steps(engine, steps), "engine": type(engine).__name__,
                      "optimizer": type(engine.optimizer).__name__}
         if name == "hier":
             out[name]["stats"] = zeropp_hier.comm_stats(engine)
-        training.release(engine)
-    off = training.ds_config("frontier")
+        app_run.release(engine)
+    off = ds_config("frontier")
     off["zeropp_hier"]["enabled"] = False
-    engine = training.build_engine(off)
+    engine = app_run.build_engine(off)
     out["disabled"] = {"engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__}
-    training.release(engine)
+    app_run.release(engine)
     return out
 
 
@@ -121,12 +122,12 @@ def modified_weights(steps: int) -> dict:
     next steps must see the new weights (stock vs frontier)."""
     import deepspeed
 
-    from zeropp_hier.app.gpt import synthetic_batch
+    from zeropp_hier.app.data import synthetic_batch
     out = {}
-    for name, cfg in (("stock", training.ds_config(None)),
-                      ("hier", training.ds_config("frontier", compression="none"))):
-        engine = training.build_engine(cfg)
-        training.train_steps(engine, 2)
+    for name, cfg in (("stock", ds_config(None)),
+                      ("hier", ds_config("frontier", compression="none"))):
+        engine = app_run.build_engine(cfg)
+        app_run.train_steps(engine, 2)
         x, y = synthetic_batch(engine.module.config, 2, 99, dist.get_rank())
         with torch.no_grad():
             engine(x, y)  # leaves kept shards behind (frontier)
@@ -136,6 +137,6 @@ def modified_weights(steps: int) -> dict:
             if dist.get_rank() == 0:
                 for p in params:
                     p.data.mul_(0.5)
-        out[name] = {"losses": training.train_steps(engine, steps, start=2), "kept_before": kept_before}
-        training.release(engine)
+        out[name] = {"losses": app_run.train_steps(engine, steps, start=2), "kept_before": kept_before}
+        app_run.release(engine)
     return out

@@ -3,7 +3,7 @@
 same on every rank, is recorded, and the engine then trains as the chosen preset."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.errors import HierConfigError
 
 STEPS = 2
@@ -13,19 +13,19 @@ def auto_runs(cfgs: dict, steps: int) -> dict:
     import time
 
     import zeropp_hier
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
     out = {}
     for name, cfg in cfgs.items():
         t0 = time.perf_counter()
-        engine = training.build_engine(cfg)
+        engine = app_run.build_engine(cfg)
         built = time.perf_counter() - t0
-        losses = training.train_steps(engine, steps)
+        losses = app_run.train_steps(engine, steps)
         st = zeropp_hier.comm_stats(engine)
         out[name] = {"losses": losses, "auto": st["auto"], "preset": engine.hier_runtime.plan.preset,
                      "build_s": built, "bytes": st["bytes"],
                      "chunks": engine.hier_runtime.cfg.pipeline.chunks}
-        training.release(engine)
+        app_run.release(engine)
     return out
 
 
@@ -84,7 +84,8 @@ def probe_sizes(target_s):
     import torch.distributed as dist
 
     from zeropp_hier.comm.groups import build_hop_groups
-    from zeropp_hier.core.topology import TIERS, Topology
+    from zeropp_hier.core.topology import Topology
+    from zeropp_hier.core.vocab import TIERS
     from zeropp_hier.detect.links import measure_tiers
 
     topo = Topology.for_world(dist.get_world_size(), gpus_per_node=2, gcds_per_gpu=2)

@@ -1,7 +1,7 @@
 """Bad configs in a real 8-rank world: ``zeropp_hier.initialize`` refuses every one on every rank
 with our error naming the field, before DeepSpeed creates a group or issues a collective; the
 world is still usable afterwards. (test_config_fuzz.py covers thousands of sections, pure.)"""
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import set_path
 from . import ranks_reliability as rs

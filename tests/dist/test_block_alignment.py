@@ -3,7 +3,7 @@ the precision of its own scale ([Note: blocks never straddle] in core/layout.py)
 2 nodes x 1 GPU x 2 GCDs: the node hop of the gather is quantized."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 BITS = {"int8": 8, "int4": 4}
 

@@ -8,7 +8,7 @@ real engines:
   the executor drained) and training is unchanged by it.
 """
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 
@@ -25,10 +25,10 @@ def _cfg(sanity: bool = False) -> dict:
 def refused_buckets(cfg: dict) -> dict:
     import torch
 
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
-    engine = training.build_engine(cfg)
-    training.train_steps(engine, 1)
+    engine = app_run.build_engine(cfg)
+    app_run.train_steps(engine, 1)
     opt = engine.optimizer
     flush = opt._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads
     dtype = next(iter(opt.ipg_buckets))
@@ -73,7 +73,7 @@ def test_bucket_flush_refuses_a_repeated_parameter_and_a_mismatched_gradient(wor
 def sanity_run(cfgs: dict, steps: int) -> dict:
     import deepspeed.runtime.zero.stage3 as ds_stage3
 
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
     real = ds_stage3.assert_ints_same_as_other_ranks
     calls: list = []
@@ -87,14 +87,14 @@ def sanity_run(cfgs: dict, steps: int) -> dict:
     try:
         for name, cfg in cfgs.items():
             calls.clear()
-            engine = training.build_engine(cfg)
-            losses = training.train_steps(engine, steps)
+            engine = app_run.build_engine(cfg)
+            losses = app_run.train_steps(engine, steps)
             out[name] = {
                 "losses": losses,
                 "checked_buckets": len(calls),
                 "overlapped": engine.optimizer.buckets_overlapped,
             }
-            training.release(engine)
+            app_run.release(engine)
     finally:
         ds_stage3.assert_ints_same_as_other_ranks = real
     return out

@@ -1,7 +1,7 @@
 """Save, load into a fresh engine, continue: same as never stopping; kept shards rebuilt."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close, assert_states_close
 from . import ranks_training

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
@@ -113,7 +113,7 @@ def test_load_on_four_ranks_under_zero3_carries_weights_and_adam_states(source, 
     assert checkpoint.verify_tag(str(tmp_path / "universal"), "reshard") == []
     plain = ds_config("zero3", micro_batch=4, gpus_per_node=2, gcds_per_gpu=2)
     cfg = ds_config("zero3", micro_batch=4, gpus_per_node=2, gcds_per_gpu=2,
-                    extra={"checkpoint": {"load_universal": True}})
+                    overrides={"checkpoint": {"load_universal": True}})
     out = world4.run(rs.reshard_target, cfg, os.path.dirname(universal), STEPS_BEFORE, STEPS_AFTER,
                      control=(plain, root))
     ref = src[0]

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.deepspeed import checkpoint, safe_load
 
 from ..helpers import max_state_diff

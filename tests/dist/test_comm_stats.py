@@ -1,7 +1,7 @@
 """Bytes per tier from ``comm_stats`` on 2x2x2: where the frontier preset's traffic goes."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.layout import aligned
 
 from . import ranks_training

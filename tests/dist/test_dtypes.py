@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import FP16_REFUSED, assert_losses_close, rel_diff, requires_fp16
 from . import ranks_training as scenarios

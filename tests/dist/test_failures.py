@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.launch.world import LocalWorld, WorldError
 

@@ -1,7 +1,7 @@
 """Frozen parameters keep their kept shards across steps: a fine-tune that trains a small part
 of the model gathers the frozen rest over the network once, then from the package copy; the
 results stay those of stock ZeRO-3 (same test, same world)."""
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 
@@ -11,7 +11,7 @@ TRAINABLE = ("blocks.1.", "ln_f.")  # everything else (embeddings, block 0) is f
 
 def frozen_run(cfgs, steps):
     import zeropp_hier
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
     from zeropp_hier.app.gpt import GPT, GPTConfig
     import torch
     out = {}
@@ -24,12 +24,12 @@ def frozen_run(cfgs, steps):
         engine, *_ = zeropp_hier.initialize(model=model, model_parameters=trainable, config=cfg)
         per_step, prev, losses = [], 0, []
         for step in range(steps):
-            losses += training.train_steps(engine, 1, start=step)
+            losses += app_run.train_steps(engine, 1, start=step)
             if name != "stock":
                 now = zeropp_hier.comm_stats(engine)["bytes"]["forward_gather"]["node"]
                 per_step.append(now - prev)
                 prev = now
-        out[name] = {"losses": losses, "state": training.gathered_state(engine), "fwd_node": per_step}
+        out[name] = {"losses": losses, "state": app_run.gathered_state(engine), "fwd_node": per_step}
         if name != "stock":
             rt = engine.hier_runtime
             # fp32, uncompressed: the node hop sends this rank's primary partition of a parameter
@@ -37,7 +37,7 @@ def frozen_run(cfgs, steps):
                                                if p.requires_grad)
             out[name]["frozen_shards"] = sum(1 for p in engine.module.parameters()
                                              if not p.requires_grad and p.ds_id in rt.shards)
-        training.release(engine)
+        app_run.release(engine)
     return out
 
 

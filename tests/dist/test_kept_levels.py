@@ -2,7 +2,7 @@
 (2 nodes x 2 packages x 2 GCDs), against stock DeepSpeed ZeRO-3 in the same world."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close, assert_states_close
 from . import ranks_training
@@ -86,14 +86,14 @@ def test_encoded_copies_are_planned_at_their_encoded_size(runs):
 def streamed_vs_whole(cfg: dict, steps: int, chunk: int) -> dict:
     """The same training with gradient buckets reduced whole and in column chunks of about
     ``chunk`` elements ([Note: streamed gradient stages] in comm/reduce.py)."""
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
     out = {}
     for name, elems in (("whole", 1 << 40), ("streamed", chunk)):
-        engine = training.build_engine(cfg)
+        engine = app_run.build_engine(cfg)
         engine.hier_runtime.comm.stream_chunk_elems = elems
-        out[name] = training.train_steps(engine, steps)
-        training.release(engine)
+        out[name] = app_run.train_steps(engine, steps)
+        app_run.release(engine)
     return out
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import FP16_REFUSED, assert_losses_close, assert_states_close, max_state_diff, requires_fp16
 from . import ranks_numerics as scenarios_numerics
@@ -16,8 +16,8 @@ FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}}  #
 
 
 def _nonfinite_configs():
-    cfgs = {"stock_fp16": ds_config(None, dtype="fp16", extra=FP16),
-            "frontier_fp16": ds_config("frontier", dtype="fp16", extra=FP16),
+    cfgs = {"stock_fp16": ds_config(None, dtype="fp16", overrides=FP16),
+            "frontier_fp16": ds_config("frontier", dtype="fp16", overrides=FP16),
             "stock_bf16": ds_config(None, dtype="bf16"),
             "frontier_bf16_skip": ds_config("frontier", dtype="bf16"),
             "frontier_bf16_raise": ds_config("frontier", dtype="bf16")}

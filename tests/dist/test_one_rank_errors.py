@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
 from ..helpers import marked_processes

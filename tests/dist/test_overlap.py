@@ -11,7 +11,7 @@ every call):
   gradient buckets are reduced while backward goes on ([Note: gradient stages beside backward]),
   and the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
 """
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 
@@ -38,7 +38,7 @@ def _cfg(prefetch: bool, overlap: bool | str = True, layers: int = 1, backward_a
 def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
     from zeropp_hier.comm import reduce as comm_reduce
     from zeropp_hier.deepspeed import inflight
 
@@ -60,7 +60,7 @@ def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
 
     out = {}
     for name, cfg in cfgs.items():
-        engine = training.build_engine(cfg) if model_cfg is None else training.build_engine(cfg, model_cfg)
+        engine = app_run.build_engine(cfg) if model_cfg is None else app_run.build_engine(cfg, model_cfg)
         rt = engine.hier_runtime
         seen: list = []
         # layer waits that returned with later layers of the same handle still in flight
@@ -102,7 +102,7 @@ def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
         comm_reduce.submit_reduce_scatter = watched(past_held(counted(comm_reduce.submit_reduce_scatter, "submit")))
         inflight.LayerWait.wait = watched_wait
         try:
-            losses = training.train_steps(engine, steps)
+            losses = app_run.train_steps(engine, steps)
         finally:
             comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter = saved
             inflight.LayerWait.wait = layer_wait
@@ -114,7 +114,7 @@ def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
                                                   ["bytes"]["backward_gather"].values()),
                      "samples": sum(e["samples"] for t in __import__("zeropp_hier").comm_stats(engine)
                                     ["numerics"]["relative_error"].values() for e in t.values())}
-        training.release(engine)
+        app_run.release(engine)
     return out
 
 

@@ -1,7 +1,7 @@
 """Whole-engine parity with stock DeepSpeed ZeRO-3, run in the same world, on three shapes."""
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close, assert_states_close, rel_diff
 from . import ranks_training

@@ -2,7 +2,7 @@
 without compression, every gather and gradient bucket cut into chunks, against stock DeepSpeed ZeRO-3 in the
 same 8-rank world (2 nodes x 2 GPUs x 2 GCDs), beside the same preset unchunked."""
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close, assert_states_close
 from . import ranks_training

@@ -9,7 +9,7 @@ beside stock DeepSpeed where one applies:
 """
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 
@@ -56,25 +56,25 @@ class _Counter:
 def persistent_params_run(stock_cfg, ours_cfg, steps):
     import torch.distributed as dist  # noqa: F401
     import zeropp_hier
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
     out = {}
     for name, cfg in (("stock", stock_cfg), ("ours", ours_cfg)):
         counter = _Counter()
         try:
-            engine = training.build_engine(cfg)
+            engine = app_run.build_engine(cfg)
             persistent = len(getattr(engine.optimizer, "persistent_parameters", []))
-            losses = training.train_steps(engine, 1)  # the trace step
+            losses = app_run.train_steps(engine, 1)  # the trace step
             calls_before = zeropp_hier.comm_stats(engine)["calls"] if name == "ours" else None
             counter.on = True  # steady state: every later gather
-            losses += training.train_steps(engine, steps - 1, start=1)
-            state = training.gathered_state(engine)  # GatheredParameters
+            losses += app_run.train_steps(engine, steps - 1, start=1)
+            state = app_run.gathered_state(engine)  # GatheredParameters
             counter.on = False
             out[name] = {"losses": losses, "world_gathers": counter.world_gathers, "persistent": persistent,
                          "state": state}
             if name == "ours":
                 out[name]["stats"] = zeropp_hier.comm_stats(engine)
                 out[name]["calls_before"] = calls_before
-            training.release(engine)
+            app_run.release(engine)
         finally:
             counter.close()
     return out
@@ -82,8 +82,8 @@ def persistent_params_run(stock_cfg, ours_cfg, steps):
 
 def test_persistent_parameters_and_gathered_parameters_go_through_the_hierarchy(world4):
     zero = {"stage": 3}  # DeepSpeed's default stage3_param_persistence_threshold (1e5)
-    stock = _cfg(None, extra={"zero_optimization": dict(zero)})
-    ours = _cfg("frontier", compression="none", extra={"zero_optimization": dict(zero)})
+    stock, ours = _cfg(None), _cfg("frontier", compression="none")
+    stock["zero_optimization"], ours["zero_optimization"] = dict(zero), dict(zero)  # replaced, not merged
     runs = world4.run(persistent_params_run, stock, ours, STEPS)
     for rank, r in enumerate(runs):
         assert r["stock"]["persistent"] > 0 and r["ours"]["persistent"] == r["stock"]["persistent"]
@@ -107,7 +107,7 @@ def offload_run(cfg, ckpt_dir, steps):
     import torch
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
     want = torch.device(get_accelerator().current_device_name())
     seen = set()
     saved = {}
@@ -122,15 +122,15 @@ def offload_run(cfg, ckpt_dir, steps):
             return _fn(*a, **k)
         setattr(dist, name, wrapped)
     try:
-        engine = training.build_engine(cfg)
+        engine = app_run.build_engine(cfg)
         optimizer_device = str(engine.optimizer.device)
-        training.train_steps(engine, steps)
+        app_run.train_steps(engine, steps)
         engine.save_checkpoint(ckpt_dir)
         engine.load_checkpoint(ckpt_dir)
-        training.train_steps(engine, 1, start=steps)
+        app_run.train_steps(engine, 1, start=steps)
         ef = engine.hier_runtime.numerics.error_feedback
         residual_devices = {str(r.device) for r in ef.residuals.values()}  # as restored by the load
-        training.release(engine)
+        app_run.release(engine)
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
@@ -145,7 +145,7 @@ def test_optimizer_offload_communicates_on_the_accelerator_device(world4, tmp_pa
     device. On this CPU-only machine both are the CPU, so this proves the devices agree with the
     accelerator's, as a GPU run must; only a GPU run can show a CPU tensor being refused."""
     # int4 node gradients, so that error feedback has residuals to restore
-    cfg = _cfg("frontier", extra={"zero_force_ds_cpu_optimizer": False},
+    cfg = _cfg("frontier", overrides={"zero_force_ds_cpu_optimizer": False},
                compression={"gradients": {"gpu": "int4", "node": "int4"}})
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     runs = world4.run(offload_run, cfg, str(tmp_path), 2)
@@ -209,18 +209,18 @@ def test_model_parallelism_and_stock_hpz_models_are_refused_by_name(world4):
 
 
 def timeouts_run():
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
     from zeropp_hier.comm.failures import group_timeout
     out = {}
     for name, preset, t in (("stock", None, None), ("default", "frontier", None), ("asked", "frontier", 42.0)):
         cfg = _cfg(preset)
         if t is not None:
             cfg["zeropp_hier"]["deepspeed_group_timeout_s"] = t
-        engine = training.build_engine(cfg)
+        engine = app_run.build_engine(cfg)
         group = engine.optimizer.dp_process_group
         out[name] = group_timeout(group).total_seconds()
         out[name + "_reported"] = getattr(engine, "ds_group_timeout_s", None)
-        training.release(engine)
+        app_run.release(engine)
         out[name + "_after_destroy"] = group_timeout(group).total_seconds()
     return out
 
@@ -255,7 +255,8 @@ def no_optimizer_and_args_keyword(cfg_path: str) -> dict:
 
     import zeropp_hier
     from zeropp_hier.deepspeed.partition import HierOffload
-    from zeropp_hier.app.gpt import GPT, GPTConfig, synthetic_batch
+    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.app.data import synthetic_batch
 
     out = {}
     cfg = _cfg("frontier", compression="none")

@@ -1,13 +1,14 @@
 """The job stopped after step k and resumed with ``resume=latest`` trains on exactly as the
 uninterrupted run: the same losses from step k+1 on and the same final weights (8 ranks, the
-frontier preset, real token data, through ``zeropp_hier.app.job.rank_main``)."""
+frontier preset, real token data, through ``zeropp_hier.app.run.rank_main``)."""
 
 import pytest
 
 from zeropp_hier.app import data
-from zeropp_hier.app.job import JobSpec, rank_main
-from zeropp_hier.app.models import ModelSpec
-from zeropp_hier.app.text import stdlib_files
+from zeropp_hier.app.run import rank_main
+from zeropp_hier.app.spec import JobSpec
+from zeropp_hier.app.spec import ModelSpec
+from zeropp_hier.app.data import stdlib_files
 
 STEPS, K = 4, 2
 

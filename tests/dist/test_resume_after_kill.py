@@ -14,9 +14,10 @@ import time
 import pytest
 
 from zeropp_hier.app import data
-from zeropp_hier.app.job import JobSpec, rank_main
-from zeropp_hier.app.models import ModelSpec
-from zeropp_hier.app.text import stdlib_files
+from zeropp_hier.app.run import rank_main
+from zeropp_hier.app.spec import JobSpec
+from zeropp_hier.app.spec import ModelSpec
+from zeropp_hier.app.data import stdlib_files
 
 # the first commit (step 2) is the kill's signal; the job's steps 3 and 4 and their commit are what
 # the kill cuts off and the resumed run redoes
@@ -25,8 +26,9 @@ STEPS, EVERY = 4, 2
 # the killed job: the same JobSpec, run by launch() in a process of its own session
 CHILD = """
 import sys
-from zeropp_hier.app.job import JobSpec, launch
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.launch import launch
+from zeropp_hier.app.spec import JobSpec
+from zeropp_hier.app.spec import ModelSpec
 data, out, ckpt, steps, every = sys.argv[1:6]
 launch(JobSpec(steps=int(steps), micro_batch=2, model=ModelSpec(seq_len=32), data_path=data, progress="off",
                out_dir=out, save_every=int(every), checkpoint_dir=ckpt, local_world=8))

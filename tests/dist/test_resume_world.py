@@ -1,4 +1,4 @@
-"""The job (``zeropp_hier.app.job.rank_main``) saved at one world size and resumed at another
+"""The job (``zeropp_hier.app.run.rank_main``) saved at one world size and resumed at another
 ([Note: resuming at another world size] in app/resume.py): 8 ranks (2x2x2) -> 4 ranks (1x2x2)
 and 4 ranks -> 8 ranks in another shape (1x2x4), through the universal format the job converts
 to itself.
@@ -18,9 +18,10 @@ import torch
 
 from tests.dist.ranks_resume_world import Capture
 from zeropp_hier.app import data, resume, resume_rules
-from zeropp_hier.app.job import JobSpec, rank_main, with_data_vocab
-from zeropp_hier.app.models import ModelSpec
-from zeropp_hier.app.text import stdlib_files
+from zeropp_hier.app.run import rank_main
+from zeropp_hier.app.spec import JobSpec, with_data_vocab
+from zeropp_hier.app.spec import ModelSpec
+from zeropp_hier.app.data import stdlib_files
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
 STEPS, K = 4, 2

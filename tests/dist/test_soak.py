@@ -1,7 +1,7 @@
 """A long run: 90 steps of frontier (compression off) on 8 ranks. Resident memory stays flat
 after warm-up, no process group, file descriptor or thread is added per step, and every step's
 loss equals stock DeepSpeed ZeRO-3's in the same world."""
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
 from . import ranks_reliability as rs

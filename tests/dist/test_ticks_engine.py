@@ -4,7 +4,7 @@ GPU runs today ("one_lane") with the same chunks, every hop transfer through the
 from one thread, none on the training thread; and a rank killed in the middle of a tick ends
 every rank with a named HierCommError within the collective timeout."""
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 
 from . import ranks_ticks
 from .test_failures import BOUND_S, broken_world, parse_error, processes_of

@@ -34,12 +34,12 @@ def main() -> int:
     import torch.distributed as dist
 
     from benchmarks.cluster.rankside import event, mark, send_result
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as app_run
 
     rank = dist.get_rank()
     for label in plan["runs"]:
         mark(label)
-        engine = training.build_engine(plan["config"])
+        engine = app_run.build_engine(plan["config"])
         if plan.get("event_step") is not None:
 
             def hook(module, inputs, step=plan["event_step"]):
@@ -50,9 +50,9 @@ def main() -> int:
             engine.module.blocks[0].register_forward_pre_hook(hook)
         times: list[float] = []
         t0 = time.perf_counter()
-        losses = training.train_steps(engine, plan["steps"], on_step=lambda s, loss, dt: times.append(dt))
+        losses = app_run.train_steps(engine, plan["steps"], on_step=lambda s, loss, dt: times.append(dt))
         wall = time.perf_counter() - t0
-        training.release(engine)
+        app_run.release(engine)
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, {"losses": losses, "times": times, "wall": wall})
         if rank == 0:

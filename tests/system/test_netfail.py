@@ -23,7 +23,7 @@ import pytest
 
 from benchmarks.cluster import netns
 from benchmarks.cluster.spec import SKF_AD_RANDOM, ClusterSpec, loss_bytecode
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.topology import Topology
 
 from ..dist.test_failures import parse_error

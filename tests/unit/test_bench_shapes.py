@@ -1,5 +1,5 @@
 """The benchmark's GPT-NeoX shapes (benchmarks/shapes.py), what the comparison's ranks build from
-a plan, and the job's config overrides the benchmarks pass (``job.ds_config_for``)."""
+a plan, and the job's config overrides the benchmarks pass (``JobSpec.ds_config``)."""
 
 import dataclasses
 
@@ -9,7 +9,7 @@ from benchmarks import compare_rank
 from benchmarks.compare_planner import planner_inputs
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.app import models
-from zeropp_hier.app.job import JobSpec, ds_config_for
+from zeropp_hier.app.spec import JobSpec, n_params
 
 
 def test_three_shapes_differ_in_hidden_depth_and_vocabulary():
@@ -19,7 +19,7 @@ def test_three_shapes_differ_in_hidden_depth_and_vocabulary():
     for name, spec in SHAPES.items():
         spec.check()
         assert spec.arch == "neox", name
-        assert 2e6 < models.n_params(spec) < 8e6, name  # a few M: 16 ranks on 2 cores stay feasible
+        assert 2e6 < n_params(spec) < 8e6, name  # a few M: 16 ranks on 2 cores stay feasible
     # the default is sized like the benchmark model it replaced (vocab 1024, seq 64, d 256, 4 x 4)
     base = SHAPES[DEFAULT_SHAPE]
     assert (base.vocab_size, base.seq_len, base.hidden, base.heads, base.layers) == (1024, 64, 256, 4, 4)
@@ -39,7 +39,7 @@ def test_plan_of_a_shape_feeds_the_planner_and_the_ranks(shape):
     plan = {
         "model": planner_model(spec),
         "model_spec": dataclasses.asdict(spec),
-        "params": models.n_params(spec),
+        "params": n_params(spec),
         "micro_batch": 2,
         "regather": True,
         "dtype": "bf16",
@@ -48,7 +48,7 @@ def test_plan_of_a_shape_feeds_the_planner_and_the_ranks(shape):
         "topology": {"gpus_per_node": 4, "gcds_per_gpu": 2},
     }
     _, wl = planner_inputs(plan, None, 1.0, 1e8)
-    assert wl.layers == spec.layers and wl.params == models.n_params(spec)
+    assert wl.layers == spec.layers and wl.params == n_params(spec)
     stock = compare_rank.job_spec({"kind": "stock"}, plan)
     ours = compare_rank.job_spec({"kind": "ours", "preset": "frontier", "compression": "none"}, plan)
     assert stock.model == ours.model == spec  # the same model for the baseline and for us
@@ -59,13 +59,13 @@ def test_plan_of_a_shape_feeds_the_planner_and_the_ranks(shape):
 def test_overrides_merge_into_the_job_config():
     plan = {"prefetch_bucket": 1000, "reduce_bucket": 500}
     zpp = {"kind": "stock", "zero": {"zero_hpz_partition_size": 8}}
-    cfg = ds_config_for(JobSpec(preset="stock", dtype="bf16"), compare_rank.ds_overrides(zpp, plan))
+    cfg = JobSpec(preset="stock", dtype="bf16").ds_config(compare_rank.ds_overrides(zpp, plan))
     zero = cfg["zero_optimization"]
     assert "zeropp_hier" not in cfg and cfg["bf16"] == {"enabled": True}
     assert zero["stage"] == 3 and zero["zero_hpz_partition_size"] == 8  # the job's keys stay
     assert zero["stage3_prefetch_bucket_size"] == 1000 and zero["reduce_bucket_size"] == 500
     ours = {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 4}, "prefetch": False}
-    cfg = ds_config_for(JobSpec(preset="frontier"), compare_rank.ds_overrides(ours, plan))
+    cfg = JobSpec(preset="frontier").ds_config(compare_rank.ds_overrides(ours, plan))
     assert cfg["zeropp_hier"]["pipeline"] == {"chunks": 4} and cfg["zeropp_hier"]["preset"] == "frontier"
     assert cfg["zero_optimization"]["stage3_prefetch_bucket_size"] == 0  # prefetch off: the job's regather
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 500
@@ -81,6 +81,6 @@ def test_a_model_asked_for_whole_is_whole_beside_a_live_zero3_config():
     assert is_deepspeed_zero3_enabled()
     spec = dataclasses.replace(SHAPES["base"], vocab_size=64, layers=1)
     model = models.build(spec, {})
-    assert sum(p.numel() for p in model.parameters()) == models.n_params(spec)
+    assert sum(p.numel() for p in model.parameters()) == n_params(spec)
     assert is_deepspeed_zero3_enabled()  # restored afterwards
     del live

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from zeropp_hier.core.config import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
-    FIXED_PRESETS,
     PRESETS,
     hier_config_from_ds,
     parse_section,
@@ -22,7 +21,7 @@ from zeropp_hier.core.config import (
 from zeropp_hier.core.errors import HierConfigError, HierTopologyError
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.policy import _COMPRESSION_KEYS, DEFAULT_BLOCK_SIZE, PRESET_COMPRESSION, SCHEMES
-from zeropp_hier.core.topology import TIERS
+from zeropp_hier.core.vocab import FIXED_PRESETS, TIERS
 from zeropp_hier.deepspeed.runtime import topology_for
 
 from ..helpers import set_path

@@ -6,7 +6,7 @@ from typing import get_args
 
 import pytest
 
-from zeropp_hier.core import config, policy
+from zeropp_hier.core import config, policy, vocab
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.errors import HierConfigError
 
@@ -49,8 +49,8 @@ def test_choice_tuple_is_its_type(kind, values, section, field):
 
 
 def test_fixed_presets_are_the_presets_but_auto():
-    assert set(config.PRESETS) == {*config.FIXED_PRESETS, "auto"}
-    assert set(policy.PRESET_COMPRESSION) == set(config.FIXED_PRESETS) == set(policy.PRESET_ERROR_FEEDBACK)
+    assert set(config.PRESETS) == {*vocab.FIXED_PRESETS, "auto"}
+    assert set(policy.PRESET_COMPRESSION) == set(vocab.FIXED_PRESETS) == set(policy.PRESET_ERROR_FEEDBACK)
     for kinds in policy.PRESET_COMPRESSION.values():
         for per_tier in kinds.values():
             assert set(per_tier.values()) <= set(policy.SCHEMES)
@@ -65,3 +65,21 @@ def test_parsed_config_holds_values_of_the_types():
         schemes = getattr(cfg.compression, kind)
         for f in dataclasses.fields(schemes):
             assert getattr(schemes, f.name) in get_args(policy.Scheme)
+
+
+def test_one_vocabulary_for_presets_tiers_and_axes():
+    """Presets, tiers and axes are named once (core/vocab.py); the section's parser, the topology,
+    the policy and the job's spec read them from there, and the job adds only "stock"."""
+    from typing import get_type_hints
+
+    from zeropp_hier.app import spec
+    from zeropp_hier.core import topology
+
+    assert vocab.TIERS == ("gcd", "gpu", "node") and vocab.AXES == tuple(reversed(vocab.TIERS))
+    assert topology.AXES is vocab.AXES and policy.TIERS is vocab.TIERS and config.TIERS is vocab.TIERS
+    assert config.PRESETS is vocab.PRESETS
+    assert vocab.PRESETS == (*vocab.FIXED_PRESETS, "auto")
+    assert spec.PRESETS == (*vocab.PRESETS, "stock")
+    assert get_args(get_type_hints(spec.JobSpec)["preset"]) == spec.PRESETS
+    # a rank's coordinate lists the axes slowest first
+    assert topology.Topology(2, 2, 2).coord(5)._fields == vocab.AXES

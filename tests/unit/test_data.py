@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from zeropp_hier.app import data
-from zeropp_hier.app.text import HELD_OUT_EVERY, stdlib_files
+from zeropp_hier.app.data import HELD_OUT_EVERY, stdlib_files
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +222,7 @@ def test_cli_prepares_bpe(tmp_path, capsys):
 
 
 def test_the_job_takes_the_models_vocabulary_from_the_data(bpe, prepared):
-    from zeropp_hier.app.job import JobSpec, with_data_vocab
-    from zeropp_hier.app.models import MODELS, ModelSpec
+    from zeropp_hier.app.spec import MODELS, JobSpec, ModelSpec, with_data_vocab
 
     out, _, index = bpe
     v = index["tokenizer"]["vocab_size"]

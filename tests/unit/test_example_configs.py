@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.app.training import ds_config
+from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.config import hier_config_from_ds
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology

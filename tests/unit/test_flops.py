@@ -6,12 +6,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from zeropp_hier.app import flops, models
+from zeropp_hier.app.spec import MODELS, ModelSpec, input_embedding_params, n_params
 
 
 def test_formula_equals_torchs_count_of_a_training_step():
     from transformers import GPTNeoXForCausalLM
 
-    spec = models.ModelSpec(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=2, intermediate=512)
+    spec = ModelSpec(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=2, intermediate=512)
     torch.manual_seed(0)
     # eager attention: its score and value products are plain matmuls that the counter sees
     lm = GPTNeoXForCausalLM._from_config(models.neox_config(spec), attn_implementation="eager")
@@ -21,7 +22,7 @@ def test_formula_equals_torchs_count_of_a_training_step():
         m(x, x).backward()
     counted = counter.get_total_flops()
     per_token = flops.flops_per_token(
-        models.n_params(spec), models.input_embedding_params(spec), spec.layers, spec.hidden, spec.seq_len
+        n_params(spec), input_embedding_params(spec), spec.layers, spec.hidden, spec.seq_len
     )
     # the formula counts biases and LayerNorm weights as 6 FLOPs each; the counter only matmuls
     assert counted <= per_token * x.numel() <= counted * 1.01
@@ -30,8 +31,8 @@ def test_formula_equals_torchs_count_of_a_training_step():
 
 
 def test_20b_on_frontier_arithmetic():
-    spec = models.MODELS["neox_20b"]
-    f = flops.flops_per_token(models.n_params(spec), models.input_embedding_params(spec), 44, 6144, 2048)
+    spec = MODELS["neox_20b"]
+    f = flops.flops_per_token(n_params(spec), input_embedding_params(spec), 44, 6144, 2048)
     # 6 x 20.2e9 non-embedding-lookup weights + 12 x 44 x 6144 x 2048 (~5%)
     assert 1.25e11 < f < 1.30e11
     # 48 nodes x 8 GCDs, 4M tokens per step in 60 s

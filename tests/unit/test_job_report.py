@@ -1,10 +1,11 @@
-"""Rank 0's reporter (app/job.py): the progress bar on a resumed run."""
+"""Rank 0's reporter (app/report.py): the progress bar on a resumed run."""
 
-from zeropp_hier.app.job import JobSpec, _Reporter
+from zeropp_hier.app.report import Reporter
+from zeropp_hier.app.spec import JobSpec
 
 
 def test_a_resumed_run_counts_the_steps_left(tmp_path):
-    rep = _Reporter(JobSpec(steps=10, progress="on", out_dir=str(tmp_path)), enabled=True)
+    rep = Reporter(JobSpec(steps=10, progress="on", out_dir=str(tmp_path)), enabled=True)
     try:
         assert rep.bar.total == 10
         rep.resumed_at(4, 10)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from zeropp_hier.core import layout
-from zeropp_hier.core.topology import AXES, Topology
+from zeropp_hier.core.topology import Topology
+from zeropp_hier.core.vocab import AXES
 
 
 def _simulate_gather(t: Topology, hops, payload=3):

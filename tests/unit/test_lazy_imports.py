@@ -1,6 +1,6 @@
 """The package's layers import lazily: pure modules pull in neither DeepSpeed nor process groups,
 the public names still resolve, the DeepSpeed version check still fires on first use, and the
-tools' modules run on their own (``python -m zeropp_hier.app.{train,demo}``, ``...tools.cli``).
+tools' modules run on their own (``python -m zeropp_hier.app.train``, ``...tools.cli``).
 Each check runs in a fresh interpreter: this process has long imported everything."""
 
 import json
@@ -94,9 +94,22 @@ def test_pure_modules_import_without_deepspeed_and_the_public_api_resolves_lazil
     assert out["unknown_is_attribute_error"]
 
 
+def test_the_jobs_spec_and_memory_check_import_without_torch():
+    """The job's spec (``app/spec.py``) and its memory check are plain data and arithmetic: the
+    Hydra face and the launcher read them before any rank exists, without paying for torch."""
+    child = (
+        "import sys, zeropp_hier.app.spec, zeropp_hier.app.memory_check\n"
+        "spec = zeropp_hier.app.spec.JobSpec()\n"
+        "cfg = spec.ds_config()\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed'))\n"
+        "print('RESULT', cfg['zeropp_hier']['preset'], heavy)"
+    )
+    p = _python("-c", child)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert p.stdout.split("RESULT ", 1)[1].strip() == "frontier []"
+
+
 def test_module_commands_run_on_their_own():
-    demo = _python("-m", "zeropp_hier.app.demo", "--help")
-    assert demo.returncode == 0 and "--preset" in demo.stdout, demo.stderr[-2000:]
     cli = _python("-m", "zeropp_hier.tools.cli", "--help")
     assert cli.returncode == 0 and "plan" in cli.stdout and "probe" in cli.stdout, cli.stderr[-2000:]
     # Hydra prints the composed config and exits without running the job

@@ -4,9 +4,8 @@ and a refusal naming the field, the predicted GB, the budget and the fix. No ran
 import pytest
 
 from zeropp_hier import planner
-from zeropp_hier.app import job, memory_check
-from zeropp_hier.app.job import JobSpec
-from zeropp_hier.app.models import MODELS
+from zeropp_hier.app import launch, memory_check
+from zeropp_hier.app.spec import MODELS, JobSpec
 from zeropp_hier.core.errors import HierConfigError
 
 
@@ -15,13 +14,13 @@ def test_too_big_a_model_is_refused_before_any_rank_starts(monkeypatch):
         raise AssertionError("the job went on to build a model")
 
     # launch() must refuse before it spawns ranks or builds an engine
-    monkeypatch.setattr("zeropp_hier.launch.world.LocalWorld", must_not_run)
-    monkeypatch.setattr("zeropp_hier.app.training.build_engine", must_not_run)
+    monkeypatch.setattr("zeropp_hier.app.launch.LocalWorld", must_not_run)
+    monkeypatch.setattr("zeropp_hier.app.run.build_engine", must_not_run)
     for key in ("RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
     spec = JobSpec(model=MODELS["neox_20b"], local_world=8, memory_gb=16.0)
     with pytest.raises(HierConfigError) as e:
-        job.launch(spec)
+        launch.launch(spec)
     assert e.value.field == "model"
     msg = str(e.value)
     assert "16 GB budget" in msg and "memory_gb=16" in msg
@@ -35,7 +34,7 @@ def test_predicted_gb_equals_the_planner_memory():
     )
     lines = memory_check.check(spec, 8, 8, None)
     m = MODELS["neox_1_4b"]
-    from zeropp_hier.app.models import n_params
+    from zeropp_hier.app.spec import n_params
 
     wl = planner.gpt_workload(float(n_params(m)), m.layers, m.hidden, m.seq_len, 1, weight_bytes=2, vocab=m.vocab_size)
     cluster = planner.emulated(nodes=2, gpus_per_node=2, gcds_per_gpu=2)

@@ -4,9 +4,8 @@ the field, the value and the fix."""
 
 import pytest
 
-from zeropp_hier.app.job import JobSpec
-from zeropp_hier.app.models import ModelSpec
 from zeropp_hier.app.resume_rules import decide, record, universal_dir
+from zeropp_hier.app.spec import JobSpec, ModelSpec
 
 SHA = "ab" * 32
 

@@ -5,7 +5,8 @@ import itertools
 import pytest
 
 from zeropp_hier.core.errors import HierTopologyError
-from zeropp_hier.core.topology import AXES, Topology
+from zeropp_hier.core.topology import Topology
+from zeropp_hier.core.vocab import AXES
 
 SHAPES = [(1, 1, 1), (2, 2, 2), (1, 2, 2), (3, 1, 2), (2, 4, 2), (3, 2, 1)]
 

@@ -5,8 +5,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from zeropp_hier.app.job import JobSpec, launcher_env
-from zeropp_hier.app.models import MODELS
+from zeropp_hier.app.launch import launcher_env
+from zeropp_hier.app.spec import MODELS, JobSpec
 from zeropp_hier.app.train import spec_from_config
 
 
@@ -24,10 +24,8 @@ def test_defaults_are_the_readme_demo():
 
 def test_yaml_defaults_equal_the_typed_spec():
     """The one typed spec (JobSpec) holds the defaults; the Hydra YAML repeats them only because
-    Hydra composes from files, and must agree field for field, as must the argparse front end."""
+    Hydra composes from files, and must agree field for field."""
     from dataclasses import fields
-
-    from zeropp_hier.app.demo import parse_args, spec_from_args
 
     spec = spec_from_config(OmegaConf.to_container(_compose(), resolve=True))
     assert spec == JobSpec(), {
@@ -35,13 +33,12 @@ def test_yaml_defaults_equal_the_typed_spec():
         for f in fields(JobSpec)
         if getattr(spec, f.name) != getattr(JobSpec(), f.name)
     }
-    assert spec_from_args(parse_args([])) == JobSpec()
 
 
 def test_yaml_choices_are_the_spec_literals():
     from typing import get_args, get_type_hints
 
-    from zeropp_hier.app import job
+    from zeropp_hier.app import spec as job
 
     hints = get_type_hints(JobSpec)
     assert get_args(hints["preset"]) == job.PRESETS and get_args(hints["dtype"]) == job.DTYPES

@@ -8,7 +8,7 @@ token ids, ``uint16`` when the vocabulary fits, else ``uint32``, documents conca
 (``{"kind": "byte", "vocab_size": 256}``: a document's bytes, one token each, no download and
 nothing to train; or ``{"kind": "bpe", "vocab_size": V, "file": "tokenizer.json", ...}``), the
 number of documents and a SHA-256 of the token files (and of ``tokenizer.json``). Every 20th
-input file goes to ``val`` (``zeropp_hier.app.text.HELD_OUT_EVERY``, as the convergence
+input file goes to ``val`` (``HELD_OUT_EVERY``, as the convergence
 benchmark holds out its corpus), each document ends with a newline. The job takes the model's
 vocabulary from ``vocab_size`` (``ModelSpec.vocab_size`` null) or refuses a model whose
 vocabulary is smaller.
@@ -44,8 +44,9 @@ import argparse
 import hashlib
 import json
 import os
+import sysconfig
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -55,6 +56,9 @@ from ..core.errors import HierConfigError
 FORMAT = "zeropp-hier-tokens"
 VERSION = 1
 SPLITS = ("train", "val")
+HELD_OUT_EVERY = 20  # input file i goes to val when i % 20 == 0
+# the standard library's sources without its test suites and installed packages
+_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
 def byte_tokens(text: bytes) -> np.ndarray:
@@ -129,7 +133,6 @@ def prepare(
     """Tokenize ``files`` into ``out_dir`` ([Note: token files]) with the byte-level tokenizer
     or a BPE tokenizer of ``vocab_size`` trained on the training split ([Note: BPE
     tokenizer]); returns the index."""
-    from .text import HELD_OUT_EVERY
 
     if tokenizer not in TOKENIZERS:
         raise HierConfigError("--tokenizer", tokenizer, f"use one of {list(TOKENIZERS)}")
@@ -328,8 +331,6 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     if a.stdlib == bool(a.inputs):
         ap.error("name input files/directories or --stdlib (one of them)")
     if a.stdlib:
-        from .text import stdlib_files
-
         files, source = stdlib_files(), "python standard library"
     else:
         files, source = _input_files(a.inputs, a.glob), " ".join(a.inputs)
@@ -343,3 +344,35 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
         f"{sum(index['documents'].values())} documents ({kind}, vocab {t['vocab_size']})"
     )
     return 0
+
+
+# -- offline text and synthetic batches ------------------------------------------------------------
+
+
+def stdlib_files(root: str | None = None) -> list[Path]:
+    """Real text that needs no download: the Python standard library's own ``.py`` sources (every
+    installation ships them), in sorted path order, the test suites and ``site-packages`` left
+    out, so the corpus is the same for a given Python version."""
+    base = Path(root or sysconfig.get_paths()["stdlib"])
+    files = [p for p in base.rglob("*.py") if not _SKIP_DIRS.intersection(p.relative_to(base).parts[:-1])]
+    return sorted(files, key=lambda p: p.relative_to(base).as_posix())
+
+
+class SequenceShape(Protocol):
+    """What a synthetic batch needs of a model's config (``GPTConfig`` and ``ModelSpec`` as the
+    job's models carry it)."""
+
+    vocab_size: int
+    seq_len: int
+
+
+def synthetic_batch(c: SequenceShape, batch: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic token batch for (step, rank): a noisy periodic sequence the model can learn."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    start = torch.randint(0, c.vocab_size, (batch, 1), generator=g)
+    stride = torch.randint(1, 7, (batch, 1), generator=g)
+    pos = torch.arange(c.seq_len + 1).view(1, -1)
+    seq = (start + stride * pos) % c.vocab_size
+    noise = torch.rand(seq.shape, generator=g) < 0.05
+    seq = torch.where(noise, torch.randint(0, c.vocab_size, seq.shape, generator=g), seq)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()

@@ -88,20 +88,3 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-
-    @staticmethod
-    def flops_per_token(c: GPTConfig) -> float:
-        n = c.n_layers * 12 * c.d_model**2 + c.vocab_size * c.d_model
-        return 6.0 * n + 12 * c.n_layers * c.d_model * c.seq_len
-
-
-def synthetic_batch(c: GPTConfig, batch: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic token batch for (step, rank): a noisy periodic sequence the model can learn."""
-    g = torch.Generator().manual_seed(1_000_003 * step + rank)
-    start = torch.randint(0, c.vocab_size, (batch, 1), generator=g)
-    stride = torch.randint(1, 7, (batch, 1), generator=g)
-    pos = torch.arange(c.seq_len + 1).view(1, -1)
-    seq = (start + stride * pos) % c.vocab_size
-    noise = torch.rand(seq.shape, generator=g) < 0.05
-    seq = torch.where(noise, torch.randint(0, c.vocab_size, seq.shape, generator=g), seq)
-    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()

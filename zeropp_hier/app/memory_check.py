@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from .. import planner as P
 from ..core.errors import HierConfigError
-from .models import n_params
-
-if TYPE_CHECKING:
-    from .job import JobSpec
+from .spec import JobSpec, n_params
 
 GB = 1e9
 # device memory by name (substring of torch.cuda.get_device_name): MI250X 128 GB HBM2e per GPU,
@@ -47,8 +43,9 @@ def device_budget(device_name: str | None, ranks_per_node: int, total_bytes: flo
 def _layout(spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None) -> tuple[int, int, int, str]:
     """(nodes, gpus_per_node, gcds_per_gpu) the planner models, and a note on where they come from."""
     topo = spec.topology if isinstance(spec.topology, dict) else {}
-    if "gpus_per_node" in topo and "gcds_per_gpu" in topo:  # declared, or auto's simulated shape
-        gpn, gpg = int(topo["gpus_per_node"]), int(topo["gcds_per_gpu"])
+    declared_gpn, declared_gpg = topo.get("gpus_per_node"), topo.get("gcds_per_gpu")
+    if declared_gpn is not None and declared_gpg is not None:  # declared, or auto's simulated shape
+        gpn, gpg = int(declared_gpn), int(declared_gpg)
         note = "topology as configured"
     else:
         # auto: detected once ranks run. Packages of two GCDs on a MI250X, and on CPUs pairs of
@@ -72,12 +69,8 @@ def _candidates(spec: JobSpec) -> list[P.Candidate]:
         return [P.Candidate("stock", True, "zero3", P.compression_for("zero3"))]
     if spec.preset == "auto":
         return P.auto_candidates()
-    if isinstance(comp, dict):
-        c = P.compression_for(
-            spec.preset,
-            schemes={k: v for k, v in comp.items() if k != "block_size"},
-            block=int(comp.get("block_size", 256)),
-        )
+    if isinstance(comp, dict):  # its block_size (one, or per tier) replaces the default 256
+        c = P.compression_for(spec.preset, schemes=dict(comp))
     else:
         c = P.compression_for(spec.preset, comp)
     return [P.Candidate(spec.preset, False, spec.preset, c)]

@@ -20,104 +20,22 @@ without ``transformers`` (``arch: gpt``).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import zeropp_hier
+
+from ..core.config import hier_config_from_ds
+from ..core.errors import HierConfigError
+from .gpt import GPT, GPTConfig
+from .spec import CHECKPOINTING, Checkpointing, ModelSpec
+
 if TYPE_CHECKING:  # transformers is imported only when a NeoX model is built
     from transformers import PreTrainedModel
-
-Arch = Literal["neox", "gpt"]
-Checkpointing = Literal["none", "torch", "deepspeed"]
-BYTE_VOCAB = 256  # byte-level tokens and synthetic batches
-ARCHS: tuple[str, ...] = get_args(Arch)
-CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model, typed; the defaults are the ``tiny`` size (the quickstart's)."""
-
-    arch: Arch = "neox"
-    vocab_size: int | None = None  # None: the data's (the job sets it: 256 for byte-level or synthetic data)
-    seq_len: int = 64  # tokens per sample (GPT-NeoX's max_position_embeddings)
-    hidden: int = 64
-    heads: int = 4
-    layers: int = 4
-    intermediate: int = 256  # MLP width (4 x hidden in every published GPT-NeoX shape)
-    rotary_pct: float = 0.25  # share of each head's dimensions that rotary embeddings rotate
-    parallel_residual: bool = True  # attention and MLP read the same input (GPT-NeoX-20B, Pythia)
-
-    @property
-    def vocab(self) -> int:
-        """The vocabulary size this spec builds: ``vocab_size``, or the byte level's 256 when it
-        is left to the data and no data says otherwise."""
-        return BYTE_VOCAB if self.vocab_size is None else self.vocab_size
-
-    def resolved(self) -> ModelSpec:
-        """This spec with its vocabulary size written out."""
-        from dataclasses import replace
-
-        return self if self.vocab_size is not None else replace(self, vocab_size=self.vocab)
-
-    def check(self) -> None:
-        from ..core.errors import HierConfigError
-
-        if self.arch not in ARCHS:
-            raise HierConfigError("model.arch", self.arch, f"use one of {list(ARCHS)}")
-        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "intermediate"):
-            v = getattr(self, name)
-            if name == "vocab_size" and v is None:
-                continue
-            if not isinstance(v, int) or v < 1:
-                raise HierConfigError(f"model.{name}", v, "use a positive integer")
-        if self.hidden % self.heads:
-            raise HierConfigError(
-                "model.heads",
-                self.heads,
-                f"must divide model.hidden ({self.hidden}); e.g. heads={self.hidden // 64 or 1}",
-            )
-        if self.arch == "gpt" and self.intermediate != 4 * self.hidden:
-            raise HierConfigError(
-                "model.intermediate", self.intermediate, f"arch gpt has 4 x hidden = {4 * self.hidden}"
-            )
-        if not 0.0 < self.rotary_pct <= 1.0:
-            raise HierConfigError("model.rotary_pct", self.rotary_pct, "use a fraction in (0, 1]")
-
-
-# Named sizes; configs/model/<name>.yaml repeats each (tests/unit/test_models.py keeps them equal).
-# Shapes from the papers: Pythia (Biderman et al. 2023, Table 1: 160M = 12 layers x 768, 12 heads;
-# 1.4B = 24 layers x 2048, 16 heads; vocabulary 50304) and GPT-NeoX-20B (Black et al. 2022:
-# 44 layers x 6144, 64 heads, rotary on 25% of each head, parallel residual, vocabulary 50432,
-# 2048 tokens), which is also transformers' GPTNeoXConfig default.
-MODELS: dict[str, ModelSpec] = {
-    "tiny": ModelSpec(),
-    "small": ModelSpec(vocab_size=50304, seq_len=2048, hidden=768, heads=12, layers=12, intermediate=3072),
-    "neox_1_4b": ModelSpec(vocab_size=50304, seq_len=2048, hidden=2048, heads=16, layers=24, intermediate=8192),
-    "neox_20b": ModelSpec(vocab_size=50432, seq_len=2048, hidden=6144, heads=64, layers=44, intermediate=24576),
-}
-
-
-def n_params(spec: ModelSpec) -> int:
-    """Parameters of the model ``spec`` builds (arithmetic; equal to the built model's count)."""
-    h, i, v, L = spec.hidden, spec.intermediate, spec.vocab, spec.layers
-    if spec.arch == "gpt":  # untied head off: tied to the embedding (GPTConfig's default)
-        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
-        return v * h + spec.seq_len * h + L * block + 2 * h
-    # GPT-NeoX: two LayerNorms, fused QKV and output projection with biases, MLP with biases;
-    # untied input embedding and output head, final LayerNorm
-    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
-    return 2 * v * h + L * block + 2 * h
-
-
-def input_embedding_params(spec: ModelSpec) -> int:
-    """Parameters of the embeddings that are only looked up, never in a matrix product (the
-    FLOP count leaves them out): GPT-NeoX's input embedding; the hand-written GPT's position
-    embedding (its token embedding is also its output head)."""
-    return spec.vocab * spec.hidden if spec.arch == "neox" else spec.seq_len * spec.hidden
 
 
 def neox_config(spec: ModelSpec):
@@ -163,17 +81,11 @@ def _is_stage3(ds_config: dict) -> bool:
 def _hier_init_applies(ds_config: dict) -> bool:
     """Whether the model can be built under ``zeropp_hier.Init``: an enabled section with a named
     preset ("auto" chooses at initialize, from the built model: stock partitioning then)."""
-    from ..core.config import hier_config_from_ds
-
     cfg = hier_config_from_ds(ds_config)
     return cfg.enabled and cfg.preset != "auto"
 
 
 def _hier_init(hier_runtime):
-    import functools
-
-    import zeropp_hier
-
     return zeropp_hier.Init if hier_runtime is None else functools.partial(zeropp_hier.Init, hier_runtime=hier_runtime)
 
 
@@ -201,8 +113,6 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
     spec = spec.resolved()
     torch.manual_seed(seed)
     if spec.arch == "gpt":
-        from .gpt import GPT, GPTConfig
-
         cfg = GPTConfig(spec.vocab, spec.seq_len, spec.hidden, spec.heads, spec.layers)
         if not _is_stage3(ds_config):
             return GPT(cfg)
@@ -236,8 +146,6 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     order: where per-block hooks go (activation checkpointing, the benchmarks' device time)."""
     if isinstance(model, CausalLM):
         return list(model.lm.gpt_neox.layers)  # type: ignore[union-attr,arg-type]  # transformers' GPTNeoX: a ModuleList
-    from .gpt import GPT
-
     if isinstance(model, GPT):
         return list(model.blocks)
     raise TypeError(f"no transformer blocks known for a {type(model).__name__}")
@@ -247,8 +155,6 @@ def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
     """Activation checkpointing per transformer block: ``torch`` = ``torch.utils.checkpoint``
     non-reentrant; ``deepspeed`` = ``deepspeed.checkpointing.checkpoint`` (what Megatron-style
     models call). Backward recomputes each block's forward, which gathers its weights again."""
-    from ..core.errors import HierConfigError
-
     if api not in CHECKPOINTING:
         raise HierConfigError("activation_checkpointing", api, f"use one of {list(CHECKPOINTING)}")
     if api == "none":
@@ -269,8 +175,6 @@ def enable_checkpointing(model: nn.Module, api: Checkpointing) -> None:
             # DeepSpeed's reentrant checkpoint needs
             lm._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
         return
-    from .gpt import GPT
-
     if isinstance(model, GPT):
         model.checkpoint = api
         return

@@ -47,6 +47,21 @@ import random
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+
+from ..core.errors import HierConfigError
+from ..deepspeed import checkpoint, safe_load
+from ..deepspeed.checkpoint_files import (
+    MANIFEST,
+    check_files,
+    file_digest,
+    raise_problems,
+    read_manifest,
+    resolve_tag,
+)
+from ..deepspeed.engine import HierEngine
+from . import resume_rules
+from .spec import JobSpec
 
 KEY = "zeropp_hier_job"
 
@@ -92,9 +107,6 @@ class Plan:
 def _job_state(tag_dir: str, manifest: dict | None) -> dict:
     """The job's client state from rank 0's model states file (checked against the manifest when
     there is one; loaded tensors-only)."""
-    from ..core.errors import HierConfigError
-    from ..deepspeed import safe_load
-    from ..deepspeed.checkpoint_files import check_files, raise_problems
 
     name = "zero_pp_rank_0_mp_rank_00_model_states.pt"
     path = os.path.join(tag_dir, name)
@@ -117,13 +129,10 @@ def _job_state(tag_dir: str, manifest: dict | None) -> dict:
     return job
 
 
-def _plan_on_rank0(spec, world: int, data_sha256: str | None) -> Plan:
-    from ..core.errors import HierConfigError
-    from ..deepspeed import checkpoint
-    from ..deepspeed.checkpoint_files import MANIFEST, file_digest, read_manifest, resolve_tag
-    from . import resume_rules
+def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
 
     root = spec.ckpt_dir
+    assert root is not None  # JobSpec.check: resume needs a directory
     tag = resolve_tag(root, None if spec.resume == "latest" else spec.resume)
     if tag is None or not os.path.isdir(os.path.join(root, tag)):
         raise HierConfigError(
@@ -158,10 +167,9 @@ def _plan_on_rank0(spec, world: int, data_sha256: str | None) -> Plan:
     return Plan(tag, out, True, int(saved_world))
 
 
-def plan(spec, world: int, data_sha256: str | None) -> Plan:
+def plan(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
     """Collective over the world: rank 0 reads the checkpoint's record, decides, converts when
     the world changed; every rank returns the same plan or raises the same error."""
-    import torch.distributed as dist
 
     result: list = [None]
     if dist.get_rank() == 0:
@@ -178,8 +186,6 @@ def plan(spec, world: int, data_sha256: str | None) -> Plan:
 def load(engine, p: Plan) -> dict:
     """Collective: restore ``p``'s tag into ``engine``; returns the job's state (step, data
     position, record) after setting the RNG state."""
-    from ..core.errors import HierConfigError
-    from ..deepspeed.engine import HierEngine
 
     # our engine refuses a missing tag unless asked not to; the job names its own field instead
     extra = {"missing_ok": True} if isinstance(engine, HierEngine) else {}

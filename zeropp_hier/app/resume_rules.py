@@ -8,11 +8,12 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 from ..core.errors import HierConfigError
+from .spec import JobSpec
 
 Mode = Literal["native", "universal"]
 
 
-def record(spec: Any, world: int, accum: int, data_sha256: str | None) -> dict:
+def record(spec: JobSpec, world: int, accum: int, data_sha256: str | None) -> dict:
     """What the job writes beside its state at every save: the settings a resume is checked
     against (plain types only: the file loads tensors-only)."""
     return {
@@ -27,11 +28,11 @@ def record(spec: Any, world: int, accum: int, data_sha256: str | None) -> dict:
     }
 
 
-def _is_stock(preset: Any) -> bool:
+def _is_stock(preset: object) -> bool:
     return preset == "stock"
 
 
-def decide(saved: dict, saved_world: int, spec: Any, world: int, data_sha256: str | None, tag: str) -> Mode:
+def decide(saved: dict, saved_world: int, spec: JobSpec, world: int, data_sha256: str | None, tag: str) -> Mode:
     """How to load a checkpoint the job recorded as ``saved`` (written at ``saved_world`` ranks)
     into ``spec`` at ``world`` ranks: "native" (DeepSpeed's own partitions, same world) or
     "universal" (converted first). Raises ``HierConfigError`` (field, value, fix) for a change

@@ -7,7 +7,7 @@
     zeropp-hier train -m preset=zero3,frontier compression=preset_default,none
     zeropp-hier report multirun/<date>/<time>           # one table for the sweep
 
-The defaults are ``JobSpec``'s (job.py); the YAML repeats them and a unit test keeps the two equal.
+The defaults are ``JobSpec``'s (spec.py); the YAML repeats them and a unit test keeps the two equal.
 
 Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun`` or
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run
@@ -17,20 +17,20 @@ Hydra run directory.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from .job import JobSpec, launch
+from ..core.errors import HierConfigError
+from .launch import launch
+from .spec import JobSpec, ModelSpec
 
 
 def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: dict | None = None) -> JobSpec:
     """The composed config (a plain dict) -> the job. Unknown keys were already refused by
     Hydra's struct mode; values are checked by ``JobSpec.check`` and at ``initialize``."""
-    from ..core.errors import HierConfigError
-    from .models import ModelSpec
-
     m, d, t = cfg["model"], cfg["data"], cfg["topology"]
     if d.get("kind") not in ("synthetic", "tokens"):
         raise HierConfigError(
@@ -43,8 +43,6 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     if d["kind"] == "tokens":
         if not path:
             raise HierConfigError("data.path", path, "name the directory `zeropp-hier data prepare --out DIR` wrote")
-        import os
-
         path = os.path.abspath(path)  # every rank, and summary.json, see the same directory
     return JobSpec(
         preset=cfg["preset"]["name"],

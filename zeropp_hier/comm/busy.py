@@ -9,7 +9,7 @@ summing a stage). Time a lane spends waiting for its turn is not counted, nor ``
 barrier (a slot on every lane that issues no collective).
 
 On the CPU both ends are host ``time.perf_counter()`` readings (the clock
-``app.training.train_steps`` times steps with). On a GPU they are events on the lane's stream
+``app.run.train_steps`` times steps with). On a GPU they are events on the lane's stream
 (timing events, recorded without a host wait); ``intervals`` resolves them later, once, against
 a reference event taken when recording started, so the hot path never waits on the device.
 Recording is off by default and costs nothing then: the benchmark turns it on around its

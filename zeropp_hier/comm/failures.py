@@ -48,7 +48,8 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.topology import AXES, Topology
+from ..core.topology import Topology
+from ..core.vocab import AXES
 
 # gloo's transport messages (torch 2.x) for a lost peer and for a timeout; NCCL raises
 # DistBackendError subclasses, matched by type below.

@@ -14,7 +14,8 @@ import threading
 from collections import defaultdict
 from typing import Sequence
 
-from ..core.topology import TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import TIERS
 
 PHASES = ("forward_gather", "backward_gather", "grad_reduce", "other_gather")
 

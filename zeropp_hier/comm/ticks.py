@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 
 from ..core.plan import CommPlan, Hop
-from ..core.topology import AXES, Topology
+from ..core.topology import Topology
+from ..core.vocab import AXES
 from . import tick_plan
 from .agree import agree_local, digest
 from .busy import Several

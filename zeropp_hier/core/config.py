@@ -9,26 +9,22 @@ value and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Literal, Mapping, TypedDict, Union, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
 from .policy import (
     CompressionConfig,
-    FixedPreset,
     NumericsConfig,
     check_numerics_against_deepspeed,
     parse_compression,
     parse_numerics,
 )
-from .topology import TIERS
+from .vocab import PRESETS, TIERS, Preset
 
 SECTION = "zeropp_hier"
-# each choice a Literal type and the tuple of its values read from it (as in policy.py)
-Preset = Literal["zero3", "zeropp", "frontier", "auto"]
-PRESETS: tuple[Preset, ...] = get_args(Preset)
-# what "auto" chooses among ([Note: auto preset] in deepspeed/auto.py)
-FIXED_PRESETS: tuple[FixedPreset, ...] = get_args(FixedPreset)
+# each choice a Literal type and the tuple of its values read from it (as in policy.py); the
+# presets (Preset, PRESETS, FIXED_PRESETS) are the package's vocabulary, core/vocab.py
 TopologyMode = Literal["manual", "auto"]
 TOPOLOGY_MODES: tuple[TopologyMode, ...] = get_args(TopologyMode)
 OverlapMode = Literal["lanes", "one_lane", "ticks"]  # besides true / false
@@ -56,17 +52,31 @@ _SECTION_KEYS = (
 _TOPOLOGY_KEYS = ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map")
 
 
-@dataclass(frozen=True)
+class TopologySection(TypedDict, total=False):
+    """The section's ``topology`` as written, when it is an object (the string "auto" is
+    ``{"mode": "auto"}``); ``_parse_topology`` checks it."""
+
+    mode: TopologyMode  # "manual" (default): declared here; "auto": detected at initialize
+    gcds_per_gpu: int | None  # GCDs per GPU package (Frontier: 2); auto: None or the simulated shape
+    gpus_per_node: int | None  # GPU packages per node (Frontier: 4)
+    rank_map: list[int] | None  # rank_map[i]: the rank at coordinate index i (manual mode only)
+
+
+# the section's "topology": "auto", or an object
+TopologySpec = Union[Literal["auto"], TopologySection]
+
+
+@dataclass(frozen=True, kw_only=True)
 class TopologyConfig:
     gcds_per_gpu: int | None = 2  # None only in "auto" mode: not declared, to be detected
-    gpus_per_node: int | None = 4
-    rank_map: tuple[int, ...] | None = None
+    gpus_per_node: int | None = 4  # GPU packages per node (None as gcds_per_gpu)
+    rank_map: tuple[int, ...] | None = None  # rank at each coordinate index; None: the identity
     mode: TopologyMode = (
         "manual"  # "auto": detected at initialize ([Note: auto topology rules] in detect/autodetect.py)
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryConfig:
     # GB per GCD for the kept copies of all layers together; None: every layer keeps its
     # preset's copy ([Note: kept levels] in core/levels.py)
@@ -93,10 +103,10 @@ def _parse_memory(v: Any, preset: Preset) -> MemoryConfig:
                 f"{field}.kept_shards_gb", gb, 'preset "zero3" keeps no copy; remove it or use frontier / zeropp'
             )
         gb = float(gb)
-    return MemoryConfig(gb)
+    return MemoryConfig(kept_shards_gb=gb)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AutoConfig:
     """Where ``"preset": "auto"`` takes the link rates from: a ``zeropp-hier probe`` file, declared
     per-GCD GB/s, or (neither given) a short probe at initialize."""
@@ -138,10 +148,10 @@ def _parse_auto(v: Any, preset: Preset) -> AutoConfig:
     kb = d.get("probe_kb", 256)
     if not is_int(kb) or not 16 <= kb <= 65536:
         raise HierConfigError(f"{field}.probe_kb", kb, "use an integer number of KB from 16 to 65536 (default 256)")
-    return AutoConfig(pf, tiers, kb)
+    return AutoConfig(probe_file=pf, tier_gbps=tiers, probe_kb=kb)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     # Checkpoint files are loaded tensors-only ([Note: tensors-only loading] in
     # deepspeed/safe_load.py); true loads any pickle, i.e. runs whatever code the files name:
@@ -163,13 +173,13 @@ def _parse_checkpoint(v: Any) -> CheckpointConfig:
             "use false (default: checkpoint files load tensors-only) or true (load any pickle: "
             "only for checkpoints whose writer you trust)",
         )
-    return CheckpointConfig(trust)
+    return CheckpointConfig(trust_pickles=trust)
 
 
 MAX_PIPELINE_CHUNKS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
     # column chunks per gather bucket and per gradient bucket, each its own job so that the hops
     # of different chunks run on their links at once ([Note: chunked gathers] in
@@ -204,16 +214,17 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
             "use; 0: each when its layer needs it), or leave it out to submit them as DeepSpeed's "
             "prefetch asks",
         )
-    return PipelineConfig(chunks, ahead)
+    return PipelineConfig(chunks=chunks, backward_layers_ahead=ahead)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HierConfig:
-    enabled: bool = False
-    preset: Preset = "frontier"
-    topology: TopologyConfig = TopologyConfig()
-    compression: CompressionConfig = CompressionConfig()
-    numerics: NumericsConfig = NumericsConfig()
+    enabled: bool = False  # false (or no section): stock DeepSpeed ZeRO-3
+    preset: Preset = "frontier"  # the plan of hops and its default compression (core/vocab.py)
+    topology: TopologyConfig = TopologyConfig()  # where each rank sits (node, gpu, gcd)
+    compression: CompressionConfig = CompressionConfig()  # resolved: the preset's, overridden as written
+    numerics: NumericsConfig = NumericsConfig()  # non-finite gradients, error sampling, residual dtype
+    # how long one collective may wait for its peers before failing ([Note: failure detection])
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     # DeepSpeed's own groups (the world/data-parallel group of its gradient-norm all-reduce and
     # checkpoint barriers) keep their timeout (torch's 30 min, or init_distributed's) unless set:
@@ -270,7 +281,9 @@ def _parse_topology(v: Any) -> TopologyConfig:
                 "(position = gcd + gcds_per_gpu*(gpu + gpus_per_node*node))",
             )
         rank_map = tuple(rank_map)
-    return TopologyConfig(vals["gcds_per_gpu"], vals["gpus_per_node"], rank_map, mode)
+    return TopologyConfig(
+        gcds_per_gpu=vals["gcds_per_gpu"], gpus_per_node=vals["gpus_per_node"], rank_map=rank_map, mode=mode
+    )
 
 
 def _seconds(value: Any, key: str, what: str) -> float:

@@ -1,5 +1,6 @@
-"""Errors raised on bad user input (each names the field, the value found and the fix), and on
-non-finite training numerics (naming the step, the rank and where the value was seen)."""
+"""Errors raised on bad user input (each names the field, the value found and the fix), on a
+checkpoint that cannot be saved or loaded safely (naming the file), and on non-finite training
+numerics (naming the step, the rank and where the value was seen)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ class HierStartupError(RuntimeError):
 class HierUnsafeSaveError(RuntimeError):
     """``save_checkpoint`` after a failed or interrupted step: this rank's state may be out of
     step with its peers' ([Note: executor failure semantics] in comm/executor.py)."""
+
+
+class HierCheckpointError(RuntimeError):
+    """A checkpoint cannot be saved or loaded safely. Names the file, the problem and the fix."""
+
+    def __init__(self, path: str, problem: str, fix: str):
+        self.path, self.problem, self.fix = path, problem, fix
+        super().__init__(f"zeropp_hier checkpoint error at '{path}': {problem}; {fix}")
+
+    def __reduce__(self):  # picklable across processes, like the other errors
+        return (type(self), (self.path, self.problem, self.fix))
 
 
 class DeepSpeedVersionError(ImportError):

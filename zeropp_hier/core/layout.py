@@ -16,7 +16,8 @@ from typing import NamedTuple, Sequence
 import torch
 
 from .plan import STREAM_CHUNK_ELEMS as _STREAM_CHUNK_ELEMS
-from .topology import AXES, Coord, Topology, normalize_axes
+from .topology import Coord, Topology, normalize_axes
+from .vocab import AXES
 
 
 def hop_dims(topo: Topology, axes: Sequence[str]) -> tuple[int, int, int]:

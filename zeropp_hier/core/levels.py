@@ -28,7 +28,7 @@ parameters outside numbered modules group by their module (``wte``, ``ln_f``).
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 from .plan import CommPlan
 from .policy import QUANTIZED
@@ -113,8 +113,3 @@ def summarize(plan: LevelPlan, order: Sequence[str]) -> list[tuple[str, str]]:
         else:
             runs.append(([name], lvl))
     return [(names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})", lvl) for names, lvl in runs]
-
-
-def by_param(plan: LevelPlan, param_layers: Mapping[int, str]) -> dict[int, tuple[str, ...] | None]:
-    """Kept axes per parameter id, from the layer each belongs to."""
-    return {pid: LEVEL_AXES[plan.levels[layer]] for pid, layer in param_layers.items()}

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, Scheme, TierBlocks, TierFlags, TierSchemes
-from .topology import AXES, Topology, normalize_axes
+from .topology import Topology, normalize_axes
+from .vocab import AXES
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
 # gradient stages] in comm/reduce.py): 64 MB per fp32 staging buffer

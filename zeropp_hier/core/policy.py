@@ -17,11 +17,11 @@ parsers, ``plan.py`` turns the result into hops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Union, get_args
+from typing import Any, Literal, Mapping, TypedDict, Union, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
-from .topology import TIERS
+from .vocab import TIERS, FixedPreset, Tier
 
 # Each choice is a Literal type and its tuple of values, the tuple read from the type so that the
 # two cannot drift: the type is what mypy checks, the tuple what the parsers check at run time.
@@ -34,8 +34,6 @@ NonfinitePolicy = Literal["skip", "raise"]
 NONFINITE_POLICIES: tuple[NonfinitePolicy, ...] = get_args(NonfinitePolicy)
 ResidualDtype = Literal["fp32", "bf16"]
 RESIDUAL_DTYPES: tuple[ResidualDtype, ...] = get_args(ResidualDtype)
-# a preset that names its compression ("auto" chooses among these: core/config.py)
-FixedPreset = Literal["zero3", "zeropp", "frontier"]
 # error feedback of one tier as written: on, off, or "auto" (on where the gradients are int4)
 ErrorFeedback = Union[bool, Literal["auto"]]
 DEFAULT_SAMPLE_EVERY = 16
@@ -110,23 +108,39 @@ PRESET_ERROR_FEEDBACK: dict[FixedPreset, ErrorFeedback | Mapping[str, ErrorFeedb
     "frontier": {"gcd": "auto", "gpu": False, "node": "auto"},
 }
 
+
+class CompressionSection(TypedDict, total=False):
+    """The section's ``compression`` as written, when it is an object (a single scheme name
+    sets every tier and kind); ``parse_compression`` checks it."""
+
+    weights: Scheme | dict[Tier, Scheme]  # both weight gathers; per tier or one scheme
+    forward_weights: Scheme | dict[Tier, Scheme]  # the forward gather only
+    backward_weights: Scheme | dict[Tier, Scheme]  # the backward re-gather only
+    gradients: Scheme | dict[Tier, Scheme]  # the gradient reduce-scatter
+    block_size: int | dict[Tier, int]  # elements per fp32 scale; per tier or one size
+    error_feedback: ErrorFeedback | dict[Tier, ErrorFeedback]  # residuals of compressed gradients
+
+
+# the section's "compression": None (the preset's own), one scheme for everything, or an object
+Compression = Union[Scheme, CompressionSection, None]
+
 _COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size", "error_feedback")
 _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutive_skips")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TierSchemes:
     """Compression scheme for one kind of traffic, per tier."""
 
-    gcd: Scheme = "none"
-    gpu: Scheme = "none"
-    node: Scheme = "none"
+    gcd: Scheme = "none"  # between the two GCDs of a package
+    gpu: Scheme = "none"  # between the packages of a node
+    node: Scheme = "none"  # between nodes
 
     def of(self, tier: str) -> Scheme:
         return getattr(self, tier)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TierBlocks:
     """Quantization block size per tier (elements per fp32 scale)."""
 
@@ -138,8 +152,10 @@ class TierBlocks:
         return getattr(self, tier)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TierFlags:
+    """A switch per tier (error feedback: on where that tier's gradients are compressed)."""
+
     gcd: bool = False
     gpu: bool = False
     node: bool = False
@@ -148,11 +164,11 @@ class TierFlags:
         return getattr(self, tier)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompressionConfig:
-    forward_weights: TierSchemes = TierSchemes()
-    backward_weights: TierSchemes = TierSchemes()
-    gradients: TierSchemes = TierSchemes()
+    forward_weights: TierSchemes = TierSchemes()  # the forward gather of the weights
+    backward_weights: TierSchemes = TierSchemes()  # the backward re-gather of the weights
+    gradients: TierSchemes = TierSchemes()  # the gradient reduce-scatter
     block_size: int = DEFAULT_BLOCK_SIZE  # for every tier not named in a per-tier block_size
     block_sizes: TierBlocks = TierBlocks()
     error_feedback: TierFlags = TierFlags()  # resolved: True only where gradients are compressed
@@ -163,7 +179,7 @@ class CompressionConfig:
         return self.forward_weights
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NumericsConfig:
     nonfinite: NonfinitePolicy = "skip"  # bf16/fp32: skip the step and report, or raise HierNonFiniteError
     sample_every: int = DEFAULT_SAMPLE_EVERY  # compression error sampled every N-th call; 0 = off
@@ -209,7 +225,7 @@ def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
         per = {t: _check_block(v[t], f"{field}.{t}") for t in v}
         return DEFAULT_BLOCK_SIZE, TierBlocks(**per)
     b = _check_block(v, field)
-    return b, TierBlocks(b, b, b)
+    return b, TierBlocks(gcd=b, gpu=b, node=b)
 
 
 _EF_FIX = 'use true, false or "auto" (on where gradients are int4), or an object per tier, e.g. {"node": true}'

@@ -4,7 +4,8 @@ No torch.distributed here: everything is integer maths, tested exhaustively in
 tests/unit/test_topology.py. Process groups are made from the plans this module returns, by
 ``zeropp_hier.comm.groups``.
 
-Axes are always listed in the canonical order ``("node", "gpu", "gcd")`` (slowest link first).
+Axes are always listed in the canonical order ``AXES`` = ``("node", "gpu", "gcd")`` (slowest
+link first; ``core/vocab.py`` names them).
 A *coordinate index* is the row-major index of a rank's (node, gpu, gcd) in a
 ``[num_nodes, gpus_per_node, gcds_per_gpu]`` array; layouts in ``zeropp_hier.core.layout`` are
 expressed in that order, and ``rank_of_index`` translates back to global ranks.
@@ -17,9 +18,7 @@ from itertools import product
 from typing import Iterable, NamedTuple, Sequence
 
 from .errors import HierTopologyError
-
-AXES = ("node", "gpu", "gcd")
-TIERS = ("gcd", "gpu", "node")  # fastest link first
+from .vocab import AXES
 
 
 class Coord(NamedTuple):

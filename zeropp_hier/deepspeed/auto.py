@@ -44,7 +44,8 @@ import torch.distributed as dist
 
 from ..core import levels
 from ..core.config import HierConfig, MemoryConfig
-from ..core.topology import TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import TIERS
 
 PROBE_REPS = 2
 # the larger probe message of a tier is cut to about this long a collective (links.measure_tiers)
@@ -114,7 +115,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     named = list(module.named_parameters())
     numel = [getattr(p, "ds_numel", p.numel()) for _, p in named]
     width = named[0][1].element_size() if named else 2
-    tiers = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
+    tiers: dict[str, P.TierLink] = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
     from ..comm.issue import resolve_issue_mode
 
     mode = resolve_issue_mode(cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)))
@@ -166,7 +167,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         cfg,
         preset=c.preset,
         compression=c.compression,
-        memory=MemoryConfig(kept_gb),
+        memory=MemoryConfig(kept_shards_gb=kept_gb),
         pipeline=dataclasses.replace(cfg.pipeline, chunks=int(record["chunks"])),
         chosen_by_auto=c.name,
     )

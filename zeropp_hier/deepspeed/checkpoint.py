@@ -55,6 +55,8 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from ..core.errors import HierCheckpointError
+
 # the directory's files (pure): re-exported, this module is the public face of checkpoints
 from .checkpoint_files import (  # noqa: F401
     COMMIT_STEPS,
@@ -65,7 +67,6 @@ from .checkpoint_files import (  # noqa: F401
     POINTERS,
     SHARED_FIX,
     TMP_PREFIX,
-    HierCheckpointError,
     _rank_error,
     check_files,
     check_tag_name,

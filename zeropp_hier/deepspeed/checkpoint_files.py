@@ -12,6 +12,8 @@ import shutil
 import signal
 from typing import Any, Iterable
 
+from ..core.errors import HierCheckpointError
+
 MANIFEST = "zeropp_hier_manifest.json"
 MANIFEST_FORMAT = "zeropp_hier-checkpoint/1"
 TMP_PREFIX = ".tmp-"
@@ -27,17 +29,6 @@ SHARED_FIX = (
     "the checkpoint directory must be on a file system every rank sees (on Frontier: Orion, e.g. under "
     "$PROJWORK or $MEMBERWORK; node-local NVMe such as /mnt/bb/$USER is seen by one node only)"
 )
-
-
-class HierCheckpointError(RuntimeError):
-    """A checkpoint cannot be saved or loaded safely. Names the file, the problem and the fix."""
-
-    def __init__(self, path: str, problem: str, fix: str):
-        self.path, self.problem, self.fix = path, problem, fix
-        super().__init__(f"zeropp_hier checkpoint error at '{path}': {problem}; {fix}")
-
-    def __reduce__(self):  # picklable across processes, like the other errors
-        return (type(self), (self.path, self.problem, self.fix))
 
 
 # -- names -----------------------------------------------------------------------------------------
@@ -243,7 +234,7 @@ def verify_tag(
     """This rank's share of the checks of ``<root>/<tag>`` (all of them with the defaults):
     the manifest, the files it does not list (rank 0), each listed file's size and hash and,
     unless ``trust_pickles``, the types its pickle names ([Note: tensors-only loading])."""
-    from . import safe_load
+    from . import safe_load  # torch and DeepSpeed: only when pickles are checked
 
     tag_dir = os.path.join(root, tag)
     manifest, problem = read_manifest(tag_dir)
@@ -289,7 +280,7 @@ def verify_tag(
 def first_problem(problems: list[tuple[str, str]]) -> tuple[str, str]:
     """The problem to report first (pickles that could run code before damage), with a count of
     the others."""
-    from . import safe_load
+    from . import safe_load  # torch and DeepSpeed: only when pickles are checked
 
     ordered = sorted(set(problems), key=lambda p: (not safe_load.is_untrusted(p[1]), p))
     path, problem = ordered[0]
@@ -299,7 +290,7 @@ def first_problem(problems: list[tuple[str, str]]) -> tuple[str, str]:
 
 
 def raise_problems(problems: list[tuple[str, str]], root: str, tag: str | None) -> None:
-    from . import safe_load
+    from . import safe_load  # torch and DeepSpeed: only when pickles are checked
 
     if not problems:
         return

@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from ..core.topology import TIERS
+from ..core.vocab import TIERS
 
 # [Note: timing a collective]
 # NCCL and RCCL return to the host as soon as a collective is queued on a stream; a host clock

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from ..core.topology import TIERS
+from ..core.vocab import TIERS
 
 FIX = "give the JSON file written by `zeropp-hier probe --out` (or measure again)"
 

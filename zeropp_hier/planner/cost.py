@@ -45,7 +45,8 @@ import numpy as np
 
 from ..core import levels
 from ..core.plan import CommPlan, make_plan
-from ..core.topology import AXES, TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import AXES, TIERS
 from .candidates import Candidate
 from .clusters import ClusterModel
 
@@ -252,7 +253,7 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     worst = max(seconds.values(), default=0.0)
     # the busiest link's tier; links of two tiers busy alike (to rounding): the faster tier
     bottleneck = next((_tier_of(kd) for kd, sec in seconds.items() if sec >= worst * (1 - 1e-12)), coll.axes[0])
-    tier_bytes = {t: 0.0 for t in TIERS}
+    tier_bytes: dict[str, float] = {t: 0.0 for t in TIERS}
     for kind in ("gcd", "gpu_out", "node_out"):
         if kind in loads:
             tier_bytes[_tier_of(kind)] += summed(loads[kind].per_link, loads[kind].links)

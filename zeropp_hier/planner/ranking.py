@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from ..core import levels
-from ..core.topology import TIERS
+from ..core.vocab import TIERS
 from .candidates import Candidate, default_candidates
 from .clusters import PHASES, ClusterModel
 from .cost import collective_cost, collectives
@@ -64,8 +64,8 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     lp = level_plan(cand, cluster, wl)
     _, colls = collectives(cand, topo, wl.params, lp, wl.backward_share)
     phase_s = dict.fromkeys(PHASES, 0.0)
-    tier_s = {t: 0.0 for t in TIERS}
-    tier_bytes = {t: 0.0 for t in TIERS}
+    tier_s: dict[str, float] = {t: 0.0 for t in TIERS}
+    tier_bytes: dict[str, float] = {t: 0.0 for t in TIERS}
     costs = []
     link_s: dict[str, float] = {}
     for c in colls:

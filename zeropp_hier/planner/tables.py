@@ -11,7 +11,8 @@ from typing import Mapping, Sequence
 
 from ..core import levels
 from ..core.plan import CommPlan, Hop
-from ..core.topology import TIERS, Topology
+from ..core.topology import Topology
+from ..core.vocab import TIERS
 from .clusters import GB, ClusterModel
 from .memory_per_gcd import fit_advice
 from .ranking import Prediction

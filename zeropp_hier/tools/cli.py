@@ -22,6 +22,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from ..core.vocab import TIERS
+
 PUBLISHED = {"frontier/zeropp": 1.71, "zeropp/zero3": 1.4}
 
 
@@ -116,7 +118,7 @@ def _tier_bw(text: str) -> dict[str, float]:
             gbps = float(v)
         except ValueError:
             gbps = float("nan")
-        if k not in ("gcd", "gpu", "node") or k in out or not (math.isfinite(gbps) and 0 < gbps <= 1e6):
+        if k not in TIERS or k in out or not (math.isfinite(gbps) and 0 < gbps <= 1e6):
             raise argparse.ArgumentTypeError(f"got {text!r} (at {part!r}); {fix}")
         out[k] = gbps * 1e9
     return out
@@ -184,7 +186,7 @@ def cmd_plan(args) -> int:
         f"({layers} layers, d_model {d}, {wl.tokens_per_gcd} tokens per GCD per step, "
         f"{wl.weight_bytes}-byte weights) on {cluster.name}"
     )
-    bw = ", ".join(f"{t} {cluster.tiers[t].bandwidth / 1e9:.3g} GB/s" for t in ("gcd", "gpu", "node"))
+    bw = ", ".join(f"{t} {cluster.tiers[t].bandwidth / 1e9:.3g} GB/s" for t in TIERS)
     print(f"per-GCD link rates: {bw}; {cluster.source}\n")
     print("\n".join(tables.prediction_table(preds)))
     print()
@@ -282,7 +284,7 @@ def cmd_probe(args) -> int:
     import torch.distributed as dist
 
     from ..comm.groups import build_hop_groups
-    from ..core.topology import TIERS, Topology
+    from ..core.topology import Topology
 
     if not dist.is_initialized():
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))

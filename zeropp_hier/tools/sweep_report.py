@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..core.topology import TIERS
+from ..core.vocab import TIERS
 from ..files import write_atomic
 
 COLUMNS = (
