@@ -20,7 +20,7 @@ from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
 from ..planner.tables import fmt_bytes
-from . import chart, flops
+from . import chart, flops, monitor
 from .spec import JobSpec
 
 ARCH_NAMES = {"neox": "GPT-NeoX", "gpt": "GPT"}
@@ -134,7 +134,14 @@ def step_line(row: Mapping[str, Any], hier: bool, device_name: str | None) -> st
         sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier]):>9s}" for tier in reversed(TIERS))
     mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
     perf = f"{row['tflops_per_gcd']:.3g} TFLOP/s/GCD {flops.mfu_text(row['mfu'], device_name)}"
-    return f"step {row['step']:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}"
+    train = f"loss {row['loss']:.4f}"
+    if "lr" in row:  # rows of the job (app/monitor.py's StepMonitor)
+        norm = "n/a" if row.get("grad_norm") is None else f"{row['grad_norm']:.3g}"
+        train += f" | lr {row['lr']:.3g} | grad norm {norm}"
+    if row.get("val_loss") is not None:
+        train += f" | val loss {row['val_loss']:.4f}"
+    eta = f" | ETA {monitor.fmt_duration(row['eta_s'])}" if "eta_s" in row else ""
+    return f"step {row['step']:4d} | {train} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{eta}{mark}"
 
 
 def resumed_line(path: str, start: int, sample: int, saved_world: int, world: int, universal: bool) -> str:
@@ -203,6 +210,9 @@ def summary(
         "peak_bf16_tflops": peak_tflops,
     }
     out["mfu"] = flops.mfu(out["tflops_per_gcd"], peak_tflops)
+    vals = [row["val_loss"] for row in history if row.get("val_loss") is not None]
+    if vals:
+        out["final_val_loss"] = vals[-1]
     out["peak_memory_bytes_per_rank"] = memory
     if runtime is not None and stats is not None:
         out["topology"] = {
@@ -233,6 +243,7 @@ def finish(
         f"{summ['tflops_per_gcd']:.3g} TFLOP/s per GCD ({flops.mfu_text(summ['mfu'], device_name)}), "
         f"final loss {summ['final_loss']:.4f} (first {summ['first_loss']:.4f}), "
         f"peak memory per rank {fmt_bytes(max(summ['peak_memory_bytes_per_rank']))} (max over ranks)"
+        + (f", final val loss {summ['final_val_loss']:.4f}" if "final_val_loss" in summ else "")
     )
     if plan is not None:
         rep.lines(tables.bytes_lines(summ["bytes_per_step"], "bytes sent by rank 0 per step, by phase and tier:"))
