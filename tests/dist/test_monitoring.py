@@ -87,8 +87,15 @@ def test_monitor_holds_every_scalar_per_step_and_val_loss_is_one_number_on_every
         # the per-phase bytes add up to the row's per-tier bytes; the evaluation's are apart
         for t in TIERS:
             assert sum(r["bytes_by_phase"][p][t] for p in PHASES) == r["bytes"][t]
-        assert r["val_bytes"]["gcd"] > 0  # its forward gathered weights
+        assert r["val_bytes"]["forward_gather"]["gcd"] > 0  # its forward gathered weights
     assert rows[-1]["eta_s"] == 0.0
+    # summary.json's bytes per step are the steps' own: the rows' sum, the evaluations' apart
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_val_loss"] == vals[0][STEPS - 1]
+    for p in PHASES:
+        for t in TIERS:
+            steps_sum = sum(r["bytes_by_phase"][p][t] for r in rows)
+            assert summary["bytes_per_step"][p][t] * STEPS == pytest.approx(steps_sum, abs=1e-6), (p, t)
 
     scalars = _read_scalars(out)
     expected = [

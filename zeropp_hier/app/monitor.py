@@ -135,6 +135,10 @@ def _bytes_by_phase(engine) -> dict[str, dict[str, int]]:
     return {phase: {tier: int(snap[phase][tier]) for tier in TIERS} for phase in snap}
 
 
+def _minus(now: Mapping[str, Mapping[str, int]], before: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    return {p: {t: now[p][t] - before.get(p, {}).get(t, 0) for t in TIERS} for p in now}
+
+
 class StepMonitor:
     """Per step on every rank (no collective): adds ``lr``, ``grad_norm`` (DeepSpeed's
     ``get_global_grad_norm``, the same on every rank), ``bytes_by_phase`` (under our section:
@@ -148,13 +152,13 @@ class StepMonitor:
         # from zero, as Run's per-tier count: the first row holds what building the engine sent
         self._last: dict[str, dict[str, int]] = {}
 
-    def recount(self) -> dict[str, int] | None:
+    def recount(self) -> dict[str, dict[str, int]] | None:
         """Leave out of the next row the bytes sent since this one (an evaluation's gathers) and
-        return them per tier (None without our section)."""
+        return them per phase and tier (None without our section)."""
         if not self.hier:
             return None
         now = _bytes_by_phase(self.engine)
-        sent: dict[str, int] = {t: sum(now[p][t] - self._last.get(p, {}).get(t, 0) for p in now) for t in TIERS}
+        sent = _minus(now, self._last)
         self._last = now
         return sent
 
@@ -165,7 +169,7 @@ class StepMonitor:
         row["grad_norm"] = None if norm is None else float(norm)
         if self.hier:
             now = _bytes_by_phase(e)
-            row["bytes_by_phase"] = {p: {t: now[p][t] - self._last.get(p, {}).get(t, 0) for t in TIERS} for p in now}
+            row["bytes_by_phase"] = _minus(now, self._last)
             self._last = now
         self.seconds += row["seconds"]
         self.done += 1

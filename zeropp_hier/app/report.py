@@ -220,7 +220,12 @@ def summary(
             "mode": topology_mode(spec),
             "rank_map": None if runtime.topo.is_identity_map else list(runtime.topo.rank_map),
         }
-        out["bytes_per_step"] = {p: {t: v / len(history) for t, v in per.items()} for p, per in stats["bytes"].items()}
+        # the training steps' own: the evaluations' gathers (rows' val_bytes) left out
+        evals = [row["val_bytes"] for row in history if row.get("val_bytes")]
+        out["bytes_per_step"] = {
+            p: {t: (v - sum(e.get(p, {}).get(t, 0) for e in evals)) / len(history) for t, v in per.items()}
+            for p, per in stats["bytes"].items()
+        }
         out["comm_stats"] = stats
         if stats.get("auto"):  # "preset": "auto": what it chose ([Note: auto preset])
             out["auto"] = {k: stats["auto"][k] for k in ("chosen", "runner_up", "rates_gbps", "source")}
