@@ -4,6 +4,7 @@ of the settings and the Hydra keys that set them."""
 
 import importlib.util
 import math
+import re
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -162,6 +163,8 @@ def test_hydra_keys_set_the_monitoring_fields():
 
 def test_the_step_line_shows_lr_grad_norm_val_loss_and_eta():
     line = report.step_line(_row(val_loss=2.75), hier=True, device_name=None)
-    assert "| lr 0.0001 | grad norm 0.75 | val loss 2.7500 |" in line and line.endswith("| ETA 2m05s")
+    assert line.endswith("| lr 0.0001 | grad norm 0.75 | val loss 2.7500 | ETA 2m05s"), line
+    # the head as it always read (tests/system/test_slurm.py parses it)
+    assert re.match(r"step +4 \| loss 2.5000 \| +1000 tok/s \| [\d.e+-]+ TFLOP/s/GCD [^|]*\| sent/rank node", line)
     line = report.step_line(_row(grad_norm=None), hier=False, device_name=None)
     assert "grad norm n/a" in line and "val loss" not in line

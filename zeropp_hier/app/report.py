@@ -128,20 +128,24 @@ def header_lines(
 
 
 def step_line(row: Mapping[str, Any], hier: bool, device_name: str | None) -> str:
-    """One step's line: loss, throughput, TFLOP/s and, under our section, bytes sent per tier."""
+    """One step's line: loss, throughput, TFLOP/s, under our section the bytes sent per tier and,
+    in the job's rows (``monitor.StepMonitor``), lr, grad norm, the val loss and the ETA (after
+    the bytes, so that the line's head reads as before)."""
     sent = ""
     if hier:
         sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier]):>9s}" for tier in reversed(TIERS))
     mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
     perf = f"{row['tflops_per_gcd']:.3g} TFLOP/s/GCD {flops.mfu_text(row['mfu'], device_name)}"
-    train = f"loss {row['loss']:.4f}"
-    if "lr" in row:  # rows of the job (app/monitor.py's StepMonitor)
+    extra = ""
+    if "lr" in row:
         norm = "n/a" if row.get("grad_norm") is None else f"{row['grad_norm']:.3g}"
-        train += f" | lr {row['lr']:.3g} | grad norm {norm}"
+        extra += f" | lr {row['lr']:.3g} | grad norm {norm}"
     if row.get("val_loss") is not None:
-        train += f" | val loss {row['val_loss']:.4f}"
-    eta = f" | ETA {monitor.fmt_duration(row['eta_s'])}" if "eta_s" in row else ""
-    return f"step {row['step']:4d} | {train} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{eta}{mark}"
+        extra += f" | val loss {row['val_loss']:.4f}"
+    if "eta_s" in row:
+        extra += f" | ETA {monitor.fmt_duration(row['eta_s'])}"
+    head = f"step {row['step']:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}"
+    return f"{head}{sent}{extra}{mark}"
 
 
 def resumed_line(path: str, start: int, sample: int, saved_world: int, world: int, universal: bool) -> str:
