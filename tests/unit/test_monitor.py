@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from zeropp_hier.app import monitor, report
 from zeropp_hier.app.monitor import MonitorSpec
-from zeropp_hier.app.spec import JobSpec
+from zeropp_hier.app.spec import JobSpec, ModelSpec
 from zeropp_hier.app.train import spec_from_config
 from zeropp_hier.core.vocab import TIERS
 
@@ -168,3 +168,36 @@ def test_the_step_line_shows_lr_grad_norm_val_loss_and_eta():
     assert re.match(r"step +4 \| loss 2.5000 \| +1000 tok/s \| [\d.e+-]+ TFLOP/s/GCD [^|]*\| sent/rank node", line)
     line = report.step_line(_row(grad_norm=None), hier=False, device_name=None)
     assert "grad norm n/a" in line and "val loss" not in line
+
+
+def _texts(tmp_path, sizes):
+    files = []
+    for i, n in enumerate(sizes):
+        f = tmp_path / f"doc{i:02d}.txt"
+        f.write_text("".join(chr(97 + (i + j) % 26) for j in range(n)))
+        files.append(f)
+    return files
+
+
+def test_val_batches_are_sharded_over_ranks_and_the_same_at_every_evaluation(tmp_path):
+    from zeropp_hier.app import data, evaluate
+
+    data.prepare(_texts(tmp_path, [4000] + [500] * 19), str(tmp_path / "d"))  # file 0 is the val split
+    spec = JobSpec(data_path=str(tmp_path / "d"), eval_every=1, micro_batch=2, model=ModelSpec(seq_len=32))
+    assert evaluate.val_loader(JobSpec(data_path=str(tmp_path / "d")), 0, 4) is None  # eval_every=0
+    loaders = [evaluate.val_loader(spec, r, 4) for r in range(4)]
+    assert all(ld is not None and ld.data.count == 4001 for ld in loaders)  # the val document + its newline
+    ids = [i for ld in loaders for b in range(3) for i in ld.sample_ids(b)]  # 3 batches x 4 ranks x 2
+    assert len(set(ids)) == len(ids) == 24  # of 125 samples: no two ranks read the same one
+    x, y = loaders[1].batch(2)
+    x2, _ = evaluate.val_loader(spec, 1, 4).batch(2)
+    assert x.shape == (2, 32) and (x == x2).all() and (x[:, 1:] == y[:, :-1]).all()
+
+
+def test_a_val_split_too_small_for_one_sample_is_refused_naming_eval_every(tmp_path):
+    from zeropp_hier.app import data, evaluate
+
+    data.prepare(_texts(tmp_path, [10] + [500] * 19), str(tmp_path / "d"))
+    spec = JobSpec(data_path=str(tmp_path / "d"), eval_every=5, model=ModelSpec(seq_len=32))
+    with pytest.raises(ValueError, match=r"'eval_every': got 5; the val split .* has 11 tokens.*eval_every=0"):
+        evaluate.val_loader(spec, 0, 4)
