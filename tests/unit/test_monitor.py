@@ -100,9 +100,11 @@ def test_the_jobs_config_carries_the_sections_and_only_when_asked(tmp_path):
     assert not {"tensorboard", "csv_monitor", "wandb"} & set(JobSpec().ds_config())
     cfg = JobSpec(out_dir=str(tmp_path), monitor=MonitorSpec(csv=True)).ds_config()
     assert cfg["csv_monitor"] == {"enabled": True, "output_path": str(tmp_path), "job_name": "csv_monitor"}
-    # a caller's override of the same section wins
-    cfg = JobSpec(out_dir=str(tmp_path), monitor=MonitorSpec(csv=True)).ds_config({"csv_monitor": {"enabled": False}})
-    assert cfg["csv_monitor"] == {"enabled": False}
+    # the user's own keys (deepspeed_config / +deepspeed.KEY=value) merge over the job's section
+    spec = JobSpec(
+        out_dir=str(tmp_path), monitor=MonitorSpec(csv=True), deepspeed={"csv_monitor": {"job_name": "mine"}}
+    )
+    assert spec.ds_config()["csv_monitor"] == {"enabled": True, "output_path": str(tmp_path), "job_name": "mine"}
 
 
 def test_wandb_runs_offline_in_the_run_directory_unless_the_user_chose(monkeypatch, tmp_path):
