@@ -20,7 +20,7 @@ from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
 from ..planner.tables import fmt_bytes
-from . import chart, flops
+from . import chart, flops, monitor
 from .spec import JobSpec
 
 ARCH_NAMES = {"neox": "GPT-NeoX", "gpt": "GPT"}
@@ -128,13 +128,24 @@ def header_lines(
 
 
 def step_line(row: Mapping[str, Any], hier: bool, device_name: str | None) -> str:
-    """One step's line: loss, throughput, TFLOP/s and, under our section, bytes sent per tier."""
+    """One step's line: loss, throughput, TFLOP/s, under our section the bytes sent per tier and,
+    in the job's rows (``monitor.StepMonitor``), lr, grad norm, the val loss and the ETA (after
+    the bytes, so that the line's head reads as before)."""
     sent = ""
     if hier:
         sent = " | sent/rank " + "  ".join(f"{tier} {fmt_bytes(row['bytes'][tier]):>9s}" for tier in reversed(TIERS))
     mark = " | SKIPPED (weights unchanged)" if row["skipped"] else ""
     perf = f"{row['tflops_per_gcd']:.3g} TFLOP/s/GCD {flops.mfu_text(row['mfu'], device_name)}"
-    return f"step {row['step']:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}{sent}{mark}"
+    extra = ""
+    if "lr" in row:
+        norm = "n/a" if row.get("grad_norm") is None else f"{row['grad_norm']:.3g}"
+        extra += f" | lr {row['lr']:.3g} | grad norm {norm}"
+    if row.get("val_loss") is not None:
+        extra += f" | val loss {row['val_loss']:.4f}"
+    if "eta_s" in row:
+        extra += f" | ETA {monitor.fmt_duration(row['eta_s'])}"
+    head = f"step {row['step']:4d} | loss {row['loss']:.4f} | {row['tokens_per_s']:8.0f} tok/s | {perf}"
+    return f"{head}{sent}{extra}{mark}"
 
 
 def resumed_line(path: str, start: int, sample: int, saved_world: int, world: int, universal: bool) -> str:
@@ -203,6 +214,9 @@ def summary(
         "peak_bf16_tflops": peak_tflops,
     }
     out["mfu"] = flops.mfu(out["tflops_per_gcd"], peak_tflops)
+    vals = [row["val_loss"] for row in history if row.get("val_loss") is not None]
+    if vals:
+        out["final_val_loss"] = vals[-1]
     out["peak_memory_bytes_per_rank"] = memory
     if runtime is not None and stats is not None:
         out["topology"] = {
@@ -210,7 +224,12 @@ def summary(
             "mode": topology_mode(spec),
             "rank_map": None if runtime.topo.is_identity_map else list(runtime.topo.rank_map),
         }
-        out["bytes_per_step"] = {p: {t: v / len(history) for t, v in per.items()} for p, per in stats["bytes"].items()}
+        # the training steps' own: the evaluations' gathers (rows' val_bytes) left out
+        evals = [row["val_bytes"] for row in history if row.get("val_bytes")]
+        out["bytes_per_step"] = {
+            p: {t: (v - sum(e.get(p, {}).get(t, 0) for e in evals)) / len(history) for t, v in per.items()}
+            for p, per in stats["bytes"].items()
+        }
         out["comm_stats"] = stats
         if stats.get("auto"):  # "preset": "auto": what it chose ([Note: auto preset])
             out["auto"] = {k: stats["auto"][k] for k in ("chosen", "runner_up", "rates_gbps", "source")}
@@ -233,6 +252,7 @@ def finish(
         f"{summ['tflops_per_gcd']:.3g} TFLOP/s per GCD ({flops.mfu_text(summ['mfu'], device_name)}), "
         f"final loss {summ['final_loss']:.4f} (first {summ['first_loss']:.4f}), "
         f"peak memory per rank {fmt_bytes(max(summ['peak_memory_bytes_per_rank']))} (max over ranks)"
+        + (f", final val loss {summ['final_val_loss']:.4f}" if "final_val_loss" in summ else "")
     )
     if plan is not None:
         rep.lines(tables.bytes_lines(summ["bytes_per_step"], "bytes sent by rank 0 per step, by phase and tier:"))

@@ -25,7 +25,7 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import flops, models, report, resume, resume_rules
+from . import evaluate, flops, models, monitor, report, resume, resume_rules
 from .data import Loader, TokenData, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .recipe import write_ds_config
@@ -197,6 +197,12 @@ class Run:
         self._skipped = self.engine.skipped_steps
         return row
 
+    def recount(self) -> None:
+        """Leave out of the next row the bytes sent since the last one (an evaluation's gathers)."""
+        if self.hier:
+            snap = zeropp_hier.comm_stats(self.engine)["bytes"]
+            self._sent = {tier: sum(snap[p][tier] for p in snap) for tier in TIERS}
+
     def train(self, steps: int, start: int = 0, on_row: Callable[[dict], None] | None = None) -> list[dict]:
         """Steps ``start`` .. ``start + steps - 1``; ``on_row`` sees each step's row as it ends
         (``row["seconds"]`` is the step itself, timed by ``train_steps``)."""
@@ -314,6 +320,8 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     data_sha = _data_sha(spec)
     # before the model is built: a resume that cannot work costs nothing; another world converts
     plan = resume.plan(spec, world, data_sha) if spec.resume else None
+    val = evaluate.val_loader(spec, rank, world)  # None without eval_every; a too small split costs nothing
+    os.environ.update(monitor.wandb_env(spec.monitor, spec.out_dir))  # wandb.init (in the engine) reads it
     run = Run(spec, {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else None)
     rep = report.Reporter(spec, rank == 0)
     kernels = _gather_kernels(world)
@@ -323,9 +331,19 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     saves = _Checkpoints(spec, run, data_sha, hooks)
     start, loaded = _resume(run, plan, saves, rep) if plan is not None else (0, None)
     history: list[dict] = []
+    mon = monitor.StepMonitor(run.engine, spec.steps, spec.log_every, run.hier)
 
     def on_row(row: dict) -> None:
+        mon.annotate(row)  # lr, grad norm, bytes per phase, ETA
+        if val is not None and monitor.due(row["step"] + 1, spec.eval_every):
+            row["val_loss"] = evaluate.val_loss(run.engine, val, spec.eval_batches)  # collective
+            # the evaluation's gathers in its own count, not the next step's (which may find the
+            # weights' kept copies already gathered by it)
+            if run.hier:
+                row["val_bytes"] = mon.recount()
+                run.recount()
         history.append(row)
+        mon.write(row)  # DeepSpeed's monitors, every log_every steps
         rep.step(row, report.step_line(row, run.hier, run.device_name))
         saves.after_step(row["step"] + 1, rep)
 
@@ -340,6 +358,7 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     run.release()
     losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
     out = {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
+    out["val_losses"] = {row["step"]: row["val_loss"] for row in history if "val_loss" in row}
     if hooks is not None:
         out["hooks"] = {"loaded": loaded, "saved": saves.saved}
     return out

@@ -18,6 +18,8 @@ from ..core import vocab
 from ..core.config import TopologySpec
 from ..core.errors import HierConfigError
 from ..core.policy import Compression
+from . import monitor
+from .monitor import MonitorSpec
 
 # the section's presets (core/vocab.py) and "stock": DeepSpeed's own ZeRO-3, without our section
 Preset = Literal[vocab.Preset, "stock"]
@@ -178,6 +180,11 @@ class JobSpec:
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
+    # monitoring and evaluation (app/monitor.py, app/evaluate.py)
+    log_every: int = 1  # DeepSpeed's monitors get the step's scalars every N steps
+    monitor: MonitorSpec = field(default_factory=MonitorSpec)  # which of DeepSpeed's monitors are on
+    eval_every: int = 0  # val loss every N steps (0: never; needs data_path, whose val split it reads)
+    eval_batches: int = 4  # micro-batches per rank in one evaluation
 
     def check(self) -> None:
         if self.preset not in PRESETS:
@@ -216,6 +223,20 @@ class JobSpec:
         if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
             raise HierConfigError(
                 "checkpoint_dir", self.checkpoint_dir, "name a directory for save_every / resume (or set out_dir)"
+            )
+        self._check_monitoring()
+
+    def _check_monitoring(self) -> None:
+        monitor.check(self.monitor, self.out_dir, self.log_every)
+        for name in ("eval_every", "eval_batches"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "eval_every" else 1):
+                raise HierConfigError(name, v, "use 0 (never) or a step count" if name == "eval_every" else "use >= 1")
+        if self.eval_every and self.data_path is None:
+            raise HierConfigError(
+                "eval_every",
+                self.eval_every,
+                "evaluation reads the val split of prepared data: set data=tokens data.path=DIR, or eval_every=0",
             )
 
     @property
@@ -257,6 +278,8 @@ class JobSpec:
             total_steps=self.steps,
             min_lr_ratio=self.min_lr_ratio,
         )
+        # DeepSpeed's monitor sections the job's `monitor` switches on (a user's own then merge over them)
+        cfg.update(monitor.ds_sections(self.monitor, self.out_dir))
         cfg = merge_user(cfg, self.deepspeed_config, self.deepspeed, world=world)
         return _apply_overrides(cfg, overrides)
 

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import HierConfigError
 from .launch import launch
+from .monitor import MonitorSpec
 from .spec import JobSpec, ModelSpec, recipe_fields
 
 
@@ -67,6 +68,10 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         progress=cfg["progress"],
         label=label or {},
         **recipe_fields(cfg),  # the recipe group's keys and the user's DeepSpeed keys
+        log_every=cfg["log_every"],
+        monitor=MonitorSpec(**cfg["monitor"]),
+        eval_every=cfg["eval_every"],
+        eval_batches=cfg["eval_batches"],
     )
 
 
