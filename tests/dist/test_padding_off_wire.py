@@ -64,7 +64,7 @@ def padding_run(cases: dict, rank_map: list) -> dict:
             before = dict(ctx.coll.stats.snapshot()["bytes"].get("grad_reduce", {}))
             buf = ctx.rows_by_coord(packed.rows).contiguous().view(*ctx.topo.dims, -1)
             for hop in plan.reduce:
-                buf = ctx.coll.reduce_stage(buf, hop, hop.block_size, torch.float32, valid=v)
+                buf = ctx.coll.drive(ctx.coll.reduce_stage_steps(buf, hop, hop.block_size, torch.float32, valid=v))
             sums[mode] = (buf.reshape(-1), _bytes(ctx, "grad_reduce", before))
         (a, pa), (b, pb) = sums["padded"], sums["kept"]
         r["grad_reduce"] = {

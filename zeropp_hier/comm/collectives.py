@@ -284,19 +284,6 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(send[0]))
         return self._peer_order(recv, hg)
 
-    def reduce_stage(
-        self,
-        buf: torch.Tensor,
-        hop: Hop,
-        block_size: int,
-        wire_dtype: torch.dtype,
-        phase: str = "grad_reduce",
-        hook: StageHook | None = None,
-        valid: layout.Valid | None = None,
-    ) -> torch.Tensor:
-        """``reduce_stage_steps`` with the hop group's collective."""
-        return self.drive(self.reduce_stage_steps(buf, hop, block_size, wire_dtype, phase, hook, valid))
-
     def reduce_stage_steps(
         self,
         buf: torch.Tensor,

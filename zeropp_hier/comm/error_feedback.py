@@ -12,7 +12,7 @@ sent equals the sum of the true buffers minus the last residual: the error is de
 step and bounded by one quantization step, instead of accumulating in the weights.
 
 - Which buffer: each reduce-scatter stage quantizes its send buffer, the [k, m] fp32 partial
-  sums this rank sends to its k peers of that stage (collectives.reduce_stage). The residual is
+  sums this rank sends to its k peers of that stage (collectives.reduce_stage_steps). The residual is
   the error of what *this rank* sent, so it lives per rank, per stage.
 - Which bucket: DeepSpeed reduces gradients bucket by bucket; for a static graph the buckets
   hold the same parameters every step, so the bucket's parameter names (in DeepSpeed's ds_id
