@@ -15,12 +15,15 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal, Mapping, get_args
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, get_args
 
 from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..files import write_json_atomic
 from ..planner.tables import fmt_bytes
 from .models import CHECKPOINTING, Checkpointing, ModelSpec
+
+if TYPE_CHECKING:
+    from .indexed import IndexedTokens
 
 Preset = Literal["frontier", "zeropp", "zero3", "auto", "stock"]  # stock: DeepSpeed ZeRO-3 without our section
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -106,9 +109,18 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
     m = spec.model
     if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
         return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
-    from .data import TokenData
+    from .data import open_tokens
 
-    vocab, where = TokenData(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
+    vocab, where = open_tokens(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
+    if vocab is None:  # a Megatron pair does not record its tokenizer's size
+        if m.vocab_size is None:
+            raise HierConfigError(
+                "model.vocab_size",
+                None,
+                f"{spec.data_path} does not record its vocabulary: set model.vocab_size to its tokenizer's size "
+                "(50432 for GPT-NeoX-20B's)",
+            )
+        return spec
     if m.vocab_size is None:
         return replace(spec, model=replace(m, vocab_size=vocab))
     if m.vocab_size < vocab:
@@ -279,16 +291,18 @@ class Run:
 
         from ..core.topology import TIERS
         from . import flops, models, training
-        from .data import Loader, TokenData
+        from .data import Loader, TokenData, open_tokens
 
         spec = with_data_vocab(spec)  # the model's vocabulary: the data's, or refused if smaller
         self.spec = spec
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         m = spec.model
         self.loader: Loader | None = None
-        self.tokens: TokenData | None = None
+        self.tokens: TokenData | IndexedTokens | None = None
         if spec.data_path is not None:
-            self.tokens = TokenData(spec.data_path)
+            self.tokens = open_tokens(spec.data_path)
+            if hasattr(self.tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
+                self.tokens.limit_vocab(m.vocab)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = ds_config_for(spec, ds_overrides)
         self.engine = training.build_engine(
@@ -399,9 +413,9 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
 
     data_sha = None
     if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
-        from .data import TokenData
+        from .data import open_tokens
 
-        data_sha = TokenData(spec.data_path).index.get("sha256")
+        data_sha = open_tokens(spec.data_path).index.get("sha256")
     # before the model is built: a resume that cannot work costs nothing; another world converts
     plan = resume.plan(spec, world, data_sha) if spec.resume else None
     run = Run(spec, {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else None)
