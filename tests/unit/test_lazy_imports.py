@@ -23,6 +23,8 @@ PURE = [
     "zeropp_hier.planner.model",
     "zeropp_hier.planner.tables",
     "zeropp_hier.tools.sweep_report",
+    "zeropp_hier.app.documents",
+    "zeropp_hier.app.indexed",
 ]
 
 CHILD = r"""
