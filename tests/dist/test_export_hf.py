@@ -17,6 +17,7 @@ from zeropp_hier.core.errors import HierConfigError
 from zeropp_hier.deepspeed.checkpoint_files import HierCheckpointError
 from zeropp_hier.tools import export_hf
 
+from ..unit.test_prepare_stream import make_tokenizer
 from .ranks_export import Logits, fixed_input
 
 STEPS, VOCAB = 3, 256
@@ -79,10 +80,13 @@ def test_the_cli_and_its_refusals(trained, capsys):
 
     tmp, ckpt, _ = trained
     out = str(tmp / "cli")
-    assert main(["checkpoint", "export-hf", ckpt, "--out", out, "--dtype", "bf16"]) == 0  # latest
+    tok = make_tokenizer(tmp / "tokenizer.json", ["a b c d"], specials=("<pad>", "<|endoftext|>"))
+    assert main(["checkpoint", "export-hf", ckpt, "--out", out, "--dtype", "bf16", "--tokenizer", tok]) == 0  # latest
     assert "from_pretrained" in capsys.readouterr().out
     model, info = _load(out)
     assert next(model.parameters()).dtype == torch.bfloat16 and not info["missing_keys"]
+    assert model.config.eos_token_id == model.config.bos_token_id == 1  # the tokenizer's <|endoftext|>
+    assert open(os.path.join(out, "tokenizer.json")).read() == open(tok).read()
     assert main(["checkpoint", "export-hf", ckpt, "--out", out]) == 1  # never over an export
     assert "not empty" in capsys.readouterr().out
     with pytest.raises(HierCheckpointError, match="no such directory"):

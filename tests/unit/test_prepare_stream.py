@@ -124,6 +124,8 @@ def test_refusals_name_the_input_and_the_fix(tmp_path, corpus):
         prepare_stream.prepare([bad], str(tmp_path / "o"))
     with pytest.raises(HierConfigError, match="--tokenizer.*no such file"):
         prepare_stream.prepare([jsonl], str(tmp_path / "o"), tokenizer=str(tmp_path / "none.json"))
+    with pytest.raises(HierConfigError, match="'--eos'.*newline"):
+        prepare_stream.prepare([jsonl], str(tmp_path / "o"), eos="</s>")
     with pytest.raises(HierConfigError, match="--workers"):
         prepare_stream.prepare([jsonl], str(tmp_path / "o"), workers=0)
 

@@ -337,10 +337,12 @@ class Loader:
 
 def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     ap = argparse.ArgumentParser(
-        prog=prog, description="Prepare token files for the job (byte-level or a locally trained BPE tokenizer)."
+        prog=prog,
+        description="Prepare token files for the job from text or JSON-lines files: byte level, a BPE tokenizer "
+        "trained here, or an existing Hugging Face tokenizer.json.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare", help="tokenize local text into DIR/{train,val}.bin + DIR/index.json")
+    p = sub.add_parser("prepare", help="tokenize local text or JSON lines into DIR/{train,val}.bin + DIR/index.json")
     p.add_argument("inputs", nargs="*", help="text files or directories (read recursively, see --glob)")
     p.add_argument("--stdlib", action="store_true", help="the Python standard library's own sources (no download)")
     p.add_argument("--glob", default=None, help="file pattern inside directories (default: *.txt and *.jsonl)")

@@ -170,6 +170,10 @@ def prepare(
     out = Path(out_dir)
     info: dict
     if tokenizer == "byte":
+        if eos is not None:
+            raise HierConfigError(
+                "--eos", eos, "the byte tokenizer ends each document with a newline: --eos goes with a tokenizer.json"
+            )
         tok_file, eos_id, vocab = None, None, 256
         info = {"kind": "byte", "vocab_size": 256}
     else:

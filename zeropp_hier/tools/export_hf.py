@@ -184,6 +184,13 @@ def export_hf(
         config.architectures = ["GPTNeoXForCausalLM"]
         torch_dtype = getattr(torch, DTYPES[dtype])
         config.dtype = torch_dtype
+        if tokenizer is not None:  # generation stops at the tokenizer's EOS, not GPTNeoXConfig's default id 2
+            from ..app.prepare_stream import eos_of
+
+            try:
+                config.eos_token_id = config.bos_token_id = eos_of(tokenizer)[1]  # GPT-NeoX-20B: both 0
+            except HierConfigError:
+                pass  # no EOS token known in it: GPTNeoXConfig's defaults stay
         named = hf_state_dict(state, config)
         del state
         named = {k: v.to(torch_dtype) for k, v in named.items()}
@@ -196,7 +203,14 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     params = sum(v.numel() for v in named.values())
-    return {"out": out_dir, "tag": resolved, "files": files, "params": params, "dtype": dtype}
+    return {
+        "out": out_dir,
+        "tag": resolved,
+        "files": files,
+        "params": params,
+        "dtype": dtype,
+        "eos": config.eos_token_id,
+    }
 
 
 def _size(text: str) -> int:
@@ -239,7 +253,8 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier checkpoint expo
         return 1
     print(
         f"{done['out']}: {done['params'] / 1e6:.2f}M parameters of tag {done['tag']} as {done['dtype']} "
-        f"({', '.join(done['files'])}, config.json): GPTNeoXForCausalLM.from_pretrained({done['out']!r})"
+        f"({', '.join(done['files'])}, config.json with eos_token_id {done['eos']}): "
+        f"GPTNeoXForCausalLM.from_pretrained({done['out']!r})"
     )
     return 0
 
