@@ -14,7 +14,7 @@ import gc
 import os
 import resource
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import deepspeed
 import torch
@@ -26,9 +26,12 @@ from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
 from . import flops, models, report, resume, resume_rules
-from .data import Loader, TokenData, synthetic_batch
+from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
+
+if TYPE_CHECKING:
+    from .indexed import IndexedTokens
 
 # -- engine and step loop (the job, the benchmarks and the tests) ------------------------------
 
@@ -142,9 +145,11 @@ class Run:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         m = spec.model
         self.loader: Loader | None = None
-        self.tokens: TokenData | None = None
+        self.tokens: TokenData | IndexedTokens | None = None
         if spec.data_path is not None:
-            self.tokens = TokenData(spec.data_path)
+            self.tokens = open_tokens(spec.data_path)
+            if hasattr(self.tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
+                self.tokens.limit_vocab(m.vocab)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = spec.ds_config(ds_overrides)
         self.engine = build_engine(self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing)
@@ -246,7 +251,7 @@ class _Checkpoints:
 def _data_sha(spec: JobSpec) -> str | None:
     """The token files' hash (a resume checks it); read before the model is built, so that a
     wrong path costs nothing."""
-    return None if spec.data_path is None else TokenData(spec.data_path).index.get("sha256")
+    return None if spec.data_path is None else open_tokens(spec.data_path).index.get("sha256")
 
 
 def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Reporter) -> tuple[int, Any]:

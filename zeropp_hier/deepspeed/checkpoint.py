@@ -192,6 +192,10 @@ def save(
             save_latest=False,
             exclude_frozen_parameters=exclude_frozen_parameters,
         )
+        if rank == 0:  # DeepSpeed's copies load pickles: the tensors-only ones replace them
+            from .recovery_script import replace_scripts
+
+            replace_scripts(save_dir)
         # every rank must see what every rank wrote: else the directory is not shared
         listings = _gather(list_files(tmp_dir), group)
         raise_rank_errors([_listing_error(listings, tmp_dir)], "checking the saved files")
