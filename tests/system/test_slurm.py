@@ -94,7 +94,7 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
     assert len(train) == 1, out
     # the ranks run the NVMe environment's python (-P: not the checkout in the submit directory)
     assert train[0] == (
-        "+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest "
+        "+ srun -N 2 -n 16 --ntasks-per-node=8 -c7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 "
         "/mnt/bb/alice/zeropp-hier-env/bin/python -P -m zeropp_hier.app.train launcher=srun topology=auto "
         "preset=zeropp"
     )
