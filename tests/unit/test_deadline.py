@@ -109,7 +109,7 @@ def test_the_signal_handler_only_records():
         assert flag.received and d.local_flags()[0] is True
         decision = dl.Decision(True, True, False, None)
         line = dl.stop_line(decision, 42, "/ckpt/step42")
-        assert "after step 42" in line and "warning signal" in line and "/ckpt/step42" in line
+        assert "with 42 steps done" in line and "warning signal" in line and "/ckpt/step42" in line
     finally:
         dl.unwatch_signal(flag)
     assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, flag.previous)

@@ -251,4 +251,62 @@ class Deadline:
 
 def stop_line(decision: Decision, step_done: int, where: str) -> str:
     """The one line a job prints when it stops early."""
-    return f"stopping after step {step_done}: {decision.why()}; saved {where}; resume with resume=latest"
+    return f"stopping with {step_done} steps done: {decision.why()}; saved {where}; resume with resume=latest"
+
+
+# -- the job's use of it ---------------------------------------------------------------------------
+
+
+class SavedInTime(Exception):
+    """Raised from the job's step callback after the agreed early save: ends the training loop
+    (``line`` says why and where it saved)."""
+
+    def __init__(self, line: str, step_done: int):
+        self.line, self.step_done = line, step_done
+        super().__init__(line)
+
+
+class JobWatch:
+    """The training loop's side of [Note: saving before the wall clock ends]: one call per step,
+    ``after_step``, on every rank."""
+
+    def __init__(self, deadline: Deadline, where: str, device: Any = "cpu", quiet: Callable[[], Any] | None = None):
+        self.deadline, self.where, self.device, self.quiet = deadline, where, device, quiet
+
+    def after_step(self, step_done: int, saved: bool, save: Callable[[str], str]) -> None:
+        """Collective. ``saved``: this step's regular save already ran; ``save(directory)`` saves
+        and returns the tag. Raises ``SavedInTime`` once every rank agreed to stop."""
+        if self.quiet is not None:
+            self.quiet()  # nothing of ours in flight beside the agreement ([Note: quiet boundaries])
+        decision = self.deadline.check(device=self.device)
+        if not decision.stop:
+            return
+        t0 = time.monotonic()
+        tag = None if saved else save(self.where)
+        if tag is not None:
+            self.deadline.record_save(time.monotonic() - t0)
+        at = os.path.join(self.where, tag) if tag is not None else f"{self.where} (this step's regular save)"
+        raise SavedInTime(stop_line(decision, step_done, at), step_done)
+
+    def close(self) -> None:
+        if self.deadline.flag is not None:
+            unwatch_signal(self.deadline.flag)
+
+
+def for_job(
+    ckpt_dir: str | None, params: int, world: int, dtype: str, device: Any = "cpu", executor: Any = None
+) -> JobWatch | None:
+    """The watch of a job that can save (a checkpoint directory), or None. Reads Slurm's end time
+    once and, from the main thread, records SIGUSR1 (the batch scripts forward Slurm's warning)."""
+    import threading
+
+    if ckpt_dir is None:
+        return None
+    flag = watch_signal(signal.SIGUSR1) if threading.current_thread() is threading.main_thread() else None
+    estimate = SaveEstimate(checkpoint_bytes_per_rank(params, world, 4 if dtype == "fp32" else 2))
+    quiet = None
+    if executor is not None:
+        from ..comm.boundary import quiesce
+
+        quiet = lambda: quiesce(executor, "the agreed time-limit check")  # noqa: E731
+    return JobWatch(Deadline(allocation_end(), estimate, flag=flag), ckpt_dir, device, quiet)

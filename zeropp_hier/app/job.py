@@ -395,7 +395,7 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
         log.setLevel(logging.INFO)
         log.propagate = False
     model_cfg = spec.model
-    from . import resume, resume_rules
+    from . import deadline, resume, resume_rules
 
     data_sha = None
     if spec.data_path is not None:  # checked before the model is built: a wrong path costs nothing
@@ -458,10 +458,14 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
             if hooks is not None:
                 hooked["saved"][done] = hooks.saved(engine, done)
             report.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
+        if watch is not None and done < spec.steps:  # save in time ([Note: saving before the wall clock ends])
+            saved = bool(spec.save_every) and done % spec.save_every == 0
+            watch.after_step(done, saved, lambda d: resume.save(engine, d, done, data_state(done), record))
 
     accum = engine.gradient_accumulation_steps()
     record = resume_rules.record(spec, world, accum, data_sha)
     hooked: dict = {"loaded": None, "saved": {}}
+    watch = deadline.for_job(spec.checkpoint_dir, n_params, world, spec.dtype, engine.device, rt and rt.executor)
 
     def data_state(next_step: int) -> dict:
         if loader is not None:
@@ -488,7 +492,10 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
         )
 
     t0 = time.perf_counter()
-    run.train(spec.steps - start, start=start, on_row=on_row)
+    try:
+        run.train(spec.steps - start, start=start, on_row=on_row)
+    except deadline.SavedInTime as stop:
+        report.line(stop.line)
     elapsed = time.perf_counter() - t0
     report.close()
     flops_token, peak = run.flops_per_token, run.peak_tflops
