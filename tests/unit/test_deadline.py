@@ -113,3 +113,19 @@ def test_the_signal_handler_only_records():
     finally:
         dl.unwatch_signal(flag)
     assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, flag.previous)
+
+
+def test_an_early_flag_is_taken_over_by_the_jobs_watch(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(dl, "_EARLY", [])
+    early = dl.watch_signal_early()
+    try:
+        assert early is not None and dl.watch_signal_early() is early  # installed once
+        signal.raise_signal(signal.SIGUSR1)  # before the engine exists: recorded, not fatal
+        watch = dl.for_job("/ckpt", 1_000_000, 4, "bf16")
+        assert watch is not None and watch.deadline.flag is early and early.received
+        assert watch.deadline.estimate.bytes_per_rank == 1_000_000 / 4 * 14
+        assert watch.deadline.end.at is None  # not a Slurm job
+        assert dl.for_job(None, 1, 1, "fp32") is None  # nowhere to save: no watch
+    finally:
+        dl.unwatch_signal(early)

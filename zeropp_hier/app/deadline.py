@@ -184,6 +184,22 @@ def watch_signal(signum: int = signal.SIGUSR1) -> SignalFlag:
     return flag
 
 
+_EARLY: list[SignalFlag] = []  # the flag ``watch_signal_early`` installed in this process
+
+
+def watch_signal_early(signum: int = signal.SIGUSR1) -> SignalFlag | None:
+    """Record ``signum`` from the job's start (its entry point, before the slow imports and the
+    engine), so that a warning that comes early does not end the process (SIGUSR1's default);
+    ``for_job`` takes this flag over. Main thread only (else None)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if not _EARLY:
+        _EARLY.append(watch_signal(signum))
+    return _EARLY[0]
+
+
 def unwatch_signal(flag: SignalFlag) -> None:
     signal.signal(flag.signum, flag.previous if flag.previous is not None else signal.SIG_DFL)
 
@@ -302,7 +318,9 @@ def for_job(
 
     if ckpt_dir is None:
         return None
-    flag = watch_signal(signal.SIGUSR1) if threading.current_thread() is threading.main_thread() else None
+    flag = _EARLY[0] if _EARLY else None
+    if flag is None and threading.current_thread() is threading.main_thread():
+        flag = watch_signal(signal.SIGUSR1)
     estimate = SaveEstimate(checkpoint_bytes_per_rank(params, world, 4 if dtype == "fp32" else 2))
     quiet = None
     if executor is not None:
