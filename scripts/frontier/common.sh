@@ -56,19 +56,21 @@ zh_show_env() {
 ZH_PY=(python)
 
 # ZH_CHAIN_DIR and ZH_CHAIN_STEPS from the job's overrides; false when the chain is off. A resume=
-# the user gave is kept (the chain then adds none).
+# or save_every= the user gave is kept (the chain then adds none).
 zh_chain_on() {
-  ZH_CHAIN_DIR="" ZH_CHAIN_STEPS="" ZH_USER_RESUME=""
+  ZH_CHAIN_DIR="" ZH_CHAIN_STEPS="" ZH_USER_RESUME="" ZH_USER_SAVE_EVERY=""
   local a
   for a in "$@"; do
     case "$a" in
       checkpoint_dir=*) ZH_CHAIN_DIR=${a#checkpoint_dir=} ;;
       steps=*) ZH_CHAIN_STEPS=${a#steps=} ;;
       resume=*) ZH_USER_RESUME=$a ;;
+      save_every=*) ZH_USER_SAVE_EVERY=$a ;;
     esac
   done
   if [[ -z "$ZH_CHAIN_DIR" || -z "$ZH_CHAIN_STEPS" || "${ZH_CHAIN:-1}" == "0" ]]; then
-    echo "chain: off (give checkpoint_dir= and steps= to chain jobs until the run is done)"
+    echo "chain: off (give checkpoint_dir= and steps= to chain jobs until the run is done; ZH_CHAIN=0 turns it off)"
+    ZH_CHAIN_DIR=""
     return 1
   fi
 }
@@ -78,19 +80,22 @@ zh_job_field() {
   scontrol show job "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n1
 }
 
-# At the start of a link: sets ZH_RESUME ("resume=latest", or empty for a fresh start; the chain
-# says which); ends the job when the run is done (exit 0) or the chain stopped (exit 1).
+# At the start of a link: sets ZH_EXTRA, the overrides the chain adds: resume=latest when there is
+# a complete checkpoint (the chain says whether it resumes or starts fresh), and save_every=<steps>
+# when none was given (the run's last step must be saved, or the next link would redo it). Ends the
+# job when the run is done (exit 0) or the chain stopped (exit 1).
 zh_chain_start() {
-  ZH_RESUME=""
+  ZH_EXTRA=()
+  [[ -n "$ZH_USER_SAVE_EVERY" ]] || ZH_EXTRA+=("save_every=$ZH_CHAIN_STEPS")
   if zh_render; then
     zh_run "${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID"
     return 0
   fi
-  local rc=0
-  ZH_RESUME=$("${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" \
+  local rc=0 resume
+  resume=$("${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" \
     --job "$SLURM_JOB_ID") || rc=$?
   case "$rc" in
-    0) [[ -z "$ZH_USER_RESUME" ]] || ZH_RESUME="" ;; # the user's resume= stands
+    0) [[ -n "$ZH_USER_RESUME" || -z "$resume" ]] || ZH_EXTRA+=("$resume") ;; # the user's resume= stands
     10) echo "chain: done, nothing to run"; exit 0 ;;
     11) echo "chain: stopped"; exit 1 ;;
     *) zh_die "the chain's helper (python -m zeropp_hier.app.chain start) failed (exit $rc)" ;;
@@ -101,14 +106,16 @@ zh_chain_start() {
 # however it ends (afterany: also at its time limit or on a node failure). Sets ZH_NEXT.
 zh_chain_submit_next() {
   local script=$1; shift
-  local args=(--parsable "--dependency=afterany:$SLURM_JOB_ID" -N "$SLURM_NNODES" -D "${SLURM_SUBMIT_DIR:-$PWD}")
+  local workdir
+  workdir=$(zh_job_field WorkDir) && [[ -n "$workdir" ]] || workdir=$PWD # this job's, not its submitter's
+  local args=(--parsable "--dependency=afterany:$SLURM_JOB_ID" -N "$SLURM_NNODES" -D "$workdir")
   [[ -n "${SLURM_JOB_NAME:-}" ]] && args+=(-J "$SLURM_JOB_NAME")
   [[ -n "${SLURM_JOB_ACCOUNT:-}" ]] && args+=(-A "$SLURM_JOB_ACCOUNT")
   [[ -n "${SLURM_NTASKS_PER_NODE:-}" ]] && args+=("--ntasks-per-node=$SLURM_NTASKS_PER_NODE")
   local limit out
   limit=$(zh_job_field TimeLimit) && [[ -n "$limit" && "$limit" != UNLIMITED ]] && args+=(-t "$limit")
-  # the same output file pattern: this job's, its id made %j again
-  out=$(zh_job_field StdOut) && [[ -n "$out" ]] && args+=(-o "${out//$SLURM_JOB_ID/%j}")
+  # the same output file pattern: this job's, its id in the file name made %j again
+  out=$(zh_job_field StdOut) && [[ -n "$out" ]] && args+=(-o "${out%/*}/$(zh_id_to_pattern "${out##*/}")")
   if zh_render; then
     zh_run sbatch "${args[@]}" "$script" "$@"
     ZH_NEXT=""
@@ -117,6 +124,12 @@ zh_chain_submit_next() {
   ZH_NEXT=$(sbatch "${args[@]}" "$script" "$@") || zh_die "could not submit the next link of the chain"
   ZH_NEXT=${ZH_NEXT%%;*}
   echo "chain: submitted the next link, job $ZH_NEXT (starts after job $SLURM_JOB_ID ends)"
+}
+
+# A file name with this job's id as Slurm's %j again (job-123.out -> job-%j.out).
+zh_id_to_pattern() {
+  local name=$1
+  echo "${name//$SLURM_JOB_ID/%j}"
 }
 
 # At the end of a link: record how it ended; cancel the next link when the run is done or stopped.

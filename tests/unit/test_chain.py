@@ -63,6 +63,16 @@ def test_two_failures_at_the_same_step_stop_the_chain(tmp_path, capsys):
     assert "jobs 7 and 8 both failed at step 3" in err and "exit None, 1" in err
 
 
+def test_two_links_without_a_new_checkpoint_stop_the_chain(tmp_path, capsys):
+    root = tmp_path / "ckpt"
+    _save(root, 3)
+    assert _start(root, 1) == chain.RUN
+    assert _end(root, 1, 0) == chain.RUN  # the time limit came before a step and a save fitted
+    assert _start(root, 2) == chain.RUN
+    assert _end(root, 2, 0) == chain.STOP
+    assert "jobs 1 and 2 both ended without a new checkpoint at step 3" in capsys.readouterr().err
+
+
 def test_a_failure_after_progress_runs_again(tmp_path):
     root = tmp_path / "ckpt"
     _save(root, 3)

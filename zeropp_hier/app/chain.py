@@ -8,8 +8,8 @@ are given ``checkpoint_dir=`` and ``steps=``. Each link, at its start, asks ``st
   ``steps`` or beyond: nothing to run, the chain ends;
 - *stop*: the previous link ended on a configuration error (a change that resume refuses, e.g.
   another model or seed than the checkpoint's, or any other ``zeropp_hier config error``), or
-  the last two links both failed at the same step (no checkpoint between them): it would fail
-  again, the chain ends and says why;
+  the last two links both ended at the same step (both failed there, or the later one added no
+  checkpoint): another link would do the same, the chain ends and says why;
 - *run*: the link resumes from the newest complete checkpoint (``resume=latest``), or starts
   fresh when there is none, and says which. Before running it submits the next link with
   ``sbatch --dependency=afterany:<this job>`` (so the chain goes on even when this job is killed
@@ -115,10 +115,12 @@ def verdict(links: list[Link], step: int, steps: int) -> tuple[int, str]:
         ends.append((link, end, link.exit != 0))
     if len(ends) >= 2:
         (a, a_end, a_failed), (b, b_end, b_failed) = ends[-2], ends[-1]
-        if a_failed and b_failed and a_end == b_end == step:
+        if a_end == b_end == step == b.start_step:  # the last link added no checkpoint to the one before's
+            what = "both failed" if a_failed and b_failed else "both ended without a new checkpoint"
             return STOP, (
-                f"jobs {a.job} and {b.job} both failed at step {step} (exit {a.exit}, {b.exit}; None: killed before "
-                "it could record its end): it would fail again; read their logs, fix the cause and resubmit"
+                f"jobs {a.job} and {b.job} {what} at step {step} (exit {a.exit}, {b.exit}; None: killed before "
+                "it could record its end): another link would do the same; read their logs, fix the cause "
+                "(a failure, or a time limit too short for one step and a save) and resubmit"
             )
     if step == 0:
         return RUN, f"starting fresh: no complete checkpoint yet (up to step {steps})"
