@@ -59,6 +59,10 @@ def quiesce(executor: CommExecutor, what: str) -> int:
     """Drain ``executor`` and check that nothing of ours is in flight before ``what`` issues its
     collectives ([Note: quiet boundaries]); returns how many collectives were in flight on entry."""
     check_alone(executor, what)
+    if executor.broken is not None:
+        # it issues nothing more ([Note: executor failure semantics] in executor.py); the failure
+        # surfaces where it did before, and a drain would only raise ExecutorBrokenError here
+        return 0
     pending = executor.in_flight
     if pending:  # a barrier job through every lane: what was queued before it has run
         executor.drain()
