@@ -25,7 +25,7 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import flops, models, report, resume, resume_rules
+from . import deadline, flops, models, report, resume, resume_rules
 from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
@@ -223,14 +223,20 @@ class Run:
 
 class _Checkpoints:
     """The job's saves: every ``save_every`` steps and after the last, each with the data
-    position of the next step and the record a resume checks (``resume_rules.record``).
-    ``hooks.saved(engine, step)`` (tests) runs after each save; what it returns is kept."""
+    position of the next step and the record a resume checks (``resume_rules.record``), and
+    the save in time before the allocation ends (``deadline.for_job``: a job with a
+    ``checkpoint_dir``). ``hooks.saved(engine, step)`` (tests) runs after each regular save;
+    what it returns is kept."""
 
     def __init__(self, spec: JobSpec, run: Run, data_sha: str | None, hooks: Any):
         self.spec, self.run, self.hooks = spec, run, hooks
         self.accum = run.engine.gradient_accumulation_steps()
         self.record = resume_rules.record(spec, run.world, self.accum, data_sha)
         self.saved: dict = {}
+        executor = run.runtime.executor if run.runtime is not None else None
+        self.watch = deadline.for_job(
+            spec.checkpoint_dir, run.n_params, run.world, spec.dtype, run.engine.device, executor
+        )
 
     def data_state(self, next_step: int) -> dict:
         if self.run.loader is not None:
@@ -238,7 +244,8 @@ class _Checkpoints:
         return {"sample": next_step * self.accum * self.run.world * self.spec.micro_batch, "seed": self.spec.seed}
 
     def after_step(self, done: int, rep: report.Reporter) -> None:
-        """Save when ``done`` (steps completed) is due."""
+        """Save when ``done`` (steps completed) is due; then the ranks agree whether to save and
+        stop before the wall clock ends (collective; raises ``deadline.SavedInTime``)."""
         spec, engine = self.spec, self.run.engine
         if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
             assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
@@ -246,6 +253,11 @@ class _Checkpoints:
             if self.hooks is not None:
                 self.saved[done] = self.hooks.saved(engine, done)
             rep.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
+        if self.watch is not None and done < spec.steps:  # save in time ([Note: saving before the wall clock ends])
+            saved = bool(spec.save_every) and done % spec.save_every == 0
+            self.watch.after_step(
+                done, saved, lambda d: resume.save(engine, d, done, self.data_state(done), self.record)
+            )
 
 
 def _data_sha(spec: JobSpec) -> str | None:
@@ -332,7 +344,10 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
         saves.after_step(row["step"] + 1, rep)
 
     t0 = time.perf_counter()
-    run.train(spec.steps - start, start=start, on_row=on_row)
+    try:
+        run.train(spec.steps - start, start=start, on_row=on_row)
+    except deadline.SavedInTime as stop:  # every rank saved at the same step: the run ends here
+        rep.line(stop.line)
     elapsed = time.perf_counter() - t0
     rep.close()
     summary = _summary(run, history, elapsed, kernels)

@@ -40,7 +40,8 @@ INDEX = "model.safetensors.index.json"
 def locate(path: str, tag: str | None = None) -> tuple[str, str | None]:
     """(checkpoint directory, tag) of ``path``: a tag directory (``ckpt/step30``), or the
     checkpoint directory itself (its ``latest``, or ``tag``)."""
-    from ..deepspeed.checkpoint_files import MANIFEST, HierCheckpointError
+    from ..core.errors import HierCheckpointError
+    from ..deepspeed.checkpoint_files import MANIFEST
 
     path = os.path.normpath(path)
     if not os.path.isdir(path):
@@ -130,7 +131,7 @@ def write_safetensors(state: dict, out: str, max_bytes: int) -> list[str]:
 
 
 def _fresh_out(out_dir: str) -> str:
-    from ..deepspeed.checkpoint_files import HierCheckpointError
+    from ..core.errors import HierCheckpointError
 
     if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise HierCheckpointError(
@@ -243,8 +244,7 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier checkpoint expo
         help="load any pickled type (runs code the files name): only for checkpoints whose writer you trust",
     )
     a = ap.parse_args(argv)
-    from ..core.errors import HierConfigError
-    from ..deepspeed.checkpoint_files import HierCheckpointError
+    from ..core.errors import HierCheckpointError, HierConfigError
 
     try:
         done = export_hf(a.tag, a.out, a.tag_name, a.dtype, a.max_shard_size, a.tokenizer, a.trust_pickles)
@@ -275,8 +275,8 @@ def fp32_script_main(argv: list[str]) -> int:
     ap.add_argument("--safe_serialization", action="store_true", help="accepted: the output is always safetensors")
     ap.add_argument("--trust-pickles", action="store_true")
     a = ap.parse_args(argv)
+    from ..core.errors import HierCheckpointError
     from ..deepspeed import checkpoint
-    from ..deepspeed.checkpoint_files import HierCheckpointError
 
     try:
         state = checkpoint.to_fp32(a.checkpoint_dir, a.tag, trust_pickles=a.trust_pickles)
