@@ -7,12 +7,37 @@ a collective with the dead one until some timeout). Processes of other groups ru
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable, NamedTuple
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_env(**extra) -> dict:
+    """This process's environment for a CPU rank of this checkout: none of our own rank
+    variables, one thread, DeepSpeed's CPU accelerator, no forced kernel variant."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), **extra)
+    env.pop("ZEROPP_HIER_CPU_ISA", None)
+    return env
+
+
+def rank_env(rank: int, world: int, port: int, **extra) -> dict:
+    """``cpu_env`` for rank ``rank`` of ``world`` ranks on this host, torchrun-style."""
+    return cpu_env(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        **extra,
+    )
 
 
 class Run(NamedTuple):

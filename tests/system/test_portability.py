@@ -29,7 +29,7 @@ import pytest
 
 from zeropp_hier.launch.world import free_port
 
-from .processes import run_all
+from .processes import cpu_env, rank_env, run_all
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "zeropp_hier" / "detect" / "cpu_floor.py"
@@ -56,13 +56,6 @@ def qemu() -> str:
     return exe
 
 
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), **extra)
-    env.pop("ZEROPP_HIER_CPU_ISA", None)
-    return env
-
-
 def _emulated(qemu: str, cpu: str, *args: str) -> list:
     return [qemu, "-cpu", cpu, sys.executable, *args]
 
@@ -73,7 +66,7 @@ def _clean(text: str) -> str:  # QEMU warns once per CPUID feature TCG cannot mo
 
 def _probe(qemu: str, cpu: str) -> subprocess.CompletedProcess:
     """The install's CPU check (a plain script: standard library only) on the emulated CPU."""
-    p = subprocess.run(_emulated(qemu, cpu, str(CHECK)), capture_output=True, text=True, timeout=900, env=_env())
+    p = subprocess.run(_emulated(qemu, cpu, str(CHECK)), capture_output=True, text=True, timeout=900, env=cpu_env())
     return subprocess.CompletedProcess(p.args, p.returncode, p.stdout, _clean(p.stderr))
 
 
@@ -147,15 +140,7 @@ def _job_rank(qemu: str, cpu: str, rank: int, run_dir: Path, port: int) -> tuple
         "hydra.output_subdir=null",
     ]
     cmd = _emulated(qemu, cpu, *args) if rank == 7 else [sys.executable, *args]
-    env = _env(
-        RANK=str(rank),
-        WORLD_SIZE="8",
-        LOCAL_RANK=str(rank),
-        LOCAL_SIZE="8",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    return cmd, env
+    return cmd, rank_env(rank, 8, port)
 
 
 @pytest.fixture(scope="module")
@@ -171,11 +156,11 @@ def emulated(qemu, cpus, tmp_path_factory) -> dict:
     fp16_dir, job_dir = tmp_path_factory.mktemp("fp16"), tmp_path_factory.mktemp("mixed")
     port = free_port()
     cmds = {
-        ("kernels", r): (_emulated(qemu, role[r], "-c", _kernel_tests(_SELECT[r])), _env(), ("kernels", r))
+        ("kernels", r): (_emulated(qemu, role[r], "-c", _kernel_tests(_SELECT[r])), cpu_env(), ("kernels", r))
         for r in _SELECT
     }
     fp16 = ["-m", "zeropp_hier.app.train", "dtype=fp16", "steps=1", f"hydra.run.dir={fp16_dir}"]
-    cmds[("fp16",)] = (_emulated(qemu, role[NO_AVX512], *fp16), _env(HYDRA_FULL_ERROR="0"), "fp16")
+    cmds[("fp16",)] = (_emulated(qemu, role[NO_AVX512], *fp16), cpu_env(HYDRA_FULL_ERROR="0"), "fp16")
     for rank in range(8):
         cmd, env = _job_rank(qemu, role[NO_AVX2], rank, job_dir, port)
         cmds[("job", rank)] = (cmd, env, "job")

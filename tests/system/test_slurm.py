@@ -163,10 +163,10 @@ def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path)
 # its ZeRO++ side-by-side, as docs/frontier.md gives them.
 NEOX_20B = (
     "model=neox_20b",
+    "recipe=neox20b",
     "data=tokens",
     "data.path=/lustre/orion/alice/tokens",
-    "activation_checkpointing=torch",
-    "dtype=bf16",
+    "steps=150000",
 )
 
 
@@ -191,6 +191,11 @@ def test_frontier_script_renders_the_20b_run_as_a_job_the_app_accepts(slurm, tmp
     m = spec.model
     assert (m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size) == (44, 6144, 64, 2048, 50432)
     assert spec.data_path == "/lustre/orion/alice/tokens" and spec.dtype == "bf16"
+    # the recipe's values reach the DeepSpeed config the job builds (tests/unit/test_recipe.py has the rest)
+    ds = spec.ds_config(world=384)
+    assert ds["optimizer"]["params"]["lr"] == 0.97e-4 and ds["gradient_accumulation_steps"] == 32
+    assert ds["scheduler"]["type"] == "WarmupCosineLR" and ds["scheduler"]["params"]["warmup_num_steps"] == 1500
+    assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] > 0 and ds["bf16"]["enabled"]
     # the job's own check before building (the planner's memory model) lets it start on MI250X
     table = memory_check.check(spec, 384, 8, "AMD Instinct MI250X")
     assert any(row.startswith(f"| {preset} |") and row.rstrip().endswith("| yes |") for row in table), table

@@ -16,16 +16,10 @@ import psutil
 
 from zeropp_hier.launch.world import LocalWorld, WorldError, free_port
 
-from .processes import run_all
+from .processes import rank_env, run_all
 
 ROOT = Path(__file__).resolve().parents[2]
 JOIN_TIMEOUT_S = 15
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), **extra)
-    return env
 
 
 def test_ranks_started_by_a_launcher_end_within_the_join_bound_naming_the_missing_rank(tmp_path):
@@ -41,15 +35,7 @@ def test_ranks_started_by_a_launcher_end_within_the_join_bound_naming_the_missin
     port = free_port()
     cmds = {}
     for rank in range(4):
-        env = _env(
-            RANK=str(rank),
-            WORLD_SIZE="4",
-            LOCAL_RANK=str(rank),
-            LOCAL_SIZE="4",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            ZEROPP_HIER_JOIN_TIMEOUT_S=str(JOIN_TIMEOUT_S),
-        )
+        env = rank_env(rank, 4, port, ZEROPP_HIER_JOIN_TIMEOUT_S=str(JOIN_TIMEOUT_S))
         if rank == 3:
             env["PYTHONPATH"] = f"{dies}:{ROOT}"
         argv = [

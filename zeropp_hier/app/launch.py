@@ -20,6 +20,7 @@ from ..launch.rendezvous import init_distributed
 from ..launch.shm_hygiene import release_deepspeed_shm
 from ..launch.world import LocalWorld
 from . import memory_check
+from .recipe import toy_settings_warning
 from .spec import JobSpec, with_data_vocab
 
 
@@ -67,9 +68,11 @@ def memory_lines(spec: JobSpec, env: Mapping[str, str] | None, gpus: int) -> lis
 
         name = torch.cuda.get_device_name(0)
         total = float(torch.cuda.get_device_properties(0).total_memory)
+    spec.ds_config(world=world)  # the user's DeepSpeed keys: refused here, before any rank builds
     lines = memory_check.check(spec, world, per_node, name, total)
+    warning = toy_settings_warning(spec) if gpus else None
     if rank == 0:
-        print("\n".join(lines), flush=True)
+        print("\n".join(([warning] if warning else []) + lines), flush=True)
     return lines
 
 

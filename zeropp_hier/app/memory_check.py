@@ -86,6 +86,8 @@ def check(
     else:
         budget, source = device_budget(device_name, ranks_per_node, device_bytes)
     nodes, gpn, gpg, note = _layout(spec, world, ranks_per_node, device_name)
+    # the buckets of the config the job builds (the recipe's, or the user's DeepSpeed keys)
+    zero = spec.ds_config(world=world)["zero_optimization"]
     cluster = replace(
         P.frontier(nodes), name=f"{nodes}x{gpn}x{gpg}", gpus_per_node=gpn, gcds_per_gpu=gpg, memory_per_gcd=budget
     )
@@ -98,7 +100,10 @@ def check(
         weight_bytes=4 if spec.dtype == "fp32" else 2,
         activation_checkpointing=spec.activation_checkpointing != "none",
         vocab=m.vocab,
+        # DeepSpeed's 5e7 when the config leaves it unset (prefetch on: what backward still holds)
+        prefetch_bucket=float(zero.get("stage3_prefetch_bucket_size", 5e7)),
     )
+    wl = replace(wl, reduce_bucket=float(zero.get("reduce_bucket_size", wl.reduce_bucket)))
     preds = [P.predict(c, cluster, wl) for c in _candidates(spec)]
     names = list(dict.fromkeys(k for p in preds for k in p.memory.parts))  # auto: candidates differ
     lines = [

@@ -28,6 +28,7 @@ from ..quant import kernel_info
 from . import deadline, flops, models, report, resume, resume_rules
 from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
+from .recipe import write_ds_config
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
 
 if TYPE_CHECKING:
@@ -151,11 +152,11 @@ class Run:
             if hasattr(self.tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
                 self.tokens.limit_vocab(m.vocab)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
-        self.config = spec.ds_config(ds_overrides)
+        self.config = spec.ds_config(ds_overrides, world=self.world)
         self.engine = build_engine(self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing)
         self.runtime = getattr(self.engine, "hier_runtime", None)
         self.hier = self.runtime is not None
-        self.tokens_per_step = self.world * spec.micro_batch * m.seq_len
+        self.tokens_per_step = self.world * spec.micro_batch * m.seq_len * self.engine.gradient_accumulation_steps()
         self.n_params = sum(p.ds_numel for p in self.engine.module.parameters())
         dev = self.engine.device
         self.device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
@@ -334,6 +335,8 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     rep = report.Reporter(spec, rank == 0)
     kernels = _gather_kernels(world)
     rep.lines(report.header_lines(spec, world, run.n_params, run.tokens_per_step, kernels, run.runtime))
+    if rank == 0 and (ds_path := write_ds_config(spec.out_dir, run.config)):
+        rep.line(f"DeepSpeed config: {ds_path}")  # what ran: the job's keys, the recipe's and the user's
     saves = _Checkpoints(spec, run, data_sha, hooks)
     start, loaded = _resume(run, plan, saves, rep) if plan is not None else (0, None)
     history: list[dict] = []

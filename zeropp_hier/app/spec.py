@@ -28,6 +28,10 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 PROGRESS: tuple[str, ...] = get_args(Progress)
 Arch = Literal["neox", "gpt"]
 Checkpointing = Literal["none", "torch", "deepspeed"]
+LrDecay = Literal["none", "cosine"]
+Buckets = Literal["deepspeed", "layer"]
+LR_DECAYS: tuple[str, ...] = get_args(LrDecay)
+BUCKETS: tuple[str, ...] = get_args(Buckets)
 BYTE_VOCAB = 256  # byte-level tokens and synthetic batches
 ARCHS: tuple[str, ...] = get_args(Arch)
 CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
@@ -105,6 +109,23 @@ def n_params(spec: ModelSpec) -> int:
     return 2 * v * h + L * block + 2 * h
 
 
+def block_params(spec: ModelSpec) -> int:
+    """Parameters of one transformer block (the unit ZeRO-3 gathers layer by layer)."""
+    h, i = spec.hidden, spec.intermediate
+    return 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+
+
+def layer_buckets(spec: ModelSpec) -> dict[str, int]:
+    """DeepSpeed's bucket sizes for ``buckets: layer`` (the GPU recipes), in elements, derived from
+    the block size because the planner models buckets but proposes none: the prefetch bucket holds
+    one whole block, so the next block's gather is in flight while this one computes; a gradient
+    bucket holds one block, so each block's reduce-scatter starts as the next block's backward
+    runs. GPT-NeoX-20B: 453M elements each (DeepSpeed's defaults: prefetch 5e7, smaller than the
+    block's 151M-element MLP matrix, so it prefetches one matrix at a time; reduce 5e8)."""
+    block = block_params(spec)
+    return {"stage3_prefetch_bucket_size": block, "reduce_bucket_size": block}
+
+
 def input_embedding_params(spec: ModelSpec) -> int:
     """Parameters of the embeddings that are only looked up, never in a matrix product (the
     FLOP count leaves them out): GPT-NeoX's input embedding; the hand-written GPT's position
@@ -137,8 +158,21 @@ class JobSpec:
     topology: TopologySpec = field(default_factory=_default_topology)
     local_world: int = 8  # ranks to start when not under a launcher
     regather: bool = True  # DeepSpeed prefetch/reuse 0: backward re-gathers as for a large model
-    lr: float = 3e-3  # Adam's learning rate
-    warmup_steps: int = 0  # DeepSpeed WarmupLR: lr rises linearly from 0 over this many steps (0: constant lr)
+    lr: float = 3e-3  # Adam's learning rate (the peak, with a schedule)
+    warmup_steps: int = 0  # lr rises linearly from 0 over this many steps (0: warmup_ratio's, or none)
+    warmup_ratio: float = 0.0  # warm-up as a share of `steps` (GPT-NeoX's "warmup"), when warmup_steps is 0
+    lr_decay: LrDecay = "none"  # none: constant after warm-up (WarmupLR); cosine: WarmupCosineLR to min_lr_ratio
+    min_lr_ratio: float = 0.1  # cosine's end, as a share of lr (GPT-NeoX's min_lr / lr)
+    grad_accum: int = 1  # micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps)
+    clip: float = 0.0  # DeepSpeed's gradient_clipping (global norm; 0: none)
+    # AdamW (DeepSpeed's "Adam" with torch_adam: torch.optim.AdamW); torch's defaults but eps
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    # prefetch on (regather false): DeepSpeed's bucket sizes ("deepspeed") or one block each ("layer")
+    buckets: Buckets = "deepspeed"
+    deepspeed_config: str | None = None  # the user's DeepSpeed JSON, merged in (app/user_config.py)
+    deepspeed: dict = field(default_factory=dict)  # the user's DeepSpeed keys (+deepspeed.KEY=value), merged last
     seed: int = 0  # the model's initial weights and the data order
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
@@ -163,6 +197,20 @@ class JobSpec:
             raise HierConfigError("save_every", self.save_every, "use 0 (no checkpoints) or a positive step count")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise HierConfigError("warmup_steps", self.warmup_steps, "use 0 (constant lr) or a positive step count")
+        if self.lr_decay not in LR_DECAYS:
+            raise HierConfigError("lr_decay", self.lr_decay, f"use one of {list(LR_DECAYS)}")
+        if self.buckets not in BUCKETS:
+            raise HierConfigError("buckets", self.buckets, f"use one of {list(BUCKETS)}")
+        if not (isinstance(self.warmup_ratio, (int, float)) and 0.0 <= self.warmup_ratio < 1.0):
+            raise HierConfigError("warmup_ratio", self.warmup_ratio, "use a share of steps in [0, 1), e.g. 0.01")
+        if not (isinstance(self.min_lr_ratio, (int, float)) and 0.0 <= self.min_lr_ratio <= 1.0):
+            raise HierConfigError("min_lr_ratio", self.min_lr_ratio, "use a share of lr in [0, 1], e.g. 0.1")
+        if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+            raise HierConfigError("grad_accum", self.grad_accum, "use a positive integer (1: no accumulation)")
+        if not (isinstance(self.clip, (int, float)) and self.clip >= 0):
+            raise HierConfigError("clip", self.clip, "use 0 (no clipping) or a positive gradient norm, e.g. 1.0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise HierConfigError("betas", self.betas, "use two numbers in [0, 1), e.g. [0.9, 0.95]")
         if self.memory_gb is not None and not (isinstance(self.memory_gb, (int, float)) and self.memory_gb > 0):
             raise HierConfigError("memory_gb", self.memory_gb, "use a positive number of GB, or null for the device's")
         if (self.save_every or self.resume) and not (self.checkpoint_dir or self.out_dir):
@@ -176,19 +224,68 @@ class JobSpec:
             return self.checkpoint_dir
         return os.path.join(self.out_dir, "checkpoints") if self.out_dir else None
 
-    def ds_config(self, overrides: Mapping[str, Any] | None = None) -> dict:
-        """The job's DeepSpeed config (``ds_config`` of this spec); ``overrides``: see there."""
-        return ds_config(
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps: ``warmup_steps``, else ``warmup_ratio`` of ``steps`` (at least 1)."""
+        if self.warmup_steps or not self.warmup_ratio:
+            return self.warmup_steps
+        return max(1, round(self.warmup_ratio * self.steps))
+
+    def ds_config(self, overrides: Mapping[str, Any] | None = None, world: int | None = None) -> dict:
+        """The job's DeepSpeed config (``ds_config`` of this spec), then the user's
+        ``deepspeed_config`` file and ``deepspeed`` keys merged in (``app/user_config.py``: a key the
+        job owns that disagrees is refused; ``world``: the ranks, to check ``train_batch_size``),
+        then ``overrides`` (the job's own, e.g. a universal checkpoint's load flag; see there)."""
+        from .user_config import merge_user  # the user's keys: read and checked here, on every rank alike
+
+        cfg = ds_config(
             self.preset,
             dtype=self.dtype,
             micro_batch=self.micro_batch,
+            grad_accum=self.grad_accum,
             compression=self.compression,
             topology=self.topology,
             lr=self.lr,
+            eps=self.eps,
+            betas=self.betas,
+            weight_decay=self.weight_decay,
+            clip=self.clip,
             regather=self.regather,
-            warmup_steps=self.warmup_steps,
-            overrides=overrides,
+            buckets=layer_buckets(self.model) if self.buckets == "layer" else None,
+            warmup_steps=self.warmup,
+            lr_decay=self.lr_decay,
+            total_steps=self.steps,
+            min_lr_ratio=self.min_lr_ratio,
         )
+        cfg = merge_user(cfg, self.deepspeed_config, self.deepspeed, world=world)
+        return _apply_overrides(cfg, overrides)
+
+
+# JobSpec fields the Hydra config gives as top-level keys beside the groups (``recipe_fields``)
+RECIPE_KEYS = (
+    "warmup_ratio",
+    "lr_decay",
+    "min_lr_ratio",
+    "grad_accum",
+    "clip",
+    "weight_decay",
+    "betas",
+    "eps",
+    "buckets",
+    "deepspeed_config",
+    "deepspeed",
+)
+
+
+def recipe_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``RECIPE_KEYS`` of a composed Hydra config (a plain dict) as ``JobSpec`` arguments."""
+    out = {k: cfg[k] for k in RECIPE_KEYS if k in cfg}
+    if "betas" in out:
+        out["betas"] = tuple(out["betas"])  # YAML gives a list
+    if out.get("deepspeed_config"):
+        out["deepspeed_config"] = os.path.abspath(out["deepspeed_config"])  # Hydra may change directory
+    out["deepspeed"] = dict(out.get("deepspeed") or {})
+    return out
 
 
 def with_data_vocab(spec: JobSpec) -> JobSpec:
@@ -242,8 +339,15 @@ def ds_config(
     gcds_per_gpu: int = 2,
     lr: float = 3e-3,
     eps: float = 1e-6,
+    betas: tuple[float, float] | None = None,
+    weight_decay: float | None = None,
+    clip: float = 0.0,
     regather: bool = True,
+    buckets: Mapping[str, int] | None = None,
     warmup_steps: int = 0,
+    lr_decay: LrDecay = "none",
+    total_steps: int | None = None,
+    min_lr_ratio: float = 0.1,
     overrides: Mapping[str, Any] | None = None,
 ) -> dict:
     """A DeepSpeed config: ZeRO-3 with Adam, and the ``zeropp_hier`` section of ``preset``
@@ -254,22 +358,36 @@ def ds_config(
     ``gpus_per_node`` x ``gcds_per_gpu``. ``regather`` sets DeepSpeed's prefetch and reuse
     distance to 0 so that a small model is released after forward and gathered again in
     backward, as a large one would be (with the defaults a small model stays gathered and there
-    is no backward gather to measure). ``warmup_steps``: DeepSpeed's WarmupLR, linear from 0 to
-    ``lr`` (0: constant lr). ``overrides``: sections merged in last, one level deep (a dict value
-    updates the section of the same name, anything else replaces it), e.g. the benchmarks'
-    ``{"zero_optimization": {"zero_hpz_partition_size": 4}}`` for stock ZeRO++."""
-    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    is no backward gather to measure); ``buckets`` (with ``regather`` False): DeepSpeed's
+    ``stage3_prefetch_bucket_size`` and ``reduce_bucket_size`` (``layer_buckets``). ``betas`` and
+    ``weight_decay`` None: torch AdamW's defaults ((0.9, 0.999), 0.01). ``clip``: DeepSpeed's
+    ``gradient_clipping`` (0: none). ``warmup_steps``: linear from 0 to ``lr``; ``lr_decay``
+    "none": DeepSpeed's WarmupLR (0 warm-up steps: constant lr, no scheduler), "cosine":
+    WarmupCosineLR down to ``min_lr_ratio`` x ``lr`` at ``total_steps``. ``overrides``: sections
+    merged in last, one level deep (a dict value updates the section of the same name, anything
+    else replaces it), e.g. the benchmarks' ``{"zero_optimization": {"zero_hpz_partition_size": 4}}``
+    for stock ZeRO++."""
+    zero: dict[str, Any] = {"stage": 3, "stage3_param_persistence_threshold": 0}
     if regather:
         zero.update(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0)
+    elif buckets:
+        zero.update(buckets)
+    params: dict[str, Any] = {"lr": lr, "eps": eps, "torch_adam": True}
+    if betas is not None:
+        params["betas"] = list(betas)
+    if weight_decay is not None:
+        params["weight_decay"] = weight_decay
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
-        "optimizer": {"type": "Adam", "params": {"lr": lr, "eps": eps, "torch_adam": True}},
+        "optimizer": {"type": "Adam", "params": params},
         "zero_optimization": zero,
         **DTYPE_SECTIONS[dtype],
     }
+    if clip:
+        cfg["gradient_clipping"] = clip
     if preset not in (None, "stock"):
         section: dict[str, Any] = {
             "enabled": True,
@@ -281,7 +399,20 @@ def ds_config(
         if compression is not None:
             section["compression"] = compression
         cfg["zeropp_hier"] = section
-    if warmup_steps:
+    if lr_decay == "cosine":
+        if not total_steps:
+            raise HierConfigError("steps", total_steps, "a cosine decay needs the run's optimizer steps")
+        cfg["scheduler"] = {
+            "type": "WarmupCosineLR",  # ratios of the optimizer's lr (deepspeed/runtime/lr_schedules.py)
+            "params": {
+                "total_num_steps": total_steps,
+                "warmup_min_ratio": 0.0,
+                "warmup_num_steps": max(1, warmup_steps),  # DeepSpeed refuses 0 (and uses at least 2)
+                "cos_min_ratio": min_lr_ratio,
+                "warmup_type": "linear",
+            },
+        }
+    elif warmup_steps:
         cfg["scheduler"] = {
             "type": "WarmupLR",
             "params": {
@@ -291,9 +422,13 @@ def ds_config(
                 "warmup_type": "linear",
             },
         }
+    return _apply_overrides(cfg, overrides)
+
+
+def _apply_overrides(cfg: dict, overrides: Mapping[str, Any] | None) -> dict:
     for key, value in (overrides or {}).items():
         if isinstance(value, Mapping) and isinstance(cfg.get(key), dict):
-            cfg[key].update(value)
+            cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
     return cfg

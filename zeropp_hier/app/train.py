@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import HierConfigError
 from .launch import launch
-from .spec import JobSpec, ModelSpec
+from .spec import JobSpec, ModelSpec, recipe_fields
 
 
 def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: dict | None = None) -> JobSpec:
@@ -66,6 +66,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         memory_gb=cfg["memory_gb"],
         progress=cfg["progress"],
         label=label or {},
+        **recipe_fields(cfg),  # the recipe group's keys and the user's DeepSpeed keys
     )
 
 

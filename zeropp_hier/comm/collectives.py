@@ -187,18 +187,6 @@ class HierCollectives:
         except StopIteration as stop:
             return stop.value
 
-    def gather_hop(
-        self,
-        buf: torch.Tensor,
-        hop: Hop,
-        block_size: int,
-        phase: str,
-        hook: PayloadHook | None = None,
-        valid: layout.Valid | None = None,
-    ) -> torch.Tensor:
-        """``gather_hop_steps`` with the hop group's collective."""
-        return self.drive(self.gather_hop_steps(buf, hop, block_size, phase, hook, valid))
-
     def gather_hop_steps(
         self,
         buf: torch.Tensor,
@@ -256,10 +244,6 @@ class HierCollectives:
         if hook is not None:
             hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
         return Encoded(q.data.view(*rows, -1), q.scales.view(*rows, -1), q.bits, block_size, buf.shape[3])
-
-    def gather_encoded(self, enc: Encoded, hop: Hop, phase: str, valid: layout.Valid | None = None) -> Encoded:
-        """``gather_encoded_steps`` with the hop group's collective."""
-        return self.drive(self.gather_encoded_steps(enc, hop, phase, valid))
 
     def gather_encoded_steps(
         self, enc: Encoded, hop: Hop, phase: str, valid: layout.Valid | None = None

@@ -1,6 +1,6 @@
 """What the collectives call around a compressed payload, as types.
 
-A collective takes an optional *hook* per call (``collectives.HierCollectives.gather_hop``,
+A collective takes an optional *hook* per call (``collectives.HierCollectives.gather_hop_steps``,
 ``encode``, ``reduce_stage``); the drivers (``comm/gather.py``, ``comm/reduce.py``) get one per
 hop from a ``HookSource``. ``comm/numerics.py`` implements them (error feedback, sampled
 compression error, non-finite flags); ``NO_HOOKS`` is the source that does nothing. Hooks do
