@@ -9,6 +9,7 @@ so ``zeropp-hier <subcommand> --help`` shows that tool's own options.
     zeropp-hier report multirun/<date>/<time>    one table for a sweep (zeropp_hier.tools.sweep_report)
     zeropp-hier checkpoint verify DIR            check a tag against its manifest
     zeropp-hier checkpoint to-universal SRC OUT  convert a tag for another number of ranks
+    zeropp-hier checkpoint export-hf CKPT/TAG --out DIR   a Hugging Face model (safetensors + config.json)
     python -m zeropp_hier cluster setup|status|teardown   the emulated cluster (root; from the repository root)
     python -m zeropp_hier cluster compare                 the side-by-side benchmark on it
 
@@ -70,6 +71,10 @@ def _data(rest: list[str]) -> int:
 
 
 def _checkpoint(rest: list[str]) -> int:
+    if rest and rest[0] == "export-hf":
+        from .tools import export_hf
+
+        return export_hf.main(rest[1:])
     problem = checkpoint_dir_problem(rest)
     if problem:
         print(f"zeropp-hier checkpoint: error: {problem}", file=sys.stderr)
@@ -132,7 +137,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "plan": (_plan_or_probe("plan"), "predict one step of every layout and compression, ranked (arithmetic only)"),
     "probe": (_plan_or_probe("probe"), "time all_gather / all_to_all per tier in the current world (bandwidth)"),
     "report": (_report, "one table (markdown + CSV) for the runs of a Hydra sweep"),
-    "checkpoint": (_checkpoint, "verify DIR | to-universal SRC OUT: check or convert a checkpoint tag"),
+    "checkpoint": (
+        _checkpoint,
+        "verify DIR | to-universal SRC OUT | export-hf TAG --out DIR: check, convert or export a checkpoint tag",
+    ),
     "cluster": (_cluster, CLUSTER_HELP),
 }
 

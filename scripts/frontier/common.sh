@@ -46,3 +46,121 @@ zh_show_env() {
   env | grep -E '^(PATH|MASTER_ADDR|MASTER_PORT|NCCL_|FI_|MIOPEN_|OMP_NUM_THREADS|LD_LIBRARY_PATH|PYTHONPATH|ZEROPP_HIER_|HSA_|MPICH_GPU)' | sort
   echo "---"
 }
+
+# -- chained jobs ([Note: chained jobs] in zeropp_hier/app/chain.py) --------------------------------
+# A job given checkpoint_dir= and steps= is one link of a chain: it asks the chain whether to run
+# (done / stopped / resume / fresh), submits its successor with a dependency on itself, runs, and
+# records how it ended. Without those two overrides (or with ZH_CHAIN=0) the job runs once.
+
+# The python that runs the chain's helper (a script may point it at its own environment).
+ZH_PY=(python)
+
+# ZH_CHAIN_DIR and ZH_CHAIN_STEPS from the job's overrides; false when the chain is off. A resume=
+# or save_every= the user gave is kept (the chain then adds none).
+zh_chain_on() {
+  ZH_CHAIN_DIR="" ZH_CHAIN_STEPS="" ZH_USER_RESUME="" ZH_USER_SAVE_EVERY=""
+  local a
+  for a in "$@"; do
+    case "$a" in
+      checkpoint_dir=*) ZH_CHAIN_DIR=${a#checkpoint_dir=} ;;
+      steps=*) ZH_CHAIN_STEPS=${a#steps=} ;;
+      resume=*) ZH_USER_RESUME=$a ;;
+      save_every=*) ZH_USER_SAVE_EVERY=$a ;;
+    esac
+  done
+  if [[ -z "$ZH_CHAIN_DIR" || -z "$ZH_CHAIN_STEPS" || "${ZH_CHAIN:-1}" == "0" ]]; then
+    echo "chain: off (give checkpoint_dir= and steps= to chain jobs until the run is done; ZH_CHAIN=0 turns it off)"
+    ZH_CHAIN_DIR=""
+    return 1
+  fi
+}
+
+# A field of this job's `scontrol show job` record (TimeLimit, StdOut, ...), or nothing.
+zh_job_field() {
+  scontrol show job "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n1
+}
+
+# At the start of a link: sets ZH_EXTRA, the overrides the chain adds: resume=latest when there is
+# a complete checkpoint (the chain says whether it resumes or starts fresh), and save_every=<steps>
+# when none was given (the run's last step must be saved, or the next link would redo it). Ends the
+# job when the run is done (exit 0) or the chain stopped (exit 1).
+zh_chain_start() {
+  ZH_EXTRA=()
+  [[ -n "$ZH_USER_SAVE_EVERY" ]] || ZH_EXTRA+=("save_every=$ZH_CHAIN_STEPS")
+  if zh_render; then
+    zh_run "${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID"
+    return 0
+  fi
+  local rc=0 resume
+  resume=$("${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" \
+    --job "$SLURM_JOB_ID") || rc=$?
+  case "$rc" in
+    0) [[ -n "$ZH_USER_RESUME" || -z "$resume" ]] || ZH_EXTRA+=("$resume") ;; # the user's resume= stands
+    10) echo "chain: done, nothing to run"; exit 0 ;;
+    11) echo "chain: stopped"; exit 1 ;;
+    *) zh_die "the chain's helper (python -m zeropp_hier.app.chain start) failed (exit $rc)" ;;
+  esac
+}
+
+# Submit the next link (this script, the same overrides) to start once this job has ended,
+# however it ends (afterany: also at its time limit or on a node failure). Sets ZH_NEXT.
+zh_chain_submit_next() {
+  local script=$1; shift
+  local workdir
+  workdir=$(zh_job_field WorkDir) && [[ -n "$workdir" ]] || workdir=$PWD # this job's, not its submitter's
+  local args=(--parsable "--dependency=afterany:$SLURM_JOB_ID" -N "$SLURM_NNODES" -D "$workdir")
+  [[ -n "${SLURM_JOB_NAME:-}" ]] && args+=(-J "$SLURM_JOB_NAME")
+  [[ -n "${SLURM_JOB_ACCOUNT:-}" ]] && args+=(-A "$SLURM_JOB_ACCOUNT")
+  [[ -n "${SLURM_NTASKS_PER_NODE:-}" ]] && args+=("--ntasks-per-node=$SLURM_NTASKS_PER_NODE")
+  local limit out
+  limit=$(zh_job_field TimeLimit) && [[ -n "$limit" && "$limit" != UNLIMITED ]] && args+=(-t "$limit")
+  # the same output file pattern: this job's, its id in the file name made %j again
+  out=$(zh_job_field StdOut) && [[ -n "$out" ]] && args+=(-o "${out%/*}/$(zh_id_to_pattern "${out##*/}")")
+  if zh_render; then
+    zh_run sbatch "${args[@]}" "$script" "$@"
+    ZH_NEXT=""
+    return 0
+  fi
+  ZH_NEXT=$(sbatch "${args[@]}" "$script" "$@") || zh_die "could not submit the next link of the chain"
+  ZH_NEXT=${ZH_NEXT%%;*}
+  echo "chain: submitted the next link, job $ZH_NEXT (starts after job $SLURM_JOB_ID ends)"
+}
+
+# A file name with this job's id as Slurm's %j again (job-123.out -> job-%j.out).
+zh_id_to_pattern() {
+  local name=$1
+  echo "${name//$SLURM_JOB_ID/%j}"
+}
+
+# At the end of a link: record how it ended; cancel the next link when the run is done or stopped.
+zh_chain_end() {
+  local rc=$1 next=0
+  zh_render && return 0
+  "${ZH_PY[@]}" -m zeropp_hier.app.chain end --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID" \
+    --exit "$rc" || next=$?
+  if [[ "$next" != 0 && -n "${ZH_NEXT:-}" ]]; then
+    scancel "$ZH_NEXT" && echo "chain: cancelled job $ZH_NEXT: nothing left for it to do"
+  fi
+}
+
+# Run srun so that the batch shell can forward Slurm's warning signal to it (#SBATCH
+# --signal=B:USR1@<s> reaches the batch shell only; srun passes USR1 on to every task, whose
+# handler (zeropp_hier.app.deadline) makes all ranks save at the next step boundary).
+zh_srun_forwarding_usr1() {
+  if zh_render; then
+    zh_run "$@"
+    return 0
+  fi
+  "$@" &
+  local pid=$! rc
+  trap 'echo "batch shell: Slurm warning signal USR1, forwarded to srun (pid '"$pid"')"; kill -USR1 '"$pid"' 2>/dev/null || true' USR1
+  # a trapped signal interrupts wait: wait again until srun has ended, then take its status (bash
+  # keeps the status of a background job it already waited for)
+  while kill -0 "$pid" 2>/dev/null; do
+    wait "$pid" || true
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  trap - USR1
+  return "$rc"
+}

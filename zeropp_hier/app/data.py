@@ -6,7 +6,9 @@ A prepared directory holds ``train.bin`` and ``val.bin`` (nanoGPT's layout: each
 token ids, ``uint16`` when the vocabulary fits, else ``uint32``, documents concatenated) and
 ``index.json`` with what the loader needs: the dtype, each split's token count, the tokenizer
 (``{"kind": "byte", "vocab_size": 256}``: a document's bytes, one token each, no download and
-nothing to train; or ``{"kind": "bpe", "vocab_size": V, "file": "tokenizer.json", ...}``), the
+nothing to train; ``{"kind": "bpe", "vocab_size": V, "file": "tokenizer.json", ...}``; or
+``{"kind": "file", ..., "eos": {...}}`` for a given Hugging Face ``tokenizer.json``, [Note:
+streaming prepare] in prepare_stream.py, which also lists each input's SHA-256), the
 number of documents and a SHA-256 of the token files (and of ``tokenizer.json``). Every 20th
 input file goes to ``val`` (``HELD_OUT_EVERY``, as the convergence
 benchmark holds out its corpus), each document ends with a newline. The job takes the model's
@@ -46,12 +48,15 @@ import json
 import os
 import sysconfig
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from ..core.errors import HierConfigError
+
+if TYPE_CHECKING:
+    from .indexed import IndexedTokens
 
 FORMAT = "zeropp-hier-tokens"
 VERSION = 1
@@ -66,12 +71,13 @@ def byte_tokens(text: bytes) -> np.ndarray:
     return np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
 
 
-def _input_files(inputs: Sequence[str], pattern: str) -> list[Path]:
+def _input_files(inputs: Sequence[str], pattern: str | None) -> list[Path]:
     files: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            files += sorted((f for f in p.rglob(pattern) if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
+            found = (f for pat in ([pattern] if pattern else ["*.txt", "*.jsonl"]) for f in p.rglob(pat))
+            files += sorted((f for f in found if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
         elif p.is_file():
             files.append(p)
         else:
@@ -125,6 +131,12 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
 def _text(raw: bytes) -> str:
     # BPE works on text: bytes that are not UTF-8 become U+FFFD (the byte tokenizer keeps them)
     return raw.decode("utf-8", errors="replace")
+
+
+def _hash_file(digest, path: Path) -> None:
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
 
 
 def prepare(
@@ -183,7 +195,7 @@ def prepare(
     if tok is not None:
         tmp_tok = out / (TOKENIZER_FILE + ".tmp")
         tok.save(str(tmp_tok))
-        digest.update(tmp_tok.read_bytes())  # the token ids mean nothing without it
+        _hash_file(digest, tmp_tok)  # the token ids mean nothing without it
         info = {
             "kind": "bpe",
             "vocab_size": vocab,
@@ -194,7 +206,7 @@ def prepare(
         }
         os.replace(tmp_tok, out / TOKENIZER_FILE)
     for s in SPLITS:
-        digest.update(tmp[s].read_bytes())
+        _hash_file(digest, tmp[s])  # in blocks: a token file may be larger than memory
         os.replace(tmp[s], out / f"{s}.bin")  # whole files only: a reader never sees half of one
     index = {
         "format": FORMAT,
@@ -219,7 +231,10 @@ class TokenData:
         index_path = Path(path) / "index.json"
         if not index_path.is_file():
             raise HierConfigError(
-                "data.path", path, "no index.json there: prepare it with `zeropp-hier data prepare --out DIR ...`"
+                "data.path",
+                path,
+                "no index.json there (and no PREFIX.bin + PREFIX.idx pair): prepare it with "
+                "`zeropp-hier data prepare --out DIR ...`, or name a Megatron pair's prefix",
             )
         self.index = json.loads(index_path.read_text())
         if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
@@ -248,11 +263,24 @@ class TokenData:
         return np.asarray(self.tokens[start : start + seq_len + 1], dtype=np.int64)
 
 
+def open_tokens(path: str, split: str = "train"):
+    """The token source at ``path``: a prepared directory (``TokenData``) or a Megatron / GPT-NeoX
+    ``PREFIX.bin`` + ``PREFIX.idx`` pair, read in place ([Note: indexed dataset format] in
+    indexed.py)."""
+    from .indexed import IndexedTokens, prefix_of
+
+    if not Path(path).is_dir() and prefix_of(path) is not None:
+        return IndexedTokens(path, split)
+    return TokenData(path, split)
+
+
 class Loader:
     """This rank's micro-batches ([Note: sample order]): ``batch(i)`` is micro-batch ``i``
     (i = step * accumulation + micro), a pure function of (seed, i, rank)."""
 
-    def __init__(self, data: TokenData, seq_len: int, micro_batch: int, rank: int, world: int, seed: int = 0):
+    def __init__(
+        self, data: TokenData | IndexedTokens, seq_len: int, micro_batch: int, rank: int, world: int, seed: int = 0
+    ):
         self.data, self.seq_len, self.micro, self.rank, self.world, self.seed = (
             data,
             seq_len,
@@ -312,21 +340,26 @@ class Loader:
 
 def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     ap = argparse.ArgumentParser(
-        prog=prog, description="Prepare token files for the job (byte-level or a locally trained BPE tokenizer)."
+        prog=prog,
+        description="Prepare token files for the job from text or JSON-lines files: byte level, a BPE tokenizer "
+        "trained here, or an existing Hugging Face tokenizer.json.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare", help="tokenize local text into DIR/{train,val}.bin + DIR/index.json")
+    p = sub.add_parser("prepare", help="tokenize local text or JSON lines into DIR/{train,val}.bin + DIR/index.json")
     p.add_argument("inputs", nargs="*", help="text files or directories (read recursively, see --glob)")
     p.add_argument("--stdlib", action="store_true", help="the Python standard library's own sources (no download)")
-    p.add_argument("--glob", default="*.txt", help="file pattern inside directories (default *.txt)")
+    p.add_argument("--glob", default=None, help="file pattern inside directories (default: *.txt and *.jsonl)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--tokenizer",
-        choices=TOKENIZERS,
         default="byte",
-        help="byte (one token per byte, vocab 256; default) or bpe (trained here on the training split)",
+        help="byte (one token per byte, vocab 256; default), bpe (trained here on the training split), "
+        "or PATH/tokenizer.json (an existing Hugging Face tokenizer, e.g. GPT-NeoX-20B's)",
     )
     p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (with --tokenizer bpe)")
+    p.add_argument("--text-field", default="text", help="the field of a JSON line that holds its text (default text)")
+    p.add_argument("--eos", default=None, help="the token that ends each document (default: the tokenizer's)")
+    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
     a = ap.parse_args(argv)
     if a.stdlib == bool(a.inputs):
         ap.error("name input files/directories or --stdlib (one of them)")
@@ -336,9 +369,29 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
         files, source = _input_files(a.inputs, a.glob), " ".join(a.inputs)
     if a.tokenizer == "bpe" and a.vocab_size is None:
         ap.error("--tokenizer bpe needs --vocab-size N (e.g. 4096)")
-    index = prepare(files, a.out, source, a.tokenizer, a.vocab_size)
+    # today's path: byte level or a BPE trained here, on .txt files, in this process; anything
+    # else (a tokenizer.json, JSON lines, several processes) streams ([Note: streaming prepare])
+    if a.tokenizer == "bpe" or (
+        a.tokenizer == "byte"
+        and a.workers == 1
+        and not any(f.suffix.lower() in (".jsonl", ".json", ".ndjson") for f in files)
+    ):
+        for flag, value, default in (("--eos", a.eos, None), ("--text-field", a.text_field, "text")):
+            if value != default:
+                ap.error(
+                    f"{flag} applies to JSON lines or a tokenizer.json, not --tokenizer {a.tokenizer} on .txt files"
+                )
+        index = prepare(files, a.out, source, a.tokenizer, a.vocab_size)
+    else:
+        from . import prepare_stream
+
+        if a.vocab_size is not None:
+            ap.error("--vocab-size applies to --tokenizer bpe only (a tokenizer.json has its own vocabulary)")
+        index = prepare_stream.prepare(files, a.out, source, a.tokenizer, a.workers, a.text_field, a.eos)
     t = index["tokenizer"]
-    kind = "byte-level" if t["kind"] == "byte" else f"BPE, {t['file']}"
+    kind = {"byte": "byte-level", "bpe": f"BPE, {t.get('file')}"}.get(
+        t["kind"], f"{t.get('source')}, EOS {t.get('eos')}"
+    )
     print(
         f"{a.out}: {index['tokens']['train']} train + {index['tokens']['val']} val tokens from "
         f"{sum(index['documents'].values())} documents ({kind}, vocab {t['vocab_size']})"

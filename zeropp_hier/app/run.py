@@ -14,7 +14,7 @@ import gc
 import os
 import resource
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import deepspeed
 import torch
@@ -25,11 +25,14 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import evaluate, flops, models, monitor, report, resume, resume_rules
-from .data import Loader, TokenData, synthetic_batch
+from . import deadline, evaluate, flops, models, monitor, report, resume, resume_rules
+from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .recipe import write_ds_config
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
+
+if TYPE_CHECKING:
+    from .indexed import IndexedTokens
 
 # -- engine and step loop (the job, the benchmarks and the tests) ------------------------------
 
@@ -143,9 +146,11 @@ class Run:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         m = spec.model
         self.loader: Loader | None = None
-        self.tokens: TokenData | None = None
+        self.tokens: TokenData | IndexedTokens | None = None
         if spec.data_path is not None:
-            self.tokens = TokenData(spec.data_path)
+            self.tokens = open_tokens(spec.data_path)
+            if hasattr(self.tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
+                self.tokens.limit_vocab(m.vocab)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = spec.ds_config(ds_overrides, world=self.world)
         self.engine = build_engine(self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing)
@@ -225,14 +230,20 @@ class Run:
 
 class _Checkpoints:
     """The job's saves: every ``save_every`` steps and after the last, each with the data
-    position of the next step and the record a resume checks (``resume_rules.record``).
-    ``hooks.saved(engine, step)`` (tests) runs after each save; what it returns is kept."""
+    position of the next step and the record a resume checks (``resume_rules.record``), and
+    the save in time before the allocation ends (``deadline.for_job``: a job with a
+    ``checkpoint_dir``). ``hooks.saved(engine, step)`` (tests) runs after each regular save;
+    what it returns is kept."""
 
     def __init__(self, spec: JobSpec, run: Run, data_sha: str | None, hooks: Any):
         self.spec, self.run, self.hooks = spec, run, hooks
         self.accum = run.engine.gradient_accumulation_steps()
         self.record = resume_rules.record(spec, run.world, self.accum, data_sha)
         self.saved: dict = {}
+        executor = run.runtime.executor if run.runtime is not None else None
+        self.watch = deadline.for_job(
+            spec.checkpoint_dir, run.n_params, run.world, spec.dtype, run.engine.device, executor
+        )
 
     def data_state(self, next_step: int) -> dict:
         if self.run.loader is not None:
@@ -240,7 +251,8 @@ class _Checkpoints:
         return {"sample": next_step * self.accum * self.run.world * self.spec.micro_batch, "seed": self.spec.seed}
 
     def after_step(self, done: int, rep: report.Reporter) -> None:
-        """Save when ``done`` (steps completed) is due."""
+        """Save when ``done`` (steps completed) is due; then the ranks agree whether to save and
+        stop before the wall clock ends (collective; raises ``deadline.SavedInTime``)."""
         spec, engine = self.spec, self.run.engine
         if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
             assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
@@ -248,12 +260,17 @@ class _Checkpoints:
             if self.hooks is not None:
                 self.saved[done] = self.hooks.saved(engine, done)
             rep.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
+        if self.watch is not None and done < spec.steps:  # save in time ([Note: saving before the wall clock ends])
+            saved = bool(spec.save_every) and done % spec.save_every == 0
+            self.watch.after_step(
+                done, saved, lambda d: resume.save(engine, d, done, self.data_state(done), self.record)
+            )
 
 
 def _data_sha(spec: JobSpec) -> str | None:
     """The token files' hash (a resume checks it); read before the model is built, so that a
     wrong path costs nothing."""
-    return None if spec.data_path is None else TokenData(spec.data_path).index.get("sha256")
+    return None if spec.data_path is None else open_tokens(spec.data_path).index.get("sha256")
 
 
 def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Reporter) -> tuple[int, Any]:
@@ -348,7 +365,10 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
         saves.after_step(row["step"] + 1, rep)
 
     t0 = time.perf_counter()
-    run.train(spec.steps - start, start=start, on_row=on_row)
+    try:
+        run.train(spec.steps - start, start=start, on_row=on_row)
+    except deadline.SavedInTime as stop:  # every rank saved at the same step: the run ends here
+        rep.line(stop.line)
     elapsed = time.perf_counter() - t0
     rep.close()
     summary = _summary(run, history, elapsed, kernels)

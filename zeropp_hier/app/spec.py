@@ -319,9 +319,18 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
     m = spec.model
     if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
         return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
-    from .data import TokenData  # numpy and torch: only when there are token files to read
+    from .data import open_tokens  # numpy and torch: only when there are token files to read
 
-    vocab, where = TokenData(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
+    vocab, where = open_tokens(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
+    if vocab is None:  # a Megatron pair does not record its tokenizer's size
+        if m.vocab_size is None:
+            raise HierConfigError(
+                "model.vocab_size",
+                None,
+                f"{spec.data_path} does not record its vocabulary: set model.vocab_size to its tokenizer's size "
+                "(50432 for GPT-NeoX-20B's)",
+            )
+        return spec
     if m.vocab_size is None:
         return replace(spec, model=replace(m, vocab_size=vocab))
     if m.vocab_size < vocab:

@@ -79,6 +79,9 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
 def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
+    from .deadline import watch_signal_early
+
+    watch_signal_early()  # Slurm's warning may come before the engine exists (app/deadline.py)
     hc = HydraConfig.get()
     plain = cast(dict, OmegaConf.to_container(cfg, resolve=True))  # a DictConfig becomes a dict
     # HydraConfig.get() is typed as the HydraConf dataclass but is a DictConfig at run time

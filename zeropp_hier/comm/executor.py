@@ -75,6 +75,7 @@ import contextlib
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Generator, Hashable, NamedTuple, Sequence
@@ -89,6 +90,13 @@ ONE = ("one_lane",)  # the only lane with ``one_lane``
 WAIT_SLACK_S = 30.0
 # how often a lane waiting for its turn looks whether the executor broke or closed meanwhile
 _POLL_S = 0.5
+# every executor not yet closed in this process ([Note: quiet boundaries] in comm/boundary.py)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def live_executors() -> list:
+    """The executors of this process that are not closed."""
+    return [e for e in list(_LIVE) if not e._closed]
 
 
 class Move(NamedTuple):
@@ -192,6 +200,7 @@ class CommExecutor:
         # collectives submitted / finished (or skipped): what a new job waits behind
         self._slots_submitted = 0
         self._slots_done = 0
+        self._idle = threading.Condition(self._lock)  # notified as slots finish (``wait_idle``)
         # submitted but not yet taken by ``result``: more than one means work was issued ahead of
         # use (what DeepSpeed's prefetch is for); ``max_outstanding`` is the high-water mark
         self.outstanding = 0
@@ -201,12 +210,27 @@ class CommExecutor:
         self.max_lanes_busy = 0
         self._busy = 0
         self.busy_log: BusyLog | None = None  # [Note: busy intervals]; off unless record_busy()
+        _LIVE.add(self)
 
     # -- state ---------------------------------------------------------------------------------
     @property
     def broken(self) -> BaseException | None:
         """The error that broke the executor, or None while it works."""
         return self._broken
+
+    @property
+    def in_flight(self) -> int:
+        """Collectives submitted and not yet finished (or skipped); 0 with ``overlap`` off."""
+        return self._slots_submitted - self._slots_done
+
+    def wait_idle(self, timeout: float) -> int:
+        """Wait at most ``timeout`` seconds for ``in_flight`` to reach 0 (after ``drain`` only the
+        last lanes' bookkeeping may still be behind); returns ``in_flight`` then."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self.in_flight > 0 and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+        return self.in_flight
 
     def mark_broken(self, error: BaseException) -> None:
         """Break the executor (the first error wins): no collective is issued after this."""
@@ -377,6 +401,7 @@ class CommExecutor:
             timeout = 60.0 if self.timeout_s is None else self.timeout_s + WAIT_SLACK_S
         with self._lock:
             self._closed = True
+            _LIVE.discard(self)
             lanes = dict(self._lanes)
             dispatcher = self._dispatcher
         if dispatcher is not None:
@@ -423,6 +448,7 @@ class CommExecutor:
             running.fut.set_exception(refusal)
         with self._lock:
             self._slots_done += slots
+            self._idle.notify_all()
 
     def _lane(self, key: Hashable):
         """The lane of ``key``, started on first use; None once the executor is closed."""
@@ -466,6 +492,7 @@ class CommExecutor:
                 with self._lock:
                     self._busy -= 1
                     self._slots_done += 1
+                    self._idle.notify_all()
 
     def _step(self, stream: Any, running: _Running, index: int) -> None:
         """Run the job from its collective ``index`` (on this lane) to its next Move or its end."""

@@ -8,7 +8,9 @@ one rank while the others wait in a collective, or, if the damage is inside tens
 it silently. Here a save is a transaction:
 
 1. every rank writes DeepSpeed's files into ``<dir>/.tmp-<tag>/`` (DeepSpeed's own save, with
-   ``save_latest=False``);
+   ``save_latest=False``); a write that fails on one rank is held until DeepSpeed's save returns
+   on every rank, the failures are gathered, and every rank raises the same error naming the
+   rank, the file and the cause ([Note: a rank that cannot write] in ``checkpoint_writes.py``);
 2. every rank lists the directory and the listings are gathered: a rank that sees other files
    than rank 0 is on another file system (node-local storage), and every rank says so;
 3. each rank fsyncs and hashes its share (size, sha256); an ``OSError`` while hashing is
@@ -89,6 +91,7 @@ from .checkpoint_files import (  # noqa: F401
     verify_tag,
     write_atomic,
 )
+from .checkpoint_writes import WRITE_FIX, held_writes
 
 # -- the engine's save and load ------------------------------------------------------------------
 
@@ -185,13 +188,24 @@ def save(
         if rank == 0:
             with contextlib.suppress(OSError):
                 os.remove(probe)
-        ds_save(
-            save_dir,
-            tmp_tag,
-            client_state=client_state if client_state is not None else {},
-            save_latest=False,
-            exclude_frozen_parameters=exclude_frozen_parameters,
-        )
+        # a write that fails on one rank is held until every rank has run DeepSpeed's
+        # collectives, then named on every rank ([Note: a rank that cannot write])
+        with held_writes(engine, rank) as write_failures:
+            ds_save(
+                save_dir,
+                tmp_tag,
+                client_state=client_state if client_state is not None else {},
+                save_latest=False,
+                exclude_frozen_parameters=exclude_frozen_parameters,
+            )
+        failed = _gather(write_failures[0] if write_failures else None, group)
+        if rank == 0 and any(f is not None for f in failed):
+            shutil.rmtree(tmp_dir, ignore_errors=True)  # nothing of it is committed: give the space back
+        raise_rank_errors(failed, "writing the checkpoint files (nothing committed, 'latest' unchanged)", WRITE_FIX)
+        if rank == 0:  # DeepSpeed's copies load pickles: the tensors-only ones replace them
+            from .recovery_script import replace_scripts
+
+            replace_scripts(save_dir)
         # every rank must see what every rank wrote: else the directory is not shared
         listings = _gather(list_files(tmp_dir), group)
         raise_rank_errors([_listing_error(listings, tmp_dir)], "checking the saved files")

@@ -403,7 +403,7 @@ def _rank_error(rank: int, path: str, err: OSError | str) -> tuple[int, str, str
     return (rank, path, cause)
 
 
-def raise_rank_errors(errors: list, phase: str) -> None:
+def raise_rank_errors(errors: list, phase: str, fix: str | None = None) -> None:
     """Every rank raises the same error for the local failures of all ranks (gathered)."""
     errors = sorted(e for e in errors if e is not None)
     if not errors:
@@ -413,5 +413,5 @@ def raise_rank_errors(errors: list, phase: str) -> None:
     raise HierCheckpointError(
         path,
         f"{phase} failed on rank {rank}: {cause}{more}",
-        "fix that rank's access to the checkpoint directory (every rank must see the same one), then retry",
+        fix or "fix that rank's access to the checkpoint directory (every rank must see the same one), then retry",
     )

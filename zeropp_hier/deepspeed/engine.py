@@ -28,6 +28,7 @@ import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from ..comm.agree import agree_local, agree_same
+from ..comm.boundary import check_alone, quiesce
 from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
 from ..core.errors import HierConfigError, HierNonFiniteError, HierSkippedStepsError, HierUnsafeSaveError
@@ -176,7 +177,15 @@ class HierEngine(DeepSpeedEngine):
             self._step_failed = f"{type(e).__name__} in {phase}"
             raise
 
+    def _quiesce(self, what: str) -> None:
+        """Nothing of ours in flight before ``what`` ([Note: quiet boundaries] in comm/boundary.py)."""
+        rt = self.hier_runtime
+        if rt is not None:
+            quiesce(rt.executor, what)
+
     def forward(self, *inputs, **kwargs):
+        if self.hier_runtime is not None:
+            check_alone(self.hier_runtime.executor, "a forward pass")
         with self._failure_breaks("forward"), self._phase("forward_gather"), self._guard("forward"):
             return super().forward(*inputs, **kwargs)
 
@@ -186,6 +195,8 @@ class HierEngine(DeepSpeedEngine):
 
     def step(self, *args, **kwargs):
         with self._failure_breaks("step"), self._guard("step"):
+            if self.is_gradient_accumulation_boundary():  # the optimizer step's collectives follow
+                self._quiesce("the optimizer step")
             return super().step(*args, **kwargs)
 
     def destroy(self):
@@ -202,6 +213,7 @@ class HierEngine(DeepSpeedEngine):
         """DeepSpeed's save made atomic: ``latest`` moves only after every rank's files are
         written, fsynced and recorded in a manifest ([Note: atomic checkpoint])."""
         self._refuse_unsafe_save()
+        self._quiesce("a checkpoint save")
         client_state = {} if client_state is None else client_state  # DeepSpeed's default, not shared
         return checkpoint.save(
             self,
@@ -252,6 +264,7 @@ class HierEngine(DeepSpeedEngine):
         (default: ``zeropp_hier.checkpoint.trust_pickles``). No ``latest`` and no ``tag`` is an
         error unless ``missing_ok`` (then nothing is loaded: ``(None, None)``, a fresh start)."""
         trust = self.hier_config.checkpoint.trust_pickles if trust_pickles is None else trust_pickles
+        self._quiesce("a checkpoint load")
         tag = checkpoint.verify_for_load(self, load_dir, tag, check=verify, trust_pickles=trust, missing_ok=missing_ok)
         if tag is None:
             return None, None

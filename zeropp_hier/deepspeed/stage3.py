@@ -16,6 +16,7 @@ import torch
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from ..comm import reduce as comm_reduce
+from ..comm.boundary import quiesce
 from .partition import HierOffload
 from .runtime import HierRuntime
 from .zero_param import ZeroParam
@@ -211,6 +212,9 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
     # -- numerics around the step ([Note: non-finite gradients] in comm/numerics.py) -----------
     def step(self, closure: Callable[[], Any] | None = None) -> None:
         numerics = self.hier_runtime.numerics
+        # nothing of ours in flight beside the agreement and DeepSpeed's step collectives
+        # ([Note: quiet boundaries] in comm/boundary.py); a no-op when the engine's step drained
+        quiesce(self.hier_runtime.executor, "the agreed non-finite check")
         # collective: every rank, every step, same result; on the communication device, not
         # self.device (the CPU under optimizer offload, which NCCL/RCCL cannot all-reduce)
         verdict = numerics.agree(self.hier_runtime.comm_device)
