@@ -7,7 +7,8 @@ whether A's work is done."""
 import torch
 
 from zeropp_hier.comm.executor import Move
-from zeropp_hier.comm.issue import executor_for, resolve_issue_mode
+from zeropp_hier.comm.executors import executor_for
+from zeropp_hier.comm.issue import resolve_issue_mode
 
 CYCLES = 200_000_000  # ~0.1 s of device time
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from zeropp_hier.comm.executor import Move
-from zeropp_hier.comm.issue import backend_for, executor_for, resolve_issue_mode
+from zeropp_hier.comm.executors import executor_for
+from zeropp_hier.comm.issue import backend_for, resolve_issue_mode
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.errors import HierConfigError
 

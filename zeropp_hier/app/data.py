@@ -54,14 +54,11 @@ import numpy as np
 import torch
 
 from ..core.errors import HierConfigError
+from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 
 if TYPE_CHECKING:
     from .indexed import IndexedTokens
 
-FORMAT = "zeropp-hier-tokens"
-VERSION = 1
-SPLITS = ("train", "val")
-HELD_OUT_EVERY = 20  # input file i goes to val when i % 20 == 0
 # the standard library's sources without its test suites and installed packages
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -86,7 +83,6 @@ def _input_files(inputs: Sequence[str], pattern: str | None) -> list[Path]:
 
 
 TOKENIZERS = ("byte", "bpe")
-TOKENIZER_FILE = "tokenizer.json"
 BYTE_VOCAB = 256
 
 
@@ -131,12 +127,6 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
 def _text(raw: bytes) -> str:
     # BPE works on text: bytes that are not UTF-8 become U+FFFD (the byte tokenizer keeps them)
     return raw.decode("utf-8", errors="replace")
-
-
-def _hash_file(digest, path: Path) -> None:
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
 
 
 def prepare(
@@ -195,7 +185,7 @@ def prepare(
     if tok is not None:
         tmp_tok = out / (TOKENIZER_FILE + ".tmp")
         tok.save(str(tmp_tok))
-        _hash_file(digest, tmp_tok)  # the token ids mean nothing without it
+        hash_file(digest, tmp_tok)  # the token ids mean nothing without it
         info = {
             "kind": "bpe",
             "vocab_size": vocab,
@@ -206,7 +196,7 @@ def prepare(
         }
         os.replace(tmp_tok, out / TOKENIZER_FILE)
     for s in SPLITS:
-        _hash_file(digest, tmp[s])  # in blocks: a token file may be larger than memory
+        hash_file(digest, tmp[s])  # in blocks: a token file may be larger than memory
         os.replace(tmp[s], out / f"{s}.bin")  # whole files only: a reader never sees half of one
     index = {
         "format": FORMAT,

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..core.errors import HierConfigError
 from .documents import Piece, Reader
+from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 
 TASK_BYTES = 1 << 20  # text per task: large enough to amortise a task's round trip
 TASK_PIECES = 4096
@@ -160,8 +161,6 @@ def prepare(
     """Tokenize ``files`` (.txt / .jsonl) into ``out_dir`` with ``tokenizer`` ("byte" or the
     path of a ``tokenizer.json``) on ``workers`` processes ([Note: streaming prepare]);
     returns the index."""
-    from .data import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, _hash_file
-
     if not isinstance(workers, int) or not 1 <= workers <= 1024:
         raise HierConfigError("--workers", workers, "give a number of processes from 1 to 1024")
     files = list(files)
@@ -241,12 +240,12 @@ def prepare(
         tmp_tok = out / (TOKENIZER_FILE + ".tmp")
         shutil.copyfile(tok_file, tmp_tok)
         tok_digest = hashlib.sha256()
-        _hash_file(tok_digest, tmp_tok)
-        _hash_file(digest, tmp_tok)  # the token ids mean nothing without it
+        hash_file(tok_digest, tmp_tok)
+        hash_file(digest, tmp_tok)  # the token ids mean nothing without it
         info["sha256"] = tok_digest.hexdigest()
         os.replace(tmp_tok, out / TOKENIZER_FILE)
     for s in SPLITS:
-        _hash_file(digest, tmp[s])
+        hash_file(digest, tmp[s])
         os.replace(tmp[s], out / f"{s}.bin")  # whole files only: a reader never sees half of one
     index = {
         "format": FORMAT,

@@ -45,10 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    import torch
-
-    from .executor import CommExecutor
-    from .ticks import TickTransport
+    pass
 
 OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks")
 SAFE_WITH_LANES = ("gloo",)  # backends whose collectives run on the calling host thread
@@ -157,36 +154,11 @@ def chunks_warning(mode: IssueMode, chunks: int) -> str | None:
     )
 
 
-def executor_for(
-    mode: IssueMode,
-    name: str,
-    device: torch.device,
-    timeout_s: float | None = None,
-    transport: TickTransport | None = None,
-) -> CommExecutor:
-    """The executor that runs hop collectives in ``mode``; ``timeout_s`` bounds its waits
-    ([Note: executor failure semantics] in comm/executor.py); ``transport``: the tick mode's
-    (comm/ticks.py), required there."""
-    from .executor import CommExecutor
-
-    if mode.ticks:
-        from .ticks import TickExecutor
-
-        if transport is None:
-            raise ValueError("zeropp_hier internal: the tick mode needs a TickTransport")
-        return TickExecutor(name, device, transport, timeout_s=timeout_s)
-
-    return CommExecutor(
-        name, device, overlap=mode.background, one_lane=mode.one_lane, serial=mode.serial, timeout_s=timeout_s
-    )
-
-
 __all__ = [
     "IssueMode",
     "OVERLAP_CHOICES",
     "backend_for",
     "check_tick_device",
     "chunks_warning",
-    "executor_for",
     "resolve_issue_mode",
 ]

@@ -25,8 +25,9 @@ from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
 from ..comm.executor import Job
+from ..comm.executors import executor_for
 from ..comm.groups import build_hop_groups, build_tick_group
-from ..comm.issue import backend_for, check_tick_device, chunks_warning, executor_for, resolve_issue_mode
+from ..comm.issue import backend_for, check_tick_device, chunks_warning, resolve_issue_mode
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
