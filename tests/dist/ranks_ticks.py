@@ -394,7 +394,7 @@ def stream_run(cases: dict, rank_map: list, chunk_counts, count: int) -> dict:
 def engine_run(configs: dict, steps: int) -> dict:
     """Train each config from the same seed; record every hop transfer call of the run (its
     group, issuing thread, in-flight work at issue, and any hop collective)."""
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as training
 
     import zeropp_hier
 
@@ -435,7 +435,7 @@ def die_mid_tick(config: dict, victim: int, kill_call: int) -> str:
     import os
     import signal
 
-    from zeropp_hier.app import training
+    from zeropp_hier.app import run as training
 
     engine = training.build_engine(config)
     real = dist.batch_isend_irecv

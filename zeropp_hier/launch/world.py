@@ -13,7 +13,9 @@ e.g. a ``HierCommError`` naming the peer it waited on) for as long as some rank 
 at least every ``failure_grace_s`` seconds; a rank that stays silent that long after the last
 such event is stuck, and is terminated with whatever else is left. ``WorldError`` then carries
 every rank's report, when each rank exited and which ranks had to be terminated. With the
-default grace of 0 the launcher terminates everything at the first failure.
+default grace of 0 the launcher terminates everything at the first failure, after at most half a
+second for exits already under way to show (a killed rank's peers may report the closed sockets
+before its own exit status arrives; the rank that died is named either way).
 """
 
 from __future__ import annotations
@@ -172,6 +174,9 @@ def _serve(rank: int, tasks, results) -> None:
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+_SETTLE_S = 0.5  # after the first failure: how long exits already under way may take to show
 
 
 class WorldError(RuntimeError):
@@ -333,6 +338,17 @@ class LocalWorld:
                 raise WorldError(
                     f"{what}: no answer from every rank within {self.timeout:.0f} s; ranks answered: {sorted(answers)}"
                 )
+        # A rank's death reaches us later than its peers' reports of the sockets it closed (a
+        # forkserver child's exit status comes through the fork server): wait a moment for the
+        # exits already under way, so that the rank that died is named, not only its peers.
+        settle = time.monotonic() + _SETTLE_S
+        while len(exited) < world and time.monotonic() < settle:
+            self._drain(answers, failures, 0.02)
+            for r, p in enumerate(self.procs):
+                if r not in exited and p.exitcode is not None:
+                    exited[r] = time.monotonic()
+                    if r not in answers and r not in failures:
+                        failures[r] = f"rank {r} died without reporting: {_describe_exit(p.exitcode)}"
         for _ in range(2 * world):  # reports that arrived while we decided
             self._drain(answers, failures, 0)
         for r in failures:
