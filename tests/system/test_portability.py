@@ -101,7 +101,9 @@ def test_install_check_stops_with_one_line_below_the_floor(cpus):
     install's check exits 2 with one line that names the dependency and what the CPU offers,
     instead of the install's next import dying of SIGILL."""
     if not cpus["below"]:
-        pytest.skip(f"no emulated model of {LADDERS[NO_AVX2]} is below the installed wheels' floor")
+        # a fact of the installed wheels, not of this machine: no CPU model QEMU offers in the
+        # ladder is too old for them, so there is no CPU to refuse
+        pytest.skip(f"every model of {LADDERS[NO_AVX2]} runs the installed NumPy and torch: none is below their floor")
     for cpu, p in cpus["below"]:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("qemu:")]
         assert p.returncode == 2, f"{cpu}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"

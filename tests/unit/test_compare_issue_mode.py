@@ -103,7 +103,7 @@ def test_every_table_names_the_gpu_mode_and_the_planner_models_each_configuratio
 
 
 def test_the_chart_title_names_the_mode(tmp_path):
-    pytest.importorskip("matplotlib", reason="the chart needs matplotlib (optional)")
+    # matplotlib is one of the package's dependencies (pyproject.toml): no skip
     from benchmarks.compare_report import bar_chart
 
     rec, _ = _recorded("compare_link_bound_share15.json")

@@ -16,7 +16,10 @@ UTC = dt.timezone.utc  # the capture's time zone (README)
 
 
 def _read(name: str) -> str:
-    return (DATA / name).read_text()
+    """The command's output as captured: the file's first line names its source."""
+    text = (DATA / name).read_text()
+    assert text.startswith("# source: ")
+    return text.split("\n", 1)[1]
 
 
 def test_squeue_and_scontrol_name_the_same_end_which_is_start_plus_limit():

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory) -> Path:
     cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler on this machine to build a stand-in shared library")
+    # the package's own kernels are compiled at install, so a compiler is there: no skip
+    assert cc is not None, "no C compiler (gcc or cc): the install needs one for the kernels too"
     d = tmp_path_factory.mktemp("plugin")
     src = d / "p.c"
     src.write_text("int zeropp_hier_stand_in(void) { return 0; }\n")
