@@ -421,6 +421,16 @@ def to_fp32(src_dir: str, tag: Any = None, trust_pickles: bool = False) -> dict:
         return get_fp32_state_dict_from_zero_checkpoint(src_dir, tag=tag)
 
 
+def add_trust_pickles(parser: argparse.ArgumentParser) -> None:
+    """The one opt-in to unpickling, worded alike in every command that loads a checkpoint
+    ([Note: tensors-only loading] in safe_load.py)."""
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="load any pickled type (runs code the files name): only for checkpoints whose writer you trust",
+    )
+
+
 def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") -> int:
     """``zeropp-hier checkpoint verify DIR [--tag T]`` / ``to-universal SRC OUT [--tag T]``
     (``universal`` is the same as ``to-universal``). Checkpoint files are read tensors-only
@@ -437,11 +447,7 @@ def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") ->
     u.add_argument("out")
     u.add_argument("--tag", default=None)
     for p in (v, u):
-        p.add_argument(
-            "--trust-pickles",
-            action="store_true",
-            help="load any pickled type (runs code the files name): only for checkpoints whose writer you trust",
-        )
+        add_trust_pickles(p)
     a = ap.parse_args(argv)
     try:
         if a.cmd == "verify":

@@ -238,11 +238,9 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier checkpoint expo
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weights' dtype (default fp32)")
     ap.add_argument("--max-shard-size", type=_size, default="5GB", help="largest safetensors file (default 5GB)")
     ap.add_argument("--tokenizer", default=None, help="a tokenizer.json to copy beside the weights")
-    ap.add_argument(
-        "--trust-pickles",
-        action="store_true",
-        help="load any pickled type (runs code the files name): only for checkpoints whose writer you trust",
-    )
+    from ..deepspeed.checkpoint import add_trust_pickles
+
+    add_trust_pickles(ap)
     a = ap.parse_args(argv)
     from ..core.errors import HierCheckpointError, HierConfigError
 
