@@ -22,6 +22,21 @@ FP16_REFUSED = _fp16_refused()
 requires_fp16 = pytest.mark.skipif(FP16_REFUSED is not None, reason=FP16_REFUSED or "")
 
 
+def data_job_spec(tmp_path, name: str, **kw):
+    """The small job the resume, kill and monitoring tests run on prepared data in
+    ``tmp_path/data``, writing to ``tmp_path/name``; ``kw`` sets ``steps`` and replaces any field."""
+    from zeropp_hier.app.spec import JobSpec, ModelSpec
+
+    fields = dict(
+        micro_batch=2,
+        model=ModelSpec(seq_len=32),
+        data_path=str(tmp_path / "data"),
+        progress="off",
+        out_dir=str(tmp_path / name),
+    )
+    return JobSpec(**{**fields, **kw})
+
+
 def rel_diff(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 

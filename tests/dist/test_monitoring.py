@@ -22,23 +22,17 @@ from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec, ModelSpec
 from zeropp_hier.core.vocab import TIERS
 
+from ..helpers import data_job_spec
+
 STEPS = 3
 PHASES = ("forward_gather", "backward_gather", "grad_reduce", "other_gather")
 KIND = "tensorboard" if importlib.util.find_spec("tensorboard") is not None else "csv"
 
 
 def _spec(tmp_path, name, **kw) -> JobSpec:
-    fields = dict(
-        steps=STEPS,
-        micro_batch=2,
-        model=ModelSpec(seq_len=32),
-        data_path=str(tmp_path / "data"),
-        topology={"gpus_per_node": 2, "gcds_per_gpu": 2},  # sim_1x2x2
-        local_world=4,
-        progress="off",
-        out_dir=str(tmp_path / name),
-    )
-    return JobSpec(**{**fields, **kw})
+    # sim_1x2x2: 4 ranks
+    kw = {"topology": {"gpus_per_node": 2, "gcds_per_gpu": 2}, "local_world": 4, **kw}
+    return data_job_spec(tmp_path, name, **{"steps": STEPS, **kw})
 
 
 def _read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:

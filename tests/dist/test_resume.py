@@ -10,19 +10,13 @@ from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.app.spec import ModelSpec
 from zeropp_hier.app.data import stdlib_files
 
+from ..helpers import data_job_spec
+
 STEPS, K = 4, 2
 
 
 def _spec(tmp_path, name, **kw) -> JobSpec:
-    fields = dict(
-        steps=STEPS,
-        micro_batch=2,
-        model=ModelSpec(seq_len=32),
-        data_path=str(tmp_path / "data"),
-        progress="off",
-        out_dir=str(tmp_path / name),
-    )
-    return JobSpec(**{**fields, **kw})
+    return data_job_spec(tmp_path, name, **{"steps": STEPS, **kw})
 
 
 def test_resume_latest_continues_exactly(world8, tmp_path):

@@ -19,6 +19,8 @@ from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.app.spec import ModelSpec
 from zeropp_hier.app.data import stdlib_files
 
+from ..helpers import data_job_spec
+
 # the first commit (step 2) is the kill's signal; the job's steps 3 and 4 and their commit are what
 # the kill cuts off and the resumed run redoes
 STEPS, EVERY = 4, 2
@@ -36,15 +38,7 @@ launch(JobSpec(steps=int(steps), micro_batch=2, model=ModelSpec(seq_len=32), dat
 
 
 def _spec(tmp_path, name, **kw) -> JobSpec:
-    fields = dict(
-        steps=STEPS,
-        micro_batch=2,
-        model=ModelSpec(seq_len=32),
-        data_path=str(tmp_path / "data"),
-        progress="off",
-        out_dir=str(tmp_path / name),
-    )
-    return JobSpec(**{**fields, **kw})
+    return data_job_spec(tmp_path, name, **{"steps": STEPS, **kw})
 
 
 def _committed_step(ckpt: str) -> int | None:
