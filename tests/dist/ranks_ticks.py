@@ -9,6 +9,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from .rows import same_rows
+
 RANK_MAP = [5, 0, 7, 2, 1, 4, 3, 6]
 NUMELS = [1000, 37, 4096, 7, 513]  # tails, a tensor smaller than the world, one over a block
 
@@ -107,18 +109,6 @@ def _ctx(cfg, topo, plan, groups, tick_group, ticks: bool, chunks: int):
     )
 
 
-def _same(a, b) -> bool:
-    from zeropp_hier.comm.collectives import Encoded
-
-    if isinstance(a, Encoded) or isinstance(b, Encoded):
-        return (
-            isinstance(a, Encoded)
-            and isinstance(b, Encoded)
-            and torch.equal(a.data, b.data)
-            and torch.equal(a.scales, b.scales)
-            and (a.bits, a.block_size, a.row_elems) == (b.bits, b.block_size, b.row_elems)
-        )
-    return (a is None and b is None) or torch.equal(a, b)
 
 
 def _gather(ctx, hops, start, phase, sizes, slots, keep, chunks):
@@ -223,7 +213,7 @@ def parity_run(cases: dict, rank_map: list, chunk_counts) -> dict:
                     "forward_gather",
                 )
                 c["forward"]["values"] = all(torch.equal(a, b) for a, b in zip(fwd_r.values, fwd_t.values))
-                c["forward"]["kept"] = all(_same(a, b) for a, b in zip(fwd_r.kept, fwd_t.kept))
+                c["forward"]["kept"] = all(same_rows(a, b) for a, b in zip(fwd_r.kept, fwd_t.kept))
                 # backward: from the kept copies (zero3 keeps none and re-gathers the primary)
                 if plan.kept_axes is not None:
                     bhops = gather.hops_for(plan, plan.kept_axes, "backward_gather")
@@ -350,7 +340,7 @@ def stream_run(cases: dict, rank_map: list, chunk_counts, count: int) -> dict:
                     "settled": settled,
                     "want_settled": [(i + 1) * chunks + len(lanes) - 1 for i in range(count)],
                     "values": all(torch.equal(a, b) for w, g in zip(want, got) for a, b in zip(w.values, g.values)),
-                    "kept": all(_same(a, b) for w, g in zip(want, got) for a, b in zip(w.kept, g.kept)),
+                    "kept": all(same_rows(a, b) for w, g in zip(want, got) for a, b in zip(w.kept, g.kept)),
                     "most_hops_in_a_tick": max(h for _, h, _ in log),
                 }
                 seq = [(t, p) for t, _, moved in log for p, _, _ in moved]

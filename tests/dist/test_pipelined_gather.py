@@ -53,20 +53,6 @@ def _teardown(ctx, groups):
         dist.destroy_process_group(hg.group)
 
 
-def _same(a, b) -> bool:
-    import torch
-
-    from zeropp_hier.comm.collectives import Encoded
-
-    if isinstance(a, Encoded) or isinstance(b, Encoded):
-        return (
-            isinstance(a, Encoded)
-            and isinstance(b, Encoded)
-            and torch.equal(a.data, b.data)
-            and torch.equal(a.scales, b.scales)
-            and (a.bits, a.block_size, a.row_elems) == (b.bits, b.block_size, b.row_elems)
-        )
-    return a is None and b is None or torch.equal(a, b)
 
 
 def _partitions(rank: int, world: int, seed: int):
@@ -127,6 +113,8 @@ def pipelined_run(cases: dict, rank_map: list) -> dict:
     from zeropp_hier.comm import gather
     from zeropp_hier.comm.collectives import Encoded
 
+    from .rows import same_rows
+
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, (preset, compression) in cases.items():
@@ -159,7 +147,7 @@ def pipelined_run(cases: dict, rank_map: list) -> dict:
             r["cases"][chunks] = {
                 "jobs": (njobs, bjobs),
                 "values": all(torch.equal(a, b) for a, b in zip(got.values, ref.values)),
-                "kept": all(_same(a, b) for a, b in zip(got.kept, ref.kept)),
+                "kept": all(same_rows(a, b) for a, b in zip(got.kept, ref.kept)),
                 "bytes": got_bytes == ref_bytes and bgot_bytes == bref_bytes,
                 "backward": all(torch.equal(a, b) for a, b in zip(bgot.values, bref.values)),
             }
