@@ -3,7 +3,8 @@
 only the elements that can hold a value deliver bit for bit what the same collectives deliver
 sending the slots' padding, with fewer bytes on every tier."""
 
-from .test_pipelined_gather import CASES, NUMELS, RANK_MAP, _partitions, _same, _setup, _teardown
+from .rows import same_rows
+from .test_pipelined_gather import CASES, NUMELS, RANK_MAP, _partitions, _setup, _teardown
 
 
 def _bytes(ctx, phase, before):
@@ -51,7 +52,7 @@ def padding_run(cases: dict, rank_map: list) -> dict:
             a, b = got[("padded", phase)], got[("kept", phase)]
             pa, pb = got[("padded", phase, "bytes")], got[("kept", phase, "bytes")]
             r[phase] = {
-                "same": _same(a, b),
+                "same": same_rows(a, b),
                 "fewer": all(pb[t] < pa[t] for t in pa if pa[t]) and any(pa.values()),
             }
         # a gradient bucket's stages, one column chunk, with and without the padding on the wire
