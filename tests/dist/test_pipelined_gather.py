@@ -276,7 +276,7 @@ def reduce_run(cases: dict, rank_map: list, pipeline_chunks: int) -> dict:
         lanes = [h.axes for _ in chunks for h in plan.reduce]
         numels = [g.numel() for g in grads]
         one_job = ex.result(
-            ex.submit(reduce.reduce_rows(ctx, packed, chunks, numels, torch.float32, None, 1.0), lanes)
+            ex.submit(reduce.reduce_rows(ctx, reduce.Bucket(packed, chunks, numels, torch.float32)), lanes)
         )
         ctx.pipeline_chunks = pipeline_chunks
         ex.record_busy()

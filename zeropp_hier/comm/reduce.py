@@ -19,6 +19,7 @@ same.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Generator, Sequence
 
 import torch
@@ -33,6 +34,21 @@ def row_pad(ctx: CommContext) -> int:
     """Rows padded to every quantized stage's block size (powers of two: the largest), so that
     no quantization block straddles two destinations."""
     return max((h.block_size for h in ctx.plan.reduce if h.scheme in QUANTIZED), default=1)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One gradient bucket as its stages take it: the packed rows, the column chunks the stages
+    run on ([Note: streamed gradient stages]), the gradients' sizes (to cut this rank's chunks
+    out), the wire dtype, the error-feedback key (None: no feedback) and the loss scale the
+    gradients carry (fp16)."""
+
+    packed: layout.GradRows
+    chunks: Sequence[tuple[int, int]]
+    numels: Sequence[int]
+    wire_dtype: torch.dtype
+    key: tuple[str, ...] | None = None
+    loss_scale: float = 1.0
 
 
 def submit_reduce_scatter(
@@ -57,27 +73,20 @@ def submit_reduce_scatter(
     if ctx.pipeline_chunks > 1:  # a job per chunk ([Note: chunked gathers] in comm/gather.py)
         per = world * -(-width // ctx.pipeline_chunks)
         chunks = column_chunks(width, pad, world, min(ctx.stream_chunk_elems, per))
-        jobs = pipelined_rows(ctx, packed, chunks, numels, wire_dtype, key, loss_scale)
+        jobs = pipelined_rows(ctx, Bucket(packed, chunks, numels, wire_dtype, key, loss_scale))
         return ctx.executor.submit_all(jobs, [hop.axes for hop in ctx.plan.reduce])
     chunks = column_chunks(width, pad, world, ctx.stream_chunk_elems)
     lanes = [hop.axes for _ in chunks for hop in ctx.plan.reduce]
-    return ctx.executor.submit(reduce_rows(ctx, packed, chunks, numels, wire_dtype, key, loss_scale), lanes)
+    return ctx.executor.submit(reduce_rows(ctx, Bucket(packed, chunks, numels, wire_dtype, key, loss_scale)), lanes)
 
 
-def pipelined_rows(
-    ctx: CommContext,
-    packed: layout.GradRows,
-    chunks: Sequence[tuple[int, int]],
-    numels: Sequence[int],
-    wire_dtype: torch.dtype,
-    key: tuple[str, ...] | None,
-    loss_scale: float,
-) -> list[Generator[Move, None, list[torch.Tensor] | None]]:
+def pipelined_rows(ctx: CommContext, bucket: Bucket) -> list[Generator[Move, None, list[torch.Tensor] | None]]:
     """``reduce_rows`` as one job per column chunk, to be submitted in order: chunk i's slow
     stage runs beside chunk i+1's faster one on lanes. Every chunk's last stage is on one lane,
     so each chunk's job writes its columns before the next one's, and the last job hands out
     the chunks. The same chunks, error-feedback keys and sums as ``reduce_rows`` over ``chunks``:
     bit for bit its result."""
+    packed, chunks = bucket.packed, bucket.chunks
     rows = packed.rows
     out = rows.new_empty(rows.shape[1])
 
@@ -86,11 +95,11 @@ def pipelined_rows(
     def job(i: int, a: int, b: int) -> Generator[Move, None, list[torch.Tensor] | None]:
         if i == 0:
             ctx.hooks.check_local(rows)
-        buf = yield from _chunk_stages(ctx, rows, (a, b), valid, key, len(chunks), wire_dtype, loss_scale, out)
+        buf = yield from _chunk_stages(ctx, bucket, (a, b), valid, out)
         out[a:b].copy_(buf.reshape(-1))
         if i < len(chunks) - 1:
             return None
-        return layout.unpack_my_chunks(out, numels, packed.chunk, ctx.rank, packed.slots)
+        return layout.unpack_my_chunks(out, bucket.numels, packed.chunk, ctx.rank, packed.slots)
 
     return [job(i, a, b) for i, (a, b) in enumerate(chunks)]
 
@@ -111,55 +120,41 @@ def column_chunks(width: int, pad: int, world: int, chunk_elems: int) -> list[tu
 
 
 def _chunk_stages(
-    ctx: CommContext,
-    rows: torch.Tensor,
-    span: tuple[int, int],
-    valid: layout.Valid | None,
-    key: tuple[str, ...] | None,
-    n_chunks: int,
-    wire_dtype: torch.dtype,
-    loss_scale: float,
-    out: torch.Tensor | None,
+    ctx: CommContext, bucket: Bucket, span: tuple[int, int], valid: layout.Valid | None, out: torch.Tensor | None
 ) -> Generator[Move, None, torch.Tensor]:
-    """The plan's stages over the columns ``span`` of the rows (one chunk), announcing each
+    """The plan's stages over the columns ``span`` of the bucket's rows (one chunk), announcing each
     stage's collective (``Move``) before issuing it; returns the chunk's sum. One definition
     for ``reduce_rows`` (every chunk in one job) and ``pipelined_rows`` (a job per chunk), so
     that both give the same blocks, sums and error-feedback keys."""
     a, b = span
+    rows, key = bucket.packed.rows, bucket.key
     cols = None if valid is None else valid.columns(a, b)
     buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
-    ckey = key if n_chunks == 1 or key is None else (*key, f"columns {a}:{b}")
+    ckey = key if len(bucket.chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
     for s, hop in enumerate(ctx.plan.reduce):
         # the rows and the output are read and written on several lanes (GPU streams)
         yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
-        hook = ctx.hooks.reduce_hook(ckey, s, hop, loss_scale)
+        hook = ctx.hooks.reduce_hook(ckey, s, hop, bucket.loss_scale)
         buf = yield from ctx.wire(
-            ctx.coll.reduce_stage_steps(buf, hop, hop.block_size, wire_dtype, hook=hook, valid=cols)
+            ctx.coll.reduce_stage_steps(buf, hop, hop.block_size, bucket.wire_dtype, hook=hook, valid=cols)
         )
     return buf
 
 
-def reduce_rows(
-    ctx: CommContext,
-    packed: layout.GradRows,
-    chunks: Sequence[tuple[int, int]],
-    numels: Sequence[int],
-    wire_dtype: torch.dtype,
-    key: tuple[str, ...] | None,
-    loss_scale: float,
-) -> Generator[Move, None, list[torch.Tensor]]:
+def reduce_rows(ctx: CommContext, bucket: Bucket) -> Generator[Move, None, list[torch.Tensor]]:
     """The stages of one gradient bucket, chunk by chunk ([Note: streamed gradient stages]): a
     job for the executor, which announces each stage's collective (``Move``) before issuing it."""
+    packed, chunks = bucket.packed, bucket.chunks
     rows = packed.rows
     ctx.hooks.check_local(rows)
     width = rows.shape[1]
     out = rows.new_empty(width) if len(chunks) > 1 else None
     valid = _valid(packed)
     for a, b in chunks:
-        buf = yield from _chunk_stages(ctx, rows, (a, b), valid, key, len(chunks), wire_dtype, loss_scale, out)
+        buf = yield from _chunk_stages(ctx, bucket, (a, b), valid, out)
         if out is None:
             out = buf.reshape(-1)
         else:
             out[a:b].copy_(buf.reshape(-1))
     assert out is not None
-    return layout.unpack_my_chunks(out, numels, packed.chunk, ctx.rank, packed.slots)
+    return layout.unpack_my_chunks(out, bucket.numels, packed.chunk, ctx.rank, packed.slots)
