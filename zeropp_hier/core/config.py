@@ -133,16 +133,19 @@ def _parse_auto(v: Any, preset: Preset) -> AutoConfig:
     tiers = None
     if tg is not None:
         m = check_mapping(tg, f"{field}.tier_gbps")
-        if set(m) != set(TIERS) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf") for x in m.values()
-        ):
+        rates = {
+            t: x
+            for t, x in m.items()
+            if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+        }
+        if set(rates) != set(TIERS) or len(m) != len(TIERS):
             raise HierConfigError(
                 f"{field}.tier_gbps",
                 tg,
                 'give positive GB/s per GCD for each of "gcd", "gpu", "node" '
                 '(Frontier: {"gcd": 200, "gpu": 50, "node": 12.5})',
             )
-        tiers = tuple((t, float(m[t])) for t in TIERS)
+        tiers = tuple((t, float(rates[t])) for t in TIERS)
     if pf is not None and tiers is not None:
         raise HierConfigError(field, v, "give probe_file or tier_gbps, not both")
     kb = d.get("probe_kb", 256)

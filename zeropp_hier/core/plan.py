@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, Scheme, TierBlocks, TierFlags, TierSchemes
+from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, Scheme, TierBlocks, TierFlags, TierSchemes, every_tier
 from .topology import Topology, normalize_axes
 from .vocab import AXES
 
@@ -57,7 +57,7 @@ def _hops(
     groups: Sequence[tuple[str, ...]],
     schemes: TierSchemes,
     blocks: TierBlocks,
-    feedback: TierFlags = TierFlags(),
+    feedback: TierFlags = every_tier(False),
 ) -> tuple[Hop, ...]:
     out = []
     for axes in groups:

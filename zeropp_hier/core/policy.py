@@ -17,7 +17,7 @@ parsers, ``plan.py`` turns the result into hops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, TypedDict, Union, get_args
+from typing import Any, Generic, Literal, Mapping, TypedDict, TypeVar, Union, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
@@ -128,50 +128,38 @@ _COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradient
 _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutive_skips")
 
 
-@dataclass(frozen=True, kw_only=True)
-class TierSchemes:
-    """Compression scheme for one kind of traffic, per tier."""
-
-    gcd: Scheme = "none"  # between the two GCDs of a package
-    gpu: Scheme = "none"  # between the packages of a node
-    node: Scheme = "none"  # between nodes
-
-    def of(self, tier: str) -> Scheme:
-        return getattr(self, tier)
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TierBlocks:
-    """Quantization block size per tier (elements per fp32 scale)."""
+class PerTier(Generic[V]):
+    """One value per tier: a compression scheme, a block size or a switch."""
 
-    gcd: int = DEFAULT_BLOCK_SIZE
-    gpu: int = DEFAULT_BLOCK_SIZE
-    node: int = DEFAULT_BLOCK_SIZE
+    gcd: V  # between the two GCDs of a package
+    gpu: V  # between the packages of a node
+    node: V  # between nodes
 
-    def of(self, tier: str) -> int:
+    def of(self, tier: str) -> V:
         return getattr(self, tier)
 
 
-@dataclass(frozen=True, kw_only=True)
-class TierFlags:
-    """A switch per tier (error feedback: on where that tier's gradients are compressed)."""
+def every_tier(v: V) -> PerTier[V]:
+    return PerTier(gcd=v, gpu=v, node=v)
 
-    gcd: bool = False
-    gpu: bool = False
-    node: bool = False
 
-    def of(self, tier: str) -> bool:
-        return getattr(self, tier)
+TierSchemes = PerTier[Scheme]  # compression scheme of one kind of traffic
+TierBlocks = PerTier[int]  # quantization block size (elements per fp32 scale)
+TierFlags = PerTier[bool]  # error feedback: on where that tier's gradients are compressed
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompressionConfig:
-    forward_weights: TierSchemes = TierSchemes()  # the forward gather of the weights
-    backward_weights: TierSchemes = TierSchemes()  # the backward re-gather of the weights
-    gradients: TierSchemes = TierSchemes()  # the gradient reduce-scatter
+    forward_weights: TierSchemes = every_tier("none")  # the forward gather of the weights
+    backward_weights: TierSchemes = every_tier("none")  # the backward re-gather of the weights
+    gradients: TierSchemes = every_tier("none")  # the gradient reduce-scatter
     block_size: int = DEFAULT_BLOCK_SIZE  # for every tier not named in a per-tier block_size
-    block_sizes: TierBlocks = TierBlocks()
-    error_feedback: TierFlags = TierFlags()  # resolved: True only where gradients are compressed
+    block_sizes: TierBlocks = every_tier(DEFAULT_BLOCK_SIZE)
+    error_feedback: TierFlags = every_tier(False)  # resolved: True only where gradients are compressed
 
     @property
     def weights(self) -> TierSchemes:
@@ -219,13 +207,13 @@ def _check_block(v: Any, field: str) -> int:
 
 def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
     if v is None:
-        return DEFAULT_BLOCK_SIZE, TierBlocks()
+        return DEFAULT_BLOCK_SIZE, every_tier(DEFAULT_BLOCK_SIZE)
     if isinstance(v, Mapping):
         check_keys(v, TIERS, field)
-        per = {t: _check_block(v[t], f"{field}.{t}") for t in v}
+        per = {t: DEFAULT_BLOCK_SIZE for t in TIERS} | {t: _check_block(v[t], f"{field}.{t}") for t in v}
         return DEFAULT_BLOCK_SIZE, TierBlocks(**per)
     b = _check_block(v, field)
-    return b, TierBlocks(gcd=b, gpu=b, node=b)
+    return b, every_tier(b)
 
 
 _EF_FIX = 'use true, false or "auto" (on where gradients are int4), or an object per tier, e.g. {"node": true}'
@@ -298,45 +286,69 @@ def parse_compression(v: Any, preset: FixedPreset, field: str) -> CompressionCon
     )
 
 
-def parse_numerics(v: Any, field: str) -> NumericsConfig:
+C = TypeVar("C", bound=str)
+
+
+def _choice(d: Mapping[str, object], field: str, key: str, default: C, choices: tuple[C, ...], fix: str) -> C:
+    """``d[key]`` (``default`` where absent), one of ``choices``."""
+    x = d.get(key, default)
+    for c in choices:
+        if x == c:
+            return c
+    raise HierConfigError(f"{field}.{key}", x, fix)
+
+
+def _count(d: Mapping[str, object], field: str, key: str, default: int, least: int, fix: str) -> int:
+    """``d[key]`` (``default`` where absent), an integer of at least ``least``."""
+    x = d.get(key, default)
+    if not is_int(x) or x < least:
+        raise HierConfigError(f"{field}.{key}", x, fix)
+    return x
+
+
+def parse_numerics(v: object, field: str) -> NumericsConfig:
     if v is None:
         return NumericsConfig()
     d = check_mapping(v, field)
     check_keys(d, _NUMERICS_KEYS, field)
-    nonfinite = d.get("nonfinite", "skip")
-    if nonfinite not in NONFINITE_POLICIES:
-        raise HierConfigError(
-            f"{field}.nonfinite",
-            nonfinite,
+    # checked in the order of the fields, so the first bad one is the one reported
+    return NumericsConfig(
+        nonfinite=_choice(
+            d,
+            field,
+            "nonfinite",
+            "skip",
+            NONFINITE_POLICIES,
             'use "skip" (skip the step, keep the weights, report it in '
             "comm_stats(engine)['numerics']) or \"raise\" (stop with "
             "HierNonFiniteError naming the step, rank and stage)",
-        )
-    every = d.get("sample_every", DEFAULT_SAMPLE_EVERY)
-    if not is_int(every) or every < 0:
-        raise HierConfigError(
-            f"{field}.sample_every",
-            every,
+        ),
+        sample_every=_count(
+            d,
+            field,
+            "sample_every",
+            DEFAULT_SAMPLE_EVERY,
+            0,
             f"use a non-negative integer: sample the compression error every N-th "
             f"collective (0 = never; default {DEFAULT_SAMPLE_EVERY})",
-        )
-    residual_dtype = d.get("residual_dtype", "fp32")
-    if residual_dtype not in RESIDUAL_DTYPES:
-        raise HierConfigError(
-            f"{field}.residual_dtype",
-            residual_dtype,
+        ),
+        residual_dtype=_choice(
+            d,
+            field,
+            "residual_dtype",
+            "fp32",
+            RESIDUAL_DTYPES,
             'use "fp32" (default) or "bf16" (half the memory of the error-feedback residuals)',
-        )
-    cap = d.get("max_consecutive_skips", DEFAULT_MAX_CONSECUTIVE_SKIPS)
-    if not is_int(cap) or cap < 1:
-        raise HierConfigError(
-            f"{field}.max_consecutive_skips",
-            cap,
+        ),
+        max_consecutive_skips=_count(
+            d,
+            field,
+            "max_consecutive_skips",
+            DEFAULT_MAX_CONSECUTIVE_SKIPS,
+            1,
             f"use a positive integer: stop the job after this many skipped steps in a row "
             f"(default {DEFAULT_MAX_CONSECUTIVE_SKIPS})",
-        )
-    return NumericsConfig(
-        nonfinite=nonfinite, sample_every=every, residual_dtype=residual_dtype, max_consecutive_skips=cap
+        ),
     )
 
 
