@@ -121,7 +121,8 @@ def _gather(ctx, hops, start, phase, sizes, slots, keep, chunks):
     ex = ctx.executor
     lanes = [h.axes for h in hops]
     if chunks == 1:
-        job = gather.gather_bucket(ctx, hops, start, phase, torch.float32, sizes, slots, NUMELS, keep)
+        finish = gather.finish_bucket(ctx, torch.float32, sizes, slots, NUMELS, keep)
+        job = gather.gather_bucket(ctx, hops, start, phase, finish, valid=layout.valid_of(sizes, slots))
         return ex.result(ex.submit(job, lanes))
     align = gather.chunk_align(hops, start.block_size if isinstance(start, Encoded) else 1)
     ranges = gather.column_ranges(sum(slots), align, chunks)

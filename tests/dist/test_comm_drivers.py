@@ -55,6 +55,7 @@ def drivers_run(cases: dict, rank_map: list) -> dict:
     from zeropp_hier.comm.groups import build_hop_groups
     from zeropp_hier.comm.numerics import Numerics
     from zeropp_hier.comm.stats import CommStats
+    from zeropp_hier.core import layout
     from zeropp_hier.core.config import parse_section
     from zeropp_hier.core.plan import make_plan
     from zeropp_hier.core.topology import Topology
@@ -90,7 +91,9 @@ def drivers_run(cases: dict, rank_map: list) -> dict:
         slots = gather.slots_of(sizes, gather.slot_align((*plan.forward, *backward)))
         start = gather.primary_buffer(parts, sizes, NUMELS, slots, rank)
         keep = [plan.kept_axes] * len(NUMELS) if plan.kept_axes is not None else None
-        job = gather.gather_bucket(ctx, hops, start, "forward_gather", torch.float32, sizes, slots, NUMELS, keep)
+        valid = layout.valid_of(sizes, slots)
+        finish = gather.finish_bucket(ctx, torch.float32, sizes, slots, NUMELS, keep)
+        job = gather.gather_bucket(ctx, hops, start, "forward_gather", finish, valid=valid)
         got = executor.result(executor.submit(job, [h.axes for h in hops]))
         r["gather_err"], r["gather_bound"] = [], []
         for part, n, numel, value in zip(parts, sizes, NUMELS, got.values):
@@ -105,7 +108,8 @@ def drivers_run(cases: dict, rank_map: list) -> dict:
             src = plan.kept_axes
             bhops = gather.hops_for(plan, src, "backward_gather")
             kept_start = Encoded.cat(pieces) if isinstance(pieces[0], Encoded) else torch.cat(pieces, dim=3)
-            job = gather.gather_bucket(ctx, bhops, kept_start, "backward_gather", torch.float32, sizes, slots, NUMELS)
+            finish = gather.finish_bucket(ctx, torch.float32, sizes, slots, NUMELS)
+            job = gather.gather_bucket(ctx, bhops, kept_start, "backward_gather", finish, valid=valid)
             again = executor.result(executor.submit(job, [h.axes for h in bhops]))
             r["backward_same"] = all(torch.equal(a, b) for a, b in zip(again.values, got.values))
             r["kept_encoded"] = isinstance(pieces[0], Encoded)

@@ -85,9 +85,9 @@ def _run(ctx, hops, start, phase, dtype, sizes, slots, keep, chunks):
     ex = ctx.executor
     lanes = [h.axes for h in hops]
     if chunks is None:
-        got = ex.result(
-            ex.submit(gather.gather_bucket(ctx, hops, start, phase, dtype, sizes, slots, NUMELS, keep), lanes)
-        )
+        finish = gather.finish_bucket(ctx, dtype, sizes, slots, NUMELS, keep)
+        valid = layout.valid_of(sizes, slots)
+        got = ex.result(ex.submit(gather.gather_bucket(ctx, hops, start, phase, finish, valid=valid), lanes))
         njobs = 1
     else:
         align = gather.chunk_align(hops, start.block_size if isinstance(start, Encoded) else 1)

@@ -7,14 +7,15 @@ in its axes; the end cuts every tensor's full values out of the ``[N, P, G, S]``
 
 ``hop_steps`` is the driver: a generator that announces each hop's collective (``Move``, for the
 executor: [Note: one order of hop collectives] in comm/executor.py) before issuing it, and
-returns the gathered buffer. ``gather_bucket`` wraps it with the two ends (the copies to keep,
-the tensors' values). Nothing here knows DeepSpeed: ``deepspeed/runtime.py`` maps parameters to
-these tensors and back.
+returns the gathered buffer. ``gather_bucket`` runs it over a bucket's start buffer and hands
+the result to the bucket's end (``finish_bucket``: the copies to keep, the tensors' values).
+Nothing here knows DeepSpeed: ``deepspeed/runtime.py`` maps parameters to these tensors and
+back.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, NamedTuple, Sequence
+from typing import Any, Callable, Generator, NamedTuple, Sequence, TypeVar
 
 import torch
 
@@ -26,6 +27,7 @@ from .context import CommContext
 from .executor import Move
 
 Buffer = torch.Tensor | Encoded  # a gather buffer, plain or in a quantized wire format
+R = TypeVar("R")  # what a bucket's ``finish`` makes of its gathered buffer
 
 
 def exact(hops: Sequence[Hop]) -> tuple[Hop, ...]:
@@ -179,16 +181,14 @@ def gather_bucket(
     hops: Sequence[Hop],
     start: Buffer,
     phase: str,
-    dtype: torch.dtype,
-    sizes: Sequence[int],
-    slots: Sequence[int],
-    numels: Sequence[int],
-    keep: Sequence[tuple[str, ...] | None] | None = None,
+    finish: Callable[[Buffer], R],
     carry: Sequence[torch.Tensor] = (),
-) -> Generator[Move, None, Gathered]:
-    """One bucket: the hops, then the copies to keep (``keep``, per tensor) and the values."""
-    full = yield from hop_steps(ctx, hops, start, phase, carry, layout.valid_of(sizes, slots))
-    return finish_bucket(ctx, dtype, sizes, slots, numels, keep)(full)
+    valid: layout.Valid | None = None,
+) -> Generator[Any, Any, R]:
+    """One bucket in one job: the hops, then ``finish`` of the gathered buffer (``finish_bucket``:
+    the copies to keep and the values). ``chunk_jobs`` is the same in a job per column chunk."""
+    full = yield from hop_steps(ctx, hops, start, phase, carry, valid)
+    return finish(full)
 
 
 # [Note: chunked gathers]
@@ -300,7 +300,8 @@ def finish_bucket(
     numels: Sequence[int],
     keep: Sequence[tuple[str, ...] | None] | None = None,
 ) -> Callable[[Buffer], Gathered]:
-    """The end of ``gather_bucket`` as a function of the gathered buffer (for ``chunk_jobs``)."""
+    """The end of a bucket's gather as a function of the gathered buffer (for ``gather_bucket``
+    and ``chunk_jobs``)."""
 
     def finish(full: Buffer) -> Gathered:
         kept: list[Buffer | None] = cut_kept(ctx, full, slots, keep) if keep is not None else [None] * len(sizes)

@@ -279,8 +279,7 @@ class HierRuntime:
     def _gather_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> Job:
         """The job of one bucket, unchunked: its hops, then its ``finish``."""
         b = self._bucket(ps, src, shards, phase)
-        full = yield from gather.hop_steps(self.comm, b.hops, b.make_start(), phase, b.carry, b.valid)
-        return b.finish(full)
+        return (yield from gather.gather_bucket(self.comm, b.hops, b.make_start(), phase, b.finish, b.carry, b.valid))
 
     def _bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> _Bucket:
         """One bucket: its parameters as plain tensors for the gather driver (``comm/gather.py``),
@@ -398,8 +397,3 @@ class HierRuntime:
     def shard_bytes(self) -> int:
         """Bytes of the kept copies on this rank (encoded ones at their encoded size)."""
         return sum(t.nbytes if isinstance(t, Encoded) else t.numel() * t.element_size() for t in self.shards.values())
-
-    def kept_weights(self, p: ZeroParam) -> torch.Tensor:
-        """A parameter's kept copy as values [n, p, g, slot] in its dtype (decoded if encoded)."""
-        t = self.shards[p.ds_id]
-        return self.coll.decode(t, p.ds_tensor.dtype) if isinstance(t, Encoded) else t
