@@ -65,11 +65,17 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
 def compare_shards_with_gather(engine) -> dict:
     """For every kept shard, the max abs difference from the same slice of the gathered weights."""
     import deepspeed
+
+    from zeropp_hier.comm.collectives import Encoded
     rt = engine.hier_runtime
     topo = rt.topo
     errors = {}
     params = [p for p in engine.module.parameters() if p.ds_id in rt.shards]
-    kept = {p.ds_id: rt.kept_weights(p).clone() for p in params}
+    # each kept copy as values [n, p, g, slot] in its parameter's dtype (decoded where encoded)
+    kept = {}
+    for p in params:
+        t = rt.shards[p.ds_id]
+        kept[p.ds_id] = (rt.coll.decode(t, p.ds_tensor.dtype) if isinstance(t, Encoded) else t).clone()
     with deepspeed.zero.GatheredParameters(params):
         for p in params:
             ps = p.ds_tensor.ds_numel

@@ -12,7 +12,7 @@ from zeropp_hier.detect.autodetect import RankRecord, build_topology, local_reco
 from zeropp_hier.detect.node_maps import SOURCE as DOCUMENTED_MAP
 from zeropp_hier.detect.node_maps import recognised_node, table_mismatch
 from zeropp_hier.detect.node_read import read_xgmi_num_links
-from zeropp_hier.detect.rocm_topo import packages_from_showtopo, parse_showtopo, weight_rows
+from zeropp_hier.detect.rocm_topo import packages_from_showtopo, parse_showtopo
 from zeropp_hier.detect.slurm_env import expand_hostlist, parse_tasks_per_node, slurm_task
 from zeropp_hier.detect.xgmi_links import packages_from_link_counts, parse_link_counts
 
@@ -36,7 +36,9 @@ def test_real_mi250x_weights_do_not_single_out_the_package_sibling():
     GCDs, so a rule "package = GCDs at the smallest weight" cannot work; the published row still
     fits the documented map (GPU1, its package sibling, is among the direct links)."""
     text = smi("openmm3940_epyc7a53_4xmi250x_excerpt.txt")
-    row = weight_rows(text)[0]
+    header, gpu0 = (line.split() for line in text.splitlines()[-2:])  # the column header, the GPU0 row
+    assert gpu0[0] == "GPU0"
+    row = {int(g.removeprefix("GPU")): int(w) for g, w in zip(header, gpu0[1:], strict=True)}
     closest = min(w for g, w in row.items() if g != 0)
     assert closest == 15
     assert sorted(g for g, w in row.items() if g != 0 and w == closest) == [1, 2, 6]

@@ -75,7 +75,8 @@ def test_jsonl_with_a_tokenizer_file_gives_each_document_then_eos(corpus, tmp_pa
     td = data.TokenData(str(tmp_path / "out"))
     assert td.count == len(ref["train"]) and td.vocab_size == index["tokenizer"]["vocab_size"]
     first = ref["train"][: ref["train"].index(eos)]
-    assert data.decode(data.load_tokenizer(str(tmp_path / "out")), first) == docs[1]
+    copied = Tokenizer.from_file(str(tmp_path / "out" / index["tokenizer"]["file"]))
+    assert copied.decode(first, skip_special_tokens=False) == docs[1]
 
 
 def test_byte_level_on_txt_files_equals_todays_prepare(tmp_path, monkeypatch):

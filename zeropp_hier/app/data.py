@@ -23,8 +23,8 @@ unknown) plus merges seen at least twice, up to N tokens in all (fewer when the 
 more such pairs: ``vocab_size`` records what was trained, ``requested_vocab_size`` what was
 asked). No special tokens: documents are separated by the newline each ends with, as in the
 byte-level files. BPE works on text, so input bytes that are not UTF-8 become U+FFFD; decoding
-the ids of a document gives its text back. ``tokenizer.json`` is saved beside the token files
-and read back with ``Tokenizer.from_file`` (``load_tokenizer``), a JSON file: no code runs.
+the ids of a document gives its text back. ``tokenizer.json`` is saved beside the token files,
+a JSON file that ``Tokenizer.from_file`` reads back without running any code.
 
 [Note: sample order]
 A sample is ``seq_len + 1`` consecutive tokens starting at a multiple of ``seq_len`` (inputs and
@@ -104,24 +104,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
-
-
-def load_tokenizer(path: str):
-    """The tokenizer of a prepared directory: ``None`` for byte level, else the ``tokenizers``
-    object read from its ``tokenizer.json`` (a JSON file: reading it runs no code)."""
-    index = json.loads((Path(path) / "index.json").read_text())
-    if index["tokenizer"]["kind"] == "byte":
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(Path(path) / index["tokenizer"]["file"]))
-
-
-def decode(tokenizer, ids: Sequence[int]) -> str:
-    """Text of token ids (``tokenizer`` from ``load_tokenizer``; None: byte level)."""
-    if tokenizer is None:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
 def _text(raw: bytes) -> str:

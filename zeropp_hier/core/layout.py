@@ -227,9 +227,6 @@ class Valid:
             self._index[key] = t
         return t
 
-    def units(self, per_unit: int) -> int:
-        return self.count if per_unit == 1 else sum(k for _, k in self._unit_runs(per_unit))
-
     def columns(self, a: int, b: int) -> Valid:
         """Elements [a, b) of the row (a chunk of columns)."""
         key = ("columns", a, b)

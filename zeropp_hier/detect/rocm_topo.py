@@ -134,23 +134,6 @@ def parse_showtopo(text: str) -> ShowTopo:
     return ShowTopo(gpus, weights, link_types, numa or None)
 
 
-def weight_rows(text: str) -> dict[int, dict[int, int]]:
-    """The rows of the weight table that the text holds, as printed (GPU -> {GPU: weight}),
-    without requiring the table to be complete; ``parse_showtopo`` is the strict reader."""
-    sec = _sections(text)
-    wkey = next((k for k in sec if k.lower().startswith("weight between")), None)
-    if wkey is None or not sec[wkey]:
-        return {}
-    cols = [int(m.group(1)) for h in sec[wkey][0].split() if (m := _GPU.match(h))]
-    out: dict[int, dict[int, int]] = {}
-    for line in sec[wkey][1:]:
-        parts = line.split()
-        m = _GPU.match(parts[0]) if parts else None
-        if m and len(parts) - 1 == len(cols):
-            out[int(m.group(1))] = {c: int(v) for c, v in zip(cols, parts[1:])}
-    return out
-
-
 def is_xgmi(topo: ShowTopo, i: int, j: int) -> bool:
     """Whether positions i and j of the table are joined over XGMI (a weight-only table counts
     weights below a PCIe segment's 20 as XGMI: the driver gives one XGMI hop 15)."""
