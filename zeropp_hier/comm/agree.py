@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 import torch.distributed as dist
 
@@ -31,7 +31,7 @@ class HierRankError(RuntimeError):
     """A local check failed on some ranks; raised on every rank alike. ``failed`` maps each
     failed rank to its error's text."""
 
-    def __init__(self, message: str, failed: dict | None = None):
+    def __init__(self, message: str, failed: Mapping[int, str] | None = None):
         self.failed = dict(failed or {})
         super().__init__(message)
 
@@ -44,7 +44,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def agree_local(what: str, check: Callable[[], T], group: Any = None) -> T:
+def agree_local(what: str, check: Callable[[], T], group: dist.ProcessGroup | None = None) -> T:
     """Run ``check`` on this rank; collective: every rank of ``group`` (default: the world) must
     call it with the same ``what``. Returns this rank's result when every rank's check passed;
     when every rank failed with the same error, each raises its own (type and text unchanged);
@@ -74,11 +74,11 @@ def agree_local(what: str, check: Callable[[], T], group: Any = None) -> T:
     return result  # type: ignore[return-value]
 
 
-def digest(summary: Any) -> str:
+def digest(summary: object) -> str:
     return hashlib.sha256(json.dumps(summary, sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
 
-def agree_same(what: str, summary: dict, group: Any = None) -> None:
+def agree_same(what: str, summary: Mapping[str, object], group: dist.ProcessGroup | None = None) -> None:
     """Collective: raise ``HierRankError`` on every rank unless every rank passed an equal
     ``summary`` (JSON-like; compared by digest, described by its differing keys)."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:

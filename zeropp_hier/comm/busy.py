@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Hashable
+from types import ModuleType
+from typing import Any, Hashable, Union
+
+import torch
 
 
 class Several(tuple):
@@ -28,10 +31,14 @@ class Several(tuple):
     ticks] in comm/tick_plan.py): each is recorded busy for the slot's interval."""
 
 
+# a collective's start or end: a host time on the CPU, a timing event on a GPU
+Mark = Union[float, torch.cuda.Event]
+
+
 class BusyLog:
     """(lane, start, end) per collective, host seconds (``time.perf_counter``)."""
 
-    def __init__(self, cuda: Any = None, device: Any = None):
+    def __init__(self, cuda: ModuleType | None = None, device: torch.device | None = None):
         self._cuda = cuda  # torch.cuda when the executor's lanes are streams, else None
         self._raw: list[tuple[Hashable, Any, Any]] = []
         self._lock = threading.Lock()  # lanes append from their own threads
@@ -42,7 +49,7 @@ class BusyLog:
             self._ref.synchronize()
         self._ref_host = time.perf_counter()
 
-    def start(self, stream: Any = None) -> Any:
+    def start(self, stream: torch.cuda.Stream | None = None) -> Mark:
         """A mark before a collective on ``stream`` (None: the current one)."""
         if self._cuda is None:
             return time.perf_counter()
@@ -50,7 +57,7 @@ class BusyLog:
         ev.record(stream) if stream is not None else ev.record()
         return ev
 
-    def stop(self, begun: Any, lane: Hashable, stream: Any = None) -> None:
+    def stop(self, begun: Mark, lane: Hashable, stream: torch.cuda.Stream | None = None) -> None:
         end = self.start(stream)
         with self._lock:
             for one in lane if isinstance(lane, Several) else (lane,):

@@ -8,7 +8,7 @@ RCCL and NCCL); coalescing managers are avoided because they fail on gloo and po
 
 from __future__ import annotations
 
-from typing import Any, Generator, NamedTuple, Sequence
+from typing import Generator, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -125,7 +125,8 @@ class Wire(NamedTuple):
     phase: str
 
 
-Steps = Generator[Wire, torch.Tensor, Any]  # a hop's work; returns its result
+R = TypeVar("R")
+Steps = Generator[Wire, torch.Tensor, R]  # a hop's work; returns its result (R)
 
 # [Note: collectives as steps]
 # Each hop's work is written once, as a generator (``*_steps``) that yields the one transfer it
@@ -174,7 +175,7 @@ class HierCollectives:
         self.stats.record(phase, hg.peers, _nbytes(local))
         return self._peer_order(out.view(k, -1), hg)
 
-    def drive(self, steps: Steps) -> Any:
+    def drive(self, steps: Steps[R]) -> R:
         """Run a hop's steps with the hop group's own collective."""
         try:
             wire = next(steps)
@@ -195,7 +196,7 @@ class HierCollectives:
         phase: str,
         hook: PayloadHook | None = None,
         valid: layout.Valid | None = None,
-    ) -> Steps:
+    ) -> Steps[torch.Tensor]:
         """One gather hop on a plain buffer. buf: [n, p, g, S] (canonical layout); returns the
         buffer with the hop's axes filled in. A compressed hop encodes this rank's buffer, gathers
         the encoded rows and decodes every row, this rank's own included, so all ranks end with
@@ -293,7 +294,7 @@ class HierCollectives:
         phase: str = "grad_reduce",
         hook: StageHook | None = None,
         valid: layout.Valid | None = None,
-    ) -> Steps:
+    ) -> Steps[torch.Tensor]:
         """One reduce-scatter stage. buf: [n, p, g, C] fp32 partial sums, rows by destination;
         returns fp32 [n', p', g', C] with the stage's axes summed away. Sums are in fp32 after
         dequantization, never in the wire format. ``hook`` may adjust the

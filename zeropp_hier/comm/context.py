@@ -5,16 +5,18 @@ between global ranks and coordinate order. Plain state: no DeepSpeed, no paramet
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Generator, TypeVar
 
 import torch
 
 from ..core import layout
 from ..core.plan import CommPlan
 from ..core.topology import Coord, Topology
-from .collectives import HierCollectives, Steps
+from .collectives import HierCollectives, Steps, Wire
 from .executor import CommExecutor
 from .hooks import NO_HOOKS, HookSource
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -42,7 +44,7 @@ class CommContext:
         self._rank_order = layout.rank_order(self.topo)
         self._perms = layout.DevicePerms()  # [Note: no host traffic in the hot path]
 
-    def wire(self, steps: Steps) -> Generator[Any, Any, Any]:
+    def wire(self, steps: Steps[R]) -> Generator[Wire, torch.Tensor, R]:
         """A hop's transfer ([Note: collectives as steps] in comm/collectives.py): issued here by
         the hop group's collective, or, when the executor runs ticks ([Note: ticks] in
         comm/tick_plan.py), yielded to it (the job's driver sends the received rows back)."""

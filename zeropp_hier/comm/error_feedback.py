@@ -40,7 +40,7 @@ step and bounded by one quantization step, instead of accumulating in the weight
 from __future__ import annotations
 
 import logging
-from typing import Any, Hashable
+from typing import Hashable, TypedDict
 
 import torch
 
@@ -48,6 +48,20 @@ log = logging.getLogger("zeropp_hier")
 
 STATE_FORMAT = 1
 Key = tuple[tuple[str, ...], int]  # (parameter names of the bucket, stage index)
+
+
+class SavedResidual(TypedDict):
+    bucket: list[str]  # parameter names of the bucket
+    stage: int
+    residual: torch.Tensor  # on the CPU, in the residual dtype
+
+
+class FeedbackState(TypedDict):
+    """The residuals as a checkpoint holds them (``ErrorFeedback.state_dict``)."""
+
+    format: int  # STATE_FORMAT
+    signature: dict[str, Hashable]  # the layout the residuals belong to
+    entries: list[SavedResidual]
 
 
 class ErrorFeedback:
@@ -93,7 +107,7 @@ class ErrorFeedback:
         return sum(r.numel() * r.element_size() for r in self.residuals.values())
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> FeedbackState:
         return {
             "format": STATE_FORMAT,
             "signature": dict(self.signature),
@@ -103,7 +117,7 @@ class ErrorFeedback:
             ],
         }
 
-    def load_state_dict(self, state: dict[str, Any] | None, device: torch.device | str = "cpu") -> str | None:
+    def load_state_dict(self, state: FeedbackState | None, device: torch.device | str = "cpu") -> str | None:
         """Replace the residuals by the checkpoint's. Returns None when loaded, else why not (the
         residuals are then empty: feedback restarts from zero, which is safe, only less exact)."""
         self.reset()

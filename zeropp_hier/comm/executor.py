@@ -78,11 +78,12 @@ import time
 import weakref
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Generator, Hashable, NamedTuple, Sequence
+from typing import Any, Generator, Generic, Hashable, NamedTuple, Sequence, TypeVar, cast
 
 import torch
 
 from .busy import BusyLog
+from .collectives import Wire
 
 ONE = ("one_lane",)  # the only lane with ``one_lane``
 # added to every bound the executor derives from ``timeout_s``: a failed collective's error needs
@@ -107,7 +108,11 @@ class Move(NamedTuple):
     carry: Sequence[torch.Tensor] = ()
 
 
-Job = Generator[Move, None, Any]
+R = TypeVar("R")
+# A job: before each collective it yields a ``Move``; under the tick executor it then yields the
+# collective's transfer (``Wire``) and is sent the received rows back ([Note: collectives as
+# steps] in comm/collectives.py). It returns its outputs (R).
+Job = Generator[Move | Wire, torch.Tensor | None, R]
 
 
 class JobOrderError(RuntimeError):
@@ -123,10 +128,13 @@ class ExecutorTimeoutError(RuntimeError):
     """A job did not finish within its bound: a lane is stuck outside a collective's timeout."""
 
 
-class _Done:
+class Done(Generic[R]):
+    """What a job's future holds: its outputs, and on a GPU the event after which they are ready
+    (None on the CPU); ``result`` hands the outputs over."""
+
     __slots__ = ("value", "event")
 
-    def __init__(self, value: Any, event: Any):
+    def __init__(self, value: R, event: torch.cuda.Event | None):
         self.value, self.event = value, event
 
 
@@ -259,7 +267,9 @@ class CommExecutor:
         comm/ticks.py); here, where each lane pipelines jobs anyway, nothing changes."""
         return contextlib.nullcontext()
 
-    def submit(self, job: Job, lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None) -> Future:
+    def submit(
+        self, job: Job[R], lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None
+    ) -> Future[Done[R]]:
         """Queue ``job``, whose collectives are on ``lanes`` in this order (one entry per
         collective). Must be called from one thread, in the same program order on every rank.
         ``hops``: the hop group each slot records as busy ([Note: busy intervals]; None in it:
@@ -269,12 +279,12 @@ class CommExecutor:
         refusal = self._refusal()
         if refusal is not None:
             raise refusal
-        fut: Future = Future()
+        fut: Future[Done[R]] = Future()
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
         if not self.overlap or not lanes:  # inline; a job with no collective has nothing to overlap
             try:
-                fut.set_result(_Done(_run_inline(job, lanes, self.busy_log if any(hops) else None), None))
+                fut.set_result(Done(_run_inline(job, lanes, self.busy_log if any(hops) else None), None))
             except BaseException as e:  # noqa: B036 - handed to the waiter, as a thread would
                 if lanes:  # a failed collective (or an interrupt inside one) breaks the executor
                     self.mark_broken(e)
@@ -295,13 +305,13 @@ class CommExecutor:
         self._inbox.put(running)  # the job is queued whole from here ([Note: executor failure semantics])
         return fut
 
-    def submit_all(self, jobs: Sequence[Job], lanes: Sequence[Hashable]) -> Future:
+    def submit_all(self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable]) -> Future[Done[R]]:
         """Queue ``jobs`` in order, each with ``lanes``, as one piece of work (the chunks of a
         pipelined bucket, [Note: chunked gathers] in comm/gather.py): one future, which gives the
         last job's value, or the first failed job's error. The last job must end after the
         others (its last collective on the same lane as theirs)."""
-        if len(jobs) == 1:
-            return self.submit(jobs[0], lanes)
+        if len(jobs) == 1:  # the last job: its value is the work's (None only where it failed)
+            return cast("Future[Done[R]]", self.submit(jobs[0], lanes))
         high = self.max_outstanding
         futures: list[Future] = []
         try:
@@ -313,7 +323,7 @@ class CommExecutor:
             raise
         self.outstanding -= len(jobs) - 1  # one piece of work for the caller's ``result``
         self.max_outstanding = max(high, self.outstanding)
-        whole: Future = Future()
+        whole: Future[Done[R]] = Future()
 
         def settle(last: Future) -> None:
             for f in futures:  # every one done by now: the last ends after the others
@@ -341,7 +351,7 @@ class CommExecutor:
         """The lane that runs a hop group's collectives."""
         return ONE if self.one_lane else lane
 
-    def result(self, fut: Future, timeout: float | None = None) -> Any:
+    def result(self, fut: Future[Done[R]], timeout: float | None = None) -> R:
         """The job's outputs. Waits at most ``timeout`` seconds (default: the bound derived from
         ``timeout_s`` at submit); past it, raises ``ExecutorTimeoutError`` and breaks the
         executor. An interrupt while waiting breaks it too: the job runs on without a waiter."""
@@ -350,7 +360,7 @@ class CommExecutor:
         if timeout is None and deadline is not None:
             timeout = max(0.0, deadline - time.monotonic())
         try:
-            done: _Done = fut.result(timeout)
+            done = fut.result(timeout)
         except FutureTimeout:
             err = ExecutorTimeoutError(
                 f"zeropp_hier: executor {self.name}: a collective job did not finish within its "
@@ -384,7 +394,7 @@ class CommExecutor:
         if not lanes:
             return
 
-        def barrier() -> Job:
+        def barrier() -> Job[None]:
             for lane in lanes:
                 yield Move(lane)
             return None
@@ -512,7 +522,7 @@ class CommExecutor:
                 busy = self.busy_log if hop is not None else None
                 begun = busy.start(stream) if busy is not None else None
                 nxt = _advance(running.job, running.lanes, index + 1, self.key)
-                if busy is not None:
+                if busy is not None and begun is not None:  # begun whenever busy
                     busy.stop(begun, hop, stream)
                 if self.serial and cuda is not None:
                     self._previous = cuda.Event()
@@ -543,7 +553,7 @@ class CommExecutor:
         if self._cuda is not None:
             event = self._cuda.Event()
             event.record(stream)
-        running.fut.set_result(_Done(value, event))
+        running.fut.set_result(Done(value, event))
 
 
 class _End(NamedTuple):
@@ -586,7 +596,7 @@ def _run_inline(job: Job, lanes: Sequence[Hashable], busy: BusyLog | None = None
         begun = busy.start() if busy is not None else None
         issued += 1
         nxt = _advance(job, lanes, issued)
-        if busy is not None:
+        if busy is not None and begun is not None:  # begun whenever busy
             busy.stop(begun, step.lane)
         step = nxt
     return step.value

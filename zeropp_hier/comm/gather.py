@@ -15,7 +15,7 @@ back.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, NamedTuple, Sequence, TypeVar
+from typing import Callable, NamedTuple, Sequence, TypeVar
 
 import torch
 
@@ -24,7 +24,7 @@ from ..core.plan import CommPlan, Hop
 from ..core.policy import QUANTIZED
 from .collectives import Encoded
 from .context import CommContext
-from .executor import Move
+from .executor import Job, Move
 
 Buffer = torch.Tensor | Encoded  # a gather buffer, plain or in a quantized wire format
 R = TypeVar("R")  # what a bucket's ``finish`` makes of its gathered buffer
@@ -93,7 +93,7 @@ def hop_steps(
     phase: str,
     carry: Sequence[torch.Tensor] = (),
     valid: layout.Valid | None = None,
-) -> Generator[Any, Any, Buffer]:
+) -> Job[Buffer]:
     """Run ``hops`` over ``start`` ([n, p, g, S], plain or encoded); announce each collective
     before issuing it. ``carry``: tensors made on other lanes that the first hop reads (the
     kept copies). ``valid``: the elements of a row that can hold a value, the only ones every
@@ -184,7 +184,7 @@ def gather_bucket(
     finish: Callable[[Buffer], R],
     carry: Sequence[torch.Tensor] = (),
     valid: layout.Valid | None = None,
-) -> Generator[Any, Any, R]:
+) -> Job[R]:
     """One bucket in one job: the hops, then ``finish`` of the gathered buffer (``finish_bucket``:
     the copies to keep and the values). ``chunk_jobs`` is the same in a job per column chunk."""
     full = yield from hop_steps(ctx, hops, start, phase, carry, valid)
@@ -261,17 +261,17 @@ def chunk_jobs(
     make_start: Callable[[], Buffer],
     ranges: Sequence[tuple[int, int]],
     phase: str,
-    finish: Callable[[Buffer], Any],
+    finish: Callable[[Buffer], R],
     carry: Sequence[torch.Tensor] = (),
     valid: layout.Valid | None = None,
-) -> list[Generator[Move, None, Any]]:
+) -> list[Job[R | None]]:
     """[Note: chunked gathers]: one job per column range of the start buffer (made by the first
     job, when it starts on its lane), each to be submitted in order with the lanes of ``hops``.
     The last job returns ``finish(full)`` of the assembled buffer; the others return None."""
     held: dict[str, Buffer] = {}
     done: list[Buffer | None] = [None] * len(ranges)
 
-    def job(i: int, a: int, b: int) -> Generator[Move, None, Any]:
+    def job(i: int, a: int, b: int) -> Job[R | None]:
         if i == 0:
             held["start"] = make_start()
         piece = columns(held["start"], a, b)

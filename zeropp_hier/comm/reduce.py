@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Generator, Sequence
+from typing import Sequence
 
 import torch
 
 from ..core import layout
 from ..core.policy import QUANTIZED
 from .context import CommContext
-from .executor import Move
+from .executor import Done, Job, Move
 
 
 def row_pad(ctx: CommContext) -> int:
@@ -57,7 +57,7 @@ def submit_reduce_scatter(
     wire_dtype: torch.dtype,
     key: tuple[str, ...] | None = None,
     loss_scale: float = 1.0,
-) -> Future:
+) -> Future[Done[list[torch.Tensor]]]:
     """Average ``grads`` over the world without waiting; ``ctx.executor.result`` of the returned
     future gives this rank's chunk of each (fp32), in the sizes DeepSpeed's
     ``reduce_scatter_coalesced`` returns. The gradients are copied into the stage layout now, on
@@ -80,7 +80,7 @@ def submit_reduce_scatter(
     return ctx.executor.submit(reduce_rows(ctx, Bucket(packed, chunks, numels, wire_dtype, key, loss_scale)), lanes)
 
 
-def pipelined_rows(ctx: CommContext, bucket: Bucket) -> list[Generator[Move, None, list[torch.Tensor] | None]]:
+def pipelined_rows(ctx: CommContext, bucket: Bucket) -> list[Job[list[torch.Tensor] | None]]:
     """``reduce_rows`` as one job per column chunk, to be submitted in order: chunk i's slow
     stage runs beside chunk i+1's faster one on lanes. Every chunk's last stage is on one lane,
     so each chunk's job writes its columns before the next one's, and the last job hands out
@@ -92,7 +92,7 @@ def pipelined_rows(ctx: CommContext, bucket: Bucket) -> list[Generator[Move, Non
 
     valid = _valid(packed)
 
-    def job(i: int, a: int, b: int) -> Generator[Move, None, list[torch.Tensor] | None]:
+    def job(i: int, a: int, b: int) -> Job[list[torch.Tensor] | None]:
         if i == 0:
             ctx.hooks.check_local(rows)
         buf = yield from _chunk_stages(ctx, bucket, (a, b), valid, out)
@@ -121,7 +121,7 @@ def column_chunks(width: int, pad: int, world: int, chunk_elems: int) -> list[tu
 
 def _chunk_stages(
     ctx: CommContext, bucket: Bucket, span: tuple[int, int], valid: layout.Valid | None, out: torch.Tensor | None
-) -> Generator[Move, None, torch.Tensor]:
+) -> Job[torch.Tensor]:
     """The plan's stages over the columns ``span`` of the bucket's rows (one chunk), announcing each
     stage's collective (``Move``) before issuing it; returns the chunk's sum. One definition
     for ``reduce_rows`` (every chunk in one job) and ``pipelined_rows`` (a job per chunk), so
@@ -141,7 +141,7 @@ def _chunk_stages(
     return buf
 
 
-def reduce_rows(ctx: CommContext, bucket: Bucket) -> Generator[Move, None, list[torch.Tensor]]:
+def reduce_rows(ctx: CommContext, bucket: Bucket) -> Job[list[torch.Tensor]]:
     """The stages of one gradient bucket, chunk by chunk ([Note: streamed gradient stages]): a
     job for the executor, which announces each stage's collective (``Move``) before issuing it."""
     packed, chunks = bucket.packed, bucket.chunks

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future
-from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -45,10 +45,12 @@ from . import tick_plan
 from .agree import agree_local, digest
 from .busy import Several
 from .collectives import Wire
-from .executor import CommExecutor, Job, JobOrderError, Move, _Done
+from .executor import CommExecutor, Done, Job, JobOrderError, Move
 from .failures import as_timedelta, collective_guard, slowest_tier
 from .issue import backend_for
 from .stats import CommStats
+
+R = TypeVar("R")
 
 TICK_LANE = ("ticks",)  # the executor's one slot name for a tick
 
@@ -64,7 +66,7 @@ class TickTransport:
     bytes out, bytes in)]) per tick, in posting order."""
 
     def __init__(
-        self, group: Any, rank: int, topo: Topology, stats: CommStats, timeout_s: float | None = None
+        self, group: dist.ProcessGroup, rank: int, topo: Topology, stats: CommStats, timeout_s: float | None = None
     ) -> None:
         self.group = group
         self.rank = rank
@@ -154,10 +156,10 @@ def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire 
 
 def tick_job(
     transport: TickTransport,
-    jobs: Sequence[Job],
+    jobs: Sequence[Job[object]],
     lanes: Sequence[Sequence[Hashable]],
-    on_end: Callable[[int, Any], None] | None = None,
-) -> Job:
+    on_end: Callable[[int, object], None] | None = None,
+) -> Job[object]:
     """One piece of work (``jobs[c]``: chunk ``c``, its hops on ``lanes[c]``) in ticks: before
     each tick a ``Move`` for the executor's one lane, then the tick's transfers in one call.
     Returns the last chunk's value (the others return None: [Note: chunked gathers]);
@@ -222,16 +224,18 @@ class TickExecutor(CommExecutor):
             if not self._fusing:
                 self._flush()
 
-    def submit(self, job: Job, lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None) -> Future:
+    def submit(
+        self, job: Job[R], lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None
+    ) -> Future[Done[R]]:
         if hops is not None or not lanes:  # drain's barrier; a job with no transfer
             self._flush()
             return super().submit(job, lanes, hops)
         return self._piece([job], tuple(lanes))
 
-    def submit_all(self, jobs: Sequence[Job], lanes: Sequence[Hashable]) -> Future:
+    def submit_all(self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable]) -> Future[Done[R]]:
         return self._piece(list(jobs), tuple(lanes))
 
-    def result(self, fut: Future, timeout: float | None = None) -> Any:
+    def result(self, fut: Future[Done[R]], timeout: float | None = None) -> R:
         self._flush()  # a wait for a held piece would never end
         return super().result(fut, timeout)
 
@@ -281,7 +285,7 @@ class TickExecutor(CommExecutor):
             if cuda is not None:  # on the lane's stream: a waiter's stream waits for this chunk
                 event = cuda.Event()
                 event.record(cuda.current_stream(self.device))
-            fut.set_result(_Done(value, event))
+            fut.set_result(Done(value, event))
 
         def rest(stream: Future) -> None:
             error = stream.exception()

@@ -9,7 +9,7 @@ value and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, TypedDict, Union, get_args
+from typing import Literal, Mapping, TypedDict, Union, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
@@ -83,7 +83,7 @@ class MemoryConfig:
     kept_shards_gb: float | None = None
 
 
-def _parse_memory(v: Any, preset: Preset) -> MemoryConfig:
+def _parse_memory(v: object, preset: Preset) -> MemoryConfig:
     field = f"{SECTION}.memory"
     if v is None:
         return MemoryConfig()
@@ -116,7 +116,7 @@ class AutoConfig:
     probe_kb: int = 256  # the probe's larger message per tier (the smaller is 1/16 of it)
 
 
-def _parse_auto(v: Any, preset: Preset) -> AutoConfig:
+def _parse_auto(v: object, preset: Preset) -> AutoConfig:
     field = f"{SECTION}.auto"
     if v is None:
         return AutoConfig()
@@ -162,7 +162,7 @@ class CheckpointConfig:
     trust_pickles: bool = False
 
 
-def _parse_checkpoint(v: Any) -> CheckpointConfig:
+def _parse_checkpoint(v: object) -> CheckpointConfig:
     field = f"{SECTION}.checkpoint"
     if v is None:
         return CheckpointConfig()
@@ -194,7 +194,7 @@ class PipelineConfig:
     backward_layers_ahead: int | None = None
 
 
-def _parse_pipeline(v: Any) -> PipelineConfig:
+def _parse_pipeline(v: object) -> PipelineConfig:
     field = f"{SECTION}.pipeline"
     if v is None:
         return PipelineConfig()
@@ -248,7 +248,7 @@ class HierConfig:
     chosen_by_auto: str | None = None
 
 
-def _parse_topology(v: Any) -> TopologyConfig:
+def _parse_topology(v: object) -> TopologyConfig:
     field = f"{SECTION}.topology"
     if v == "auto":
         v = {"mode": "auto"}
@@ -289,7 +289,7 @@ def _parse_topology(v: Any) -> TopologyConfig:
     )
 
 
-def _seconds(value: Any, key: str, what: str) -> float:
+def _seconds(value: object, key: str, what: str) -> float:
     """A timeout of the section, in seconds within the allowed range; ``what`` ends the fix."""
     if not (is_int(value) or isinstance(value, float)) or not (
         MIN_COLLECTIVE_TIMEOUT_S <= value <= MAX_COLLECTIVE_TIMEOUT_S
@@ -302,7 +302,7 @@ def _seconds(value: Any, key: str, what: str) -> float:
     return float(value)
 
 
-def parse_section(section: Any) -> HierConfig:
+def parse_section(section: object) -> HierConfig:
     """Validate the ``zeropp_hier`` section alone (no knowledge of the world size)."""
     if section is None:
         return HierConfig(enabled=False)
@@ -353,7 +353,7 @@ def parse_section(section: Any) -> HierConfig:
     )
 
 
-def _parse_compression_for(v: Any, preset: Preset) -> CompressionConfig:
+def _parse_compression_for(v: object, preset: Preset) -> CompressionConfig:
     if preset == "auto":
         if v is not None:
             raise HierConfigError(
@@ -375,7 +375,7 @@ _CONFLICTING_ZERO_KEYS = {
 }
 
 
-def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping) -> None:
+def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping[str, object]) -> None:
     """Refuse DeepSpeed settings that cannot run beside an enabled ``zeropp_hier`` section."""
     if not cfg.enabled:
         return
@@ -443,7 +443,7 @@ MODEL_PARALLEL_FIX = (
 )
 
 
-def check_parallelism_against_deepspeed(ds_config: Mapping) -> None:
+def check_parallelism_against_deepspeed(ds_config: Mapping[str, object]) -> None:
     tp = ds_config.get("tensor_parallel") or {}
     if isinstance(tp, Mapping):
         size = tp.get("autotp_size", tp.get("tp_size", 1))
@@ -455,7 +455,7 @@ def check_parallelism_against_deepspeed(ds_config: Mapping) -> None:
         raise HierConfigError("sequence_parallel_size", sp, MODEL_PARALLEL_FIX)
 
 
-def hier_config_from_ds(ds_config: Mapping) -> HierConfig:
+def hier_config_from_ds(ds_config: Mapping[str, object]) -> HierConfig:
     cfg = parse_section(ds_config.get(SECTION))
     check_deepspeed_config(cfg, ds_config)
     return cfg

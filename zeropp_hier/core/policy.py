@@ -17,7 +17,7 @@ parsers, ``plan.py`` turns the result into hops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Mapping, TypedDict, TypeVar, Union, get_args
+from typing import Generic, Literal, Mapping, TypedDict, TypeVar, Union, get_args
 
 from .checks import check_keys, check_mapping, is_int
 from .errors import HierConfigError
@@ -180,9 +180,9 @@ class NumericsConfig:
     max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
 
-def merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, Scheme]:
+def merge_schemes(base: Mapping[str, Scheme], v: object, field: str) -> dict[str, Scheme]:
     """``v`` is one scheme for every tier, or a per-tier object merged over ``base``."""
-    merged: dict[str, Any] = {t: base.get(t, "none") for t in TIERS}  # checked below, whatever its source
+    merged: dict[str, object] = {t: base.get(t, "none") for t in TIERS}  # checked below, whatever its source
     if isinstance(v, str):
         merged = {t: v for t in TIERS}
         if v not in SCHEMES:
@@ -191,13 +191,15 @@ def merge_schemes(base: Mapping[str, Scheme], v: Any, field: str) -> dict[str, S
         d = check_mapping(v, field)
         check_keys(d, TIERS, field)
         merged.update(d)
+    out: dict[str, Scheme] = {}
     for tier, scheme in merged.items():
         if scheme not in SCHEMES:
             raise HierConfigError(f"{field}.{tier}", scheme, f"use one of {list(SCHEMES)}")
-    return merged
+        out[tier] = scheme
+    return out
 
 
-def _check_block(v: Any, field: str) -> int:
+def _check_block(v: object, field: str) -> int:
     if not is_int(v) or v < MIN_BLOCK or v > MAX_BLOCK or v & (v - 1):
         raise HierConfigError(
             field, v, f"use a power of two from {MIN_BLOCK} to {MAX_BLOCK} (default {DEFAULT_BLOCK_SIZE})"
@@ -205,7 +207,7 @@ def _check_block(v: Any, field: str) -> int:
     return v
 
 
-def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
+def _parse_blocks(v: object, field: str) -> tuple[int, TierBlocks]:
     if v is None:
         return DEFAULT_BLOCK_SIZE, every_tier(DEFAULT_BLOCK_SIZE)
     if isinstance(v, Mapping):
@@ -219,14 +221,14 @@ def _parse_blocks(v: Any, field: str) -> tuple[int, TierBlocks]:
 _EF_FIX = 'use true, false or "auto" (on where gradients are int4), or an object per tier, e.g. {"node": true}'
 
 
-def _ef_value(v: Any, field: str) -> ErrorFeedback:
+def _ef_value(v: object, field: str) -> ErrorFeedback:
     if v not in ("auto", True, False) or isinstance(v, (int, float)) and not isinstance(v, bool):
         raise HierConfigError(field, v, _EF_FIX)
     return v
 
 
 def _parse_error_feedback(
-    v: Any, grads: Mapping[str, Scheme], default: ErrorFeedback | Mapping[str, ErrorFeedback], field: str
+    v: object, grads: Mapping[str, Scheme], default: ErrorFeedback | Mapping[str, ErrorFeedback], field: str
 ) -> TierFlags:
     """Resolve to one flag per tier. "auto" means on where the tier's gradients are int4 (the
     scheme whose error is large enough to matter, [Note: preset compression defaults])."""
@@ -258,7 +260,7 @@ def _parse_error_feedback(
     return TierFlags(**flags)
 
 
-def parse_compression(v: Any, preset: FixedPreset, field: str) -> CompressionConfig:
+def parse_compression(v: object, preset: FixedPreset, field: str) -> CompressionConfig:
     defaults = PRESET_COMPRESSION[preset]
     if v is None:
         v = {}
@@ -352,9 +354,9 @@ def parse_numerics(v: object, field: str) -> NumericsConfig:
     )
 
 
-def check_numerics_against_deepspeed(numerics: NumericsConfig, ds_config: Mapping, field: str) -> None:
+def check_numerics_against_deepspeed(numerics: NumericsConfig, ds_config: Mapping[str, object], field: str) -> None:
     fp16 = ds_config.get("fp16") or {}
-    if numerics.nonfinite == "raise" and fp16.get("enabled", False):
+    if numerics.nonfinite == "raise" and isinstance(fp16, Mapping) and fp16.get("enabled", False):
         raise HierConfigError(
             f"{field}.nonfinite",
             "raise",

@@ -14,6 +14,7 @@ docs/design.md#deepspeed-hook-points.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
@@ -250,7 +251,7 @@ class HierRuntime:
         ]
         chunks = self.cfg.pipeline.chunks
         if chunks > 1:  # [Note: chunked gathers] in comm/gather.py: a job per chunk of each bucket
-            futures = []
+            futures: list[Future] = []  # each chunk's, or each bucket's whole (``LayerWait.futures``)
             for ps, src, shards in work:
                 b = self._bucket(ps, src, shards, phase)
                 ranges = gather.column_ranges(b.width, b.align, chunks)
