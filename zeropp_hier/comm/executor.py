@@ -95,7 +95,7 @@ _POLL_S = 0.5
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
-def live_executors() -> list:
+def live_executors() -> list[CommExecutor]:
     """The executors of this process that are not closed."""
     return [e for e in list(_LIVE) if not e._closed]
 

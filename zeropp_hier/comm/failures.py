@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import timedelta
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -193,7 +193,7 @@ DEEPSPEED_OWN_TIMEOUT = (
 
 def world_guard(
     topo: Topology, rank: int, phase: str, timeout_s: float | None, setting: str = "deepspeed_group_timeout_s"
-):
+) -> contextlib.AbstractContextManager[None]:
     """Guard for DeepSpeed's own collectives, which span every rank (its data-parallel group);
     ``setting`` names where their timeout came from."""
     return collective_guard(
@@ -221,7 +221,7 @@ def as_timedelta(seconds: float | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
 
 
-def group_timeout(group) -> timedelta | None:
+def group_timeout(group: dist.ProcessGroup) -> timedelta | None:
     """The current timeout of a process group's CPU (gloo) or device backend, if readable."""
     for device in ("cpu", "cuda"):
         try:
@@ -231,7 +231,7 @@ def group_timeout(group) -> timedelta | None:
     return None
 
 
-def set_group_timeout(group, seconds: float | timedelta) -> timedelta | None:
+def set_group_timeout(group: dist.ProcessGroup | None, seconds: float | timedelta) -> timedelta | None:
     """Set the timeout of an existing group (DeepSpeed's, which we do not create); returns the
     previous one so that it can be restored. A torch without ``_set_pg_timeout`` (< 2.3) leaves
     the group as it is and returns None."""
@@ -243,7 +243,9 @@ def set_group_timeout(group, seconds: float | timedelta) -> timedelta | None:
     return previous
 
 
-def bound_groups(groups, seconds: float) -> list:
+def bound_groups(
+    groups: Iterable[dist.ProcessGroup | None], seconds: float
+) -> list[tuple[dist.ProcessGroup, timedelta | None]]:
     """Give each distinct group in ``groups`` the timeout ``seconds``; returns what
     ``restore_groups`` needs to put the previous timeouts back."""
     seen, out = set(), []
@@ -255,7 +257,7 @@ def bound_groups(groups, seconds: float) -> list:
     return out
 
 
-def restore_groups(saved: list) -> None:
+def restore_groups(saved: Sequence[tuple[dist.ProcessGroup, timedelta | None]]) -> None:
     for group, previous in saved:
         if previous is not None:
             set_group_timeout(group, previous)

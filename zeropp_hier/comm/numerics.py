@@ -38,16 +38,16 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, TypedDict
 
 import torch
 import torch.distributed as dist
 
-from ..core.errors import HierNonFiniteError, HierSkippedStepsError
+from ..core.errors import HierNonFiniteError, HierSkippedStepsError, SeenNonFinite, SkippedStep
 from ..core.plan import CommPlan, Hop
 from ..core.policy import NumericsConfig
 from ..core.topology import Topology
-from .error_feedback import ErrorFeedback
+from .error_feedback import ErrorFeedback, FeedbackState
 
 log = logging.getLogger("zeropp_hier")
 
@@ -80,6 +80,15 @@ class _Acc:
     total: float = 0.0
     max: float = 0.0
     last: float = 0.0
+
+
+class ErrorSummary(TypedDict):
+    """The sampled relative compression error of one (phase, tier)."""
+
+    mean: float
+    max: float
+    last: float
+    samples: int
 
 
 class Telemetry:
@@ -132,9 +141,9 @@ class Telemetry:
             a.max = max(a.max, err)
             a.last = err
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, dict[str, ErrorSummary]]:
         self.flush()
-        out: dict[str, dict] = {}
+        out: dict[str, dict[str, ErrorSummary]] = {}
         for (phase, tier), a in sorted(self._acc.items()):
             out.setdefault(phase, {})[tier] = {
                 "mean": a.total / a.samples,
@@ -181,7 +190,7 @@ class Verdict(NamedTuple):
         loc, ranks = self.seen[0]
         return loc, ranks[0]
 
-    def as_list(self) -> list[dict]:
+    def as_list(self) -> list[SeenNonFinite]:
         return [{"phase": loc.phase, "tier": loc.tier or "local", "ranks": list(ranks)} for loc, ranks in self.seen]
 
 
@@ -277,6 +286,32 @@ class StepReport:
     skipped_steps: list[int] = field(default_factory=list)
 
 
+class FeedbackStage(TypedDict):
+    axes: list[str]
+    scheme: str
+
+
+class FeedbackSummary(TypedDict):
+    stages: list[FeedbackStage]  # the reduce stages that feed their error back
+    buffers: int  # residuals held
+    bytes: int
+
+
+class NonfiniteSummary(TypedDict):
+    policy: str  # numerics.nonfinite
+    skipped_steps: list[int]
+    events: list[dict[str, object]]  # one per skipped step: its step, action, cause and where seen
+
+
+class NumericsSnapshot(TypedDict):
+    """``comm_stats(engine)["numerics"]``."""
+
+    relative_error: dict[str, dict[str, ErrorSummary]]  # phase -> tier -> its sampled error
+    sample_every: int
+    error_feedback: FeedbackSummary
+    nonfinite: NonfiniteSummary
+
+
 class Numerics:
     def __init__(self, cfg: NumericsConfig, plan: CommPlan, topo: Topology, rank: int):
         self.cfg = cfg
@@ -299,10 +334,10 @@ class Numerics:
         self.report = StepReport()
         self._steps_seen = 0
         # skipped steps since the last applied one (not reset with the stats: the cap counts them)
-        self.consecutive_skips: list[dict] = []
+        self.consecutive_skips: list[SkippedStep] = []
         self._step_of: Callable[[], int] | None = None
 
-    def bind_step_counter(self, owner, attr: str = "global_steps") -> None:
+    def bind_step_counter(self, owner: object, attr: str = "global_steps") -> None:
         """Report steps as ``owner.<attr>`` (the engine's global step), without keeping the
         engine alive."""
         ref = weakref.ref(owner)
@@ -371,12 +406,12 @@ class Numerics:
         if len(self.consecutive_skips) >= self.cfg.max_consecutive_skips:
             raise HierSkippedStepsError(self.cfg.max_consecutive_skips, list(self.consecutive_skips))
 
-    def restore_error_feedback(self, state, device) -> None:
+    def restore_error_feedback(self, state: FeedbackState | None, device: torch.device | str) -> None:
         why = self.error_feedback.load_state_dict(state, device)
         if why is not None and any(h.error_feedback for h in self.plan.reduce) and self.rank == 0:
             log.warning(f"zeropp_hier: error-feedback residuals start from zero after this load: {why}")
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> NumericsSnapshot:
         return {
             "relative_error": self.telemetry.snapshot(),
             "sample_every": self.telemetry.every,

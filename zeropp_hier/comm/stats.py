@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from typing import Sequence
+from typing import Sequence, TypedDict
 
 from ..core.topology import Topology
 from ..core.vocab import TIERS
 
 PHASES = ("forward_gather", "backward_gather", "grad_reduce", "other_gather")
+
+
+class StatsSnapshot(TypedDict):
+    bytes: dict[str, dict[str, int]]  # phase -> tier -> bytes this rank sent
+    calls: dict[str, dict[str, int]]  # phase -> tier -> collectives it issued
+    kept_bytes_peak: int  # most bytes of kept copies held at once
 
 
 class CommStats:
@@ -48,15 +54,14 @@ class CommStats:
             if slowest is not None:
                 self.calls[phase][slowest] += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> StatsSnapshot:
         """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present, and
         "kept_bytes_peak"."""
-        out: dict = {
-            kind: {p: {t: int(getattr(self, kind)[p][t]) for t in TIERS} for p in PHASES}
-            for kind in ("bytes", "calls")
+        return {
+            "bytes": {p: {t: int(self.bytes[p][t]) for t in TIERS} for p in PHASES},
+            "calls": {p: {t: int(self.calls[p][t]) for t in TIERS} for p in PHASES},
+            "kept_bytes_peak": self.kept_bytes_peak,
         }
-        out["kept_bytes_peak"] = self.kept_bytes_peak
-        return out
 
     def reset(self) -> None:
         for p in PHASES:

@@ -4,6 +4,8 @@ numerics (naming the step, the rank and where the value was seen)."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 
 class HierConfigError(ValueError):
     """A ``zeropp_hier`` config section (or a DeepSpeed setting next to it) is invalid.
@@ -60,6 +62,20 @@ class DeepSpeedVersionError(ImportError):
     """The installed DeepSpeed is outside the range whose internals this package was built on."""
 
 
+class SeenNonFinite(TypedDict):
+    """Where a non-finite gradient was seen: the phase, the tier ("local": before any
+    reduction) and the ranks."""
+
+    phase: str
+    tier: str
+    ranks: list[int]
+
+
+class SkippedStep(TypedDict):
+    step: int  # the engine's global step
+    cause: str
+
+
 class HierNonFiniteError(FloatingPointError):
     """A gradient was NaN/Inf in a bf16/fp32 step and ``zeropp_hier.numerics.nonfinite`` is
     "raise". Raised on every rank at the same point, before the optimizer touches the weights.
@@ -69,7 +85,7 @@ class HierNonFiniteError(FloatingPointError):
     reduction); ``seen`` lists every (phase, tier, ranks) where it was seen.
     """
 
-    def __init__(self, step: int, rank: int, phase: str, tier: str | None, where: str, seen: list):
+    def __init__(self, step: int, rank: int, phase: str, tier: str | None, where: str, seen: list[SeenNonFinite]):
         self.step = step
         self.rank = rank
         self.phase = phase
@@ -92,7 +108,7 @@ class HierSkippedStepsError(FloatingPointError):
     gradients, or fp16 overflow): raised on every rank at the same step, with ``history``, one
     ``{"step", "cause"}`` per skipped step, oldest first."""
 
-    def __init__(self, limit: int, history: list):
+    def __init__(self, limit: int, history: list[SkippedStep]):
         self.limit = limit
         self.history = history
         steps = [h["step"] for h in history]

@@ -19,7 +19,17 @@ The names below are the planner's public face: ``from zeropp_hier import planner
 ``auto`` preset (``zeropp_hier/deepspeed/auto.py``) are its users."""
 
 from .candidates import Candidate, auto_candidates, compression_for, default_candidates
-from .clusters import EMULATED_EXPOSED, GB, PHASES, ClusterModel, TierLink, emulated, frontier, with_probed_tiers
+from .clusters import (
+    EMULATED_EXPOSED,
+    GB,
+    PHASES,
+    ClusterModel,
+    ProbedTiers,
+    TierLink,
+    emulated,
+    frontier,
+    with_probed_tiers,
+)
 from .cost import Collective, CollectiveCost, collective_cost, collectives, link_loads
 from .memory_per_gcd import CHUNK_STAGING_COPIES, Memory, fit_advice, level_plan, memory, pipeline_staging
 from .pipeline import (
@@ -42,6 +52,7 @@ __all__ = [
     "PHASES",
     "Candidate",
     "ClusterModel",
+    "ProbedTiers",
     "Collective",
     "CollectiveCost",
     "Memory",

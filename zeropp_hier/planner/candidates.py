@@ -5,7 +5,7 @@ choice, resolved by the config's own parser (``compression_for``). ``default_can
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from ..core.policy import CompressionConfig, FixedPreset, parse_compression
 from .clusters import ClusterModel
@@ -23,10 +23,10 @@ class Candidate(NamedTuple):
 
 
 def compression_for(
-    preset: FixedPreset, override: str | None = None, block: int = 256, schemes: dict | None = None
+    preset: FixedPreset, override: str | None = None, block: int = 256, schemes: Mapping[str, object] | None = None
 ) -> CompressionConfig:
     """The compression the runtime would resolve for this preset (same parser as the config)."""
-    section: dict = {"block_size": block}
+    section: dict[str, object] = {"block_size": block}
     if override is not None:
         section.update(weights=override, gradients=override)
     if schemes:

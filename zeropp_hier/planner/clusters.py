@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, TypedDict
 
 from ..core.topology import Topology
 
@@ -142,7 +142,18 @@ def emulated(
     )
 
 
-def with_probed_tiers(cluster: ClusterModel, probe: Mapping) -> ClusterModel:
+class ProbedTier(TypedDict):
+    bandwidth: float
+    latency: float
+
+
+class ProbedTiers(TypedDict):
+    """What ``with_probed_tiers`` reads of ``zeropp-hier probe`` output: each tier's rates."""
+
+    tiers: Mapping[str, ProbedTier]
+
+
+def with_probed_tiers(cluster: ClusterModel, probe: ProbedTiers) -> ClusterModel:
     """Replace tier bandwidths and latencies by ``zeropp-hier probe`` output (efficiency 1:
     probed rates are what collectives achieve)."""
     tiers = dict(cluster.tiers)

@@ -140,7 +140,7 @@ def build_plan_inputs(args):
         cluster = replace(cluster, tiers=tiers, source=cluster.source + "; tier bandwidths from --tier-bw")
     if args.probe:
         rates = args.probe_tiers if hasattr(args, "probe_tiers") else _read_probe_arg(args.probe)
-        probed = {"tiers": {t: {"bandwidth": bw, "latency": lat} for t, (bw, lat) in rates.items()}}
+        probed: P.ProbedTiers = {"tiers": {t: {"bandwidth": bw, "latency": lat} for t, (bw, lat) in rates.items()}}
         cluster = P.with_probed_tiers(cluster, probed)
     if args.memory_gb is not None:
         cluster = replace(cluster, memory_per_gcd=args.memory_gb * 1e9)
