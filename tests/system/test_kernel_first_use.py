@@ -45,7 +45,8 @@ def _checkout(dest: Path, broken: bool = False) -> Path:
     assert not list((dest / "zeropp_hier").glob("_C*"))
     if broken:
         src = dest / "hip_kernels" / "bindings.cpp"
-        src.write_text("#error zeropp deliberate build failure\n" + src.read_text())
+        # a missing header is fatal at once (an #error would let the compiler go on through torch's headers)
+        src.write_text('#include "zeropp_deliberately_missing.h"\n' + src.read_text())
     return dest
 
 
@@ -98,11 +99,11 @@ def test_a_failed_build_stops_with_the_compiler_error_and_the_ahead_command(tmp_
     rc, res, err = _finish(_start(checkout, ext_dir, MAX_JOBS="1"))
     assert rc != 0 and not res
     assert "KernelBuildError" in err
-    assert "zeropp deliberate build failure" in err  # the compiler's own line
+    assert "zeropp_deliberately_missing.h" in err  # the compiler's own line
     assert "pip install --no-build-isolation -e ." in err and "ZEROPP_HIER_ALLOW_REFERENCE=1" in err
     assert "using the pure-PyTorch reference" not in err
     build_logs = list(ext_dir.glob("*/build.log"))
-    assert len(build_logs) == 1 and "zeropp deliberate build failure" in build_logs[0].read_text()
+    assert len(build_logs) == 1 and "zeropp_deliberately_missing.h" in build_logs[0].read_text()
 
     # allowed explicitly: the reference serves, after one warning that says why
     rc, res, err = _finish(_start(checkout, ext_dir, MAX_JOBS="1", ZEROPP_HIER_ALLOW_REFERENCE="1"))

@@ -218,7 +218,8 @@ def build_and_load(why: str) -> str:
             tmp = p.build_dir / f"{p.name}.failed.tmp"
             tmp.write_text(output)
             os.replace(tmp, failed)  # whole, for the processes waiting
-            raise _failure(p.build_dir, f"{type(exc).__name__} from torch.utils.cpp_extension.load", output) from exc
+            # from None: torch's exception holds the whole output again; build.log keeps it
+            raise _failure(p.build_dir, f"{type(exc).__name__} from torch.utils.cpp_extension.load", output) from None
         p.ok_marker.write_text(f"{p.library}\n")
         with contextlib.suppress(FileNotFoundError):
             failed.unlink()
