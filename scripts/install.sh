@@ -80,15 +80,15 @@ QUIET=2 run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
 # line naming the dependency and what the CPU offers, not a SIGILL (zeropp_hier/detect/cpu_floor.py,
 # a standard-library script).
 "$PY" zeropp_hier/detect/cpu_floor.py || exit 2
-# torch is present, so the kernels must have been built: a silent fallback to the reference
-# implementation would hide a broken build until the kernel tests (or a slow run) showed it.
+# torch is present, so the kernels must have been built here, at install: the installed library is
+# checked, not the first-use build (zeropp_hier/quant/_jit.py) that status() would fall back to.
 "$PY" - <<'PYEOF'
 import sys
 import zeropp_hier, zeropp_hier.quant as q
 from zeropp_hier.quant import _ext
-st = _ext.status()
-print("[install] zeropp_hier", zeropp_hier.__version__, "| quant backend:", q.backend())
+st = _ext.load(_ext.EXT_MODULE)
 if not st.loaded:
     sys.exit(f"[install] the compiled kernels did not build or load ({st.reason}); "
              "rerun `pip install --no-build-isolation -e . -v` and read the compiler output")
+print("[install] zeropp_hier", zeropp_hier.__version__, "| quant backend:", q.backend())
 PYEOF

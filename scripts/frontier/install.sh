@@ -51,11 +51,12 @@ zh_run "$PY" -m pip install setuptools wheel ninja
 # Non-editable: the packed environment must hold the package itself, not a link to this checkout.
 # No build isolation, so the HIP kernels build with hipcc against this torch for gfx90a.
 zh_run env PYTORCH_ROCM_ARCH=gfx90a "$PY" -m pip install --no-build-isolation "$ROOT[frontier]"
-# The kernels must load (a login node has no GPU: loading the library is what is checked here).
+# The installed kernels must load (a login node has no GPU: loading the library is what is checked
+# here); not the first-use build, which every node would then repeat at the job's start.
 zh_run "$PY" -c "$(cat <<'PYEOF'
 import sys, torch
 from zeropp_hier.quant import _ext
-st = _ext.status()
+st = _ext.load(_ext.EXT_MODULE)
 print("[install] torch", torch.__version__, "hip", torch.version.hip, "| kernels loaded:", st.loaded)
 if not torch.version.hip:
     sys.exit("[install] this torch is not a ROCm build; check ZH_TORCH_INDEX")

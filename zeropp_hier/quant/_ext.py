@@ -4,6 +4,11 @@
 shared library whose static initialisers register the ``torch.ops.zeropp_hier`` ops (see
 hip_kernels/bindings.cpp); it has no Python module init, so it is loaded with
 ``torch.ops.load_library`` from wherever the import system would find ``zeropp_hier._C``.
+
+When none is installed (or it does not load, e.g. built for another torch), the first use builds
+the same library into a cache (_jit.py) and loads that. A failed build stops the process with the
+compiler's last lines and the command that builds the kernels ahead; only with
+``ZEROPP_HIER_ALLOW_REFERENCE=1`` does it fall back to the slow reference, after one warning.
 """
 
 from __future__ import annotations
@@ -11,12 +16,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 import threading
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
-from . import _checks
+from . import _checks, _jit
 from .reference import num_blocks
 
 log = logging.getLogger("zeropp_hier.quant")
@@ -26,30 +32,48 @@ BUILD_HINT = (
     "build them with `pip install --no-build-isolation -e .` in the repository root "
     "(a CPU torch builds the CPU kernels; a ROCm or CUDA torch adds the GPU ones)"
 )
+ALLOW_REFERENCE_ENV = "ZEROPP_HIER_ALLOW_REFERENCE"
 
 
 class ExtStatus(NamedTuple):
     loaded: bool
     build_info: str  # "cpu", "cpu+hip" or "cpu+cuda" when loaded
     reason: str  # why it is not loaded, else ""
+    origin: str = ""  # the shared library loaded: the installed one or the first-use build's
 
 
 _LOAD_LOCK = threading.Lock()  # fake impls may be registered only once per process
+_BUILD_ERROR: Optional[_jit.KernelBuildError] = None  # raised again on every later call
 
 
-@functools.cache
 def status() -> ExtStatus:
-    """Loads the extension once per process."""
+    """Loads the extension once per process (building it on first use when none is installed)."""
     with _LOAD_LOCK:
+        if _BUILD_ERROR is not None:
+            raise _BUILD_ERROR
         return _load_and_register()
 
 
 @functools.cache
 def _load_and_register() -> ExtStatus:
     st = load(EXT_MODULE)
+    if not st.loaded:
+        st = _build_on_first_use(st.reason)
     if st.loaded:
         _register_fakes()
     return st
+
+
+def _build_on_first_use(why: str) -> ExtStatus:
+    global _BUILD_ERROR
+    try:
+        path = _jit.build_and_load(why)
+    except _jit.KernelBuildError as exc:
+        if os.environ.get(ALLOW_REFERENCE_ENV) != "1":
+            _BUILD_ERROR = exc
+            raise
+        return ExtStatus(False, "", f"{why}, and building it on first use failed ({str(exc).splitlines()[0]})")
+    return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "", path)
 
 
 def load(module: str) -> ExtStatus:
@@ -64,7 +88,7 @@ def load(module: str) -> ExtStatus:
         torch.ops.load_library(spec.origin)
     except OSError as exc:  # e.g. built against another torch: undefined symbols
         return ExtStatus(False, "", f"{spec.origin} could not be loaded ({exc})")
-    return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "")
+    return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "", spec.origin)
 
 
 def has_kernels_for(device: torch.device) -> bool:
