@@ -40,6 +40,24 @@ zh_first_host() {
   fi
 }
 
+# Frontier: the packed environment (ZH_ENV_TARBALL, made by install.sh) on node-local NVMe (-C nvme
+# mounts /mnt/bb/$USER on every node): broadcast, unpacked and relocated with conda-unpack, run by
+# the environment's own python (OLCF runs it in the activated environment), as OLCF's "Sbcast
+# Conda Environments" guide does. Sets LOCAL_ENV, puts its bin first on PATH, and makes ZH_PY its
+# python with -P (the checkout in the submit directory stays off sys.path). Needs env.sh first.
+zh_stage_env() {
+  : "${ZH_ENV_TARBALL:=${MEMBERWORK:-$HOME}/zeropp-hier-env.tar.gz}"
+  LOCAL_ENV="/mnt/bb/${USER:-user}/zeropp-hier-env"
+  if ! zh_render && [[ ! -f "$ZH_ENV_TARBALL" ]]; then
+    zh_die "ZH_ENV_TARBALL=$ZH_ENV_TARBALL not found; create it with scripts/frontier/install.sh"
+  fi
+  zh_run sbcast --force "$ZH_ENV_TARBALL" "/mnt/bb/${USER:-user}/zeropp-hier-env.tar.gz"
+  zh_run srun -N "$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
+    "mkdir -p '$LOCAL_ENV' '$MIOPEN_USER_DB_PATH' && tar -xzf '/mnt/bb/${USER:-user}/zeropp-hier-env.tar.gz' -C '$LOCAL_ENV' && '$LOCAL_ENV/bin/python' '$LOCAL_ENV/bin/conda-unpack'"
+  export PATH="$LOCAL_ENV/bin:$PATH"
+  ZH_PY=("$LOCAL_ENV/bin/python" -P)
+}
+
 # The environment the ranks inherit, for the job log (and for checking a rendered job).
 zh_show_env() {
   echo "--- environment for the ranks ---"

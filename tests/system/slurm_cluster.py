@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Sequence
 
 from zeropp_hier.launch.world import free_port
 
@@ -155,10 +156,13 @@ class LocalSlurm:
             out.append(f"--- {f.name} ---\n" + f.read_text(errors="replace")[-3000:])
         return "\n".join(out)
 
-    def sbatch_wait(self, script: Path, args: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str, str]:
-        """Submit, wait for the end of the job; (exit code, job id, job output)."""
+    def sbatch_wait(
+        self, script: Path, args: list[str], cwd: Path, env: dict, timeout: float, options: Sequence[str] = ()
+    ) -> tuple[int, str, str]:
+        """Submit, wait for the end of the job; (exit code, job id, job output). ``options``:
+        sbatch's own, before the script (they win over its ``#SBATCH`` lines)."""
         out_file = cwd / "job-%j.out"
-        cmd = ["sbatch", "--parsable", "--wait", "-D", str(cwd), "-o", str(out_file), str(script), *args]
+        cmd = ["sbatch", "--parsable", "--wait", "-D", str(cwd), "-o", str(out_file), *options, str(script), *args]
         p = subprocess.Popen(cmd, env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stdout, stderr = p.communicate(timeout=timeout)

@@ -20,7 +20,7 @@ import math
 import os
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import Any, Mapping
 
 from ..core.vocab import TIERS
 
@@ -277,6 +277,15 @@ def published_comparison(cluster, wl, preds) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+def probe_lines(tiers: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per tier of a probe's ``"tiers"`` (as ``probe --out`` writes them)."""
+    return [
+        f"{t:>4}: {v['bandwidth'] * 8 / 1e6:10.2f} Mbit/s per GCD ({v['bandwidth'] / 1e9:.4g} GB/s), "
+        f"latency {v['latency'] * 1e6:8.1f} us, group of {v['group_size']}"
+        for t, v in tiers.items()
+    ]
+
+
 def cmd_probe(args) -> int:
     import os
 
@@ -287,6 +296,12 @@ def cmd_probe(args) -> int:
     from ..core.topology import Topology
 
     if not dist.is_initialized():
+        from ..app.launch import launcher_env
+
+        # under srun (scripts/frontier/compare.sbatch) the rank and world come from Slurm's
+        # variables, as for the training job; torchrun's are taken as they are
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        os.environ.update(launcher_env(os.environ, gpus) or {})
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend)
@@ -320,11 +335,7 @@ def cmd_probe(args) -> int:
 
             write_json_atomic(args.out, out, indent=1)
         if not args.quiet:
-            for t, v in out["tiers"].items():
-                print(
-                    f"{t:>4}: {v['bandwidth'] * 8 / 1e6:10.2f} Mbit/s per GCD ({v['bandwidth'] / 1e9:.4g} GB/s), "
-                    f"latency {v['latency'] * 1e6:8.1f} us, group of {v['group_size']}"
-                )
+            print("\n".join(probe_lines(out["tiers"])))
     dist.barrier()
     dist.destroy_process_group()
     return 0

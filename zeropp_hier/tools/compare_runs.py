@@ -1,0 +1,265 @@
+"""The report of the "check the claim" job (``scripts/frontier/compare.sbatch``): stock ZeRO-3,
+``zeropp`` and ``frontier`` trained as the same job on the same ranks, side by side.
+
+    python -m zeropp_hier.tools.compare_runs DIR [--warmup 5]
+
+DIR holds ``probe.json`` (``zeropp-hier probe --out``, optional) and one run directory per
+preset, ``stock/``, ``zeropp/`` and ``frontier/``, each with the job's ``summary.json`` and
+``metrics.jsonl``. Prints the probed links, one table (tokens/s, TFLOP/s per GCD, step time,
+bytes per tier per step, peak memory, tokens/s over stock) and the measured ratios beside the
+published ones; writes ``compare.json`` and ``compare.png`` into DIR.
+
+[Note: what the comparison measures]
+- The first ``--warmup`` steps of every run are left out (the first step builds buffers and, in
+  the section, gathers what later steps keep; its bytes differ from a steady step's).
+- tokens/s: the tokens of the measured steps over the sum of their step times (``metrics.jsonl``'s
+  "seconds": one optimizer step, timed by ``train_steps``), not the wall clock between steps,
+  which also holds rank 0's writing. TFLOP/s per GCD from it, as the job computes it
+  ([Note: model FLOPs] in app/flops.py).
+- bytes per tier: what rank 0 sent per step over each tier, all phases, counted by the section.
+  Stock ZeRO-3 is DeepSpeed's own engine without the section: it has no per-tier counters (its
+  collectives run flat over all ranks), so its cells are empty ("—"), never 0.
+- The three runs must be one job but the preset (same world, model, tokens per step); a
+  comparison of different jobs is refused, naming what differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..app import flops
+from ..core.vocab import TIERS
+from ..files import write_atomic, write_json_atomic
+from ..planner.tables import fmt_bytes, table
+from .cli import PUBLISHED, probe_lines
+
+PRESETS = ("stock", "zeropp", "frontier")  # the job's order: the baseline first
+DEFAULT_WARMUP = 5
+# what must be equal across the three runs for the ratios to mean anything
+SAME_JOB = ("world", "params", "tokens_per_step")
+
+
+class CompareError(ValueError):
+    """The run directories cannot be compared; the message says what is wrong and the fix."""
+
+
+def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
+    """A run directory's ``summary.json`` and ``metrics.jsonl`` rows."""
+    summary_file, metrics_file = run_dir / "summary.json", run_dir / "metrics.jsonl"
+    for f in (summary_file, metrics_file):
+        if not f.is_file():
+            raise CompareError(f"{f} is missing: did the {run_dir.name} run finish? (its job output says why not)")
+    summary = json.loads(summary_file.read_text())
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    return summary, rows
+
+
+def run_row(preset: str, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], warmup: int) -> dict:
+    """One preset's measured values ([Note: what the comparison measures]); pure."""
+    ran = summary["spec"]["preset"]
+    if ran != preset:
+        raise CompareError(f"the {preset} run directory holds a run of preset {ran!r}: rerun it with preset={preset}")
+    if warmup < 0:
+        raise CompareError(f"warm-up {warmup}: give 0 or more steps to leave out")
+    measured = list(rows[warmup:])
+    if not measured:
+        raise CompareError(
+            f"the {preset} run trained {len(rows)} step(s) and the warm-up leaves out {warmup}: "
+            f"train more steps or lower the warm-up (ZH_COMPARE_WARMUP / --warmup) below {len(rows)}"
+        )
+    seconds = sum(r["seconds"] for r in measured)
+    tokens = summary["tokens_per_step"] * len(measured)
+    tflops = flops.tflops_per_gcd(summary["flops_per_token"], tokens, seconds, summary["world"])
+    per_tier = None
+    if all("bytes" in r for r in measured):
+        per_tier = {t: sum(r["bytes"][t] for r in measured) / len(measured) for t in TIERS}
+    return {
+        "preset": preset,
+        "world": summary["world"],
+        "params": summary["params"],
+        "tokens_per_step": summary["tokens_per_step"],
+        "steps": len(rows),
+        "measured_steps": len(measured),
+        "tokens_per_s": tokens / seconds,
+        "step_s": seconds / len(measured),
+        "tflops_per_gcd": tflops,
+        "mfu": flops.mfu(tflops, summary.get("peak_bf16_tflops")),
+        "bytes_per_step": per_tier,  # None: stock ZeRO-3, no per-tier counters
+        "peak_memory_bytes": max(summary["peak_memory_bytes_per_rank"]),
+        "final_loss": summary["final_loss"],
+        "device": summary.get("device", "cpu"),
+    }
+
+
+def compare(runs: Mapping[str, tuple[Mapping, Sequence[Mapping]]], probe: Mapping | None, warmup: int) -> dict:
+    """The comparison of ``runs`` ({preset: (summary, metrics rows)}, every preset of
+    ``PRESETS``) with the probed links; pure."""
+    missing = [p for p in PRESETS if p not in runs]
+    if missing:
+        raise CompareError(f"no run of preset(s) {missing}: the comparison needs {list(PRESETS)}")
+    rows = [run_row(p, *runs[p], warmup) for p in PRESETS]
+    for key in SAME_JOB:
+        values = {r["preset"]: r[key] for r in rows}
+        if len(set(values.values())) > 1:
+            raise CompareError(
+                f"the runs differ in {key} ({values}): compare one job under the three presets "
+                "(the same model, micro-batch and ranks; only preset= differs)"
+            )
+    by = {r["preset"]: r for r in rows}
+    for r in rows:
+        r["speedup_vs_stock"] = r["tokens_per_s"] / by["stock"]["tokens_per_s"]
+    ratios = [
+        {
+            "ratio": "frontier over zeropp",
+            "measured": by["frontier"]["tokens_per_s"] / by["zeropp"]["tokens_per_s"],
+            "published": PUBLISHED["frontier/zeropp"],
+        },
+        {
+            "ratio": "zeropp over stock ZeRO-3",
+            "measured": by["zeropp"]["speedup_vs_stock"],
+            "published": PUBLISHED["zeropp/zero3"],
+        },
+    ]
+    return {
+        "warmup_steps": warmup,
+        "runs": rows,
+        "ratios": ratios,
+        "published_source": "Xu et al., arXiv 2501.04266: GPT-NeoX-20B on 48 Frontier nodes (384 GCDs); "
+        "its ZeRO++ is DeepSpeed's, here the section's zeropp preset",
+        "probe": dict(probe) if probe is not None else None,
+    }
+
+
+def _bytes_cell(row: Mapping[str, Any], tier: str) -> str:
+    return "—" if row["bytes_per_step"] is None else fmt_bytes(row["bytes_per_step"][tier])
+
+
+def table_lines(result: Mapping[str, Any]) -> list[str]:
+    """What the job prints: the links, the table, the ratios; pure."""
+    rows = result["runs"]
+    first = rows[0]
+    lines = [
+        f"check the claim: {first['params'] / 1e6:.1f}M parameters, {first['world']} ranks, "
+        f"{first['tokens_per_step']} tokens per step, {first['device']}; means over steps "
+        f"{result['warmup_steps']}..{first['steps'] - 1} (the first {result['warmup_steps']} left out as warm-up)"
+    ]
+    if first["device"] == "cpu":
+        lines.append(
+            "CPU ranks: this checks that the job runs, times and counts; its ratios say nothing about GPUs "
+            "(the published ones are for Frontier)"
+        )
+    probe = result.get("probe")
+    if probe:
+        lines.append(f"links probed ({probe.get('backend', '?')}, world {probe.get('world', '?')}):")
+        lines += ["  " + ln for ln in probe_lines(probe["tiers"])]
+    else:
+        lines.append("links: no probe.json (the probe did not run)")
+    tiers = list(reversed(TIERS))  # slowest first, as the job's own tables
+    head = [
+        "preset",
+        "tokens/s",
+        "vs stock",
+        "TFLOP/s/GCD",
+        "MFU",
+        "step s",
+        *(f"{t} B/step" for t in tiers),
+        "peak mem/rank",
+        "final loss",
+    ]
+    body = [
+        [
+            r["preset"],
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['speedup_vs_stock']:.2f}x",
+            f"{r['tflops_per_gcd']:.3g}",
+            "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+            f"{r['step_s']:.3g}",
+            *(_bytes_cell(r, t) for t in tiers),
+            fmt_bytes(r["peak_memory_bytes"]),
+            f"{r['final_loss']:.4f}",
+        ]
+        for r in rows
+    ]
+    lines += table(head, body)
+    lines.append(
+        "  bytes: sent by rank 0 per step over each tier, all phases; stock ZeRO-3 (DeepSpeed's own "
+        "engine) has no per-tier counters: its collectives run flat over all ranks (—)"
+    )
+    lines.append(f"ratios of tokens/s (published: {result['published_source']}):")
+    lines += table(
+        ["ratio", "measured", "published"],
+        [[x["ratio"], f"{x['measured']:.2f}x", f"{x['published']:.2f}x"] for x in result["ratios"]],
+    )
+    return lines
+
+
+def render_png(result: Mapping[str, Any], steps: Mapping[str, Sequence[Mapping[str, Any]]]) -> bytes:
+    """PNG bytes of three panels: tokens/s per preset, bytes per tier per step, and every step's
+    time (``steps``: {preset: metrics rows}) with the warm-up shaded."""
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state (as app/chart.py)
+
+    rows = result["runs"]
+    names = [r["preset"] for r in rows]
+    fig = Figure(figsize=(12, 3.6), dpi=100)
+    tput, sent, times = fig.subplots(1, 3)
+    bars = tput.bar(names, [r["tokens_per_s"] for r in rows], color=["tab:gray", "tab:blue", "tab:orange"])
+    tput.bar_label(bars, labels=[f"{r['speedup_vs_stock']:.2f}x" for r in rows], fontsize=8)
+    tput.set(ylabel="tokens/s (all ranks)", title="throughput (x stock)")
+    tiers = list(reversed(TIERS))
+    width = 0.8 / len(tiers)
+    for i, tier in enumerate(tiers):
+        xs = [j + (i - 1) * width for j in range(len(rows))]
+        vals = [0.0 if r["bytes_per_step"] is None else r["bytes_per_step"][tier] / 1e6 for r in rows]
+        sent.bar(xs, vals, width, label=tier)
+    for j, r in enumerate(rows):
+        if r["bytes_per_step"] is None:
+            sent.text(j, 0, "no per-tier\ncounters", ha="center", va="bottom", fontsize=7)
+    sent.set_xticks(range(len(rows)), names)
+    sent.set(ylabel="MB sent by rank 0 per step", title="bytes per tier per step")
+    sent.legend(fontsize=7)
+    for name in names:
+        ss = steps[name]
+        times.plot([s["step"] for s in ss], [s["seconds"] for s in ss], marker=".", label=name)
+    if result["warmup_steps"]:
+        times.axvspan(-0.5, result["warmup_steps"] - 0.5, color="0.9", label="warm-up (left out)")
+    times.set(xlabel="step", ylabel="seconds", title="step time")
+    times.set_ylim(bottom=0)
+    times.legend(fontsize=7)
+    for ax in (tput, sent, times):
+        ax.grid(alpha=0.3)
+    first = rows[0]
+    where = "cpu (the job's mechanics, not the claim)" if first["device"] == "cpu" else first["device"]
+    fig.suptitle(f"{first['params'] / 1e6:.1f}M parameters, {first['world']} ranks, {where}", fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.tools.compare_runs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="the job's output directory (stock/, zeropp/, frontier/, probe.json)")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="steps left out at the start of each run")
+    args = ap.parse_args(argv)
+    try:
+        runs = {p: read_run(args.dir / p) for p in PRESETS}
+        probe_file = args.dir / "probe.json"
+        probe = json.loads(probe_file.read_text()) if probe_file.is_file() else None
+        result = compare(runs, probe, args.warmup)
+    except CompareError as e:
+        print(f"compare_runs: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(table_lines(result)))
+    write_json_atomic(args.dir / "compare.json", result, indent=1)
+    write_atomic(args.dir / "compare.png", render_png(result, {p: runs[p][1] for p in PRESETS}))
+    print(f"wrote {args.dir / 'compare.json'} and {args.dir / 'compare.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
