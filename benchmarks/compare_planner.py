@@ -10,6 +10,7 @@ import statistics
 
 from benchmarks.compare_variants import UNRECORDED_PRESET_COMPRESSION
 from zeropp_hier import planner as P
+from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.core.policy import PRESET_COMPRESSION, merge_schemes
 from zeropp_hier.core.vocab import TIERS
 from zeropp_hier.planner import schedule as S
@@ -101,7 +102,13 @@ def _candidate(plan: dict, name: str, cands: dict):
         )
     else:
         return None
-    return cand._replace(chunks=cfg.get("pipeline", {}).get("chunks", 1)) if cfg.get("kind") == "ours" else cand
+    if cfg.get("kind") != "ours":
+        return cand
+    # chunks left out: the count the configuration's issue mode runs (comm/issue.default_chunks)
+    chunks = cfg.get("pipeline", {}).get("chunks")
+    return cand._replace(
+        chunks=chunks if chunks is not None else (DEFAULT_TICK_CHUNKS if schedule_mode(cfg) == "ticks" else 1)
+    )
 
 
 def schedule_mode(cfg: dict) -> str:

@@ -183,8 +183,9 @@ MAX_PIPELINE_CHUNKS = 64
 class PipelineConfig:
     # column chunks per gather bucket and per gradient bucket, each its own job so that the hops
     # of different chunks run on their links at once ([Note: chunked gathers] in
-    # comm/gather.py); 1: off (default)
-    chunks: int = 1
+    # comm/gather.py); 1: off; None (default): the issue mode's own count, which is more than one
+    # only where chunks overlap tiers with one issuing thread (comm/issue.py: default_chunks)
+    chunks: int | None = None
     # backward gathers submitted at most this many layers ahead of the layer in use; the rest of
     # DeepSpeed's prefetch waits, so that gradient stages reach the lanes before them ([Note:
     # backward window] in deepspeed/inflight.py); None: as DeepSpeed's prefetch submits them
@@ -197,13 +198,14 @@ def _parse_pipeline(v: Any) -> PipelineConfig:
         return PipelineConfig()
     d = check_mapping(v, field)
     check_keys(d, ("chunks", "backward_layers_ahead"), field)
-    chunks = d.get("chunks", 1)
-    if not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS:
+    chunks = d.get("chunks")
+    if chunks is not None and (not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS):
         raise HierConfigError(
             f"{field}.chunks",
             chunks,
-            f"use an integer from 1 (default: no pipelining) to {MAX_PIPELINE_CHUNKS}: the number of column "
-            "chunks each gather and gradient bucket is cut into so that its hops run on their links at once",
+            f"use an integer from 1 (no pipelining) to {MAX_PIPELINE_CHUNKS}, or leave it out for the issue "
+            "mode's own count: the number of column chunks each gather and gradient bucket is cut into so "
+            "that its hops run on their links at once",
         )
     ahead = d.get("backward_layers_ahead")
     if ahead is not None and (not is_int(ahead) or ahead < 0):
