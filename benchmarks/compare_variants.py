@@ -98,17 +98,18 @@ VARIANTS = {
 
 # [Note: benchmark issue mode]
 # ``benchmarks.compare --issue-mode`` says who issues our hop collectives. ``gpu`` (the default)
-# runs every configuration of ours as a GPU backend would: one issuing thread, the ``overlap``
-# NCCL/RCCL resolve ``true`` (the default) to: "ticks" (comm/issue.py), with the chunks the tick
-# mode takes where the configuration leaves them out; a configuration that names its own mode
-# ("ticks", "one_lane", false: inline, "lanes") runs it as named.
+# runs every configuration of ours as a GPU backend would: one issuing thread, ``overlap`` "gpu",
+# which is ``true`` as NCCL/RCCL resolve it (comm/issue.py): "ticks" where every hop of the
+# preset's plan spans one tier, with the tick mode's chunks where the configuration leaves them
+# out, and "one_lane" otherwise; a configuration that names its own mode ("ticks", "one_lane",
+# false: inline, "lanes") runs it as named.
 # ``lanes`` leaves ``overlap`` as the configuration has it, so ``true`` is gloo's per-group
 # threads, a mode the GPU backends forbid. Stock DeepSpeed issues its own collectives and is the
 # same in both. The mode is recorded as ``plan["issue_mode"]``; a result file written before it was
 # recorded ran lanes.
 ISSUE_MODES = ("gpu", "lanes")
 UNRECORDED_ISSUE_MODE = "lanes"
-GPU_OVERLAP = "ticks"  # what NCCL/RCCL resolve overlap true to (resolve_issue_mode)
+GPU_OVERLAP = "gpu"  # overlap true as NCCL/RCCL resolve it, on gloo (comm/issue.resolve_issue_mode)
 
 
 def in_issue_mode(cfg: dict, issue_mode: str) -> dict:

@@ -28,7 +28,7 @@ def test_gpu_mode_sets_what_nccl_and_rccl_resolve_and_keeps_named_modes():
         elif "overlap" in cfg:
             assert gpu["overlap"] == cfg["overlap"], name  # ticks, false: run as named
         else:
-            assert gpu == {**cfg, "overlap": "ticks"}, name
+            assert gpu == {**cfg, "overlap": "gpu"}, name
     assert every["frontier/ticks"]["overlap"] == "ticks" and every["frontier/ticks"]["pipeline"]["chunks"] > 1
     with pytest.raises(ValueError, match="'rccl'"):
         in_issue_mode(every["frontier"], "rccl")
@@ -43,7 +43,7 @@ def test_the_plan_records_the_mode_and_the_default_is_gpu():
     plan = _plan(["--configs", "zeropp,frontier,frontier/ticks,ds-zeropp"])
     assert plan["issue_mode"] == "gpu"
     c = plan["configs"]
-    assert c["zeropp"]["overlap"] == c["frontier"]["overlap"] == "ticks"
+    assert c["zeropp"]["overlap"] == c["frontier"]["overlap"] == "gpu"
     assert c["frontier/ticks"]["overlap"] == "ticks" and "overlap" not in c["ds-zeropp"]
     lanes = _plan(["--issue-mode", "lanes", "--configs", "zeropp,frontier"])
     assert lanes["issue_mode"] == "lanes" and all("overlap" not in v for v in lanes["configs"].values())
@@ -97,7 +97,7 @@ def test_every_table_names_the_gpu_mode_and_the_planner_models_each_configuratio
     assert text.count("ours in issue mode gpu (one issuing thread") == 3 and "recorded before" not in text
     assert {n: pred[n]["mode"] for n in names} == {
         "ds-zeropp": "lanes",
-        "zeropp": "ticks",  # overlap true on NCCL/RCCL
+        "zeropp": "one_lane",  # overlap true on NCCL/RCCL: a flat hop runs one lane
         "frontier/pipe": "ticks",
         "frontier/pipe-exact-gcd": "ticks",
         "frontier/ticks": "ticks",

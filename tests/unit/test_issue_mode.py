@@ -9,7 +9,7 @@ import torch
 
 from zeropp_hier.comm.executor import Move
 from zeropp_hier.comm.executors import executor_for
-from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, backend_for, default_chunks, resolve_issue_mode
+from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, backend_for, default_chunks, one_tier_hops, resolve_issue_mode
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.errors import HierConfigError
 
@@ -17,6 +17,32 @@ CPU = torch.device("cpu")
 # (backend as torch.distributed names it, ROCm build): gloo, NCCL on CUDA, RCCL on ROCm (which
 # torch also names "nccl")
 GLOO, NCCL, RCCL = ("gloo", False), ("nccl", False), ("nccl", True)
+
+
+def test_a_plan_with_a_hop_across_tiers_runs_one_lane_on_gpu_libraries():
+    """Ticks send a hop's rows point-to-point to every member: a flat hop (zero3, zeropp) would put
+    each shard on the slow link once per far member, so true runs one lane there; "gpu" is the
+    same choice on any backend, and a named mode stays as named."""
+    from zeropp_hier.core.plan import make_plan
+    from zeropp_hier.core.topology import Topology
+
+    topo = Topology.for_world(16, 4, 2)
+
+    def axes(preset):
+        plan = make_plan(preset, parse_section({"enabled": True, "preset": preset}).compression, topo)
+        return [h.axes for h in (*plan.forward, *plan.backward, *plan.reduce)]
+
+    assert one_tier_hops(axes("frontier")) and not one_tier_hops(axes("zeropp")) and not one_tier_hops(axes("zero3"))
+    for backend in (NCCL, RCCL):
+        assert resolve_issue_mode(True, *backend, one_tier=True).name == "ticks"
+        flat = resolve_issue_mode(True, *backend, one_tier=False)
+        assert flat.name == ("one_lane/serial" if backend == RCCL else "one_lane")
+        assert "spans several tiers" in flat.reason
+        assert resolve_issue_mode("ticks", *backend, one_tier=False).name == "ticks"
+    assert resolve_issue_mode("gpu", *GLOO, one_tier=True).name == "ticks"
+    assert resolve_issue_mode("gpu", *GLOO, one_tier=False).name == "one_lane"  # gloo has no RCCL wait
+    assert resolve_issue_mode(True, *GLOO, one_tier=False).name == "lanes"
+    assert parse_section({"overlap": "gpu"}).overlap == "gpu"
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,14 @@ executor runs ([Note: one order of hop collectives] in comm/executor.py):
 * gloo: ``true`` means *lanes*, a host thread per hop group. gloo runs a collective on the host
   thread that calls it and keeps each group's order; the lanes then pipeline the hops of
   different jobs, which is what the CPU benchmarks measure.
-* NCCL and RCCL: ``true`` means *ticks* (below): one host thread, one communicator, the chunks
-  of a piece of work on different tiers at once. Several communicators are what the GPU
+* NCCL and RCCL: ``true`` means *ticks* (below) where every hop of the plan spans one tier
+  (``frontier``'s hops: gcd, gpu, node): one host thread, one communicator, the chunks of a piece
+  of work on different tiers at once. A plan with a hop across several tiers (``zero3``'s and
+  ``zeropp``'s flat gathers over the world or the node) runs *one lane* (below) instead: the tick
+  mode sends a hop's rows point-to-point to every member of its group, so a flat hop puts each
+  shard on the slow link once per far member, where the library's own ring crosses it once per
+  step (measured on the emulated cluster: ``zeropp`` in ticks moved 3.6x the node bytes of
+  ``zeropp`` in one lane and ran 2.5x slower; docs/benchmarks.md). Several communicators are what the GPU
   libraries do not allow from several threads: NCCL kernels wait on the device for their peers,
   so collectives of several communicators must be submitted in one order on every rank, and even
   then several in flight on different streams "might work" but is not guaranteed (NCCL user
@@ -37,6 +43,8 @@ executor runs ([Note: one order of hop collectives] in comm/executor.py):
   ``torch.version.hip``) also *serial*: the thread issues a collective only once the previous
   one has completed on the device (a host wait on an event before every hop collective), so no
   two communicators have collectives in flight at once. The tiers never overlap in this mode.
+* ``"gpu"`` is what ``true`` means on NCCL/RCCL, on any backend (ticks or one lane, by the plan's
+  hops), so a CPU run reproduces the GPU's schedule (``benchmarks.compare --issue-mode gpu``).
 * ``"lanes"`` asks for the per-group threads anywhere; on NCCL/RCCL it runs, with a warning that
   names the risk. ``false`` runs every job inline on the training thread, one after another.
 
@@ -46,12 +54,12 @@ library: the safe mode is the default for anything not known to be safe with lan
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence
 
 if TYPE_CHECKING:
     pass
 
-OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks")
+OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks", "gpu")
 SAFE_WITH_LANES = ("gloo",)  # backends whose collectives run on the calling host thread
 
 
@@ -82,16 +90,24 @@ def backend_for(backend: str, device_type: str) -> str:
     return pairs.get(device_type, pairs.get("cuda", next(iter(pairs.values()))))
 
 
-def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> IssueMode:
-    """The executor mode for ``zeropp_hier.overlap`` = ``overlap`` on hop groups of ``backend``
-    (pure: [Note: one issuing thread on GPUs])."""
-    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane", "ticks"):
+def one_tier_hops(hop_axes: Iterable[Sequence[str]]) -> bool:
+    """Whether every hop spans one tier (one axis): where the tick mode pays off ([Note: one
+    issuing thread on GPUs]). Pure."""
+    return all(len(axes) == 1 for axes in hop_axes)
+
+
+def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool, one_tier: bool = True) -> IssueMode:
+    """The executor mode for ``zeropp_hier.overlap`` = ``overlap`` on hop groups of ``backend``;
+    ``one_tier``: every hop of the run's plan spans one tier (``one_tier_hops``), which decides
+    what ``true`` means on NCCL/RCCL (pure: [Note: one issuing thread on GPUs])."""
+    if not isinstance(overlap, bool) and overlap not in OVERLAP_CHOICES[2:]:  # 1 == True: no ints
         raise ValueError(f"zeropp_hier.overlap = {overlap!r}: use one of {list(OVERLAP_CHOICES)}")
     if overlap is False:
         return IssueMode(False, False, False, "overlap false: every job inline on the training thread")
     device_lib = backend.lower() not in SAFE_WITH_LANES
     library = ("RCCL" if is_hip else "NCCL") if backend.lower() == "nccl" else backend
-    if overlap == "ticks" or (overlap is True and device_lib):  # gloo measures what a GPU runs
+    gpu_default = overlap == "gpu" or (overlap is True and device_lib)  # "gpu": as on NCCL/RCCL, anywhere
+    if overlap == "ticks" or (gpu_default and one_tier):  # gloo measures what a GPU runs
         return IssueMode(
             True,
             True,
@@ -118,11 +134,13 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> Issue
                     if is_hip
                     else ""
                 )
-                + '). Use true (the default: ticks) or "one_lane" unless this was measured safe here.'
+                + '). Use true (the default) or "one_lane" unless this was measured safe here.'
             ),
         )
     serial = device_lib and is_hip
     why = "one lane: one host thread issues every hop collective in program order"
+    if gpu_default:
+        why += " (a hop of this plan spans several tiers, which ticks would send point-to-point to every member)"
     if serial:
         why += ", each after the previous one completed (no two communicators in flight)"
     return IssueMode(True, True, serial, f"{library}: {why}")
@@ -179,6 +197,7 @@ __all__ = [
     "IssueMode",
     "OVERLAP_CHOICES",
     "default_chunks",
+    "one_tier_hops",
     "backend_for",
     "check_tick_device",
     "chunks_warning",

@@ -27,7 +27,14 @@ from ..comm.context import CommContext
 from ..comm.executor import Job
 from ..comm.executors import executor_for
 from ..comm.groups import build_hop_groups, build_tick_group
-from ..comm.issue import backend_for, check_tick_device, chunks_warning, default_chunks, resolve_issue_mode
+from ..comm.issue import (
+    backend_for,
+    check_tick_device,
+    chunks_warning,
+    default_chunks,
+    one_tier_hops,
+    resolve_issue_mode,
+)
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
@@ -112,7 +119,8 @@ class HierRuntime:
         # who issues the hop collectives, chosen for the hop groups' backend in one place
         # ([Note: one issuing thread on GPUs] in comm/issue.py)
         backend = backend_for(dist.get_backend(), self.comm_device.type)
-        self.issue_mode = resolve_issue_mode(cfg.overlap, backend, torch.version.hip is not None)
+        one_tier = one_tier_hops(axes_sets)  # what overlap true means on NCCL/RCCL
+        self.issue_mode = resolve_issue_mode(cfg.overlap, backend, torch.version.hip is not None, one_tier)
         check_tick_device(self.issue_mode, backend, self.comm_device.type)
         # pipeline.chunks as this mode runs it (left out: the tick mode's own count)
         self.chunks = default_chunks(cfg.pipeline.chunks, self.issue_mode)
