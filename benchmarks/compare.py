@@ -176,7 +176,8 @@ def parse_args(argv) -> argparse.Namespace:
         choices=ISSUE_MODES,
         default="gpu",
         help="who issues our hop collectives: gpu = one issuing thread, overlap as NCCL/RCCL resolve it "
-        '("one_lane", or the mode a configuration names, e.g. "ticks"); lanes = gloo\'s thread per hop '
+        '("ticks", with its chunks where a configuration leaves them out, or the mode a configuration '
+        'names, e.g. "one_lane"); lanes = gloo\'s thread per hop '
         "group (not a GPU mode). Stock DeepSpeed is the same in both ([Note: benchmark issue mode])",
     )
     ap.add_argument("--configs", help=f"comma-separated, from {ORDER + list(VARIANTS)} (default: {DEFAULT})")
@@ -277,8 +278,10 @@ def plan_notes(args: argparse.Namespace, plan: dict, spec: ClusterSpec, quant_pr
         ),
         f"Ours ran in {issue_mode_label(plan)}"
         + (
-            ": every hop collective from one thread, overlap true as NCCL/RCCL resolve it (one_lane) "
-            "or the mode a configuration names; gloo omits RCCL's host wait before each collective."
+            ": every hop transfer from one thread, overlap true as NCCL/RCCL resolve it (ticks: one "
+            "grouped point-to-point call per tick on one communicator, 4 chunks unless the configuration "
+            "sets them) or the mode a configuration names; in one_lane gloo omits RCCL's host wait before "
+            "each collective."
             if args.issue_mode == "gpu"
             else "; a GPU runs one issuing thread (--issue-mode gpu)."
         ),

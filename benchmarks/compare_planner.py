@@ -10,7 +10,11 @@ import statistics
 
 from benchmarks.compare_variants import UNRECORDED_PRESET_COMPRESSION
 from zeropp_hier import planner as P
+from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, one_tier_hops
+from zeropp_hier.core.config import parse_section
+from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.policy import PRESET_COMPRESSION, merge_schemes
+from zeropp_hier.core.topology import Topology
 from zeropp_hier.core.vocab import TIERS
 from zeropp_hier.planner import schedule as S
 
@@ -101,7 +105,21 @@ def _candidate(plan: dict, name: str, cands: dict):
         )
     else:
         return None
-    return cand._replace(chunks=cfg.get("pipeline", {}).get("chunks", 1)) if cfg.get("kind") == "ours" else cand
+    if cfg.get("kind") != "ours":
+        return cand
+    # chunks left out: the count the configuration's issue mode runs (comm/issue.default_chunks)
+    chunks = cfg.get("pipeline", {}).get("chunks")
+    return cand._replace(
+        chunks=chunks if chunks is not None else (DEFAULT_TICK_CHUNKS if schedule_mode(cfg) == "ticks" else 1)
+    )
+
+
+def _hop_axes(preset: str) -> list[tuple[str, ...]]:
+    """Every hop's axes of ``preset``'s plan on the emulated cluster's node shape (the axes do
+    not depend on the compression or the node count)."""
+    topo = Topology.for_world(16, 4, 2)
+    plan = make_plan(preset, parse_section({"enabled": True, "preset": preset}).compression, topo)
+    return [h.axes for h in (*plan.forward, *plan.backward, *plan.reduce)]
 
 
 def schedule_mode(cfg: dict) -> str:
@@ -110,6 +128,8 @@ def schedule_mode(cfg: dict) -> str:
     training thread) as one lane; true and "lanes" are gloo's lanes. Stock DeepSpeed's own
     collectives are modelled on lanes, as before the issue mode was recorded."""
     overlap = cfg.get("overlap", True) if cfg.get("kind") == "ours" else True
+    if overlap == "gpu":  # as NCCL/RCCL resolve true: by the preset's hops (auto: its choice runs ticks)
+        return "ticks" if cfg.get("preset") == "auto" or one_tier_hops(_hop_axes(cfg["preset"])) else "one_lane"
     if overlap in ("ticks", "one_lane"):
         return str(overlap)
     return "one_lane" if overlap is False else "lanes"

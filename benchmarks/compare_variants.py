@@ -87,20 +87,29 @@ VARIANTS = {
     # call per tick; the same in either --issue-mode (the configuration names its mode)
     "frontier/ticks": {"kind": "ours", "preset": "frontier", "overlap": "ticks", "pipeline": {"chunks": 4}},
     "zeropp/ticks": {"kind": "ours", "preset": "zeropp", "overlap": "ticks", "pipeline": {"chunks": 4}},
+    # the modes a GPU run can also be asked for, named so that they run as named in either
+    # --issue-mode: hop after hop on one lane (the GPU default before ticks), and gloo's lanes
+    # with the lanes headline's 4 chunks (the concurrency NCCL/RCCL do not allow, for the
+    # "GPU mode within 10% of lanes" comparison in one run)
+    "frontier/one-lane": {"kind": "ours", "preset": "frontier", "overlap": "one_lane"},
+    "zeropp/one-lane": {"kind": "ours", "preset": "zeropp", "overlap": "one_lane"},
+    "frontier/lanes": {"kind": "ours", "preset": "frontier", "overlap": "lanes", "pipeline": {"chunks": 4}},
 }
 
 # [Note: benchmark issue mode]
 # ``benchmarks.compare --issue-mode`` says who issues our hop collectives. ``gpu`` (the default)
-# runs every configuration of ours as a GPU backend would: one issuing thread, the ``overlap``
-# NCCL/RCCL resolve ``true`` (the default) to: "one_lane" (comm/issue.py); a configuration that
-# names its own mode ("ticks", "one_lane", false: inline) runs it as a GPU would, as named.
+# runs every configuration of ours as a GPU backend would: one issuing thread, ``overlap`` "gpu",
+# which is ``true`` as NCCL/RCCL resolve it (comm/issue.py): "ticks" where every hop of the
+# preset's plan spans one tier, with the tick mode's chunks where the configuration leaves them
+# out, and "one_lane" otherwise; a configuration that names its own mode ("ticks", "one_lane",
+# false: inline, "lanes") runs it as named.
 # ``lanes`` leaves ``overlap`` as the configuration has it, so ``true`` is gloo's per-group
 # threads, a mode the GPU backends forbid. Stock DeepSpeed issues its own collectives and is the
 # same in both. The mode is recorded as ``plan["issue_mode"]``; a result file written before it was
 # recorded ran lanes.
 ISSUE_MODES = ("gpu", "lanes")
 UNRECORDED_ISSUE_MODE = "lanes"
-GPU_OVERLAP = "one_lane"  # what NCCL/RCCL resolve overlap true to (resolve_issue_mode)
+GPU_OVERLAP = "gpu"  # overlap true as NCCL/RCCL resolve it, on gloo (comm/issue.resolve_issue_mode)
 
 
 def in_issue_mode(cfg: dict, issue_mode: str) -> dict:

@@ -404,6 +404,7 @@ def engine_run(configs: dict, steps: int) -> dict:
             "state": training.gathered_state(engine),
             "stats": zeropp_hier.comm_stats(engine),
             "mode": engine.hier_runtime.issue_mode.name,
+            "chunks": engine.hier_runtime.chunks,  # pipeline.chunks as the mode ran them
             # [Note: one tick stream per call]: pieces submitted and tick streams run
             "pieces": getattr(engine.hier_runtime.executor, "pieces", None),
             "streams": getattr(engine.hier_runtime.executor, "streams", None),

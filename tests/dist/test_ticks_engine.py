@@ -18,6 +18,10 @@ TIMEOUT_S = 5.0
 PREFETCH = {"stage3_prefetch_bucket_size": 10**7, "stage3_max_live_parameters": 10**7}
 PAIRS = {"frontier": ("frontier", None, 3, False), "zeropp": ("zeropp", "int8", 1, False)}
 PAIRS["frontier/prefetch"] = ("frontier", None, 3, True)
+# overlap "gpu" (true as NCCL/RCCL resolve it) with the chunks left out: frontier, every hop
+# within one tier, runs ticks in the tick mode's 4 chunks; zeropp, whose flat hops ticks would
+# send to every member, runs one lane unchunked ([Note: one issuing thread on GPUs])
+GPU_DEFAULT = {"frontier": ("ticks", 4), "zeropp": ("one_lane", 1)}
 
 
 def _configs() -> dict:
@@ -30,6 +34,10 @@ def _configs() -> dict:
             if prefetch:
                 cfg["zero_optimization"].update(PREFETCH)
             out[f"{pair}/{mode}"] = cfg
+    for preset in GPU_DEFAULT:
+        cfg = ds_config(preset)
+        cfg["zeropp_hier"]["overlap"] = "gpu"
+        out[f"{preset}/gpu"] = cfg
     return out
 
 
@@ -55,6 +63,14 @@ def test_ticks_train_like_the_gpu_mode_through_one_group_and_one_thread(world8):
                 assert 0 < got["streams"] < got["pieces"], (what, got["streams"], got["pieces"])
             else:  # a layer per call
                 assert 0 < got["streams"] <= got["pieces"], (what, got["streams"], got["pieces"])
+        for preset, mode_chunks in GPU_DEFAULT.items():
+            got = res[f"{preset}/gpu"]
+            assert (got["mode"], got["chunks"]) == mode_chunks, (rank, preset, got["mode"], got["chunks"])
+            # the same values as the explicit modes, whatever the chunks
+            ref = res[f"{preset}/one_lane"]
+            if preset == "frontier":
+                assert got["losses"] == ref["losses"], (rank, got["losses"], ref["losses"])
+            assert (got["calls"]["batches"] > 0) == (mode_chunks[0] == "ticks"), (rank, preset, got["calls"])
 
 
 def test_a_rank_killed_mid_tick_ends_every_rank_with_a_named_error():

@@ -28,7 +28,7 @@ def test_gpu_mode_sets_what_nccl_and_rccl_resolve_and_keeps_named_modes():
         elif "overlap" in cfg:
             assert gpu["overlap"] == cfg["overlap"], name  # ticks, false: run as named
         else:
-            assert gpu == {**cfg, "overlap": "one_lane"}, name
+            assert gpu == {**cfg, "overlap": "gpu"}, name
     assert every["frontier/ticks"]["overlap"] == "ticks" and every["frontier/ticks"]["pipeline"]["chunks"] > 1
     with pytest.raises(ValueError, match="'rccl'"):
         in_issue_mode(every["frontier"], "rccl")
@@ -43,7 +43,7 @@ def test_the_plan_records_the_mode_and_the_default_is_gpu():
     plan = _plan(["--configs", "zeropp,frontier,frontier/ticks,ds-zeropp"])
     assert plan["issue_mode"] == "gpu"
     c = plan["configs"]
-    assert c["zeropp"]["overlap"] == c["frontier"]["overlap"] == "one_lane"
+    assert c["zeropp"]["overlap"] == c["frontier"]["overlap"] == "gpu"
     assert c["frontier/ticks"]["overlap"] == "ticks" and "overlap" not in c["ds-zeropp"]
     lanes = _plan(["--issue-mode", "lanes", "--configs", "zeropp,frontier"])
     assert lanes["issue_mode"] == "lanes" and all("overlap" not in v for v in lanes["configs"].values())
@@ -79,8 +79,16 @@ def test_every_table_names_the_gpu_mode_and_the_planner_models_each_configuratio
     plan = {**rec["plan"], "issue_mode": "gpu"}
     plan["configs"] = {n: in_issue_mode(c, "gpu") for n, c in plan["configs"].items()}
     plan["configs"]["frontier/ticks"] = in_issue_mode(configs(8, False)["frontier/ticks"], "gpu")
+    plan["configs"]["frontier/pipe-one-lane"] = {**plan["configs"]["frontier/pipe"], "overlap": "one_lane"}
     shaped = rec["summary"]["shaped"]
-    summary = {**rec["summary"], "shaped": {**shaped, "frontier/ticks": shaped["frontier/pipe"]}}
+    summary = {
+        **rec["summary"],
+        "shaped": {
+            **shaped,
+            "frontier/ticks": shaped["frontier/pipe"],
+            "frontier/pipe-one-lane": shaped["frontier/pipe"],
+        },
+    }
     names = list(summary["shaped"])
     pred = predictions(
         plan, rec["probe"], compute_estimate(rec["summary"]), statistics.median(rec["quant_rate_per_rank"]), names
@@ -89,17 +97,19 @@ def test_every_table_names_the_gpu_mode_and_the_planner_models_each_configuratio
     assert text.count("ours in issue mode gpu (one issuing thread") == 3 and "recorded before" not in text
     assert {n: pred[n]["mode"] for n in names} == {
         "ds-zeropp": "lanes",
-        "zeropp": "one_lane",
-        "frontier/pipe": "one_lane",
-        "frontier/pipe-exact-gcd": "one_lane",
+        "zeropp": "one_lane",  # overlap true on NCCL/RCCL: a flat hop runs one lane
+        "frontier/pipe": "ticks",
+        "frontier/pipe-exact-gcd": "ticks",
         "frontier/ticks": "ticks",
+        "frontier/pipe-one-lane": "one_lane",
     }
     # the same 4 chunks: hop after hop slowest, in ticks faster (the tiers overlap inside a job),
     # on lanes (as recorded) fastest (they overlap across jobs too)
     lanes, lanes_pred = _recorded("compare_link_bound_share15.json")
     assert schedule_mode(lanes["plan"]["configs"]["frontier/pipe"]) == "lanes"
     on_lanes, in_ticks = lanes_pred["frontier/pipe"]["scheduled_s"], pred["frontier/ticks"]["scheduled_s"]
-    assert on_lanes < in_ticks < pred["frontier/pipe"]["scheduled_s"]
+    assert on_lanes < in_ticks < pred["frontier/pipe-one-lane"]["scheduled_s"]
+    assert pred["frontier/pipe"]["scheduled_s"] == in_ticks  # the same 4 chunks in ticks
 
 
 def test_the_chart_title_names_the_mode(tmp_path):

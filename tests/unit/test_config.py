@@ -46,7 +46,7 @@ def ds(section, **zero):
         ({"compression": "int2"}, "zeropp_hier.compression", "use one of"),
         ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
         ("frontier", "zeropp_hier", "expected a JSON object"),
-        ({"overlap": "yes"}, "zeropp_hier.overlap", '"one_lane" (overlapped, every hop group on one lane'),
+        ({"overlap": "yes"}, "zeropp_hier.overlap", '"one_lane" (overlapped, one issuing thread, hop after hop'),
         ({"checkpoint": {"trust_pickles": "yes"}}, "zeropp_hier.checkpoint.trust_pickles", "only for checkpoints"),
         ({"checkpoint": {"trust": True}}, "zeropp_hier.checkpoint.trust", "unknown key"),
         ({"checkpoint": True}, "zeropp_hier.checkpoint", "expected a JSON object"),
@@ -57,7 +57,7 @@ def ds(section, **zero):
         ),
         ({"numerics": {"max_consecutive_skips": 2.5}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
         ({"numerics": {"max_consecutive_skips": True}}, "zeropp_hier.numerics.max_consecutive_skips", "positive"),
-        ({"pipeline": {"chunks": 0}}, "zeropp_hier.pipeline.chunks", "use an integer from 1 (default: no pipelining)"),
+        ({"pipeline": {"chunks": 0}}, "zeropp_hier.pipeline.chunks", "use an integer from 1 (no pipelining)"),
         ({"pipeline": {"chunks": 65}}, "zeropp_hier.pipeline.chunks", "to 64"),
         ({"pipeline": {"chunks": True}}, "zeropp_hier.pipeline.chunks", "use an integer"),
         (
@@ -167,9 +167,11 @@ def test_overlap_takes_true_false_and_one_lane():
     assert parse_section({"overlap": "one_lane"}).overlap == "one_lane"
 
 
-def test_pipeline_chunks_default_off():
-    assert parse_section({}).pipeline.chunks == 1
-    assert parse_section({"pipeline": {}}).pipeline.chunks == 1
+def test_pipeline_chunks_left_out_is_the_issue_modes_choice():
+    # None: resolved per issue mode at start-up (comm/issue.default_chunks, tests/unit/test_issue_mode.py)
+    assert parse_section({}).pipeline.chunks is None
+    assert parse_section({"pipeline": {}}).pipeline.chunks is None
+    assert parse_section({"pipeline": {"chunks": 1}}).pipeline.chunks == 1
     assert parse_section({"pipeline": {"chunks": 4}}).pipeline.chunks == 4
     # the backward window is off unless asked for ([Note: backward window])
     assert parse_section({}).pipeline.backward_layers_ahead is None

@@ -9,7 +9,7 @@ import torch
 
 from zeropp_hier.comm.executor import Move
 from zeropp_hier.comm.executors import executor_for
-from zeropp_hier.comm.issue import backend_for, resolve_issue_mode
+from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, backend_for, default_chunks, one_tier_hops, resolve_issue_mode
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.errors import HierConfigError
 
@@ -19,6 +19,32 @@ CPU = torch.device("cpu")
 GLOO, NCCL, RCCL = ("gloo", False), ("nccl", False), ("nccl", True)
 
 
+def test_a_plan_with_a_hop_across_tiers_runs_one_lane_on_gpu_libraries():
+    """Ticks send a hop's rows point-to-point to every member: a flat hop (zero3, zeropp) would put
+    each shard on the slow link once per far member, so true runs one lane there; "gpu" is the
+    same choice on any backend, and a named mode stays as named."""
+    from zeropp_hier.core.plan import make_plan
+    from zeropp_hier.core.topology import Topology
+
+    topo = Topology.for_world(16, 4, 2)
+
+    def axes(preset):
+        plan = make_plan(preset, parse_section({"enabled": True, "preset": preset}).compression, topo)
+        return [h.axes for h in (*plan.forward, *plan.backward, *plan.reduce)]
+
+    assert one_tier_hops(axes("frontier")) and not one_tier_hops(axes("zeropp")) and not one_tier_hops(axes("zero3"))
+    for backend in (NCCL, RCCL):
+        assert resolve_issue_mode(True, *backend, one_tier=True).name == "ticks"
+        flat = resolve_issue_mode(True, *backend, one_tier=False)
+        assert flat.name == ("one_lane/serial" if backend == RCCL else "one_lane")
+        assert "spans several tiers" in flat.reason
+        assert resolve_issue_mode("ticks", *backend, one_tier=False).name == "ticks"
+    assert resolve_issue_mode("gpu", *GLOO, one_tier=True).name == "ticks"
+    assert resolve_issue_mode("gpu", *GLOO, one_tier=False).name == "one_lane"  # gloo has no RCCL wait
+    assert resolve_issue_mode(True, *GLOO, one_tier=False).name == "lanes"
+    assert parse_section({"overlap": "gpu"}).overlap == "gpu"
+
+
 @pytest.mark.parametrize(
     "backend, overlap, name",
     [
@@ -26,15 +52,15 @@ GLOO, NCCL, RCCL = ("gloo", False), ("nccl", False), ("nccl", True)
         (GLOO, "lanes", "lanes"),
         (GLOO, "one_lane", "one_lane"),
         (GLOO, False, "inline"),
-        (NCCL, True, "one_lane"),
+        (NCCL, True, "ticks"),  # one thread, one communicator, the tiers at once
         (NCCL, "one_lane", "one_lane"),
         (NCCL, "lanes", "lanes"),
         (NCCL, False, "inline"),
-        (RCCL, True, "one_lane/serial"),
+        (RCCL, True, "ticks"),
         (RCCL, "one_lane", "one_lane/serial"),
         (RCCL, "lanes", "lanes"),
         (RCCL, False, "inline"),
-        (("ucc", False), True, "one_lane"),  # not known to be safe with lanes: the safe mode
+        (("ucc", False), True, "ticks"),  # not known to be safe with lanes: the GPU default
     ],
 )
 def test_mode_per_backend(backend, overlap, name):
@@ -108,8 +134,10 @@ def _record(mode, wait_s: float, jobs: int = 6):
 
 
 @pytest.mark.parametrize("backend", [NCCL, RCCL], ids=["nccl", "rccl"])
-def test_no_default_gpu_mode_issues_from_two_host_threads(backend):
-    mode = resolve_issue_mode(True, *backend)
+def test_one_lane_on_a_gpu_library_issues_from_one_host_thread(backend):
+    """The one-lane mode (the GPU default, ticks, is watched on real transfers in
+    tests/dist/test_ticks.py): one issuing thread, program order, one collective in flight."""
+    mode = resolve_issue_mode("one_lane", *backend)
     seen = _record(mode, wait_s=0.05)
     assert len(seen["threads"]) == 1 and threading.get_ident() not in seen["threads"]
     # one thread, in program order: every rank issues the same sequence
@@ -125,11 +153,11 @@ def test_the_recording_hook_sees_several_threads_with_lanes():
     assert seen["max_in_flight"] >= 2
 
 
-def test_rccl_default_is_serial_and_the_executor_carries_it():
-    ex = executor_for(resolve_issue_mode(True, *RCCL), "test", CPU)
+def test_one_lane_on_rccl_is_serial_and_the_executor_carries_it():
+    ex = executor_for(resolve_issue_mode("one_lane", *RCCL), "test", CPU)
     assert ex.one_lane and ex.serial
     ex.close()
-    ex = executor_for(resolve_issue_mode(True, *NCCL), "test", CPU)
+    ex = executor_for(resolve_issue_mode("one_lane", *NCCL), "test", CPU)
     assert ex.one_lane and not ex.serial
     ex.close()
 
@@ -152,8 +180,9 @@ def test_the_tick_mode_needs_its_transport():
 @pytest.mark.parametrize(
     "backend, overlap, warned",
     [
-        (NCCL, True, True),  # one lane: hop by hop
-        (RCCL, True, True),  # one lane, serial
+        (NCCL, "one_lane", True),  # hop by hop
+        (RCCL, "one_lane", True),  # hop by hop, serial
+        (NCCL, True, False),  # the default: ticks
         (GLOO, "one_lane", True),
         (GLOO, False, True),  # inline
         (GLOO, True, False),  # lanes pipeline the chunks
@@ -181,3 +210,21 @@ def test_ticks_with_gpu_tensors_on_gloo_are_refused_by_name():
     check_tick_device(ticks, "gloo", "cpu")  # the emulated cluster: CPU tensors on gloo
     check_tick_device(resolve_issue_mode("ticks", *NCCL), "nccl", "cuda")
     check_tick_device(resolve_issue_mode(True, *GLOO), "gloo", "cuda")  # other modes: no check
+
+
+@pytest.mark.parametrize(
+    "backend, overlap, chunks",
+    [
+        (NCCL, True, DEFAULT_TICK_CHUNKS),  # the GPU default: ticks, cut into the tick mode's count
+        (RCCL, True, DEFAULT_TICK_CHUNKS),
+        (GLOO, "ticks", DEFAULT_TICK_CHUNKS),
+        (GLOO, True, 1),  # lanes overlap different jobs' hops without chunks
+        (NCCL, "one_lane", 1),  # hop by hop: chunks would only add latency
+        (GLOO, False, 1),
+    ],
+)
+def test_chunks_left_out_take_the_issue_modes_count(backend, overlap, chunks):
+    mode = resolve_issue_mode(overlap, *backend)
+    assert default_chunks(None, mode) == chunks
+    assert default_chunks(3, mode) == 3  # a configured count is kept in every mode
+    assert default_chunks(parse_section({"pipeline": {"chunks": 1}}).pipeline.chunks, mode) == 1

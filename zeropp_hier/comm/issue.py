@@ -8,33 +8,45 @@ executor runs ([Note: one order of hop collectives] in comm/executor.py):
 * gloo: ``true`` means *lanes*, a host thread per hop group. gloo runs a collective on the host
   thread that calls it and keeps each group's order; the lanes then pipeline the hops of
   different jobs, which is what the CPU benchmarks measure.
-* NCCL on CUDA: ``true`` means *one lane*: one host thread issues every hop collective, in the
-  program order in which the training thread submitted the jobs, so the same on every rank; one
-  stream carries them beside the compute stream. NCCL kernels wait on the device for their peers,
+* NCCL and RCCL: ``true`` means *ticks* (below) where every hop of the plan spans one tier
+  (``frontier``'s hops: gcd, gpu, node): one host thread, one communicator, the chunks of a piece
+  of work on different tiers at once. A plan with a hop across several tiers (``zero3``'s and
+  ``zeropp``'s flat gathers over the world or the node) runs *one lane* (below) instead: the tick
+  mode sends a hop's rows point-to-point to every member of its group, so a flat hop puts each
+  shard on the slow link once per far member, where the library's own ring crosses it once per
+  step (measured on the emulated cluster: ``zeropp`` in ticks moved 3.6x the node bytes of
+  ``zeropp`` in one lane and ran 2.5x slower; docs/benchmarks.md). Several communicators are what the GPU
+  libraries do not allow from several threads: NCCL kernels wait on the device for their peers,
   so collectives of several communicators must be submitted in one order on every rank, and even
   then several in flight on different streams "might work" but is not guaranteed (NCCL user
   guide, "Using multiple NCCL communicators concurrently",
   https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/communicators.html#using-multiple-nccl-communicators-concurrently;
   the maintainers' advice in https://github.com/NVIDIA/nccl/issues/195 is to use communicators
   in separate epochs). Lanes keep each communicator's order but not the order between them: the
-  thread that reaches its launch first differs from rank to rank.
-* RCCL (a ROCm build, ``torch.version.hip``): one lane, and *serial*: the lane's thread issues
-  a collective only once the previous one has completed on the device (a host wait on an event,
-  before every hop collective), so no two communicators have collectives in flight at once.
-  RCCL on gfx90a deadlocks with two or three communicators in flight even when every rank
-  submits them in one order; ``NCCL_LAUNCH_ORDER_IMPLICIT=1`` rescues two communicators but not
-  three (https://github.com/ROCm/rccl/issues/2191, open). https://github.com/ROCm/rccl/pull/1600
+  thread that reaches its launch first differs from rank to rank. RCCL on gfx90a deadlocks with
+  two or three communicators in flight even when every rank submits them in one order;
+  ``NCCL_LAUNCH_ORDER_IMPLICIT=1`` rescues two communicators but not three
+  (https://github.com/ROCm/rccl/issues/2191, open). https://github.com/ROCm/rccl/pull/1600
   (closed) is about RCCL stalls on Frontier at scale or with the aws-ofi-rccl plugin (it proposed
   NCCL_STEPS 16 for the 64-wide wavefront); later in it, its author traced his own application's
   hang to FSDP HYBRID_SHARD communicators driven from several host threads and worked around it
   by synchronising every collective: one application's report, and the same rule as here.
-* ``"ticks"``, on any backend: one lane, and every hop's transfers as point-to-point calls on
-  one communicator of every rank, one grouped call per tick, the chunks of a piece of work on
-  different tiers inside it ([Note: ticks] in comm/tick_plan.py). No host wait: the rule above
-  holds because there is only one communicator.
+* ``"ticks"``, on any backend (gloo too, so the emulated cluster runs what a GPU runs): one lane,
+  and every hop's transfers as point-to-point calls on one communicator of every rank, one
+  grouped call (``batch_isend_irecv``: one NCCL/RCCL group call) per tick, the chunks of a piece
+  of work on different tiers inside it ([Note: ticks] in comm/tick_plan.py). No host wait: the
+  rule above holds because there is only one communicator, and each tick is issued after the
+  previous one was waited for. With ``pipeline.chunks`` left out the tick mode cuts every piece
+  of work into ``DEFAULT_TICK_CHUNKS`` chunks (``default_chunks``).
+* ``"one_lane"``, on any backend: one host thread issues every hop collective on its hop
+  group's communicator, in program order, hop after hop; on RCCL (a ROCm build,
+  ``torch.version.hip``) also *serial*: the thread issues a collective only once the previous
+  one has completed on the device (a host wait on an event before every hop collective), so no
+  two communicators have collectives in flight at once. The tiers never overlap in this mode.
+* ``"gpu"`` is what ``true`` means on NCCL/RCCL, on any backend (ticks or one lane, by the plan's
+  hops), so a CPU run reproduces the GPU's schedule (``benchmarks.compare --issue-mode gpu``).
 * ``"lanes"`` asks for the per-group threads anywhere; on NCCL/RCCL it runs, with a warning that
-  names the risk. ``"one_lane"`` is one lane on any backend (serial on ROCm). ``false`` runs every
-  job inline on the training thread, one after another.
+  names the risk. ``false`` runs every job inline on the training thread, one after another.
 
 A backend other than gloo (nccl, or one this module does not know) is treated as a device
 library: the safe mode is the default for anything not known to be safe with lanes.
@@ -42,12 +54,12 @@ library: the safe mode is the default for anything not known to be safe with lan
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence
 
 if TYPE_CHECKING:
     pass
 
-OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks")
+OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks", "gpu")
 SAFE_WITH_LANES = ("gloo",)  # backends whose collectives run on the calling host thread
 
 
@@ -78,16 +90,24 @@ def backend_for(backend: str, device_type: str) -> str:
     return pairs.get(device_type, pairs.get("cuda", next(iter(pairs.values()))))
 
 
-def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> IssueMode:
-    """The executor mode for ``zeropp_hier.overlap`` = ``overlap`` on hop groups of ``backend``
-    (pure: [Note: one issuing thread on GPUs])."""
-    if not isinstance(overlap, bool) and overlap not in ("lanes", "one_lane", "ticks"):
+def one_tier_hops(hop_axes: Iterable[Sequence[str]]) -> bool:
+    """Whether every hop spans one tier (one axis): where the tick mode pays off ([Note: one
+    issuing thread on GPUs]). Pure."""
+    return all(len(axes) == 1 for axes in hop_axes)
+
+
+def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool, one_tier: bool = True) -> IssueMode:
+    """The executor mode for ``zeropp_hier.overlap`` = ``overlap`` on hop groups of ``backend``;
+    ``one_tier``: every hop of the run's plan spans one tier (``one_tier_hops``), which decides
+    what ``true`` means on NCCL/RCCL (pure: [Note: one issuing thread on GPUs])."""
+    if not isinstance(overlap, bool) and overlap not in OVERLAP_CHOICES[2:]:  # 1 == True: no ints
         raise ValueError(f"zeropp_hier.overlap = {overlap!r}: use one of {list(OVERLAP_CHOICES)}")
     if overlap is False:
         return IssueMode(False, False, False, "overlap false: every job inline on the training thread")
     device_lib = backend.lower() not in SAFE_WITH_LANES
     library = ("RCCL" if is_hip else "NCCL") if backend.lower() == "nccl" else backend
-    if overlap == "ticks":  # the same schedule on every backend: gloo measures what a GPU runs
+    gpu_default = overlap == "gpu" or (overlap is True and device_lib)  # "gpu": as on NCCL/RCCL, anywhere
+    if overlap == "ticks" or (gpu_default and one_tier):  # gloo measures what a GPU runs
         return IssueMode(
             True,
             True,
@@ -119,6 +139,8 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool) -> Issue
         )
     serial = device_lib and is_hip
     why = "one lane: one host thread issues every hop collective in program order"
+    if gpu_default:
+        why += " (a hop of this plan spans several tiers, which ticks would send point-to-point to every member)"
     if serial:
         why += ", each after the previous one completed (no two communicators in flight)"
     return IssueMode(True, True, serial, f"{library}: {why}")
@@ -140,6 +162,22 @@ def check_tick_device(mode: IssueMode, backend: str, device_type: str) -> None:
         )
 
 
+# chunks per piece of work where the tick mode picks them (pipeline.chunks left out): enough that
+# a job of three hops keeps all three tiers busy for two of its six ticks, few enough that each
+# tick's fixed cost stays small beside its bytes; the planner's choice replaces it under
+# "preset": "auto" ([Note: busiest-link bound] in planner/pipeline.py)
+DEFAULT_TICK_CHUNKS = 4
+
+
+def default_chunks(chunks: int | None, mode: IssueMode) -> int:
+    """``pipeline.chunks`` as ``mode`` runs it: the configured count, or where it is left out
+    ``DEFAULT_TICK_CHUNKS`` in the tick mode and 1 elsewhere (lanes overlap the hops of different
+    jobs without chunks; one lane and inline overlap nothing). Pure."""
+    if chunks is not None:
+        return chunks
+    return DEFAULT_TICK_CHUNKS if mode.ticks else 1
+
+
 def chunks_warning(mode: IssueMode, chunks: int) -> str | None:
     """The start-up warning when ``pipeline.chunks`` > 1 overlaps nothing in ``mode``: on one
     lane (hop by hop) and inline the chunks' hops run one after another, so chunking only adds
@@ -155,8 +193,11 @@ def chunks_warning(mode: IssueMode, chunks: int) -> str | None:
 
 
 __all__ = [
+    "DEFAULT_TICK_CHUNKS",
     "IssueMode",
     "OVERLAP_CHOICES",
+    "default_chunks",
+    "one_tier_hops",
     "backend_for",
     "check_tick_device",
     "chunks_warning",

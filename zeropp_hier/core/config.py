@@ -27,7 +27,7 @@ SECTION = "zeropp_hier"
 # presets (Preset, PRESETS, FIXED_PRESETS) are the package's vocabulary, core/vocab.py
 TopologyMode = Literal["manual", "auto"]
 TOPOLOGY_MODES: tuple[TopologyMode, ...] = get_args(TopologyMode)
-OverlapMode = Literal["lanes", "one_lane", "ticks"]  # besides true / false
+OverlapMode = Literal["lanes", "one_lane", "ticks", "gpu"]  # besides true / false
 OVERLAP_MODES: tuple[OverlapMode, ...] = get_args(OverlapMode)
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
@@ -186,8 +186,9 @@ MAX_PIPELINE_CHUNKS = 64
 class PipelineConfig:
     # column chunks per gather bucket and per gradient bucket, each its own job so that the hops
     # of different chunks run on their links at once ([Note: chunked gathers] in
-    # comm/gather.py); 1: off (default)
-    chunks: int = 1
+    # comm/gather.py); 1: off; None (default): the issue mode's own count, which is more than one
+    # only where chunks overlap tiers with one issuing thread (comm/issue.py: default_chunks)
+    chunks: int | None = None
     # backward gathers submitted at most this many layers ahead of the layer in use; the rest of
     # DeepSpeed's prefetch waits, so that gradient stages reach the lanes before them ([Note:
     # backward window] in deepspeed/inflight.py); None: as DeepSpeed's prefetch submits them
@@ -200,13 +201,14 @@ def _parse_pipeline(v: object) -> PipelineConfig:
         return PipelineConfig()
     d = check_mapping(v, field)
     check_keys(d, ("chunks", "backward_layers_ahead"), field)
-    chunks = d.get("chunks", 1)
-    if not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS:
+    chunks = d.get("chunks")
+    if chunks is not None and (not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS):
         raise HierConfigError(
             f"{field}.chunks",
             chunks,
-            f"use an integer from 1 (default: no pipelining) to {MAX_PIPELINE_CHUNKS}: the number of column "
-            "chunks each gather and gradient bucket is cut into so that its hops run on their links at once",
+            f"use an integer from 1 (no pipelining) to {MAX_PIPELINE_CHUNKS}, or leave it out for the issue "
+            "mode's own count: the number of column chunks each gather and gradient bucket is cut into so "
+            "that its hops run on their links at once",
         )
     ahead = d.get("backward_layers_ahead")
     if ahead is not None and (not is_int(ahead) or ahead < 0):
@@ -236,7 +238,8 @@ class HierConfig:
     # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
     # compute ([Note: one order of hop collectives] in comm/executor.py): true, the mode safe for
     # the backend ([Note: one issuing thread on GPUs] in comm/issue.py); "lanes": one lane per hop
-    # group; "one_lane": one lane for all; "ticks": one lane, each piece of work's chunks in
+    # group; "one_lane": one lane for all; "gpu": what true is on NCCL/RCCL, on any backend;
+    # "ticks": one lane, each piece of work's chunks in
     # ticks of one grouped point-to-point call ([Note: ticks] in comm/tick_plan.py); false: inline
     overlap: bool | OverlapMode = True
     memory: MemoryConfig = MemoryConfig()
@@ -331,8 +334,9 @@ def parse_section(section: object) -> HierConfig:
             f"{SECTION}.overlap",
             overlap,
             "use true (default: gathers overlap compute through DeepSpeed's prefetch; lanes on gloo, "
-            'one issuing thread on NCCL/RCCL, serialized on ROCm), "one_lane" (overlapped, every hop '
-            'group on one lane), "ticks" (one issuing thread and one communicator; the chunks of '
+            'on NCCL/RCCL "ticks" where every hop spans one tier and "one_lane" otherwise), "gpu" (what '
+            'true means on NCCL/RCCL, on any backend), "one_lane" (overlapped, one issuing thread, hop '
+            'after hop; serialized on ROCm), "ticks" (one issuing thread and one communicator; the chunks of '
             "pipeline.chunks overlap the tiers inside one grouped point-to-point call per tick), "
             '"lanes" (a host thread per hop group, even on NCCL/RCCL: risks a deadlock there) or '
             "false (every collective inline)",

@@ -19,9 +19,9 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
    chosen. Where the hop groups run on lanes (gloo) or in ticks (``overlap: "ticks"``) that is
    the busiest link's time or the jobs' time pipelined (or in ticks), whichever is longer, and
    the planner also picks the pipeline chunk count (``pipeline.chunks``, unless the config sets
-   more than 1), its extra staging counted in the memory check ([Note: busiest-link bound] in
-   planner/pipeline.py); with one issuing lane hop after hop (NCCL/RCCL's default) it is the
-   collectives in sequence and one chunk. Compute time does not enter:
+   it), its extra staging counted in the memory check ([Note: busiest-link bound] in
+   planner/pipeline.py); with one issuing lane hop after hop (``overlap: "one_lane"``) it is
+   the collectives in sequence and one chunk. Compute time does not enter:
    the planner adds it alike to every candidate. Rank 0 broadcasts the choice and its record
    (one ``broadcast_object_list`` on the default group, before any hop group of the runtime
    exists), and every other rank takes the candidate of that name. The ranking's inputs are
@@ -144,8 +144,9 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         largest_layer_params=float(max(numel, default=0)),
         layers=max(1, len({levels.layer_of(n) for n, _ in named})),
     )
-    # the planner picks the chunks where they overlap hops (lanes, ticks); a config's own count (> 1) stays
-    chunks = cfg.pipeline.chunks if (cfg.pipeline.chunks > 1 or cluster.mode == "one_lane") else None
+    # the planner picks the chunks where they overlap hops (lanes, ticks) and the config leaves
+    # them out; a config's own count stays, and one lane overlaps nothing (one chunk)
+    chunks = cfg.pipeline.chunks if cfg.pipeline.chunks is not None else (1 if cluster.mode == "one_lane" else None)
     candidates = P.auto_candidates(cfg.memory.kept_shards_gb, chunks)
     shared: list = [None]
     failure: Exception | None = None

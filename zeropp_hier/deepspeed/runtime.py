@@ -28,7 +28,14 @@ from ..comm.context import CommContext
 from ..comm.executor import Job
 from ..comm.executors import executor_for
 from ..comm.groups import build_hop_groups, build_tick_group
-from ..comm.issue import backend_for, check_tick_device, chunks_warning, resolve_issue_mode
+from ..comm.issue import (
+    backend_for,
+    check_tick_device,
+    chunks_warning,
+    default_chunks,
+    one_tier_hops,
+    resolve_issue_mode,
+)
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels
@@ -113,13 +120,16 @@ class HierRuntime:
         # who issues the hop collectives, chosen for the hop groups' backend in one place
         # ([Note: one issuing thread on GPUs] in comm/issue.py)
         backend = backend_for(dist.get_backend(), self.comm_device.type)
-        self.issue_mode = resolve_issue_mode(cfg.overlap, backend, torch.version.hip is not None)
+        one_tier = one_tier_hops(axes_sets)  # what overlap true means on NCCL/RCCL
+        self.issue_mode = resolve_issue_mode(cfg.overlap, backend, torch.version.hip is not None, one_tier)
         check_tick_device(self.issue_mode, backend, self.comm_device.type)
+        # pipeline.chunks as this mode runs it (left out: the tick mode's own count)
+        self.chunks = default_chunks(cfg.pipeline.chunks, self.issue_mode)
         if rank == 0:
             log.info("zeropp_hier: hop collectives: %s", self.issue_mode.reason)
             if self.issue_mode.warning:
                 log.warning("zeropp_hier: %s", self.issue_mode.warning)
-            chunked = chunks_warning(self.issue_mode, cfg.pipeline.chunks)
+            chunked = chunks_warning(self.issue_mode, self.chunks)
             if chunked:
                 log.warning("zeropp_hier: %s", chunked)
         # the tick mode's one communicator, and every rank's schedule agreed before any tick
@@ -131,7 +141,7 @@ class HierRuntime:
 
             self.tick_group = build_tick_group(topo, cfg.collective_timeout_s)
             transport = TickTransport(self.tick_group, rank, topo, self.stats, cfg.collective_timeout_s)
-            agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), cfg.pipeline.chunks)
+            agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), self.chunks)
         self.executor = executor_for(
             self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s, transport=transport
         )
@@ -146,7 +156,7 @@ class HierRuntime:
         self._frozen: dict[int, ZeroParam] = {}  # kept shards of parameters that do not train
         # what the gather and reduce-scatter drivers run on
         self.comm = CommContext(
-            topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics, pipeline_chunks=cfg.pipeline.chunks
+            topo, rank, self.plan, self.coll, self.executor, hooks=self.numerics, pipeline_chunks=self.chunks
         )
 
     def close(self) -> None:
@@ -249,7 +259,7 @@ class HierRuntime:
             (ps, src, [self.shards[p.ds_id] for p in ps] if src else None)
             for (src, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
         ]
-        chunks = self.cfg.pipeline.chunks
+        chunks = self.chunks
         if chunks > 1:  # [Note: chunked gathers] in comm/gather.py: a job per chunk of each bucket
             futures: list[Future] = []  # each chunk's, or each bucket's whole (``LayerWait.futures``)
             for ps, src, shards in work:
