@@ -22,6 +22,7 @@ from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec, with_data_vocab
 from zeropp_hier.app.spec import ModelSpec
 from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
 STEPS, K = 4, 2
@@ -128,12 +129,15 @@ def test_an_existing_conversion_is_used_and_a_stale_one_refused(runs):
     spec = with_data_vocab(_spec(root, "x", 4, checkpoint_dir=c8, resume=f"step{K}"))  # as rank_main does
     sha = data.TokenData(spec.data_path).index["sha256"]
     if not os.path.exists(manifest):  # run without test_resume_8_to_4_ranks: convert here first
-        resume._plan_on_rank0(spec, 4, sha)
+        checkpoint.to_universal(c8, out, f"step{K}")
     before = os.stat(manifest).st_mtime_ns
     plan = resume._plan_on_rank0(spec, 4, sha)
     assert plan == resume.Plan(f"step{K}", out, True, 8) and os.stat(manifest).st_mtime_ns == before
+    # without a conversion the plan asks for one (made by every rank, in resume.plan)
+    later = with_data_vocab(_spec(root, "x", 4, checkpoint_dir=c8, resume=f"step{STEPS}"))
+    assert resume._plan_on_rank0(later, 4, sha) == resume.Plan(f"step{STEPS}", out, True, 8, convert=True)
     # the step-4 conversion put under the name step2: another save
-    resume._plan_on_rank0(with_data_vocab(_spec(root, "x", 4, checkpoint_dir=c8, resume=f"step{STEPS}")), 4, sha)
+    checkpoint.to_universal(c8, out, f"step{STEPS}")
     stale = str(root / "stale")
     shutil.copytree(out, stale)
     shutil.rmtree(os.path.join(stale, f"step{K}"))
