@@ -120,7 +120,8 @@ def convert(src_dir: str, out_dir: str, tag: str, trust_pickles: bool = False) -
     temp = os.path.join(built, "tmp")
     zero = os.path.join(built, "zero")
 
-    problems = _gather(verify_tag(src_dir, tag, rank, world, trust_pickles))
+    mine = _phase(rank, src, "verifying the source", lambda: verify_tag(src_dir, tag, rank, world, trust_pickles))
+    problems = _gather(mine)
     raise_problems([p for part in problems for p in part], src_dir, tag)
     manifest, _ = read_manifest(src)
     assert manifest is not None  # verified above
@@ -149,8 +150,9 @@ def convert(src_dir: str, out_dir: str, tag: str, trust_pickles: bool = False) -
     params = sorted({name for group in shapes_grid[0] for name in group})
 
     def merge():
-        for name in share(params, rank, world):
-            u.merge_zero3_slices(old_world, zero, temp, name)
+        with safe_load.tensors_only(trust_pickles):  # the fragments just written: tensors, like everything read
+            for name in share(params, rank, world):
+                u.merge_zero3_slices(old_world, zero, temp, name)
 
     _phase(rank, zero, "merging each parameter's fragments", merge)
 
