@@ -167,7 +167,7 @@ def convert(src_dir: str, out_dir: str, tag: str, trust_pickles: bool = False) -
             shutil.copy2(f, built)
 
     _phase(rank, built, "writing the common files", common if rank == 0 else lambda: None)
-    names = list_files(built)
+    names = _gather(list_files(built) if rank == 0 else None)[0]  # one listing: a rank missing a file names it
 
     def digest():
         return {rel: file_digest(os.path.join(built, rel), sync=True) for rel in share(names, rank, world)}
