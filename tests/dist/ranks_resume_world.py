@@ -31,3 +31,16 @@ class Capture:
 
     def saved(self, engine, step):
         return full_state(engine)
+
+
+def rank_main_logged(log: str, spec, hooks=None) -> dict:
+    """The job on this rank with what it prints (rank 0's lines) written to ``log``.<rank>: the
+    preloaded ranks' stdout is the fork server's, which a test cannot capture."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from zeropp_hier.app.run import rank_main
+
+    with open(f"{log}.{dist.get_rank()}", "w") as f, contextlib.redirect_stdout(f):
+        return rank_main(spec, hooks)

@@ -16,12 +16,12 @@ import os
 import pytest
 import torch
 
-from tests.dist.ranks_resume_world import Capture
-from zeropp_hier.app import data, resume, resume_rules
-from zeropp_hier.app.run import rank_main
-from zeropp_hier.app.spec import JobSpec, with_data_vocab
-from zeropp_hier.app.spec import ModelSpec
+from tests.dist.ranks_resume_world import Capture, rank_main_logged
+from zeropp_hier.app import data, io_cost, resume, resume_rules
 from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app.run import rank_main
+from zeropp_hier.app.spec import JobSpec, ModelSpec, with_data_vocab
+from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
 STEPS, K = 4, 2
@@ -102,8 +102,22 @@ def test_resume_8_to_4_ranks(runs):
 
 def test_resume_4_to_8_ranks_in_another_shape(runs):
     root, ref8, ref4 = runs
-    spec = _spec(root, "r48", 8, topology=OTHER_8, checkpoint_dir=str(root / "c4"), resume=f"step{K}", save_every=K)
-    out = _run(8, spec, Capture())
+    c4 = str(root / "c4")
+    source_bytes = sum(resume.saved_sizes(c4, f"step{K}").values())
+    spec = _spec(root, "r48", 8, topology=OTHER_8, checkpoint_dir=c4, resume=f"step{K}", save_every=K)
+    with LocalWorld(8, timeout=TIMEOUT_S, preload=True) as w:
+        out = w.run(rank_main_logged, str(root / "r48.log"), spec, Capture())
+    # the job said what the conversion and each save cost, with the numbers of the files it wrote
+    with open(root / "r48.log.0") as f:
+        log = f.read()
+    assert f"converted checkpoint step{K} (4 ranks -> 8) to the universal format in " in log
+    assert f"each of the 8 ranks its share: read {source_bytes / 1e9:.3g} GB, wrote " in log
+    per_rank = io_cost.bytes_by_rank(resume.saved_sizes(c4, f"step{STEPS}"))
+    assert len(per_rank) == 8 and min(per_rank.values()) > 0
+    assert (
+        f"checkpoint step{STEPS} saved in {c4}: {max(per_rank.values()) / 1e9:.3g} GB per rank (the largest of 8), "
+        f"{sum(per_rank.values()) / 1e9:.3g} GB in all, in "
+    ) in log
     saved = ref4[0]["hooks"]["saved"][K]
     for rank, r in enumerate(out):
         _assert_same_state(r["hooks"]["loaded"], saved, f"rank {rank} of 8 (1x2x4) after the load")
@@ -128,12 +142,15 @@ def test_an_existing_conversion_is_used_and_a_stale_one_refused(runs):
     spec = with_data_vocab(_spec(root, "x", 4, checkpoint_dir=c8, resume=f"step{K}"))  # as rank_main does
     sha = data.TokenData(spec.data_path).index["sha256"]
     if not os.path.exists(manifest):  # run without test_resume_8_to_4_ranks: convert here first
-        resume._plan_on_rank0(spec, 4, sha)
+        checkpoint.to_universal(c8, out, f"step{K}")
     before = os.stat(manifest).st_mtime_ns
     plan = resume._plan_on_rank0(spec, 4, sha)
     assert plan == resume.Plan(f"step{K}", out, True, 8) and os.stat(manifest).st_mtime_ns == before
+    # without a conversion the plan asks for one (made by every rank, in resume.plan)
+    later = with_data_vocab(_spec(root, "x", 4, checkpoint_dir=c8, resume=f"step{STEPS}"))
+    assert resume._plan_on_rank0(later, 4, sha) == resume.Plan(f"step{STEPS}", out, True, 8, convert=True)
     # the step-4 conversion put under the name step2: another save
-    resume._plan_on_rank0(with_data_vocab(_spec(root, "x", 4, checkpoint_dir=c8, resume=f"step{STEPS}")), 4, sha)
+    checkpoint.to_universal(c8, out, f"step{STEPS}")
     stale = str(root / "stale")
     shutil.copytree(out, stale)
     shutil.rmtree(os.path.join(stale, f"step{K}"))

@@ -17,11 +17,13 @@ Before any rank builds a model, rank 0 reads the record of the tag to resume (it
 states file, checked against the manifest, loaded tensors-only) and ``resume_rules.decide``
 answers for every rank: the same world loads DeepSpeed's partitions as they are (another
 topology or preset included); another world goes through DeepSpeed's universal format. The job
-converts the tag itself (rank 0, ``checkpoint.to_universal``) into ``<checkpoint_dir>_universal
-/<tag>`` while the other ranks wait, and builds its engine with ``checkpoint.load_universal``. A
+converts the tag itself into ``<checkpoint_dir>_universal/<tag>``, every rank its share of the
+files and parameters ([Note: a conversion in shares] in deepspeed/universal_shared.py: no rank
+waits in a collective for the whole conversion, only for one share of it), says how long it took
+and how many bytes it read and wrote, and builds its engine with ``checkpoint.load_universal``. A
 conversion already there is used when its manifest names the source tag's manifest (same
 sha256), so ``zeropp-hier checkpoint to-universal DIR DIR_universal`` ahead of the job (one
-process, no ranks waiting: the way for a large model) gives the job its input; a conversion of
+process) gives the job its input; a conversion of
 another save of the same tag name is refused. Weights, fp32 master weights and Adam moments
 load exactly (the universal files are the full fp32 tensors, cut again for the new world);
 error-feedback residuals are per rank and start empty; the scheduler and step count come from
@@ -44,17 +46,18 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from ..core.errors import HierConfigError
-from ..deepspeed import checkpoint, safe_load
+from ..deepspeed import safe_load, universal_shared
 from ..deepspeed.checkpoint_files import (
     MANIFEST,
     check_files,
     file_digest,
+    list_files,
     raise_problems,
     read_manifest,
     resolve_tag,
@@ -94,6 +97,16 @@ def save(engine, ckpt_dir: str, step_done: int, data_state: dict, record: dict |
     return tag
 
 
+def saved_sizes(ckpt_dir: str, tag: str) -> dict[str, int]:
+    """The file sizes of a saved tag (relative path -> bytes): its manifest's, or (a stock
+    DeepSpeed save has none) the files' own."""
+    tag_dir = os.path.join(ckpt_dir, tag)
+    manifest, _ = read_manifest(tag_dir)
+    if manifest is not None:
+        return {rel: int(f["bytes"]) for rel, f in manifest["files"].items()}
+    return {rel: os.path.getsize(os.path.join(tag_dir, rel)) for rel in list_files(tag_dir)}
+
+
 @dataclass(frozen=True)
 class Plan:
     """How this run loads its checkpoint: ``<load_dir>/<tag>``, universal or not."""
@@ -102,6 +115,8 @@ class Plan:
     load_dir: str
     universal: bool
     saved_world: int
+    convert: bool = False  # the universal conversion is still to be made (``plan`` makes it, every rank a share)
+    conversion: universal_shared.Conversion | None = None  # what that conversion did, once made
 
 
 def _job_state(tag_dir: str, manifest: dict | None) -> dict:
@@ -162,9 +177,7 @@ def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
             f"{os.path.join(out, tag)} was converted from another save of tag {tag}: remove it (the job converts "
             "again), or resume another tag",
         )
-    if done is None:
-        checkpoint.to_universal(root, out, tag)
-    return Plan(tag, out, True, int(saved_world))
+    return Plan(tag, out, True, int(saved_world), convert=done is None)
 
 
 def plan(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
@@ -180,7 +193,11 @@ def plan(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
     dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], BaseException):
         raise result[0]
-    return result[0]
+    p = result[0]
+    if p.convert:  # every rank its share, before any model is built ([Note: a conversion in shares])
+        assert spec.ckpt_dir is not None
+        p = replace(p, convert=False, conversion=universal_shared.convert(spec.ckpt_dir, p.load_dir, p.tag))
+    return p
 
 
 def load(engine, p: Plan) -> dict:

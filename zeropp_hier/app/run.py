@@ -25,7 +25,7 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import deadline, evaluate, flops, models, monitor, report, resume, resume_rules
+from . import deadline, evaluate, flops, io_cost, models, monitor, report, resume, resume_rules
 from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .recipe import write_ds_config
@@ -256,15 +256,21 @@ class _Checkpoints:
         spec, engine = self.spec, self.run.engine
         if spec.save_every and (done % spec.save_every == 0 or done == spec.steps):
             assert spec.ckpt_dir is not None  # JobSpec.check: save_every needs a directory
-            tag = resume.save(engine, spec.ckpt_dir, done, self.data_state(done), self.record)
+            self.save(spec.ckpt_dir, done, rep)
             if self.hooks is not None:
                 self.saved[done] = self.hooks.saved(engine, done)
-            rep.line(f"checkpoint {tag} saved in {spec.ckpt_dir}")
         if self.watch is not None and done < spec.steps:  # save in time ([Note: saving before the wall clock ends])
             saved = bool(spec.save_every) and done % spec.save_every == 0
-            self.watch.after_step(
-                done, saved, lambda d: resume.save(engine, d, done, self.data_state(done), self.record)
-            )
+            self.watch.after_step(done, saved, lambda d: self.save(d, done, rep))
+
+    def save(self, where: str, done: int, rep: report.Reporter) -> str:
+        """Save after ``done`` steps (collective); rank 0 says what it cost (io_cost.save_line)."""
+        t0 = time.perf_counter()
+        tag = resume.save(self.run.engine, where, done, self.data_state(done), self.record)
+        seconds = time.perf_counter() - t0  # save_checkpoint returns after the commit, on every rank
+        if self.run.rank == 0:
+            rep.line(io_cost.save_line(tag, where, resume.saved_sizes(where, tag), seconds))
+        return tag
 
 
 def _data_sha(spec: JobSpec) -> str | None:
@@ -285,6 +291,8 @@ def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Report
     if start >= spec.steps:
         raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
     rep.resumed_at(start, spec.steps)
+    if (c := plan.conversion) is not None:
+        rep.line(io_cost.conversion_line(plan.tag, c.source_world, c.world, c.bytes_read, c.bytes_written, c.seconds))
     rep.line(
         report.resumed_line(
             os.path.join(plan.load_dir, plan.tag),

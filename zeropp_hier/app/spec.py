@@ -166,6 +166,9 @@ class JobSpec:
     lr_decay: LrDecay = "none"  # none: constant after warm-up (WarmupLR); cosine: WarmupCosineLR to min_lr_ratio
     min_lr_ratio: float = 0.1  # cosine's end, as a share of lr (GPT-NeoX's min_lr / lr)
     grad_accum: int = 1  # micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps)
+    # sequences per optimizer step over all ranks: sets the accumulation from the world (``accum``),
+    # so a resume on fewer ranks (a chain link on fewer nodes) trains the same batches; None: grad_accum's
+    global_batch: int | None = None
     clip: float = 0.0  # DeepSpeed's gradient_clipping (global norm; 0: none)
     # AdamW (DeepSpeed's "Adam" with torch_adam: torch.optim.AdamW); torch's defaults but eps
     weight_decay: float = 0.01
@@ -214,6 +217,15 @@ class JobSpec:
             raise HierConfigError("min_lr_ratio", self.min_lr_ratio, "use a share of lr in [0, 1], e.g. 0.1")
         if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
             raise HierConfigError("grad_accum", self.grad_accum, "use a positive integer (1: no accumulation)")
+        if self.global_batch is not None:
+            if not isinstance(self.global_batch, int) or self.global_batch < 1:
+                raise HierConfigError("global_batch", self.global_batch, "use a positive number of sequences, or null")
+            if self.grad_accum != 1:
+                raise HierConfigError(
+                    "grad_accum",
+                    self.grad_accum,
+                    "global_batch sets the accumulation: give grad_accum=1 with it (a recipe's grad_accum counts too)",
+                )
         if not (isinstance(self.clip, (int, float)) and self.clip >= 0):
             raise HierConfigError("clip", self.clip, "use 0 (no clipping) or a positive gradient norm, e.g. 1.0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -252,6 +264,21 @@ class JobSpec:
             return self.warmup_steps
         return max(1, round(self.warmup_ratio * self.steps))
 
+    def accum(self, world: int | None) -> int:
+        """Micro-batches per optimizer step on ``world`` ranks: ``global_batch`` / (world x
+        micro_batch) when ``global_batch`` is given (and the world known), else ``grad_accum``."""
+        if self.global_batch is None or world is None:
+            return self.grad_accum
+        per = world * self.micro_batch
+        if self.global_batch % per:
+            raise HierConfigError(
+                "global_batch",
+                self.global_batch,
+                f"not a multiple of {world} ranks x micro_batch {self.micro_batch} = {per}: give a multiple of it, "
+                "or a data.micro_batch that divides it on every world size the run uses",
+            )
+        return self.global_batch // per
+
     def ds_config(self, overrides: Mapping[str, Any] | None = None, world: int | None = None) -> dict:
         """The job's DeepSpeed config (``ds_config`` of this spec), then the user's
         ``deepspeed_config`` file and ``deepspeed`` keys merged in (``app/user_config.py``: a key the
@@ -263,7 +290,7 @@ class JobSpec:
             self.preset,
             dtype=self.dtype,
             micro_batch=self.micro_batch,
-            grad_accum=self.grad_accum,
+            grad_accum=self.accum(world),
             compression=self.compression,
             topology=self.topology,
             lr=self.lr,
@@ -290,6 +317,7 @@ RECIPE_KEYS = (
     "lr_decay",
     "min_lr_ratio",
     "grad_accum",
+    "global_batch",
     "clip",
     "weight_decay",
     "betas",
