@@ -25,16 +25,14 @@ collective is on hop group ``lane``". Three rules keep that safe and overlapped:
    tensors a job carries from one lane to the next (``Move.carry``) are recorded on the next
    lane's stream so that the caching allocator does not hand their memory out early.
 
-Which of these modes runs is chosen per backend in comm/issue.py ([Note: one issuing thread on
-GPUs]). With ``overlap`` off (``zeropp_hier.overlap: false``) jobs run inline on the caller, one
-after another, kept for comparison and debugging. With one lane (the default on NCCL/RCCL, or
-``"overlap": "one_lane"``) jobs still run in the background, but every hop group shares one lane:
-all collectives in one order on one thread and one stream, nothing pipelined across jobs; the
-lanes keep each communicator's order but not the order between communicators, which NCCL and
-RCCL need. ``serial`` (ROCm) also waits, on that thread, for each collective to complete on the
-device before issuing the next, so no two communicators have collectives in flight. The tick
-mode (``"overlap": "ticks"``, ``TickExecutor`` in comm/ticks.py) is one lane too, but a job's
-slots are ticks: the chunks of one piece of work advance together, each tick one grouped
+Which mode runs is chosen per backend in comm/issue.py ([Note: one issuing thread on GPUs]).
+``overlap: false`` runs jobs inline on the caller, one after another. With one lane
+(``"overlap": "one_lane"``, and NCCL/RCCL's default for a plan with a hop across tiers) every hop
+group shares one lane: all collectives in one order on one thread and one stream, nothing
+pipelined across jobs, which NCCL and RCCL need (the lanes keep each communicator's order but not
+the order between them); ``serial`` (ROCm) also waits for each collective to complete before the
+next. The tick mode (NCCL/RCCL's default otherwise; ``TickExecutor`` in comm/ticks.py) is one lane
+whose slots are ticks: the chunks of one piece of work advance together, each tick one grouped
 point-to-point call on one communicator ([Note: ticks] in comm/tick_plan.py).
 
 [Note: executor failure semantics]

@@ -102,19 +102,12 @@ class HierCommError(RuntimeError):
             f"(engine.load_checkpoint(save_dir) reads 'latest'). Cause: {first}"
         )
 
-    def __reduce__(self):  # keyword-only constructor: rebuilt through _rebuild_comm_error
-        fields = dict(
-            rank=self.rank,
-            phase=self.phase,
-            tier=self.tier,
-            axes=self.axes,
-            peers=self.peers,
-            kind=self.kind,
-            timeout_s=self.timeout_s,
-            cause=self.cause,
-            setting=self.setting,
-        )
-        return (_rebuild_comm_error, (type(self), fields))
+    # the keyword-only constructor's fields: a pickled error is rebuilt from them
+    # (_rebuild_comm_error), so that it crosses process boundaries whole
+    _FIELDS = ("rank", "phase", "tier", "axes", "peers", "kind", "timeout_s", "cause", "setting")
+
+    def __reduce__(self):
+        return (_rebuild_comm_error, (type(self), {f: getattr(self, f) for f in self._FIELDS}))
 
 
 def _rebuild_comm_error(cls, fields: dict) -> HierCommError:

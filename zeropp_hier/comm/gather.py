@@ -223,12 +223,12 @@ def gather_bucket(
 # stages] in comm/reduce.py): ``reduce.pipelined_rows`` makes a job per chunk, submitted together
 # with ``CommExecutor.submit_all`` (one future: the last chunk's value or the first error).
 #
-# One lane (NCCL) and one_lane/serial (RCCL) stay correct but pipeline nothing between tiers:
+# One lane (``one_lane``; serial on RCCL) stays correct but pipelines nothing between tiers:
 # one host thread issues every collective in program order (chunk 0's node, gpu, gcd hops, then
 # chunk 1's ...), and serial waits for each to complete before the next, because the GPU rules
 # ([Note: one issuing thread on GPUs] in comm/issue.py) allow no two communicators' collectives
-# in flight out of one agreed order. Tiers could overlap there only inside one communicator
-# (batched point-to-point transfers), which this does not do; chunking then only adds latency.
+# in flight out of one agreed order; chunking then only adds latency. The tick mode (NCCL/RCCL's
+# default for one-tier hops) overlaps them inside one communicator: [Note: ticks] in comm/tick_plan.py.
 
 
 def column_ranges(width: int, align: int, chunks: int) -> list[tuple[int, int]]:

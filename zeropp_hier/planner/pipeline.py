@@ -24,7 +24,7 @@ from .workload import Workload
 # latency; ``best_chunks`` takes the minimum. The model holds where each hop has its own link
 # and its own lane (gloo's lanes): hops that share a physical link (the gpu and node tiers both
 # cross a package's links) are one resource and should be passed as one stage, and with one
-# issuing lane (NCCL) or serial issue (RCCL) the hops do not overlap: use ``sequential_time``.
+# issuing lane (``one_lane``, serial on RCCL) the hops do not overlap: use ``sequential_time``.
 # In the tick mode ([Note: ticks] in comm/tick_plan.py) chunk ``c``'s hop ``h`` runs in tick
 # ``c + h`` and a tick lasts as long as its slowest hop, or longer where its hops share a link:
 # ``ticked_time``.
@@ -95,7 +95,7 @@ def best_chunks(hop_s: Sequence[float], latency_s: Sequence[float] | None = None
 # sequence within a chunk, so the estimate is the larger of the bound and every phase's jobs
 # pipelined in ``chunks`` chunks ([Note: pipelined hops]): ``pipelined_comm_s``. ``choose_chunks``
 # takes the chunk count that minimises the pipelined jobs (each chunk pays every hop's latency
-# again); with one issuing lane (NCCL) or serial issue (RCCL) nothing overlaps and chunking only
+# again); with one issuing lane (``one_lane``, serial on RCCL) nothing overlaps and chunking only
 # adds latency, so there it is 1; in the tick mode it minimises the jobs in ticks, one job after
 # another (``ticked_time``): ``jobs_time`` in the cluster's mode. ``auto`` ranks by the bound where
 # lanes or ticks run (``rank_key``), so compression is chosen for the busiest link: int4 gradients
