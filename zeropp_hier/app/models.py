@@ -38,23 +38,26 @@ if TYPE_CHECKING:  # transformers is imported only when a NeoX model is built
     from transformers import PreTrainedModel
 
 
+# GPTNeoXConfig's name for each ModelSpec field (rotary_pct: transformers 5 takes 4.x's name
+# through **kwargs); what the spec does not set is fixed below: no dropout, untied, no KV cache
+NEOX_NAMES = {
+    "vocab_size": "vocab",
+    "hidden_size": "hidden",
+    "num_hidden_layers": "layers",
+    "num_attention_heads": "heads",
+    "intermediate_size": "intermediate",
+    "max_position_embeddings": "seq_len",
+    "rotary_pct": "rotary_pct",
+    "use_parallel_residual": "parallel_residual",
+}
+
+
 def neox_config(spec: ModelSpec):
     from transformers import GPTNeoXConfig
 
-    return GPTNeoXConfig(
-        vocab_size=spec.vocab,
-        hidden_size=spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        intermediate_size=spec.intermediate,
-        max_position_embeddings=spec.seq_len,
-        rotary_pct=spec.rotary_pct,  # type: ignore[call-arg]  # transformers 5 takes 4.x's name through **kwargs
-        use_parallel_residual=spec.parallel_residual,
-        tie_word_embeddings=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cache=False,
-    )
+    fields = {hf: getattr(spec, ours) for hf, ours in NEOX_NAMES.items()}
+    fixed = {"tie_word_embeddings": False, "hidden_dropout": 0.0, "attention_dropout": 0.0, "use_cache": False}
+    return GPTNeoXConfig(**fields, **fixed)
 
 
 class CausalLM(nn.Module):
