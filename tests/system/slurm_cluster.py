@@ -156,6 +156,29 @@ class LocalSlurm:
             out.append(f"--- {f.name} ---\n" + f.read_text(errors="replace")[-3000:])
         return "\n".join(out)
 
+    def render(
+        self, script: Path, root: Path, nnodes: int, nodelist: str, cwd: Path, overrides: Sequence[str] = ()
+    ) -> str:
+        """``script``'s commands as it would run them in a job of ``nnodes`` Frontier nodes
+        (``RENDER_ONLY=1``: printed, not run), with this cluster's Slurm config for its queries."""
+        env = {
+            **os.environ,
+            "RENDER_ONLY": "1",
+            "SLURM_JOB_ID": "777",
+            "SLURM_NNODES": str(nnodes),
+            "SLURM_JOB_NODELIST": nodelist,
+            "SLURM_CONF": str(self.conf),
+            "USER": "alice",
+            "ZEROPP_HIER_ROOT": str(root),
+            "PYTHONPATH": str(root),
+            "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz",
+        }
+        p = subprocess.run(
+            ["bash", str(script), *overrides], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+        )
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
     def sbatch_wait(
         self, script: Path, args: list[str], cwd: Path, env: dict, timeout: float, options: Sequence[str] = ()
     ) -> tuple[int, str, str]:

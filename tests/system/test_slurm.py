@@ -3,7 +3,6 @@ cluster started here; the Frontier variant is rendered (RENDER_ONLY=1) and its s
 environment are checked — it is not executed (no Frontier here)."""
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -82,28 +81,7 @@ def test_a_task_that_dies_at_start_ends_the_step_at_once(slurm, tmp_path):
 
 
 def _render(slurm, nnodes: int, nodelist: str, tmp_path: Path, overrides=("preset=zeropp",)) -> str:
-    env = {
-        **os.environ,
-        "RENDER_ONLY": "1",
-        "SLURM_JOB_ID": "777",
-        "SLURM_NNODES": str(nnodes),
-        "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_CONF": str(slurm.conf),
-        "USER": "alice",
-        "ZEROPP_HIER_ROOT": str(ROOT),
-        "PYTHONPATH": str(ROOT),
-        "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz",
-    }
-    p = subprocess.run(
-        ["bash", str(FRONTIER / "train.sbatch"), *overrides],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 0, p.stderr
-    return p.stdout
+    return slurm.render(FRONTIER / "train.sbatch", ROOT, nnodes, nodelist, tmp_path, overrides)
 
 
 def test_frontier_script_renders_olcf_srun_line_and_environment(slurm, tmp_path):

@@ -5,9 +5,7 @@ JSON and PNG. The Frontier job (2 nodes, 16 GCDs, the 1.4B model) is rendered (R
 and its srun lines checked — not executed (no Frontier here)."""
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -100,23 +98,7 @@ def test_compare_job_runs_the_three_presets_and_reports_them_side_by_side(slurm,
 
 
 def _render(slurm, tmp_path: Path, overrides=()) -> str:
-    env = {
-        **os.environ,
-        "RENDER_ONLY": "1",
-        "SLURM_JOB_ID": "777",
-        "SLURM_NNODES": "2",
-        "SLURM_JOB_NODELIST": "frontier[08001-08002]",
-        "SLURM_CONF": str(slurm.conf),
-        "USER": "alice",
-        "ZEROPP_HIER_ROOT": str(ROOT),
-        "PYTHONPATH": str(ROOT),
-        "ZH_ENV_TARBALL": "/lustre/alice/zeropp-hier-env.tar.gz",
-    }
-    p = subprocess.run(
-        ["bash", str(SCRIPT), *overrides], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert p.returncode == 0, p.stderr
-    return p.stdout
+    return slurm.render(SCRIPT, ROOT, 2, "frontier[08001-08002]", tmp_path, overrides)
 
 
 def test_frontier_compare_job_renders_probe_three_runs_and_report(slurm, tmp_path):

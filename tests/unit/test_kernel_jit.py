@@ -68,12 +68,19 @@ def _failing_load(calls):
     return load
 
 
-def test_a_failure_names_the_compiler_tail_and_the_ahead_command(tmp_path, monkeypatch):
+@pytest.fixture
+def failing_build(tmp_path, monkeypatch):
+    """A cache in ``tmp_path`` whose every build fails: (the build calls made, the cache's plan)."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     calls: list = []
     monkeypatch.setattr(torch.utils.cpp_extension, "load", _failing_load(calls))
     p = _jit.plan()
     p.build_dir.mkdir(parents=True)
+    return calls, p
+
+
+def test_a_failure_names_the_compiler_tail_and_the_ahead_command(failing_build):
+    calls, p = failing_build
     (p.build_dir / "lock").write_text("")  # torch's baton, left by a build that was killed
     with pytest.raises(_jit.KernelBuildError) as err:
         _jit.build_and_load("zeropp_hier._C is not built")
@@ -84,12 +91,8 @@ def test_a_failure_names_the_compiler_tail_and_the_ahead_command(tmp_path, monke
     assert p.failed_marker.is_file() and not p.ok_marker.exists()
 
 
-def test_a_failure_while_waiting_is_reported_and_an_older_one_is_retried(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    calls: list = []
-    monkeypatch.setattr(torch.utils.cpp_extension, "load", _failing_load(calls))
-    p = _jit.plan()
-    p.build_dir.mkdir(parents=True)
+def test_a_failure_while_waiting_is_reported_and_an_older_one_is_retried(failing_build):
+    calls, p = failing_build
     p.failed_marker.write_text("other rank: error: first failure")
     # failed after this process began to wait: reported, not compiled again
     future = time.time() + 60
