@@ -49,6 +49,7 @@ from benchmarks.compare_variants import (
     issue_mode_label,
 )
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
+from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
 
 DEFAULT_NODE_MBIT = 6.0  # per GCD, the CPU-bound regime's node rate
@@ -279,9 +280,9 @@ def plan_notes(args: argparse.Namespace, plan: dict, spec: ClusterSpec, quant_pr
         f"Ours ran in {issue_mode_label(plan)}"
         + (
             ": every hop transfer from one thread, overlap true as NCCL/RCCL resolve it (ticks: one "
-            "grouped point-to-point call per tick on one communicator, 4 chunks unless the configuration "
-            "sets them) or the mode a configuration names; in one_lane gloo omits RCCL's host wait before "
-            "each collective."
+            f"grouped point-to-point call per tick on one communicator, {DEFAULT_TICK_CHUNKS} chunks unless the "
+            "configuration sets them) or the mode a configuration names; in one_lane gloo omits RCCL's host "
+            "wait before each collective."
             if args.issue_mode == "gpu"
             else "; a GPU runs one issuing thread (--issue-mode gpu)."
         ),

@@ -94,6 +94,9 @@ VARIANTS = {
     "frontier/one-lane": {"kind": "ours", "preset": "frontier", "overlap": "one_lane"},
     "zeropp/one-lane": {"kind": "ours", "preset": "zeropp", "overlap": "one_lane"},
     "frontier/lanes": {"kind": "ours", "preset": "frontier", "overlap": "lanes", "pipeline": {"chunks": 4}},
+    # ticks in 8 chunks, named (frontier/ticks: 4): the tick mode's default since
+    # compare_link_bound_gpu_mode_ticks8.json
+    "frontier/ticks8": {"kind": "ours", "preset": "frontier", "overlap": "ticks", "pipeline": {"chunks": 8}},
 }
 
 # [Note: benchmark issue mode]

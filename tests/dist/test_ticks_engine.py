@@ -5,6 +5,7 @@ from one thread, none on the training thread; and a rank killed in the middle of
 every rank with a named HierCommError within the collective timeout."""
 
 from zeropp_hier.app.spec import ds_config
+from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 
 from . import ranks_ticks
 from .test_failures import BOUND_S, broken_world, parse_error, processes_of
@@ -19,9 +20,9 @@ PREFETCH = {"stage3_prefetch_bucket_size": 10**7, "stage3_max_live_parameters": 
 PAIRS = {"frontier": ("frontier", None, 3, False), "zeropp": ("zeropp", "int8", 1, False)}
 PAIRS["frontier/prefetch"] = ("frontier", None, 3, True)
 # overlap "gpu" (true as NCCL/RCCL resolve it) with the chunks left out: frontier, every hop
-# within one tier, runs ticks in the tick mode's 4 chunks; zeropp, whose flat hops ticks would
+# within one tier, runs ticks in the tick mode's chunks; zeropp, whose flat hops ticks would
 # send to every member, runs one lane unchunked ([Note: one issuing thread on GPUs])
-GPU_DEFAULT = {"frontier": ("ticks", 4), "zeropp": ("one_lane", 1)}
+GPU_DEFAULT = {"frontier": ("ticks", DEFAULT_TICK_CHUNKS), "zeropp": ("one_lane", 1)}
 
 
 def _configs() -> dict:

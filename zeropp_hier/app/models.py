@@ -56,8 +56,9 @@ def neox_config(spec: ModelSpec):
     from transformers import GPTNeoXConfig
 
     fields = {hf: getattr(spec, ours) for hf, ours in NEOX_NAMES.items()}
-    fixed = {"tie_word_embeddings": False, "hidden_dropout": 0.0, "attention_dropout": 0.0, "use_cache": False}
-    return GPTNeoXConfig(**fields, **fixed)
+    return GPTNeoXConfig(
+        **fields, tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0, use_cache=False
+    )
 
 
 class CausalLM(nn.Module):

@@ -162,11 +162,13 @@ def check_tick_device(mode: IssueMode, backend: str, device_type: str) -> None:
         )
 
 
-# chunks per piece of work where the tick mode picks them (pipeline.chunks left out): enough that
-# a job of three hops keeps all three tiers busy for two of its six ticks, few enough that each
-# tick's fixed cost stays small beside its bytes; the planner's choice replaces it under
-# "preset": "auto" ([Note: busiest-link bound] in planner/pipeline.py)
-DEFAULT_TICK_CHUNKS = 4
+# chunks per piece of work where the tick mode picks them (pipeline.chunks left out): a job of
+# three hops in C chunks takes C + 2 ticks, so fill and drain cost 2/C of its slowest hop; at 8
+# the emulated link-bound fight ran frontier 1.46x zeropp against 1.35x at 4, busiest link 84%
+# against 77% (benchmarks/results/compare_link_bound_gpu_mode_ticks8.json), and a tick of a 20B
+# layer still moves megabytes per peer. "preset": "auto" lets the planner choose from probed
+# rates instead ([Note: busiest-link bound] in planner/pipeline.py)
+DEFAULT_TICK_CHUNKS = 8
 
 
 def default_chunks(chunks: int | None, mode: IssueMode) -> int:
