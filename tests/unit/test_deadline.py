@@ -66,8 +66,8 @@ def test_allocation_end_takes_the_env_first_then_squeue_then_scontrol():
 
 
 def test_estimate_uses_bytes_and_rate_until_a_save_is_measured():
-    per_rank = dl.checkpoint_bytes_per_rank(20_000_000_000, 384, weight_bytes=2)
-    assert per_rank == pytest.approx(20e9 / 384 * 14)
+    per_rank = dl.checkpoint_bytes_per_rank(20_000_000_000, 384)
+    assert per_rank == pytest.approx(20e9 / 384 * 12)
     e = dl.SaveEstimate(per_rank, rate_gbps=0.5)
     assert e.seconds() == pytest.approx(per_rank / 0.5e9)
     assert "GB per rank" in e.source()
@@ -125,10 +125,10 @@ def test_an_early_flag_is_taken_over_by_the_jobs_watch(monkeypatch):
     try:
         assert early is not None and dl.watch_signal_early() is early  # installed once
         signal.raise_signal(signal.SIGUSR1)  # before the engine exists: recorded, not fatal
-        watch = dl.for_job("/ckpt", 1_000_000, 4, "bf16")
+        watch = dl.for_job("/ckpt", 1_000_000, 4)
         assert watch is not None and watch.deadline.flag is early and early.received
-        assert watch.deadline.estimate.bytes_per_rank == 1_000_000 / 4 * 14
+        assert watch.deadline.estimate.bytes_per_rank == 1_000_000 / 4 * 12
         assert watch.deadline.end.at is None  # not a Slurm job
-        assert dl.for_job(None, 1, 1, "fp32") is None  # nowhere to save: no watch
+        assert dl.for_job(None, 1, 1) is None  # nowhere to save: no watch
     finally:
         dl.unwatch_signal(early)

@@ -152,11 +152,11 @@ class SaveEstimate:
         return f"{self.bytes_per_rank / 1e9:.2f} GB per rank at {self.rate_gbps:g} GB/s per rank"
 
 
-def checkpoint_bytes_per_rank(params: int, world: int, weight_bytes: int = 2) -> float:
-    """Bytes one rank writes in a ZeRO-3 save: its partition of the weights (``weight_bytes``
-    each: 2 in bf16/fp16, 4 in fp32) and of the fp32 master weights and the two Adam moments
-    (12 bytes per parameter)."""
-    return params / world * (weight_bytes + 12)
+def checkpoint_bytes_per_rank(params: int, world: int) -> float:
+    """Bytes one rank writes in a ZeRO-3 save: its partition of the fp32 master weights and the
+    two Adam moments, 12 bytes per parameter (DeepSpeed does not write the 16-bit weights, which
+    the master weights stand for; measured on the CPU runs, docs/frontier.md)."""
+    return params / world * 12
 
 
 # -- the decision ----------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ class JobWatch:
 
 
 def for_job(
-    ckpt_dir: str | None, params: int, world: int, dtype: str, device: Any = "cpu", executor: Any = None
+    ckpt_dir: str | None, params: int, world: int, device: Any = "cpu", executor: Any = None
 ) -> JobWatch | None:
     """The watch of a job that can save (a checkpoint directory), or None. Reads Slurm's end time
     once and, from the main thread, records SIGUSR1 (the batch scripts forward Slurm's warning)."""
@@ -321,7 +321,7 @@ def for_job(
     flag = _EARLY[0] if _EARLY else None
     if flag is None and threading.current_thread() is threading.main_thread():
         flag = watch_signal(signal.SIGUSR1)
-    estimate = SaveEstimate(checkpoint_bytes_per_rank(params, world, 4 if dtype == "fp32" else 2))
+    estimate = SaveEstimate(checkpoint_bytes_per_rank(params, world))
     quiet = None
     if executor is not None:
         from ..comm.boundary import quiesce

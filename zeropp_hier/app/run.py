@@ -241,9 +241,7 @@ class _Checkpoints:
         self.record = resume_rules.record(spec, run.world, self.accum, data_sha)
         self.saved: dict = {}
         executor = run.runtime.executor if run.runtime is not None else None
-        self.watch = deadline.for_job(
-            spec.checkpoint_dir, run.n_params, run.world, spec.dtype, run.engine.device, executor
-        )
+        self.watch = deadline.for_job(spec.checkpoint_dir, run.n_params, run.world, run.engine.device, executor)
 
     def data_state(self, next_step: int) -> dict:
         if self.run.loader is not None:
