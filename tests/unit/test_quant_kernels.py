@@ -352,6 +352,29 @@ def test_missing_build_is_reported_with_the_fix():
     assert not st.loaded and "not built" in st.reason
 
 
+def test_only_the_package_directory_serves_the_library(tmp_path, monkeypatch):
+    # an editable install's finder answers for zeropp_hier.* from the tree it was installed from;
+    # a library found that way was built from other sources and must not be loaded
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    elsewhere = tmp_path / ("_C_elsewhere" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    elsewhere.write_bytes(b"not a library")
+
+    class OtherTree:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            if fullname == "zeropp_hier._C_elsewhere":
+                return importlib.util.spec_from_file_location(fullname, elsewhere)
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, OtherTree])
+    assert importlib.util.find_spec("zeropp_hier._C_elsewhere").origin == str(elsewhere)
+    st = _ext.load("zeropp_hier._C_elsewhere")
+    assert not st.loaded and "not built" in st.reason
+
+
 def test_fallback_warns_once_and_matches(ops, caplog):
     # no kernels are registered for meta tensors: the reference serves them, after one warning
     _ext.warn_fallback.cache_clear()

@@ -3,7 +3,7 @@
 ``zeropp_hier._C`` is built from hip_kernels/ by setup.py (hip_kernels/build.py). It is a plain
 shared library whose static initialisers register the ``torch.ops.zeropp_hier`` ops (see
 hip_kernels/bindings.cpp); it has no Python module init, so it is loaded with
-``torch.ops.load_library`` from wherever the import system would find ``zeropp_hier._C``.
+``torch.ops.load_library`` from the package's own directory (see ``load``).
 
 When none is installed (or it does not load, e.g. built for another torch), the first use builds
 the same library into a cache (_jit.py) and loads that. A failed build stops the process with the
@@ -14,7 +14,8 @@ compiler's last lines and the command that builds the kernels ahead; only with
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
+import importlib.machinery
 import logging
 import os
 import threading
@@ -77,18 +78,30 @@ def _build_on_first_use(why: str) -> ExtStatus:
 
 
 def load(module: str) -> ExtStatus:
-    """Loads the shared library the import system finds for ``module`` (a dotted name)."""
+    """Loads the shared library built for ``module`` (a dotted name) in its own package's directory.
+
+    Only the package's own directory counts: an editable install's finder also answers for
+    ``zeropp_hier._C`` from the tree it was installed from, so ``find_spec`` could hand this
+    checkout another checkout's kernels, built from other sources.
+    """
+    package, _, name = module.rpartition(".")
     try:
-        spec = importlib.util.find_spec(module)
-    except ImportError as exc:  # a parent package is missing
+        dirs = list(importlib.import_module(package).__path__)
+    except (ImportError, AttributeError) as exc:  # a parent package is missing or is a module
         return ExtStatus(False, "", f"{module} cannot be found ({exc})")
-    if spec is None or not spec.origin:
+    found = [
+        os.path.join(d, name + suffix)
+        for d in dirs
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if os.path.isfile(os.path.join(d, name + suffix))
+    ]
+    if not found:
         return ExtStatus(False, "", f"{module} is not built")
     try:
-        torch.ops.load_library(spec.origin)
+        torch.ops.load_library(found[0])
     except OSError as exc:  # e.g. built against another torch: undefined symbols
-        return ExtStatus(False, "", f"{spec.origin} could not be loaded ({exc})")
-    return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "", spec.origin)
+        return ExtStatus(False, "", f"{found[0]} could not be loaded ({exc})")
+    return ExtStatus(True, torch.ops.zeropp_hier.build_info(), "", found[0])
 
 
 def has_kernels_for(device: torch.device) -> bool:
