@@ -97,6 +97,9 @@ VARIANTS = {
     # ticks in 8 chunks, named (frontier/ticks: 4): the tick mode's default since
     # compare_link_bound_gpu_mode_ticks8.json
     "frontier/ticks8": {"kind": "ours", "preset": "frontier", "overlap": "ticks", "pipeline": {"chunks": 8}},
+    # gloo's lanes with the tick mode's default 8 chunks: the default configuration's
+    # "GPU mode within 10% of lanes" comparison in one run
+    "frontier/lanes8": {"kind": "ours", "preset": "frontier", "overlap": "lanes", "pipeline": {"chunks": 8}},
 }
 
 # [Note: benchmark issue mode]
