@@ -157,3 +157,21 @@ def test_auto_ranks_on_rank_0_and_every_rank_takes_its_choice(world4):
     res = world4.run(resolve_counting, section, True)
     assert [r["rankings"] for r in res] == [1, 0, 0, 0]
     assert all("ranking the candidates failed on rank 0 (ValueError: planner broke)" in r["error"] for r in res)
+
+
+def test_auto_ranks_each_candidate_in_the_issue_mode_it_would_run(world4):
+    # overlap "gpu": true as NCCL/RCCL resolve it, on gloo. frontier's hops each span one tier, so
+    # it would run ticks; zero3's one hop and zeropp's flat hops cross tiers, so they would run one
+    # lane, hop after hop, in one chunk ([Note: one issuing thread on GPUs] in comm/issue.py)
+    section = _auto(tier_gbps={"gcd": 0.016, "gpu": 0.004, "node": 0.001})["zeropp_hier"]
+    res = world4.run(resolve_counting, {**section, "overlap": "gpu"}, False)
+    ranking = res[0]["record"]["ranking"]
+    modes = {e["name"]: e["issue_mode"] for e in ranking}
+    assert {n for n, m in modes.items() if m == "ticks"} == {n for n in modes if n.startswith("frontier")}, modes
+    assert {modes["zero3"], modes["zeropp"]} == {"one_lane"}, modes
+    assert all(e["chunks"] == 1 for e in ranking if e["issue_mode"] == "one_lane"), ranking
+    chosen = next(e for e in ranking if e["name"] == res[0]["record"]["chosen"])
+    assert res[0]["record"]["issue_mode"] == chosen["issue_mode"]
+    # gloo's own default (overlap true): every candidate on lanes
+    res = world4.run(resolve_counting, section, False)
+    assert {e["issue_mode"] for e in res[0]["record"]["ranking"]} == {"lanes"}

@@ -16,12 +16,14 @@ At ``initialize`` every rank takes part in the same steps, so all end with the s
 4. ``planner.rank_auto`` over ``planner.auto_candidates``, on rank 0 only: our presets
    with the policy's compression, frontier with gentler gradient compression, and frontier with
    per-layer kept levels; the candidate that fits with the shortest predicted communication is
-   chosen. Where the hop groups run on lanes (gloo) or in ticks (``overlap: "ticks"``) that is
-   the busiest link's time or the jobs' time pipelined (or in ticks), whichever is longer, and
-   the planner also picks the pipeline chunk count (``pipeline.chunks``, unless the config sets
-   it), its extra staging counted in the memory check ([Note: busiest-link bound] in
-   planner/pipeline.py); with one issuing lane hop after hop (``overlap: "one_lane"``) it is
-   the collectives in sequence and one chunk. Compute time does not enter:
+   chosen. Each candidate is ranked in the issue mode it would run in, resolved from its own
+   plan as the runtime resolves it (on NCCL/RCCL ``overlap: true`` runs ticks only where every
+   hop spans one tier: frontier in ticks, zeropp and zero3 one lane). Where the hop groups run on
+   lanes (gloo) or in ticks that is the busiest link's time or the jobs' time pipelined (or in
+   ticks), whichever is longer, and the planner also picks the pipeline chunk count
+   (``pipeline.chunks``, unless the config sets it), its extra staging counted in the memory
+   check ([Note: busiest-link bound] in planner/pipeline.py); with one issuing lane hop after
+   hop it is the collectives in sequence and one chunk. Compute time does not enter:
    the planner adds it alike to every candidate. Rank 0 broadcasts the choice and its record
    (one ``broadcast_object_list`` on the default group, before any hop group of the runtime
    exists), and every other rank takes the candidate of that name. The ranking's inputs are
@@ -38,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -46,6 +49,9 @@ from ..core import levels
 from ..core.config import HierConfig, MemoryConfig
 from ..core.topology import Topology
 from ..core.vocab import TIERS
+
+if TYPE_CHECKING:
+    from ..planner.candidates import Candidate
 
 PROBE_REPS = 2
 # the larger probe message of a tier is cut to about this long a collective (links.measure_tiers)
@@ -116,9 +122,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     numel = [getattr(p, "ds_numel", p.numel()) for _, p in named]
     width = named[0][1].element_size() if named else 2
     tiers: dict[str, P.TierLink] = {t: P.TierLink(*rates.get(t, (float("inf"), 0.0))) for t in TIERS}
-    from ..comm.issue import resolve_issue_mode
 
-    mode = resolve_issue_mode(cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)))
     cluster = P.ClusterModel(
         name=f"this job ({topo.num_nodes}x{topo.gpus_per_node}x{topo.gcds_per_gpu})",
         nodes=topo.num_nodes,
@@ -133,8 +137,6 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         stock_quantization=False,
         compute_s=0.0,
         source=source,
-        # the issue mode this run resolved to: inline (overlap false) runs hop after hop as one lane
-        issue_mode="ticks" if mode.ticks else ("lanes" if mode.background and not mode.one_lane else "one_lane"),
     )
     wl = P.Workload(
         params=float(sum(numel)),
@@ -144,15 +146,21 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
         largest_layer_params=float(max(numel, default=0)),
         layers=max(1, len({levels.layer_of(n) for n, _ in named})),
     )
-    # the planner picks the chunks where they overlap hops (lanes, ticks) and the config leaves
-    # them out; a config's own count stays, and one lane overlaps nothing (one chunk)
-    chunks = cfg.pipeline.chunks if cfg.pipeline.chunks is not None else (1 if cluster.mode == "one_lane" else None)
-    candidates = P.auto_candidates(cfg.memory.kept_shards_gb, chunks)
+    # each candidate ranked in the issue mode it would run in (on NCCL/RCCL, overlap true runs
+    # ticks only where every hop of its plan spans one tier); the planner picks the chunks where
+    # they overlap hops (lanes, ticks) and the config leaves them out; a config's own count stays,
+    # and one lane overlaps nothing (one chunk)
+    clusters: dict[str, P.ClusterModel] = {}
+    candidates = []
+    for c in P.auto_candidates(cfg.memory.kept_shards_gb, cfg.pipeline.chunks):
+        on = dataclasses.replace(cluster, issue_mode=_planner_mode(cfg, c, topo))
+        clusters[c.name] = on
+        candidates.append(c._replace(chunks=1) if c.chunks is None and on.mode == "one_lane" else c)
     shared: list = [None]
     failure: Exception | None = None
     if rank == 0:
         try:
-            shared[0] = ("ok", *_rank_on_this_rank(P, cluster, wl, candidates, source, t0))
+            shared[0] = ("ok", *_rank_on_this_rank(P, clusters, wl, candidates, source, t0))
         except Exception as e:  # every rank raises it after the broadcast, none waits
             failure, shared[0] = e, ("error", f"{type(e).__name__}: {e}")
     nccl = dist.get_backend() == "nccl"  # broadcast_object_list stages through this device
@@ -175,10 +183,30 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     return chosen, record
 
 
-def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tuple[str, float | None, dict]:
-    """Rank 0's part of [Note: auto preset]: rank the candidates, print the ranking, and return
-    what every rank needs: the chosen candidate's name, its kept budget and the record."""
-    preds = P.rank_auto(cluster, wl, candidates)
+def _planner_mode(cfg: HierConfig, cand: Candidate, topo: Topology) -> str:
+    """The issue mode ``cand`` would run in, as the planner names it: resolved as the runtime
+    resolves it (comm/issue.py), from the hops of the candidate's plan (with every kept level's
+    backward hops where the candidate keeps levels under a budget, as the runtime builds them)."""
+    from ..comm import gather
+    from ..comm.issue import one_tier_hops, resolve_issue_mode
+    from ..core.plan import make_plan
+
+    plan = make_plan(cand.preset, cand.compression, topo)
+    all_levels = cand.fit or cand.kept_gb is not None or cfg.memory.kept_shards_gb is not None
+    hops = (*plan.forward, *gather.backward_hops(plan, all_levels=all_levels), *plan.reduce)
+    mode = resolve_issue_mode(
+        cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)), one_tier_hops(h.axes for h in hops)
+    )
+    # inline (overlap false) runs hop after hop, as one lane does
+    return "ticks" if mode.ticks else ("lanes" if mode.background and not mode.one_lane else "one_lane")
+
+
+def _rank_on_this_rank(P, clusters: dict, wl, candidates, source: str, t0: float) -> tuple[str, float | None, dict]:
+    """Rank 0's part of [Note: auto preset]: rank the candidates, each in its issue mode
+    (``clusters`` by name), print the ranking, and return what every rank needs: the chosen
+    candidate's name, its kept budget and the record."""
+    cluster = next(iter(clusters.values()))
+    preds = P.rank_auto(cluster, wl, candidates, clusters)
     fitting = [p for p in preds if p.memory.fits] or preds
     best = fitting[0]
     runner = fitting[1] if len(fitting) > 1 else None
@@ -194,7 +222,7 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
         # [Note: busiest-link bound]: what the ranking used where lanes or ticks run, the issue mode
         # it modelled, and the chunks chosen
         "predicted_pipelined_s": best.pipelined_comm_s,
-        "issue_mode": cluster.mode,
+        "issue_mode": clusters[c.name].mode,
         "busiest_link": best.busiest_link,
         "link_bound_s": best.link_bound_s,
         "chunks": best.chunks,
@@ -216,6 +244,7 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
                 "predicted_pipelined_s": p.pipelined_comm_s,
                 "link_bound_s": p.link_bound_s,
                 "chunks": p.chunks,
+                "issue_mode": clusters[p.candidate.name].mode,
                 "fits": p.memory.fits,
                 "memory_gb": p.memory.total / 1e9,
             }
@@ -225,13 +254,15 @@ def _rank_on_this_rank(P, cluster, wl, candidates, source: str, t0: float) -> tu
     rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
     lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step:"]
     lines += [
-        f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p, cluster):9.3f} s  "
-        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, chunks {p.chunks})  "
+        f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p, clusters[p.candidate.name]):9.3f} s  "
+        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, chunks {p.chunks}, "
+        f"{clusters[p.candidate.name].mode})  "
         f"{'fits' if p.memory.fits else 'does not fit'}{'  <- chosen' if p is best else ''}"
         for p in preds
     ]
     if runner is not None:
-        key_best, key_runner = P.rank_key(best, cluster), P.rank_key(runner, cluster)
+        key_best = P.rank_key(best, clusters[c.name])
+        key_runner = P.rank_key(runner, clusters[runner.candidate.name])
         lines.append(
             f"[zeropp_hier] chose {c.name}; runner-up {runner.candidate.name} predicted "
             f"{key_runner / key_best if key_best else float('inf'):.2f}x its communication time"

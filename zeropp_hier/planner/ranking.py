@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from ..core import levels
 from ..core.vocab import TIERS
@@ -116,10 +116,19 @@ def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | 
     return sorted(preds, key=lambda p: (not p.memory.fits, p.step_s))
 
 
-def rank_auto(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate]) -> list[Prediction]:
-    """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound] in pipeline.py)."""
-    preds = [predict(c, cluster, wl) for c in candidates]
-    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p, cluster)))
+def rank_auto(
+    cluster: ClusterModel,
+    wl: Workload,
+    candidates: Sequence[Candidate],
+    clusters: Mapping[str, ClusterModel] | None = None,
+) -> list[Prediction]:
+    """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound] in
+    pipeline.py). ``clusters``: the cluster as each candidate (by name) would run, where the issue
+    mode depends on the candidate (on NCCL/RCCL ``overlap: true`` runs ticks only where every hop
+    of the preset's plan spans one tier); the others run on ``cluster``."""
+    on = {c.name: (clusters or {}).get(c.name, cluster) for c in candidates}
+    preds = [predict(c, on[c.name], wl) for c in candidates]
+    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p, on[p.candidate.name])))
 
 
 def ratio(preds: Iterable[Prediction], slow: str, fast: str) -> float:
