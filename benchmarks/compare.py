@@ -249,6 +249,9 @@ def build_plan(args: argparse.Namespace, spec: ClusterSpec, quant_problem: str |
         "node_mbit": args.node_mbit,
         "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
         "issue_mode": args.issue_mode,  # [Note: benchmark issue mode]
+        # the chunks of the tick mode where a configuration leaves them out (the planner models
+        # what ran, not a later default: benchmarks/compare_planner.tick_chunks)
+        "tick_chunks": DEFAULT_TICK_CHUNKS,
         "configs": {
             n: in_issue_mode(c, args.issue_mode)
             for n, c in configs(spec.gcds_per_node, quant_problem is None).items()

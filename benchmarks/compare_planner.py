@@ -1,14 +1,23 @@
 """The planner beside the comparison benchmark: its cluster and workload for a run
 (``planner_inputs``), the candidate for each configuration as it ran, and the predicted and
 scheduled step of each (``predictions``). Pure: it reads a run's plan and measurements (a live
-run's, or a recorded JSON's, as the planner tests do) and starts nothing."""
+run's, or a recorded JSON's, as the planner tests do) and starts nothing.
+
+    python -m benchmarks.compare_planner benchmarks/results/compare_link_bound_gpu_mode.json
+
+prints a recorded file's predictions re-run now (``table``): the "scheduled s (error)" of
+docs/benchmarks.md, and each tier's hop seconds beside the measured busy seconds."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+import re
 import statistics
 
 from benchmarks.compare_variants import UNRECORDED_PRESET_COMPRESSION
+from benchmarks.linkuse import tier_of_lane
 from zeropp_hier import planner as P
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, one_tier_hops
 from zeropp_hier.core.config import parse_section
@@ -84,6 +93,34 @@ def _over(base: dict, override: dict) -> dict:
     return out
 
 
+# [Note: recorded tick chunks]
+# Where a configuration of ours leaves ``pipeline.chunks`` out, the tick mode cuts its work into
+# the tick mode's default count of the day (comm/issue.DEFAULT_TICK_CHUNKS), which has changed
+# (4, then 8). A plan records the count it ran with (``tick_chunks``); a file written before that
+# record says it in its notes ("..., 4 chunks unless the configuration sets them"), which
+# ``as_recorded`` reads back, so a re-run models what ran. A plan with neither ran no tick mode
+# by default (the count came with the GPU issue mode): today's default stands in.
+_NOTED_CHUNKS = re.compile(r"(\d+) chunks unless the configuration sets them")
+
+
+def tick_chunks(plan: dict) -> int:
+    """The chunks a configuration of ``plan`` in ticks ran with where it left them out ([Note:
+    recorded tick chunks])."""
+    return int(plan.get("tick_chunks", DEFAULT_TICK_CHUNKS))
+
+
+def as_recorded(rec: dict) -> dict:
+    """A result file's plan with its tick chunks as they ran ([Note: recorded tick chunks])."""
+    plan = rec["plan"]
+    if "tick_chunks" in plan:
+        return plan
+    for note in rec.get("notes", []):
+        m = _NOTED_CHUNKS.search(note)
+        if m:
+            return {**plan, "tick_chunks": int(m.group(1))}
+    return plan
+
+
 def _candidate(plan: dict, name: str, cands: dict):
     """The planner's candidate for a configuration of the plan: by name (with the preset's
     compression as the run had it), or our preset with the configuration's compression over the
@@ -110,7 +147,7 @@ def _candidate(plan: dict, name: str, cands: dict):
     # chunks left out: the count the configuration's issue mode runs (comm/issue.default_chunks)
     chunks = cfg.get("pipeline", {}).get("chunks")
     return cand._replace(
-        chunks=chunks if chunks is not None else (DEFAULT_TICK_CHUNKS if schedule_mode(cfg) == "ticks" else 1)
+        chunks=chunks if chunks is not None else (tick_chunks(plan) if schedule_mode(cfg) == "ticks" else 1)
     )
 
 
@@ -179,11 +216,77 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         bound = P.predict(cand, tbf, wl_n).link_bound_s
         ahead = cfg.get("pipeline", {}).get("backward_layers_ahead")
         win = window if prefetch else 0
-        sched = S.for_prediction(
-            P.predict(cand, lanes, wl_n), wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode
-        )
+        laid = P.predict(cand, lanes, wl_n)
+        sched = S.for_prediction(laid, wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode)
+        hop_s = {t: 0.0 for t in TIERS}  # each tier's hops for the whole step, as the schedule takes them
+        for c in laid.costs:
+            hop_s[tier_of_lane(c.coll.axes)] += c.seconds
         row.update(
-            scheduled_s=sched.step_s, schedule_only_s=sched.schedule_s, link_bound_s=bound, window=win, mode=mode
+            scheduled_s=sched.step_s,
+            schedule_only_s=sched.schedule_s,
+            link_bound_s=bound,
+            window=win,
+            mode=mode,
+            hop_s=hop_s,
         )
         out[n] = row
     return out
+
+
+def recorded_predictions(rec: dict) -> dict:
+    """``predictions`` re-run from a recorded result file's inputs (its plan as it ran, probe,
+    unshaped steps and quantization rates), for every configuration it measured shaped."""
+    return predictions(
+        as_recorded(rec),
+        rec.get("probe"),
+        compute_estimate(rec["summary"]) or 0.0,
+        statistics.median(rec["quant_rate_per_rank"]),
+        list(rec["summary"]["shaped"]),
+    )
+
+
+def table(rec: dict) -> list[str]:
+    """Each configuration of a recorded file: its issue mode, measured median step, the
+    scheduled step re-run now and its error (docs/benchmarks.md's "scheduled s (error)"), and per
+    tier the planner's hop seconds beside the measured busy seconds per step (mean over ranks;
+    [Note: link use] in benchmarks/linkuse.py)."""
+    pred = recorded_predictions(rec)
+    lines = [
+        "| configuration | issue mode | step s | scheduled s (error) "
+        "| hops s node / gpu / gcd: planner | measured busy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, sh in rec["summary"]["shaped"].items():
+        p = pred.get(name)
+        if p is None:
+            continue
+        step = statistics.median(sh["step_times"])
+        err = p["scheduled_s"] / step - 1
+        busy = sh.get("busy") or []
+        measured = (
+            " / ".join(f"{statistics.mean(b['busy_s'][t] / b['steps'] for b in busy):.2f}" for t in reversed(TIERS))
+            if busy
+            else "-"
+        )
+        planned = " / ".join(f"{p['hop_s'][t]:.2f}" for t in reversed(TIERS))
+        stock = rec["plan"]["configs"].get(name, {}).get("kind") == "stock"
+        mode = "DeepSpeed's" if stock else p["mode"].replace("_", " ")  # stock is laid out in lanes
+        lines.append(
+            f"| `{name}` | {mode} | {step:.2f} | {p['scheduled_s']:.1f} ({err:+.1%}) | {planned} | {measured} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.compare_planner FILE...``: ``table`` for each recorded result file."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.compare_planner", description=table.__doc__)
+    ap.add_argument("files", nargs="+", help="result JSONs written by benchmarks.compare")
+    args = ap.parse_args(argv)
+    for path in args.files:
+        with open(path) as f:
+            rec = json.load(f)
+        print(f"{path}\n" + "\n".join(table(rec)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,13 +42,20 @@ The simulation is event by event: the training thread runs until it waits (for a
 a layer computes), lanes start what they can, and time moves to the next hop or compute end,
 the hops on links progressing at their shares meanwhile.
 
-[Note: shared links]);
-* the step ends when the last job has ended and the thread has finished, plus ``tail_s``
-  (the optimizer step, outside every collective).
-
-The simulation is event by event: the training thread runs until it waits (for a job, or while
-a layer computes), lanes start what they can, and time moves to the next hop or compute end,
-the hops on links progressing at their shares meanwhile.
+What it leaves out, and where that shows: it lays out one rank, every rank alike, so a hop ends
+on all ranks at once. In the runtime a rank waits only for its hop's group (a pair across the
+nodes, a package's pair, a ring of four packages), and what it sends is on its way before its
+peers are ready. So ranks drift apart in the one-lane mode, and a hop of one rank's group runs
+beside another group's hop of a different tier; the schedule has no such overlap there. It shows
+where the groups are small: ``frontier/one-lane`` in
+benchmarks/results/compare_link_bound_gpu_mode.json spent 8.1 s per step and rank in node hops
+while each node uplink carried 12.6 s of bytes at its rate (wire counters), the rest beside the
+gpu and gcd hops, and ran 31.1 s where this schedules 35.3 s. All but one of ``zeropp``'s hops
+join a whole node or the world (one ring or all-to-all), which brings its ranks back in step:
+there the one lane is 1-10% off, with the probe's per-tier rates (``python -m
+benchmarks.compare_planner`` prints each tier's hop seconds beside the measured busy seconds).
+How far ranks drift depends on how the links serve flows that arrive apart (TCP, the queues,
+the hosts' scheduling), which these inputs do not give.
 
 [Note: shared links]
 Two tiers' hops cross one physical link: a package's link out carries the gpu tier's ring and
