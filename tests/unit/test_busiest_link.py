@@ -94,8 +94,11 @@ def test_chunks_follow_the_issue_mode():
     assert p.chunks > 1
     assert P.jobs_time(jobs, p.chunks, "ticks") == min(P.jobs_time(jobs, k, "ticks") for k in range(1, 65))
     assert P.jobs_time(jobs, p.chunks, "ticks") < P.jobs_time(jobs, 1, "ticks")
-    # one chunk in ticks is hop after hop
-    assert P.jobs_time(jobs, 1, "ticks") == pytest.approx(P.jobs_time(jobs, 1, "one_lane"))
+    # one chunk in ticks is hop after hop, each hop paying one exchange step's latency, not a
+    # ring's k - 1 ([Note: tick latency])
+    by_hand = sum(j.calls * (sum(j.hop_s) + sum(j.tick_latency_s)) for j in jobs)
+    assert P.jobs_time(jobs, 1, "ticks") == pytest.approx(by_hand)
+    assert P.jobs_time(jobs, 1, "ticks") < P.jobs_time(jobs, 1, "one_lane")
     assert P.rank_key(p, ticks) == p.pipelined_comm_s >= p.link_bound_s
     one = replace(ticks, issue_mode="one_lane")
     q = P.predict(cand, one, WL)
@@ -105,3 +108,29 @@ def test_chunks_follow_the_issue_mode():
     assert lanes.pipelined_comm_s <= p.pipelined_comm_s <= q.comm_s
     with pytest.raises(ValueError, match="issue_mode = 'gpu'"):
         replace(ticks, issue_mode="gpu")
+
+
+def test_a_tick_pays_one_exchange_step_so_chunks_pay_at_frontier_scale():
+    """[Note: tick latency]: a tick sends a hop's rows to every member at once, so each hop in a
+    tick pays its tier's alpha once, where a ring pays it k - 1 times. At Frontier's rates and
+    alphas, 20B at 48 nodes, the tick mode then gains from chunks (counting ring steps, the node
+    hop's 47 alphas per chunk made one chunk look best)."""
+    from zeropp_hier.planner.workload import gpt_workload
+
+    wl = gpt_workload(20e9, 44, 6144, 2048, 1)
+    ticks = replace(P.frontier(48), issue_mode="ticks")
+    cand = P.Candidate("frontier", False, "frontier", P.compression_for("frontier"))
+    p = P.predict(cand, ticks, wl)
+    for c in p.costs:
+        k = ticks.topology.axes_size(c.coll.axes)
+        alpha = ticks.tiers[c.coll.axes[0]].latency
+        calls = c.latency_seconds / (
+            alpha * (k - 1) * (2 if c.coll.op == "reduce_scatter" and ticks.library == "gloo" else 1)
+        )
+        assert c.step_latency_seconds == pytest.approx(alpha * calls)
+        if k > 2:
+            assert c.step_latency_seconds < c.latency_seconds
+    jobs = P.phase_jobs(p.costs, wl)
+    assert p.chunks > 1
+    assert P.jobs_time(jobs, p.chunks, "ticks") < P.jobs_time(jobs, 1, "ticks")
+    assert p.link_bound_s <= p.pipelined_comm_s < p.comm_s

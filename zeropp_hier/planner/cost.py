@@ -243,6 +243,9 @@ class CollectiveCost(NamedTuple):
     latency_seconds: float
     link_seconds: dict = {}  # bytes on each link kind / its capacity ([Note: busiest-link bound])
     flow_rate: float = 0.0  # one rank's throughput alone on its busiest link ([Note: shared links])
+    # the fixed cost of one exchange step, all calls: what a tick pays for this hop, whose rows
+    # go to every member at once in one grouped call ([Note: tick latency] in pipeline.py)
+    step_latency_seconds: float = 0.0
 
 
 def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int) -> CollectiveCost:
@@ -265,4 +268,5 @@ def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: 
     quant = coll.quant_elems / (2 * cluster.quant_rate)
     # a hop's flows (one per rank) run at its busiest tier's per-GCD rate when alone
     flow = cluster.tiers[bottleneck].bandwidth * cluster.efficiency
-    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds, flow)
+    step_alpha = cluster.tiers[coll.axes[0]].latency * calls
+    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds, flow, step_alpha)

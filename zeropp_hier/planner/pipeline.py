@@ -28,6 +28,14 @@ from .workload import Workload
 # In the tick mode ([Note: ticks] in comm/tick_plan.py) chunk ``c``'s hop ``h`` runs in tick
 # ``c + h`` and a tick lasts as long as its slowest hop, or longer where its hops share a link:
 # ``ticked_time``.
+#
+# [Note: tick latency]
+# A ring collective over ``k`` ranks pays its fixed cost ``alpha`` once per step, ``k - 1`` times
+# (``CollectiveCost.latency_seconds``). A tick sends each hop's rows to every member of its group
+# at once, in one grouped point-to-point call: one exchange step, so a hop in a tick pays
+# ``alpha`` once (``CollectiveCost.step_latency_seconds``, ``PhaseJob.tick_latency_s``), and
+# the hops of one tick pay it together. Counting ring steps instead would price frontier's node
+# hop at 48 nodes 47 times too high and make the planner refuse chunks where they pay.
 
 
 def sequential_time(hop_s: Sequence[float], latency_s: Sequence[float] | None = None) -> float:
@@ -112,6 +120,8 @@ class PhaseJob(NamedTuple):
     # each hop's (link kind, seconds busy) for one job, and its flows' rate ([Note: shared links])
     links: tuple[tuple[tuple[str, float], ...], ...] = ()
     rates: tuple[float, ...] = ()
+    # each hop's fixed cost in a tick, one exchange step ([Note: tick latency]); () : latency_s
+    tick_latency_s: tuple[float, ...] = ()
 
 
 def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
@@ -132,6 +142,7 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
                 tuple(c.coll.axes for c in cs),
                 tuple(tuple((k, sec / calls) for k, sec in c.link_seconds.items()) for c in cs),
                 tuple(c.flow_rate for c in cs),
+                tuple(c.step_latency_seconds / calls for c in cs),
             )
         )
     return out
@@ -141,7 +152,7 @@ def jobs_time(jobs: Sequence[PhaseJob], chunks: int, mode: str = "lanes") -> flo
     """The step's jobs one after another, each in ``chunks`` chunks as the issue mode runs them:
     pipelined on lanes ([Note: pipelined hops]), in ticks, or hop after hop on one lane."""
     if mode == "ticks":
-        return sum(j.calls * ticked_time(j.hop_s, chunks, j.latency_s, j.links) for j in jobs)
+        return sum(j.calls * ticked_time(j.hop_s, chunks, j.tick_latency_s or j.latency_s, j.links) for j in jobs)
     if mode == "one_lane":
         return sum(j.calls * sequential_time(j.hop_s, [a * chunks for a in j.latency_s]) for j in jobs)
     return sum(j.calls * pipelined_time(j.hop_s, chunks, j.latency_s) for j in jobs)

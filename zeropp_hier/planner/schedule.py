@@ -421,7 +421,14 @@ def for_prediction(
                 tuple((k, sec * job.calls) for k, sec in links) if shared_links else (),
                 rate if shared_links else 1.0,
             )
-            for lane, t, a, links, rate in zip(job.lanes, job.hop_s, job.latency_s, job.links, job.rates)
+            for lane, t, a, links, rate in zip(
+                job.lanes,
+                job.hop_s,
+                # in ticks a hop pays one exchange step ([Note: tick latency] in pipeline.py)
+                job.tick_latency_s if mode == "ticks" and job.tick_latency_s else job.latency_s,
+                job.links,
+                job.rates,
+            )
         ]
     return simulate(
         hops["forward_gather"],
