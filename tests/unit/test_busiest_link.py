@@ -49,7 +49,7 @@ def test_auto_takes_int4_on_the_gpu_hop_where_package_links_bind_and_zeropp_on_f
     assert by_name(flat)["frontier"].busiest_link == "gcd"
 
 
-def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_without_lanes():
+def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_on_one_lane():
     c = fair_cluster((16, 4, 1))
     cand = P.Candidate("frontier", False, "frontier", P.compression_for("frontier"))
     p = P.predict(cand, c, WL)
@@ -58,8 +58,9 @@ def test_chunks_minimise_the_pipelined_jobs_on_lanes_and_stay_one_without_lanes(
     best = min(P.jobs_time(jobs, k) for k in range(1, 65))
     assert P.jobs_time(jobs, p.chunks) == best
     assert P.jobs_time(jobs, p.chunks) < P.jobs_time(jobs, 1)
-    # one issuing lane (NCCL/RCCL): nothing overlaps, chunks would only add latency
-    assert P.predict(cand, fair_cluster((16, 4, 1), library="rccl"), WL).chunks == 1
+    # one issuing lane: nothing overlaps, chunks would only add latency
+    one_lane = replace(fair_cluster((16, 4, 1), library="rccl"), issue_mode="one_lane")
+    assert P.predict(cand, one_lane, WL).chunks == 1
     # a given count is kept, and auto_candidates passes one on
     assert P.predict(cand._replace(chunks=3), c, WL).chunks == 3
     assert {p.chunks for p in P.rank_auto(c, WL, P.auto_candidates(chunks=1))} == {1}
@@ -99,15 +100,29 @@ def test_chunks_follow_the_issue_mode():
     by_hand = sum(j.calls * (sum(j.hop_s) + sum(j.tick_latency_s)) for j in jobs)
     assert P.jobs_time(jobs, 1, "ticks") == pytest.approx(by_hand)
     assert P.jobs_time(jobs, 1, "ticks") < P.jobs_time(jobs, 1, "one_lane")
-    assert P.rank_key(p, ticks) == p.pipelined_comm_s >= p.link_bound_s
+    assert p.mode == "ticks" and P.rank_key(p) == p.pipelined_comm_s >= p.link_bound_s
     one = replace(ticks, issue_mode="one_lane")
     q = P.predict(cand, one, WL)
-    assert q.chunks == 1 and P.rank_key(q, one) == q.comm_s
+    assert q.mode == "one_lane" and q.chunks == 1 and P.rank_key(q) == q.comm_s
     # ticks overlap the tiers inside a job only: never faster than lanes, never slower than one lane
     lanes = P.predict(cand, replace(ticks, issue_mode="lanes"), WL)
     assert lanes.pipelined_comm_s <= p.pipelined_comm_s <= q.comm_s
     with pytest.raises(ValueError, match="issue_mode = 'gpu'"):
         replace(ticks, issue_mode="gpu")
+
+
+def test_without_a_set_mode_each_candidate_runs_as_overlap_true_resolves_for_its_plan():
+    """``ClusterModel.issue_mode`` None: on NCCL/RCCL a plan whose every hop spans one tier
+    (frontier) runs ticks, one whose hops cross tiers (zeropp, zero3) one lane, as comm/issue.py
+    resolves ``overlap: true``; stock DeepSpeed and gloo keep the library's default."""
+    rccl, gloo = fair_cluster((16, 4, 1), library="rccl"), fair_cluster((16, 4, 1))
+    preds = {p.candidate.name: p for p in P.rank_auto(rccl, WL, P.auto_candidates())}
+    assert {n for n, p in preds.items() if p.mode == "ticks"} == {n for n in preds if n.startswith("frontier")}
+    assert preds["zeropp"].mode == preds["zero3"].mode == "one_lane" and preds["zeropp"].chunks == 1
+    assert all(P.one_tier_plan(p.candidate, rccl) == (p.mode == "ticks") for p in preds.values())
+    stock = next(c for c in P.default_candidates(rccl) if c.stock)
+    assert P.issue_mode_of(stock, rccl) == rccl.mode == "one_lane"
+    assert {p.mode for p in P.rank_auto(gloo, WL, P.auto_candidates())} == {"lanes"}
 
 
 def test_a_tick_pays_one_exchange_step_so_chunks_pay_at_frontier_scale():

@@ -1,6 +1,8 @@
 """The job's memory check (app/memory_check.py): the planner's table before the model is built,
 and a refusal naming the field, the predicted GB, the budget and the fix. No ranks start."""
 
+from dataclasses import replace
+
 import pytest
 
 from zeropp_hier import planner
@@ -39,9 +41,14 @@ def test_predicted_gb_equals_the_planner_memory():
     wl = planner.gpt_workload(float(n_params(m)), m.layers, m.hidden, m.seq_len, 1, weight_bytes=2, vocab=m.vocab_size)
     cluster = planner.emulated(nodes=2, gpus_per_node=2, gcds_per_gpu=2)
     cand = planner.Candidate("frontier", False, "frontier", planner.compression_for("frontier"))
-    total = planner.memory(cand, cluster, wl).total / 1e9
+    # on the GPUs frontier runs in ticks of DEFAULT_TICK_CHUNKS chunks: their staging counts
+    from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
+
+    assert planner.issue_mode_of(cand, replace(cluster, library="rccl")) == "ticks"
+    total = planner.memory(cand, cluster, wl, chunks=DEFAULT_TICK_CHUNKS).total / 1e9
     row = next(line for line in lines if line.startswith("| frontier |"))
     assert float(row.split("|")[-3]) == pytest.approx(total, rel=1e-2)
+    assert "pipeline staging" in lines[1]
 
 
 def test_a_preset_that_fits_is_named_as_the_fix():

@@ -16,6 +16,7 @@ import os
 from dataclasses import replace
 
 from .. import planner as P
+from ..comm.issue import DEFAULT_TICK_CHUNKS
 from ..core.errors import HierConfigError
 from .spec import JobSpec, n_params
 
@@ -76,6 +77,20 @@ def _candidates(spec: JobSpec) -> list[P.Candidate]:
     return [P.Candidate(spec.preset, False, spec.preset, c)]
 
 
+def _as_run(cands: list[P.Candidate], spec: JobSpec, cluster: P.ClusterModel, world: int) -> list[P.Candidate]:
+    """A fixed preset with the pipeline chunks the runtime will run (their staging counts): the
+    config's ``pipeline.chunks``, or left out ``DEFAULT_TICK_CHUNKS`` where the preset runs in
+    ticks on the GPUs (comm/issue.default_chunks) and 1 elsewhere; ``auto``'s candidates keep
+    the planner's choice, as ``auto`` itself makes it."""
+    if spec.preset == "auto":
+        return cands
+    section = spec.ds_config(world=world).get("zeropp_hier", {})
+    chunks = section.get("pipeline", {}).get("chunks")
+    if chunks is not None:
+        return [c._replace(chunks=int(chunks)) for c in cands]
+    return [c._replace(chunks=DEFAULT_TICK_CHUNKS if P.issue_mode_of(c, cluster) == "ticks" else 1) for c in cands]
+
+
 def check(
     spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
 ) -> list[str]:
@@ -104,7 +119,7 @@ def check(
         prefetch_bucket=float(zero.get("stage3_prefetch_bucket_size", 5e7)),
     )
     wl = replace(wl, reduce_bucket=float(zero.get("reduce_bucket_size", wl.reduce_bucket)))
-    preds = [P.predict(c, cluster, wl) for c in _candidates(spec)]
+    preds = [P.predict(c, cluster, wl) for c in _as_run(_candidates(spec), spec, cluster, world)]
     names = list(dict.fromkeys(k for p in preds for k in p.memory.parts))  # auto: candidates differ
     lines = [
         f"memory per rank (planner's model, docs/design.md#memory-per-gcd), {world} ranks as "

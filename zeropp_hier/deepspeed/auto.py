@@ -52,6 +52,7 @@ from ..core.vocab import TIERS
 
 if TYPE_CHECKING:
     from ..planner.candidates import Candidate
+    from ..planner.clusters import ClusterModel
 
 PROBE_REPS = 2
 # the larger probe message of a tier is cut to about this long a collective (links.measure_tiers)
@@ -153,7 +154,7 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     clusters: dict[str, P.ClusterModel] = {}
     candidates = []
     for c in P.auto_candidates(cfg.memory.kept_shards_gb, cfg.pipeline.chunks):
-        on = dataclasses.replace(cluster, issue_mode=_planner_mode(cfg, c, topo))
+        on = dataclasses.replace(cluster, issue_mode=_planner_mode(cfg, c, cluster))
         clusters[c.name] = on
         candidates.append(c._replace(chunks=1) if c.chunks is None and on.mode == "one_lane" else c)
     shared: list = [None]
@@ -183,20 +184,14 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     return chosen, record
 
 
-def _planner_mode(cfg: HierConfig, cand: Candidate, topo: Topology) -> str:
-    """The issue mode ``cand`` would run in, as the planner names it: resolved as the runtime
-    resolves it (comm/issue.py), from the hops of the candidate's plan (with every kept level's
-    backward hops where the candidate keeps levels under a budget, as the runtime builds them)."""
-    from ..comm import gather
-    from ..comm.issue import one_tier_hops, resolve_issue_mode
-    from ..core.plan import make_plan
+def _planner_mode(cfg: HierConfig, cand: Candidate, cluster: ClusterModel) -> str:
+    """The issue mode ``cand`` would run in, as the planner names it: the job's ``overlap``
+    resolved as the runtime resolves it (comm/issue.py), from the hops of the candidate's plan."""
+    from .. import planner as P
+    from ..comm.issue import resolve_issue_mode
 
-    plan = make_plan(cand.preset, cand.compression, topo)
-    all_levels = cand.fit or cand.kept_gb is not None or cfg.memory.kept_shards_gb is not None
-    hops = (*plan.forward, *gather.backward_hops(plan, all_levels=all_levels), *plan.reduce)
-    mode = resolve_issue_mode(
-        cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)), one_tier_hops(h.axes for h in hops)
-    )
+    one_tier = P.one_tier_plan(cand, cluster)
+    mode = resolve_issue_mode(cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)), one_tier)
     # inline (overlap false) runs hop after hop, as one lane does
     return "ticks" if mode.ticks else ("lanes" if mode.background and not mode.one_lane else "one_lane")
 
@@ -222,7 +217,7 @@ def _rank_on_this_rank(P, clusters: dict, wl, candidates, source: str, t0: float
         # [Note: busiest-link bound]: what the ranking used where lanes or ticks run, the issue mode
         # it modelled, and the chunks chosen
         "predicted_pipelined_s": best.pipelined_comm_s,
-        "issue_mode": clusters[c.name].mode,
+        "issue_mode": best.mode,
         "busiest_link": best.busiest_link,
         "link_bound_s": best.link_bound_s,
         "chunks": best.chunks,
@@ -244,7 +239,7 @@ def _rank_on_this_rank(P, clusters: dict, wl, candidates, source: str, t0: float
                 "predicted_pipelined_s": p.pipelined_comm_s,
                 "link_bound_s": p.link_bound_s,
                 "chunks": p.chunks,
-                "issue_mode": clusters[p.candidate.name].mode,
+                "issue_mode": p.mode,
                 "fits": p.memory.fits,
                 "memory_gb": p.memory.total / 1e9,
             }
@@ -254,15 +249,14 @@ def _rank_on_this_rank(P, clusters: dict, wl, candidates, source: str, t0: float
     rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
     lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step:"]
     lines += [
-        f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p, clusters[p.candidate.name]):9.3f} s  "
+        f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p):9.3f} s  "
         f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, chunks {p.chunks}, "
-        f"{clusters[p.candidate.name].mode})  "
+        f"{p.mode})  "
         f"{'fits' if p.memory.fits else 'does not fit'}{'  <- chosen' if p is best else ''}"
         for p in preds
     ]
     if runner is not None:
-        key_best = P.rank_key(best, clusters[c.name])
-        key_runner = P.rank_key(runner, clusters[runner.candidate.name])
+        key_best, key_runner = P.rank_key(best), P.rank_key(runner)
         lines.append(
             f"[zeropp_hier] chose {c.name}; runner-up {runner.candidate.name} predicted "
             f"{key_runner / key_best if key_best else float('inf'):.2f}x its communication time"

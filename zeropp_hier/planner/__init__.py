@@ -42,7 +42,7 @@ from .pipeline import (
     sequential_time,
     ticked_time,
 )
-from .ranking import Prediction, predict, rank, rank_auto, rank_key, ratio
+from .ranking import Prediction, issue_mode_of, one_tier_plan, predict, rank, rank_auto, rank_key, ratio
 from .workload import Workload, gpt_workload
 
 __all__ = [
@@ -82,6 +82,8 @@ __all__ = [
     "predict",
     "rank",
     "rank_auto",
+    "issue_mode_of",
+    "one_tier_plan",
     "rank_key",
     "ratio",
     "sequential_time",

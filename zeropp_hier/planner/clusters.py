@@ -50,8 +50,10 @@ class ClusterModel:
     # phases not named are fully exposed
     exposed: Mapping[str, float] = field(default_factory=dict)
     # who issues the hop collectives ([Note: step schedule] in schedule.py): "lanes" (a thread
-    # per hop group), "one_lane" (one thread, hop after hop) or "ticks"; None: what ``overlap``
-    # true resolves to for ``library`` (lanes on gloo, one lane on NCCL/RCCL: comm/issue.py)
+    # per hop group), "one_lane" (one thread, hop after hop) or "ticks", for every candidate;
+    # None: what ``overlap`` true resolves to for ``library`` and each candidate's plan
+    # (ranking.issue_mode_of: lanes on gloo; on NCCL/RCCL ticks where every hop spans one tier,
+    # one lane otherwise: comm/issue.py)
     issue_mode: str | None = None
 
     def __post_init__(self):
@@ -68,7 +70,8 @@ class ClusterModel:
 
     @property
     def mode(self) -> str:
-        """The issue mode the planner models: ``issue_mode``, or the library's default."""
+        """``issue_mode``, or the library's default where no plan decides it: lanes on gloo,
+        one lane on NCCL/RCCL (stock DeepSpeed's collectives; ``ranking.issue_mode_of``)."""
         if self.issue_mode is not None:
             return self.issue_mode
         return "lanes" if self.library == "gloo" else "one_lane"

@@ -30,15 +30,17 @@ class Memory(NamedTuple):
     fits: bool
 
 
-def level_plan(cand: Candidate, cluster: ClusterModel, wl: Workload) -> levels.LevelPlan | None:
-    """The kept level of each of the workload's (equal) layers under the candidate's budget."""
+def level_plan(cand: Candidate, cluster: ClusterModel, wl: Workload, chunks: int = 1) -> levels.LevelPlan | None:
+    """The kept level of each of the workload's (equal) layers under the candidate's budget;
+    ``chunks``: the pipeline chunks whose staging the other parts hold beside the kept copies."""
     if cand.kept_gb is None and not cand.fit:
         return None
     topo = cluster.topology
     if cand.kept_gb is not None:
         budget = cand.kept_gb * 1e9
     else:  # what the other parts leave
-        budget = max(0.0, cluster.memory_per_gcd - sum(memory(cand, cluster, wl, kept=0.0).parts.values()))
+        others = memory(cand, cluster, wl, kept=0.0, chunks=chunks).parts.values()
+        budget = max(0.0, cluster.memory_per_gcd - sum(others))
     share = wl.params / wl.layers / topo.world_size
     layers = [(f"layer {i}", share) for i in range(wl.layers)]
     per_elem = levels.kept_bytes_per_elem(make_plan(cand.preset, cand.compression, topo), wl.weight_bytes)

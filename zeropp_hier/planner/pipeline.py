@@ -8,7 +8,7 @@ import math
 from typing import NamedTuple, Sequence
 
 from ..core.config import MAX_PIPELINE_CHUNKS
-from .clusters import PHASES, ClusterModel
+from .clusters import PHASES
 from .cost import CollectiveCost
 from .workload import Workload
 
@@ -158,10 +158,10 @@ def jobs_time(jobs: Sequence[PhaseJob], chunks: int, mode: str = "lanes") -> flo
     return sum(j.calls * pipelined_time(j.hop_s, chunks, j.latency_s) for j in jobs)
 
 
-def choose_chunks(jobs: Sequence[PhaseJob], cluster: ClusterModel, max_chunks: int = MAX_PIPELINE_CHUNKS) -> int:
+def choose_chunks(jobs: Sequence[PhaseJob], mode: str, max_chunks: int = MAX_PIPELINE_CHUNKS) -> int:
     """[Note: busiest-link bound]: the chunk count (1..``max_chunks``, smallest on a tie) that
-    minimises the step's jobs in the cluster's issue mode where its chunks overlap hops (lanes,
+    minimises the step's jobs in issue mode ``mode`` where its chunks overlap hops (lanes,
     ticks); 1 on one lane, where they overlap nothing."""
-    if cluster.mode == "one_lane" or not jobs:
+    if mode == "one_lane" or not jobs:
         return 1
-    return min(range(1, max_chunks + 1), key=lambda c: (jobs_time(jobs, c, cluster.mode), c))
+    return min(range(1, max_chunks + 1), key=lambda c: (jobs_time(jobs, c, mode), c))

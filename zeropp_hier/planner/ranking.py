@@ -8,7 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from ..comm.issue import one_tier_hops
 from ..core import levels
+from ..core.plan import make_plan
 from ..core.vocab import TIERS
 from .candidates import Candidate, default_candidates
 from .clusters import PHASES, ClusterModel
@@ -35,6 +37,7 @@ class Prediction:
     link_s: dict = field(default_factory=dict)
     chunks: int = 1
     pipelined_comm_s: float = 0.0
+    mode: str = "lanes"  # the issue mode modelled (``issue_mode_of``)
 
     @property
     def busiest_link(self) -> str:
@@ -59,9 +62,33 @@ class Prediction:
         return sum(c.latency_seconds for c in self.costs)
 
 
+def one_tier_plan(cand: Candidate, cluster: ClusterModel) -> bool:
+    """Whether every hop of ``cand``'s plan on ``cluster`` (every kept level's backward hops
+    included) spans one tier: where ``overlap: true`` runs ticks on NCCL/RCCL (comm/issue.py)."""
+    plan = make_plan(cand.preset, cand.compression, cluster.topology)
+    backward = [h for _, hops in plan.by_level for h in hops] or list(plan.backward)
+    return one_tier_hops(h.axes for h in (*plan.forward, *backward, *plan.reduce))
+
+
+def issue_mode_of(cand: Candidate, cluster: ClusterModel) -> str:
+    """The issue mode ``cand`` runs in on ``cluster``: ``cluster.issue_mode`` where set;
+    otherwise what ``overlap: true`` resolves to for the library ([Note: one issuing thread on
+    GPUs] in comm/issue.py): lanes on gloo; on NCCL/RCCL ticks where every hop of the candidate's
+    plan spans one tier and one lane otherwise. Stock DeepSpeed issues its own collectives: the
+    library's default (``cluster.mode``)."""
+    if cluster.issue_mode is not None or cluster.library == "gloo" or cand.stock:
+        return cluster.mode
+    return "ticks" if one_tier_plan(cand, cluster) else "one_lane"
+
+
 def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     topo = cluster.topology
-    lp = level_plan(cand, cluster, wl)
+    mode = issue_mode_of(cand, cluster)
+    # the kept levels take what memory leaves beside the chunks' staging: at the chunks given, or
+    # where the planner chooses them (after this, from the costs) at 2, the most staging any
+    # count above 1 holds (``pipeline_staging`` falls as chunks grow)
+    reserve = cand.chunks if cand.chunks is not None else (1 if mode == "one_lane" else 2)
+    lp = level_plan(cand, cluster, wl, reserve)
     _, colls = collectives(cand, topo, wl.params, lp, wl.backward_share)
     phase_s = dict.fromkeys(PHASES, 0.0)
     tier_s: dict[str, float] = {t: 0.0 for t in TIERS}
@@ -82,8 +109,8 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         for kind, sec in cost.link_seconds.items():
             link_s[kind] = link_s.get(kind, 0.0) + sec
     jobs = phase_jobs(costs, wl)
-    chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, cluster)
-    pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks, cluster.mode))
+    chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, mode)
+    pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks, mode))
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
     comm = sum(phase_s.values())
     hidden = sum((1.0 - cluster.exposed.get(ph, 1.0)) * t for ph, t in phase_s.items())
@@ -100,14 +127,15 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         link_s,
         chunks,
         pipelined,
+        mode,
     )
 
 
-def rank_key(p: Prediction, cluster: ClusterModel) -> float:
-    """What ``auto`` minimises: the jobs as the cluster's issue mode runs them (pipelined on lanes,
-    in ticks), at least the busiest link's time; the collectives in sequence where one lane
-    issues them hop after hop."""
-    return p.comm_s if cluster.mode == "one_lane" else p.pipelined_comm_s
+def rank_key(p: Prediction) -> float:
+    """What ``auto`` minimises: the jobs as the prediction's issue mode runs them (pipelined on
+    lanes, in ticks), at least the busiest link's time; the collectives in sequence where one
+    lane issues them hop after hop."""
+    return p.comm_s if p.mode == "one_lane" else p.pipelined_comm_s
 
 
 def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:
@@ -123,12 +151,12 @@ def rank_auto(
     clusters: Mapping[str, ClusterModel] | None = None,
 ) -> list[Prediction]:
     """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound] in
-    pipeline.py). ``clusters``: the cluster as each candidate (by name) would run, where the issue
-    mode depends on the candidate (on NCCL/RCCL ``overlap: true`` runs ticks only where every hop
-    of the preset's plan spans one tier); the others run on ``cluster``."""
+    pipeline.py), each candidate in its issue mode (``issue_mode_of``). ``clusters``: a cluster
+    per candidate name (its issue mode resolved from the job's ``overlap``), in place of
+    ``cluster``."""
     on = {c.name: (clusters or {}).get(c.name, cluster) for c in candidates}
     preds = [predict(c, on[c.name], wl) for c in candidates]
-    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p, on[p.candidate.name])))
+    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p)))
 
 
 def ratio(preds: Iterable[Prediction], slow: str, fast: str) -> float:
