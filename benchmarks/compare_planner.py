@@ -165,8 +165,10 @@ def schedule_mode(cfg: dict) -> str:
     training thread) as one lane; true and "lanes" are gloo's lanes. Stock DeepSpeed's own
     collectives are modelled on lanes, as before the issue mode was recorded."""
     overlap = cfg.get("overlap", True) if cfg.get("kind") == "ours" else True
-    if overlap == "gpu":  # as NCCL/RCCL resolve true: by the preset's hops (auto: its choice runs ticks)
-        return "ticks" if cfg.get("preset") == "auto" or one_tier_hops(_hop_axes(cfg["preset"])) else "one_lane"
+    if overlap == "gpu":  # as NCCL/RCCL resolve true: by the preset's hops
+        if cfg.get("preset") == "auto":  # its choice decides; `predictions` leaves auto out
+            raise ValueError("schedule_mode: auto's issue mode is its choice's; name the chosen preset")
+        return "ticks" if one_tier_hops(_hop_axes(cfg["preset"])) else "one_lane"
     if overlap in ("ticks", "one_lane"):
         return str(overlap)
     return "one_lane" if overlap is False else "lanes"
