@@ -72,6 +72,11 @@ def slurm_conf(host: str, d: Path, ctld_port: int, slurmd_port: int, cpus: int, 
             "JobCompType=jobcomp/none",
             "JobAcctGatherType=jobacct_gather/none",
             "ReturnToService=2",
+            # never purge finished jobs: `sbatch --wait` backs off 2 s, 8 s, then 32 s between polls
+            # while MinJobAge allows (min_job_age/2 above its interval), so under the default 300 s a
+            # job's end can go unseen for up to 32 s; at 0 it polls every 2 s, and the few finished
+            # records stay (the tests read them back, e.g. `scontrol show job` after the job)
+            "MinJobAge=0",
             "SlurmdTimeout=300",
             f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 State=UNKNOWN",
             f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",

@@ -1,8 +1,11 @@
 """A run longer than its allocation, on the real one-node Slurm ([Note: chained jobs] in
 zeropp_hier/app/chain.py, [Note: saving before the wall clock ends] in app/deadline.py): the CPU
 batch script, given checkpoint_dir= and steps=, chains itself through several allocations with
-a time limit of 6 minutes; each link gets Slurm's warning signal once its ranks train, forwards it
-to srun, and every rank saves at the same step and exits 0; the next link resumes. The second link
+a time limit of 6 minutes; each of the first three links gets Slurm's warning signal once its
+ranks train, forwards it to srun, and every rank saves at the same step and exits 0; the next link
+resumes. The fourth link (all four ranks, resuming without a conversion) is not warned: it trains
+to the last step and ends the run, so the chain has four links whatever each link's share of steps
+(three, should the third already reach the last step). The second link
 runs on half the ranks (the test shrinks it while it waits, as an operator would after a node
 failure: ``scontrol update NumTasks=2 TasksPerNode=2``) and the third on all four again: each converts the
 checkpoint to the universal format, every rank its share, and says how long it took.
@@ -19,7 +22,7 @@ job's), so the chain is held to 1e-6 like the rest. A model whose sums regroup w
 The warning is sent by the test, with ``scancel --signal=USR1 --batch`` (what ``--signal=B:USR1``
 asks Slurm to do before the limit: the signal to the batch shell only), as soon as a link has
 built its engine: Slurm's own timer sends it up to a minute early, so on this machine it could
-come before the ranks have started; the test makes every link train first."""
+come before the ranks have started; the test makes every warned link train first."""
 
 import json
 import os
@@ -49,6 +52,9 @@ HALF = 2  # the ranks of the second link
 # the ranks the test gives the links while they wait, by position (a link submits the next with its own
 # tasks per node): the second on half, the third on all four again
 RANKS = {1: HALF, 2: 4}
+# the links the test warns, by position: the fourth (4 ranks, resuming without a conversion) is not
+# warned and runs to the end, so the chain's length does not depend on how the steps fall to the links
+WARNED = 3
 # 4 ranks (1 simulated node x 2 x 2), a 6-minute limit for every link (the warning, 60 s before it, is
 # sent by the test sooner; the limit leaves a loaded machine's start-up and a conversion room), and
 # one the reference job does not reach
@@ -94,8 +100,9 @@ def _losses(work: Path, job: str) -> dict[int, float]:
 
 
 def _chain_until_done(slurm, work: Path, args: list[str], timeout: float) -> list[str]:
-    """Submit the first link; give the second ``HALF`` ranks and the third 4 while they wait; send each running link
-    the warning once its engine is built; return the ids of the jobs that ran, once the queue is empty."""
+    """Submit the first link; give the second ``HALF`` ranks and the third 4 while they wait; send each of the first
+    ``WARNED`` links the warning once it runs and its engine is built; return the ids of the jobs that ran, once the
+    queue is empty."""
     p = _submit(slurm, work, args)
     assert p.returncode == 0, p.stderr
     order: list[str] = []  # the links' job ids as they appear
@@ -117,7 +124,8 @@ def _chain_until_done(slurm, work: Path, args: list[str], timeout: float) -> lis
                 assert u.returncode == 0, u.stderr
                 resized.add(job)
             out = work / f"job-{job}.out"
-            if state == "RUNNING" and job not in signalled and out.is_file() and READY_LINE.search(out.read_text()):
+            warn = order.index(job) < WARNED and state == "RUNNING" and job not in signalled
+            if warn and out.is_file() and READY_LINE.search(out.read_text()):
                 subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm.env, check=True)
                 signalled.add(job)
         time.sleep(1)
