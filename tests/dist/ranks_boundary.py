@@ -10,6 +10,7 @@ and it can finish only through the drain. Observers record, when the operation's
 starts (the agreed non-finite check, DeepSpeed's first file write or read), whether the gather
 had finished and how many collectives were still in flight; they call the real functions.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,7 +81,8 @@ def _finish(ex, gate_fut, gather_fut, stop, watcher) -> dict:
     ex.result(gate_fut)
     full = ex.result(gather_fut)
     rows = sorted(float(v) for v in full.reshape(-1, S)[:, 0])
-    return {"rows": rows, "row_ok": bool((full.reshape(-1, S)[:, 1:] - full.reshape(-1, S)[:, :1] == torch.arange(1, S)).all())}
+    by_row = full.reshape(-1, S)
+    return {"rows": rows, "row_ok": bool((by_row[:, 1:] - by_row[:, :1] == torch.arange(1, S)).all())}
 
 
 def boundaries_drain(config: dict, root: str) -> dict:

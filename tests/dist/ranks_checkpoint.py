@@ -2,6 +2,7 @@
 crafted or damaged checkpoints, a directory that not every rank sees. They return plain data;
 the tests assert. Fault injection (an I/O error while hashing) happens in the rank's own
 process; nothing else is replaced."""
+
 from __future__ import annotations
 
 import errno

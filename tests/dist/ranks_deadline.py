@@ -2,6 +2,7 @@
 each rank runs "steps" and asks ``Deadline.check`` at every boundary; the tests assert that all
 ranks stop at the same step. The signal is a real SIGUSR1 delivered to one rank's process; the
 clock case gives one rank an allocation end that is near (its own clock), the others none."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,13 @@ def stop_on_a_signal_to_one_rank(victim: int, signal_step: int, mid_step: bool) 
             mine = flag.received
             decision = d.check()
             if decision.stop:
-                return {"stopped_after": step, "own_signal": mine, "why": decision.why(),
-                        "by_signal": decision.by_signal, "by_clock": decision.by_clock}
+                return {
+                    "stopped_after": step,
+                    "own_signal": mine,
+                    "why": decision.why(),
+                    "by_signal": decision.by_signal,
+                    "by_clock": decision.by_clock,
+                }
         return {"stopped_after": None, "own_signal": flag.received}
     finally:
         dl.unwatch_signal(flag)

@@ -1,13 +1,14 @@
 """Per-rank functions for the numerics tests (error feedback in checkpoints, non-finite
 gradients), run on every rank of a ``LocalWorld``; they return plain data, the test asserts."""
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.gpt import GPTConfig
 from zeropp_hier.app.data import synthetic_batch
+from zeropp_hier.app.gpt import GPTConfig
 
 INJECT_PARAM = "blocks.0.fc.weight"
 
@@ -17,11 +18,13 @@ def _residuals(engine) -> dict:
     return {k: r.clone() for k, r in ef.residuals.items()}
 
 
-def ef_checkpoint_resume(config: dict, ckpt_dir: str, before: int, after: int,
-                         model_cfg: GPTConfig = GPTConfig()) -> dict:
+def ef_checkpoint_resume(
+    config: dict, ckpt_dir: str, before: int, after: int, model_cfg: GPTConfig = GPTConfig()
+) -> dict:
     """Uninterrupted run vs save + load into a fresh engine + continue, with error feedback on;
     and a control that loads the same checkpoint but drops the residuals."""
     import zeropp_hier
+
     build = lambda seed=0: app_run.build_engine(config, model_cfg, seed)  # noqa: E731
     ref = build()
     ref_losses = app_run.train_steps(ref, before + after)
@@ -50,10 +53,18 @@ def ef_checkpoint_resume(config: dict, ckpt_dir: str, before: int, after: int,
 
     same_keys = sorted(saved) == sorted(loaded)
     max_diff = max((float((saved[k] - loaded[k]).abs().max()) for k in saved), default=None) if same_keys else None
-    return {"ref_losses": ref_losses[before:], "resumed_losses": resumed, "control_losses": control_losses,
-            "ref_state": ref_state, "state": state, "saved_buffers": len(saved),
-            "saved_norm": sum(float(r.norm()) for r in saved.values()), "same_keys": same_keys,
-            "residual_max_diff": max_diff, "numerics": ref_stats["numerics"]}
+    return {
+        "ref_losses": ref_losses[before:],
+        "resumed_losses": resumed,
+        "control_losses": control_losses,
+        "ref_state": ref_state,
+        "state": state,
+        "saved_buffers": len(saved),
+        "saved_norm": sum(float(r.norm()) for r in saved.values()),
+        "same_keys": same_keys,
+        "residual_max_diff": max_diff,
+        "numerics": ref_stats["numerics"],
+    }
 
 
 def _train_with_injection(engine, steps: int, inject_step: int, inject_rank: int) -> dict:
@@ -61,6 +72,7 @@ def _train_with_injection(engine, steps: int, inject_step: int, inject_rank: int
     ``inject_rank`` only. Returns weights around that step, loss scales, skips, and the error
     raised, if any (every rank raises at the same point, so catching it here is safe)."""
     import zeropp_hier
+
     rank = dist.get_rank()
     now = {"step": -1}
     param = dict(engine.module.named_parameters())[INJECT_PARAM]
@@ -84,8 +96,14 @@ def _train_with_injection(engine, steps: int, inject_step: int, inject_rank: int
         try:
             engine.step()
         except zeropp_hier.HierNonFiniteError as e:
-            out["error"] = {"message": str(e), "step": e.step, "rank": e.rank, "phase": e.phase,
-                            "tier": e.tier, "seen": e.seen}
+            out["error"] = {
+                "message": str(e),
+                "step": e.step,
+                "rank": e.rank,
+                "phase": e.phase,
+                "tier": e.tier,
+                "seen": e.seen,
+            }
             out["after"] = app_run.gathered_state(engine)
             break
         out["losses"].append(float(loss.detach().float()))
@@ -111,11 +129,14 @@ def nonfinite_injection(configs: dict, steps: int, inject_step: int, inject_rank
     return out
 
 
-def numerics_suite(resume_config: dict, ckpt_dir: str, nonfinite_configs: dict, steps: int,
-                   inject_step: int, inject_rank: int) -> dict:
+def numerics_suite(
+    resume_config: dict, ckpt_dir: str, nonfinite_configs: dict, steps: int, inject_step: int, inject_rank: int
+) -> dict:
     """Everything the numerics tests need, in one task (one round trip to the world)."""
     # untied head: DeepSpeed gathers a tied weight's second use with its own stock gather, so a
     # fresh engine's first step sees it once compressed and later steps not (see GPTConfig)
     untied = GPTConfig(tie_embeddings=False)
-    return {"resume": ef_checkpoint_resume(resume_config, ckpt_dir, 2, 2, untied),
-            "nonfinite": nonfinite_injection(nonfinite_configs, steps, inject_step, inject_rank)}
+    return {
+        "resume": ef_checkpoint_resume(resume_config, ckpt_dir, 2, 2, untied),
+        "nonfinite": nonfinite_injection(nonfinite_configs, steps, inject_step, inject_rank),
+    }

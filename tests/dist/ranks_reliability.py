@@ -4,6 +4,7 @@ damaged checkpoints, resharding, a long run. They return plain data; the tests a
 Fault injection (a rank SIGKILLs itself, sleeps, or writes half a file and dies) happens in the
 rank's own process, at a chosen point of real DeepSpeed code; nothing else is replaced.
 """
+
 from __future__ import annotations
 
 import gc
@@ -19,8 +20,8 @@ import torch.distributed as dist
 from zeropp_hier.app import run as app_run
 from zeropp_hier.app.data import synthetic_batch
 
-
 # -- dead and stuck ranks -------------------------------------------------------------------------
+
 
 def die_mid_step(config: dict, victim: int, stuck: int, kill_step: int) -> str:
     """Train; in the forward pass of ``kill_step``, ``victim`` SIGKILLs itself and ``stuck``
@@ -56,6 +57,7 @@ def stall_before_step(config: dict, stuck: int, stall_step: int) -> str:
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
+
 
 def _die_while_writing(engine, victim: int, marker: str) -> None:
     """On ``victim``: the next save of a file whose name contains ``marker`` writes half of the
@@ -104,8 +106,14 @@ def resume_from_latest(config: dict, root: str, steps_good: int, steps_after: in
     losses = app_run.train_steps(engine, steps_after, start=steps_good)
     state = app_run.gathered_state(engine)
     app_run.release(engine)
-    return {"path": path, "loaded_steps": loaded_steps, "ref_losses": ref_losses[steps_good:],
-            "losses": losses, "ref_state": ref_state, "state": state}
+    return {
+        "path": path,
+        "loaded_steps": loaded_steps,
+        "ref_losses": ref_losses[steps_good:],
+        "losses": losses,
+        "ref_state": ref_state,
+        "state": state,
+    }
 
 
 def try_loads(config: dict, cases: dict, good: tuple) -> dict:
@@ -113,6 +121,7 @@ def try_loads(config: dict, cases: dict, good: tuple) -> dict:
     then load ``good``. The engine's weights must be untouched by every refused load, and the
     world must stay usable (every rank refused the same way, nobody is left in a collective)."""
     import zeropp_hier
+
     engine = app_run.build_engine(config, seed=123)
     before = app_run.gathered_state(engine)
     errors = {}
@@ -129,11 +138,11 @@ def try_loads(config: dict, cases: dict, good: tuple) -> dict:
     moved = max(float((loaded[n] - before[n]).abs().max()) for n in before)
     losses = app_run.train_steps(engine, 1, start=engine.global_steps)
     app_run.release(engine)
-    return {"errors": errors, "untouched": untouched, "good_path": path, "moved": moved,
-            "loss_after": losses[0]}
+    return {"errors": errors, "untouched": untouched, "good_path": path, "moved": moved, "loss_after": losses[0]}
 
 
 # -- resharding -----------------------------------------------------------------------------------
+
 
 def global_batch(c, micro: int, step: int, rank: int):
     """Sample i of the global batch depends on (step, i) only, so that 8 ranks x 2 and 4 ranks x 4
@@ -168,8 +177,7 @@ def reshard_source(config: dict, root: str, steps_before: int, steps_after: int)
     return {"saved": saved, "ref_losses": ref_losses, "ref_state": ref_state}
 
 
-def reshard_target(config: dict, root: str, steps_before: int, steps_after: int,
-                   control: tuple | None = None) -> dict:
+def reshard_target(config: dict, root: str, steps_before: int, steps_after: int, control: tuple | None = None) -> dict:
     """Load ``<root>``'s latest checkpoint into an engine of this world, continue training.
     ``control = (config, native_root)``: also continue from the weights alone (DeepSpeed's
     ``load_optimizer_states=False``, which consolidates them with zero_to_fp32 from a native
@@ -193,6 +201,7 @@ def reshard_target(config: dict, root: str, steps_before: int, steps_after: int,
 
 # -- long run -------------------------------------------------------------------------------------
 
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -206,6 +215,7 @@ def _os_threads() -> int:
 
 def _process_groups() -> int:
     from torch.distributed import distributed_c10d
+
     return len(distributed_c10d._world.pg_map)
 
 
@@ -218,11 +228,19 @@ def soak(config: dict, stock_config: dict, steps: int, every: int) -> dict:
     def sample(step, loss, seconds):
         if (step + 1) % every == 0:
             gc.collect()
-            samples.append({"step": step + 1, "rss": _rss_bytes(), "groups": _process_groups(),
-                            "fds": len(os.listdir("/proc/self/fd")), "threads": _os_threads(),
-                            # a thread that is not a daemon would keep a failed rank from exiting
-                            "non_daemon": [t.name for t in threading.enumerate()
-                                           if not t.daemon and t is not threading.main_thread()]})
+            samples.append(
+                {
+                    "step": step + 1,
+                    "rss": _rss_bytes(),
+                    "groups": _process_groups(),
+                    "fds": len(os.listdir("/proc/self/fd")),
+                    "threads": _os_threads(),
+                    # a thread that is not a daemon would keep a failed rank from exiting
+                    "non_daemon": [
+                        t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()
+                    ],
+                }
+            )
 
     groups_before = _process_groups()
     t0 = time.perf_counter()
@@ -234,8 +252,14 @@ def soak(config: dict, stock_config: dict, steps: int, every: int) -> dict:
     stock_losses = app_run.train_steps(stock, steps)
     stock_seconds = time.perf_counter() - t0
     app_run.release(stock)
-    return {"losses": losses, "stock_losses": stock_losses, "samples": samples,
-            "groups_before": groups_before, "seconds": seconds, "stock_seconds": stock_seconds}
+    return {
+        "losses": losses,
+        "stock_losses": stock_losses,
+        "samples": samples,
+        "groups_before": groups_before,
+        "seconds": seconds,
+        "stock_seconds": stock_seconds,
+    }
 
 
 # -- bad configs in a real world ------------------------------------------------------------------
@@ -244,8 +268,8 @@ def initialize_bad_configs(configs: list) -> dict:
     time. Records the error class and field per config, the process-group count before and after,
     and whether the world still answers a collective afterwards (nobody left inside one)."""
     import zeropp_hier
-    from zeropp_hier.core.errors import HierConfigError
     from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.core.errors import HierConfigError
 
     groups_before = _process_groups()
     outcomes = []
@@ -260,8 +284,7 @@ def initialize_bad_configs(configs: list) -> dict:
             outcomes.append((f"escaped {type(e).__name__}", str(e)[:300]))
     t = torch.ones(1)
     dist.all_reduce(t)  # every rank got here: no rank is waiting inside a half-started collective
-    return {"outcomes": outcomes, "groups_before": groups_before, "groups_after": _process_groups(),
-            "sum": t.item()}
+    return {"outcomes": outcomes, "groups_before": groups_before, "groups_after": _process_groups(), "sum": t.item()}
 
 
 def engines_one_after_another(config: dict, engines: int) -> list:

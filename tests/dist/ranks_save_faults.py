@@ -7,6 +7,7 @@ the way it gets ENOSPC on a full disk or EDQUOT over quota). ``enospc``: the che
 engine's ``save`` of one file raises ``OSError(ENOSPC)`` on that rank. DeepSpeed, its
 collectives and the file writes of every other rank are real.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -109,8 +109,6 @@ def _ctx(cfg, topo, plan, groups, tick_group, ticks: bool, chunks: int):
     )
 
 
-
-
 def _gather(ctx, hops, start, phase, sizes, slots, keep, chunks):
     """One gather as the runtime submits it: one job unchunked; chunked, a job per chunk on the
     lanes and one piece of work (``submit_all``) in ticks."""
@@ -385,9 +383,8 @@ def stream_run(cases: dict, rank_map: list, chunk_counts, count: int) -> dict:
 def engine_run(configs: dict, steps: int) -> dict:
     """Train each config from the same seed; record every hop transfer call of the run (its
     group, issuing thread, in-flight work at issue, and any hop collective)."""
-    from zeropp_hier.app import run as training
-
     import zeropp_hier
+    from zeropp_hier.app import run as training
 
     out = {}
     for name, cfg in configs.items():

@@ -3,6 +3,7 @@
 They return plain data (losses, tensors, counters) to the test process, which does the
 asserting, so a failed assertion shows in pytest's output rather than in a worker's traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
+from zeropp_hier.app.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core import layout
-from zeropp_hier.app.gpt import GPTConfig
 
 
 def run_configs(configs: dict, steps: int, model_cfg: GPTConfig = GPTConfig()) -> dict:
@@ -32,6 +33,7 @@ def partition_sizes(config: dict, model_cfg: GPTConfig = GPTConfig()) -> dict:
 def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_after: int) -> dict:
     """Uninterrupted run vs save at ``steps_before`` + load in a fresh engine + continue."""
     import zeropp_hier
+
     ref = app_run.build_engine(config)
     ref_losses = app_run.train_steps(ref, steps_before + steps_after)
     ref_state = app_run.gathered_state(ref)
@@ -49,6 +51,7 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
     # one forward rebuilds the kept shards from the loaded weights
     c = second.module.config
     from zeropp_hier.app.data import synthetic_batch
+
     x, y = synthetic_batch(c, second.train_micro_batch_size_per_gpu(), 0, dist.get_rank())
     with torch.no_grad():
         second(x, y)
@@ -57,9 +60,15 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
     state = app_run.gathered_state(second)
     stats = zeropp_hier.comm_stats(second)
     app_run.release(second)
-    return {"ref_losses": ref_losses[steps_before:], "resumed_losses": resumed,
-            "ref_state": ref_state, "state": state, "shards_after_load": shards_after_load,
-            "shard_errors": shard_errors, "stats": stats}
+    return {
+        "ref_losses": ref_losses[steps_before:],
+        "resumed_losses": resumed,
+        "ref_state": ref_state,
+        "state": state,
+        "shards_after_load": shards_after_load,
+        "shard_errors": shard_errors,
+        "stats": stats,
+    }
 
 
 def compare_shards_with_gather(engine) -> dict:
@@ -67,6 +76,7 @@ def compare_shards_with_gather(engine) -> dict:
     import deepspeed
 
     from zeropp_hier.comm.collectives import Encoded
+
     rt = engine.hier_runtime
     topo = rt.topo
     errors = {}
@@ -102,16 +112,21 @@ def init_parity(steps: int) -> dict:
 
     import zeropp_hier
     from zeropp_hier.app.gpt import GPT
+
     out = {}
     for name, cfg, init, initialize in (
-            ("stock", ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
-            ("hier", ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize)):
+        ("stock", ds_config(None), deepspeed.zero.Init, deepspeed.initialize),
+        ("hier", ds_config("frontier", compression="none"), zeropp_hier.Init, zeropp_hier.initialize),
+    ):
         torch.manual_seed(0)
         with init(config_dict_or_path=cfg):
             model = GPT(GPTConfig())
         engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=cfg)
-        out[name] = {"losses": app_run.train_steps(engine, steps), "engine": type(engine).__name__,
-                     "optimizer": type(engine.optimizer).__name__}
+        out[name] = {
+            "losses": app_run.train_steps(engine, steps),
+            "engine": type(engine).__name__,
+            "optimizer": type(engine.optimizer).__name__,
+        }
         if name == "hier":
             out[name]["stats"] = zeropp_hier.comm_stats(engine)
         app_run.release(engine)
@@ -129,9 +144,9 @@ def modified_weights(steps: int) -> dict:
     import deepspeed
 
     from zeropp_hier.app.data import synthetic_batch
+
     out = {}
-    for name, cfg in (("stock", ds_config(None)),
-                      ("hier", ds_config("frontier", compression="none"))):
+    for name, cfg in (("stock", ds_config(None)), ("hier", ds_config("frontier", compression="none"))):
         engine = app_run.build_engine(cfg)
         app_run.train_steps(engine, 2)
         x, y = synthetic_batch(engine.module.config, 2, 99, dist.get_rank())

@@ -5,8 +5,7 @@ stock DeepSpeed ZeRO-3 running the same checkpointing, in the same world."""
 
 import pytest
 
-from zeropp_hier.app.spec import ModelSpec
-from zeropp_hier.app.spec import ds_config
+from zeropp_hier.app.spec import ModelSpec, ds_config
 
 from ..helpers import assert_losses_close, assert_states_close, rel_diff
 from . import ranks_models

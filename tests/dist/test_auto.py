@@ -1,6 +1,7 @@
 """``"preset": "auto"`` ([Note: auto preset] in zeropp_hier/deepspeed/auto.py) on 8 real ranks
 (2 nodes x 2 packages x 2 GCDs, gloo over loopback): the choice is made at initialize, is the
 same on every rank, is recorded, and the engine then trains as the chosen preset."""
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config
@@ -22,9 +23,14 @@ def auto_runs(cfgs: dict, steps: int) -> dict:
         built = time.perf_counter() - t0
         losses = app_run.train_steps(engine, steps)
         st = zeropp_hier.comm_stats(engine)
-        out[name] = {"losses": losses, "auto": st["auto"], "preset": engine.hier_runtime.plan.preset,
-                     "build_s": built, "bytes": st["bytes"],
-                     "chunks": engine.hier_runtime.cfg.pipeline.chunks}
+        out[name] = {
+            "losses": losses,
+            "auto": st["auto"],
+            "preset": engine.hier_runtime.plan.preset,
+            "build_s": built,
+            "bytes": st["bytes"],
+            "chunks": engine.hier_runtime.cfg.pipeline.chunks,
+        }
         app_run.release(engine)
     return out
 
@@ -40,9 +46,11 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
     # declared rates: Frontier's ratios at the emulated cluster's scale (links slow beside this
     # CPU's quantization), and Frontier's own rates (there this tiny model's communication takes
     # microseconds, and the CPU's quantization time decides)
-    cfgs = {"probed": _auto(probe_kb=64),
-            "frontier_ratios": _auto(tier_gbps={"gcd": 0.016, "gpu": 0.004, "node": 0.001}),
-            "frontier_rates": _auto(tier_gbps={"gcd": 200, "gpu": 50, "node": 12.5})}
+    cfgs = {
+        "probed": _auto(probe_kb=64),
+        "frontier_ratios": _auto(tier_gbps={"gcd": 0.016, "gpu": 0.004, "node": 0.001}),
+        "frontier_rates": _auto(tier_gbps={"gcd": 200, "gpu": 50, "node": 12.5}),
+    }
     res = world8.run(auto_runs, cfgs, STEPS)
     for name in cfgs:
         choices = {r[name]["auto"]["chosen"] for r in res}
@@ -71,6 +79,7 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
 
 def test_auto_refuses_a_compression_section_and_foreign_keys():
     from zeropp_hier.core.config import parse_section
+
     with pytest.raises(HierConfigError, match="zeropp_hier.compression"):
         parse_section({"preset": "auto", "compression": "int8"})
     with pytest.raises(HierConfigError, match="zeropp_hier.auto"):
@@ -114,10 +123,10 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
     import torch
     import torch.distributed as dist
 
+    from zeropp_hier import planner
     from zeropp_hier.core.config import parse_section
     from zeropp_hier.deepspeed import auto
     from zeropp_hier.deepspeed.runtime import topology_for
-    from zeropp_hier import planner
 
     rank = dist.get_rank()
     calls = []
@@ -140,8 +149,13 @@ def resolve_counting(section: dict, fail_on_rank0: bool) -> dict:
             return {"rankings": len(calls), "error": str(e)}
     finally:
         planner.rank_auto = real
-    return {"rankings": len(calls), "preset": chosen.preset, "compression": chosen.compression,
-            "memory": chosen.memory, "record": record}
+    return {
+        "rankings": len(calls),
+        "preset": chosen.preset,
+        "compression": chosen.compression,
+        "memory": chosen.memory,
+        "record": record,
+    }
 
 
 def test_auto_ranks_on_rank_0_and_every_rank_takes_its_choice(world4):
@@ -150,8 +164,11 @@ def test_auto_ranks_on_rank_0_and_every_rank_takes_its_choice(world4):
     assert [r["rankings"] for r in res] == [1, 0, 0, 0]
     assert all(r["record"] == res[0]["record"] and r["record"]["ranked_on"] == 0 for r in res)
     for r in res:  # the whole choice, not only its name
-        assert (r["preset"], r["compression"], r["memory"]) == (res[0]["preset"], res[0]["compression"],
-                                                                res[0]["memory"])
+        assert (r["preset"], r["compression"], r["memory"]) == (
+            res[0]["preset"],
+            res[0]["compression"],
+            res[0]["memory"],
+        )
     assert res[0]["preset"] == res[0]["record"]["preset"]
     # a ranking that fails on rank 0 fails every rank with its error; none waits for a choice
     res = world4.run(resolve_counting, section, True)

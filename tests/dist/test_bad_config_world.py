@@ -1,16 +1,22 @@
 """Bad configs in a real 8-rank world: ``zeropp_hier.initialize`` refuses every one on every rank
 with our error naming the field, before DeepSpeed creates a group or issues a collective; the
 world is still usable afterwards. (test_config_fuzz.py covers thousands of sections, pure.)"""
+
 from zeropp_hier.app.spec import ds_config
 
 from ..helpers import set_path
 from . import ranks_reliability as rs
 
-JUNK = [None, -1, 0, 3.5, "int3", "", [], {}, True, float("nan"), 10 ** 30, {"node": "int5"}]
+JUNK = [None, -1, 0, 3.5, "int3", "", [], {}, True, float("nan"), 10**30, {"node": "int5"}]
 # where each junk value goes; a junk value that is valid there (null = default) is skipped
 FIELDS = ("enabled", "preset", "collective_timeout_s", "topology.gpus_per_node", "compression.block_size")
-VALID_THERE = {"enabled": (True,), "preset": (None,), "collective_timeout_s": (None, 3.5),
-               "topology.gpus_per_node": (None,), "compression.block_size": (None, {})}
+VALID_THERE = {
+    "enabled": (True,),
+    "preset": (None,),
+    "collective_timeout_s": (None, 3.5),
+    "topology.gpus_per_node": (None,),
+    "compression.block_size": (None, {}),
+}
 
 
 def _spoiled(path: str, value) -> dict:
@@ -26,8 +32,9 @@ def bad_configs() -> list[tuple[dict, str]]:
             if any(value is v or value == v and type(value) is type(v) for v in VALID_THERE[field]):
                 continue
             # a huge gpus_per_node is a valid number that does not fit the world: "topology"
-            out.append((_spoiled(f"zeropp_hier.{field}", value),
-                        "topology" if field.startswith("topology") else field))
+            out.append(
+                (_spoiled(f"zeropp_hier.{field}", value), "topology" if field.startswith("topology") else field)
+            )
     out += [
         (_spoiled("zeropp_hier.topology.gpus_per_node", 3), "topology"),  # 8 ranks, 6 per node
         (_spoiled("zeropp_hier.topology.gcds_per_gpu", 16), "topology"),  # bigger than the world

@@ -2,6 +2,7 @@
 a real hop gather is queued on a real engine's executor, held behind a gate that only a drain
 opens; then the step's boundary operations run (the optimizer step with its agreed non-finite
 check, a checkpoint save, a load). Each must drain the executor before its own work starts."""
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config

@@ -1,4 +1,5 @@
 """Save, load into a fresh engine, continue: same as never stopping; kept shards rebuilt."""
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config

@@ -4,6 +4,7 @@ refused on every rank and nothing runs; the manifest covers every file and only 
 save killed at each step of its commit leaves a checkpoint that loads; a conversion never
 replaces its source; a directory that one rank does not see, or an I/O error on one rank, is
 reported on every rank with the rank, the file and the cause."""
+
 import json
 import math
 import os
@@ -56,8 +57,10 @@ def test_real_checkpoints_of_every_preset_need_only_the_allowlist_and_load_exact
             assert r[name]["max_diff"] == 0.0, (name, rank)
     # the error-feedback residuals were in the checkpoint that loaded tensors-only
     with torch.serialization.safe_globals(safe_load.allowed_globals()):
-        optim = torch.load(os.path.join(root, "frontier-int4-fp32", "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-                           weights_only=True)
+        optim = torch.load(
+            os.path.join(root, "frontier-int4-fp32", "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+            weights_only=True,
+        )
     assert optim["optimizer_state_dict"]["zeropp_hier_error_feedback"]
 
 
@@ -71,6 +74,7 @@ def test_zero_to_fp32_runs_tensors_only_and_equals_the_saved_weights(saved):
 
 
 # -- a pickle that would run code -----------------------------------------------------------------
+
 
 class RunsCode:
     """Unpickling this object calls ``exec``: it writes ``marker``."""
@@ -135,6 +139,7 @@ def test_pickle_that_runs_code_is_refused_on_every_rank_and_never_runs(booby_tra
 
 
 # -- the manifest covers every file; names are plain ---------------------------------------------
+
 
 def _copy(saved, tmp_path, name):
     root, _ = saved
@@ -206,6 +211,7 @@ def test_unlisted_files_links_and_unsafe_names_are_refused(saved, tmp_path, worl
 
 # -- conversions never replace a checkpoint -------------------------------------------------------
 
+
 def test_to_universal_refuses_its_source_and_an_existing_tag(saved, tmp_path, capsys):
     src, t = _copy(saved, tmp_path, "src")
     before = {rel: checkpoint.file_digest(os.path.join(t, rel)) for rel in checkpoint.list_files(t)}
@@ -252,8 +258,12 @@ def test_kill_at_every_commit_step_leaves_a_checkpoint_that_loads(versions, tmp_
         shutil.copytree(os.path.join(second, "t"), tmp)
         manifest = str(tmp_path / f"{step}.json")
         shutil.move(os.path.join(tmp, checkpoint.MANIFEST), manifest)
-        proc = subprocess.run([sys.executable, "-c", _COMMIT, root, tmp, manifest],
-                              env={**os.environ, checkpoint.CRASH_ENV: step}, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _COMMIT, root, tmp, manifest],
+            env={**os.environ, checkpoint.CRASH_ENV: step},
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == -9, (step, proc.returncode, proc.stderr[-2000:])  # killed there
         after_crash[step] = sorted(os.listdir(root))
         roots[step] = root
@@ -276,6 +286,7 @@ def test_kill_at_every_commit_step_leaves_a_checkpoint_that_loads(versions, tmp_
 
 
 # -- what one rank cannot see ---------------------------------------------------------------------
+
 
 def test_directory_one_rank_does_not_see_is_named_on_every_rank(world2, tmp_path):
     dirs = {0: str(tmp_path / "node0"), 1: str(tmp_path / "node1")}

@@ -1,4 +1,5 @@
 """Bytes per tier from ``comm_stats`` on 2x2x2: where the frontier preset's traffic goes."""
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config
@@ -12,8 +13,11 @@ N, B = 2, 256  # nodes, default block size
 
 @pytest.fixture(scope="module")
 def frontier_run(world8):
-    cfgs = {"frontier": ds_config("frontier"), "frontier_fp32": ds_config("frontier", compression="none"),
-            "zero3": ds_config("zero3")}
+    cfgs = {
+        "frontier": ds_config("frontier"),
+        "frontier_fp32": ds_config("frontier", compression="none"),
+        "zero3": ds_config("zero3"),
+    }
     res = world8.run(ranks_training.run_configs, cfgs, STEPS)
     sizes = world8.run(ranks_training.partition_sizes, ds_config("frontier"))[0]["partition_sizes"]
     return res, sizes
@@ -83,7 +87,6 @@ def test_later_gather_hops_carry_the_int8_rows(frontier_run):
 
 def test_gradient_node_bytes_at_most_int8(frontier_run):
     res, sizes = frontier_run
-    share = sum(sizes)
     for r in res:
         st = r["frontier"]["stats"]
         calls = st["calls"]["grad_reduce"]["node"]

@@ -1,4 +1,5 @@
 """bf16, fp16 (with DeepSpeed's loss scaler) and gradient accumulation, each beside stock."""
+
 import math
 
 import pytest

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
+from zeropp_hier.app.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
-from zeropp_hier.app.models import ModelSpec
 from zeropp_hier.core.errors import HierConfigError
 from zeropp_hier.deepspeed.checkpoint_files import HierCheckpointError
 from zeropp_hier.tools import export_hf

@@ -1,6 +1,6 @@
 """A dead or stuck rank ends the job within a bound, with errors naming tier and peer; no hang,
 no process left behind. Each test breaks its own world on purpose (never the shared world8)."""
-import os
+
 import re
 
 import pytest
@@ -9,8 +9,8 @@ from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
-from . import ranks_reliability as rs
 from ..helpers import marked_processes
+from . import ranks_reliability as rs
 
 TIMEOUT_S = 5.0  # collective_timeout_s of these runs
 # a quiet spell this long after the last failure or exit: the rest are stuck. Survivors end within
@@ -20,16 +20,24 @@ TIMEOUT_S = 5.0  # collective_timeout_s of these runs
 GRACE_S = 12.0
 BOUND_S = 60.0  # what the tests accept as "bounded" (a loaded 2-core machine; measured: ~15 s)
 
-_ERROR = re.compile(r"HierCommError: zeropp_hier collective failed on rank (\d+) in (.+?), tier '(\w+)' "
-                    r"\(group over ([\w+]+)\), waiting on peer ranks \[([\d, ]*)\]: (.*?)\. This job")
+_ERROR = re.compile(
+    r"HierCommError: zeropp_hier collective failed on rank (\d+) in (.+?), tier '(\w+)' "
+    r"\(group over ([\w+]+)\), waiting on peer ranks \[([\d, ]*)\]: (.*?)\. This job"
+)
 
 
 def parse_error(text: str) -> dict | None:
     m = _ERROR.search(text)
     if m is None:
         return None
-    return {"rank": int(m[1]), "phase": m[2], "tier": m[3], "axes": tuple(m[4].split("+")),
-            "peers": [int(p) for p in m[5].split(",") if p.strip()], "reason": m[6]}
+    return {
+        "rank": int(m[1]),
+        "phase": m[2],
+        "tier": m[3],
+        "axes": tuple(m[4].split("+")),
+        "peers": [int(p) for p in m[5].split(",") if p.strip()],
+        "reason": m[6],
+    }
 
 
 def processes_of(world: LocalWorld) -> list[int]:
@@ -84,8 +92,9 @@ def test_each_survivor_names_tier_and_peer_it_waited_on(dead_and_stuck):
     # both ways of failing were exercised and named: a closed connection from the dead rank's
     # partners, a timeout from the partners of the silent one
     assert any(5 in p["peers"] and "closed its connection" in p["reason"] for p in parsed.values()), parsed
-    assert any(p["peers"] == [2] and "no progress within collective_timeout_s = 5 s" in p["reason"]
-               for p in parsed.values()), parsed
+    assert any(
+        p["peers"] == [2] and "no progress within collective_timeout_s = 5 s" in p["reason"] for p in parsed.values()
+    ), parsed
 
 
 def test_stuck_rank_in_deepspeed_step_times_out_on_deepspeed_group():

@@ -1,6 +1,7 @@
 """Frozen parameters keep their kept shards across steps: a fine-tune that trains a small part
 of the model gathers the frozen rest over the network once, then from the package copy; the
 results stay those of stock ZeRO-3 (same test, same world)."""
+
 from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
@@ -10,10 +11,12 @@ TRAINABLE = ("blocks.1.", "ln_f.")  # everything else (embeddings, block 0) is f
 
 
 def frozen_run(cfgs, steps):
+    import torch
+
     import zeropp_hier
     from zeropp_hier.app import run as app_run
     from zeropp_hier.app.gpt import GPT, GPTConfig
-    import torch
+
     out = {}
     for name, cfg in cfgs.items():
         torch.manual_seed(0)
@@ -33,10 +36,12 @@ def frozen_run(cfgs, steps):
         if name != "stock":
             rt = engine.hier_runtime
             # fp32, uncompressed: the node hop sends this rank's primary partition of a parameter
-            out[name]["trainable_bytes"] = sum(p.ds_tensor.ds_numel * 4 for p in engine.module.parameters()
-                                               if p.requires_grad)
-            out[name]["frozen_shards"] = sum(1 for p in engine.module.parameters()
-                                             if not p.requires_grad and p.ds_id in rt.shards)
+            out[name]["trainable_bytes"] = sum(
+                p.ds_tensor.ds_numel * 4 for p in engine.module.parameters() if p.requires_grad
+            )
+            out[name]["frozen_shards"] = sum(
+                1 for p in engine.module.parameters() if not p.requires_grad and p.ds_id in rt.shards
+            )
         app_run.release(engine)
     return out
 

@@ -1,4 +1,5 @@
 """zeropp_hier.Init (models built partitioned) and the disabled section, beside stock."""
+
 import pytest
 
 from ..helpers import assert_losses_close

@@ -1,5 +1,6 @@
 """Kept levels under a memory budget ([Note: kept levels] in core/levels.py), on 8 real ranks
 (2 nodes x 2 packages x 2 GCDs), against stock DeepSpeed ZeRO-3 in the same world."""
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config
@@ -23,9 +24,13 @@ def runs(world8):
     # fp32 copies: a node copy spans 2 ranks' slots, a package copy 4; halfway between all-node
     # and all-package, about half the layers get package copies
     half = (2 + 4) / 2 * slots * 4
-    cfgs = {"stock": ds_config(None), "mixed": _budgeted(half / 1e9), "none_kept": _budgeted(0),
-            "mixed_int8": _budgeted(half / 1e9 / 3.5, compression=None),
-            "zeropp_mixed": _budgeted(half / 1e9, preset="zeropp")}
+    cfgs = {
+        "stock": ds_config(None),
+        "mixed": _budgeted(half / 1e9),
+        "none_kept": _budgeted(0),
+        "mixed_int8": _budgeted(half / 1e9 / 3.5, compression=None),
+        "zeropp_mixed": _budgeted(half / 1e9, preset="zeropp"),
+    }
     return half, world8.run(ranks_training.run_configs, cfgs, STEPS)
 
 

@@ -1,7 +1,6 @@
 """The job's models are built sharded: no rank ever holds the whole model (measured)."""
 
-from zeropp_hier.app.spec import ModelSpec
-from zeropp_hier.app.spec import ds_config
+from zeropp_hier.app.spec import ModelSpec, ds_config
 
 from . import ranks_models
 

@@ -19,7 +19,7 @@ from zeropp_hier.app import data
 from zeropp_hier.app.data import stdlib_files
 from zeropp_hier.app.monitor import MonitorSpec
 from zeropp_hier.app.run import rank_main
-from zeropp_hier.app.spec import JobSpec, ModelSpec
+from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.vocab import TIERS
 
 from ..helpers import data_job_spec

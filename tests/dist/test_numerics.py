@@ -2,6 +2,7 @@
 error feedback survives a checkpoint; a non-finite gradient on one rank never reaches the
 weights (fp16: skipped and loss scale lowered as stock; bf16: skipped and reported, or raised);
 the compression error is reported per tier."""
+
 import math
 
 import pytest
@@ -16,11 +17,13 @@ FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}}  #
 
 
 def _nonfinite_configs():
-    cfgs = {"stock_fp16": ds_config(None, dtype="fp16", overrides=FP16),
-            "frontier_fp16": ds_config("frontier", dtype="fp16", overrides=FP16),
-            "stock_bf16": ds_config(None, dtype="bf16"),
-            "frontier_bf16_skip": ds_config("frontier", dtype="bf16"),
-            "frontier_bf16_raise": ds_config("frontier", dtype="bf16")}
+    cfgs = {
+        "stock_fp16": ds_config(None, dtype="fp16", overrides=FP16),
+        "frontier_fp16": ds_config("frontier", dtype="fp16", overrides=FP16),
+        "stock_bf16": ds_config(None, dtype="bf16"),
+        "frontier_bf16_skip": ds_config("frontier", dtype="bf16"),
+        "frontier_bf16_raise": ds_config("frontier", dtype="bf16"),
+    }
     cfgs["frontier_bf16_raise"]["zeropp_hier"]["numerics"] = {"nonfinite": "raise"}
     if FP16_REFUSED:  # DeepSpeed would refuse these on every rank: run the rest
         del cfgs["stock_fp16"], cfgs["frontier_fp16"]
@@ -36,8 +39,9 @@ def suite(world8, tmp_path_factory):
     # the node stage's scheme differs from the others', so the per-tier error report can be told
     # apart tier by tier
     config = ds_config("frontier", grad_accum=2, compression={"gradients": {"gpu": "int8", "node": "int4"}})
-    return world8.run(scenarios_numerics.numerics_suite, config, ckpt,
-                      _nonfinite_configs(), STEPS, INJECT_STEP, INJECT_RANK)
+    return world8.run(
+        scenarios_numerics.numerics_suite, config, ckpt, _nonfinite_configs(), STEPS, INJECT_STEP, INJECT_RANK
+    )
 
 
 def test_error_feedback_state_round_trips_through_a_checkpoint(suite):

@@ -11,6 +11,7 @@ every call):
   gradient buckets are reduced while backward goes on ([Note: gradient stages beside backward]),
   and the result still equals the inline run, prefetch off ([Note: one order of hop collectives]).
 """
+
 from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
@@ -38,6 +39,7 @@ def _cfg(prefetch: bool, overlap: bool | str = True, layers: int = 1, backward_a
 def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
     from zeropp_hier.app import run as app_run
     from zeropp_hier.comm import reduce as comm_reduce
     from zeropp_hier.deepspeed import inflight
@@ -71,24 +73,28 @@ def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
             layer_wait(self, handle_dependency)
             early["layers_per_handle"] = max(early["layers_per_handle"], len(self.handle.layers))
             early["waits"] += self.handle.taken < len(self.handle.layers)
+
         calls = {"gather": 0, "reduce": 0, "submit": 0, "submit_past_held": 0}
 
         def past_held(fn):  # a gradient bucket submitted while the backward window held gathers
             def run(*a, **k):
                 calls["submit_past_held"] += bool(rt.window.held)
                 return fn(*a, **k)
+
             return run
 
         def counted(fn, kind):
             def run(*a, **k):
                 calls[kind] += 1
                 return fn(*a, **k)
+
             return run
 
         def watched(fn):
             def run(*a, **k):
                 with HostOps(seen):  # on the thread that runs it
                     return fn(*a, **k)
+
             return run
 
         # the jobs (generators: their work runs in the executor's lanes, each step of a job
@@ -106,14 +112,23 @@ def hot_path_run(cfgs: dict, steps: int, model_cfg=None) -> dict:
         finally:
             comm_reduce.reduce_rows, comm_reduce.submit_reduce_scatter = saved
             inflight.LayerWait.wait = layer_wait
-        out[name] = {"losses": losses, "host_ops": sorted(set(seen)), "calls": calls,
-                     "max_outstanding": rt.executor.max_outstanding, "early": early,
-                     "lanes_busy": rt.executor.max_lanes_busy,
-                     "buckets_overlapped": engine.optimizer.buckets_overlapped,
-                     "backward_gather_bytes": sum(__import__("zeropp_hier").comm_stats(engine)
-                                                  ["bytes"]["backward_gather"].values()),
-                     "samples": sum(e["samples"] for t in __import__("zeropp_hier").comm_stats(engine)
-                                    ["numerics"]["relative_error"].values() for e in t.values())}
+        out[name] = {
+            "losses": losses,
+            "host_ops": sorted(set(seen)),
+            "calls": calls,
+            "max_outstanding": rt.executor.max_outstanding,
+            "early": early,
+            "lanes_busy": rt.executor.max_lanes_busy,
+            "buckets_overlapped": engine.optimizer.buckets_overlapped,
+            "backward_gather_bytes": sum(
+                __import__("zeropp_hier").comm_stats(engine)["bytes"]["backward_gather"].values()
+            ),
+            "samples": sum(
+                e["samples"]
+                for t in __import__("zeropp_hier").comm_stats(engine)["numerics"]["relative_error"].values()
+                for e in t.values()
+            ),
+        }
         app_run.release(engine)
     return out
 

@@ -1,4 +1,5 @@
 """Whole-engine parity with stock DeepSpeed ZeRO-3, run in the same world, on three shapes."""
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config

@@ -53,8 +53,6 @@ def _teardown(ctx, groups):
         dist.destroy_process_group(hg.group)
 
 
-
-
 def _partitions(rank: int, world: int, seed: int):
     """This rank's partition of each of NUMELS random tensors, as DeepSpeed holds them: ceil(n /
     world) elements each, the tail past the tensor's end garbage (NaN); and the generator, for

@@ -5,8 +5,6 @@ step (``work.wait()``), while rank 1 joins each collective only after a sleep. T
 show in rank 0's figure; with the synchronisation left out of ``timed`` it would not, and this
 test fails."""
 
-import pytest
-
 DELAY_S = 1.0
 REPS = 2
 

@@ -7,6 +7,7 @@ beside stock DeepSpeed where one applies:
   module) and models prepared by stock zero.Init with hpZ are refused with a named error;
 - DeepSpeed's own groups keep their timeout unless deepspeed_group_timeout_s asks otherwise.
 """
+
 import pytest
 
 from zeropp_hier.app.spec import ds_config
@@ -26,12 +27,19 @@ class _Counter:
     ProcessGroup class in this rank (DeepSpeed and we hold references to the torch.distributed
     functions, so they cannot be wrapped there): every gather still runs as before."""
 
-    METHODS = ("_allgather_base", "all_gather_single", "all_gather_single_coalesced", "allgather",
-               "allgather_coalesced", "allgather_into_tensor_coalesced")
+    METHODS = (
+        "_allgather_base",
+        "all_gather_single",
+        "all_gather_single_coalesced",
+        "allgather",
+        "allgather_coalesced",
+        "allgather_into_tensor_coalesced",
+    )
 
     def __init__(self):
         import torch
         import torch.distributed as dist
+
         self.cls = torch._C._distributed_c10d.ProcessGroup
         self.saved, self.world_gathers, self.on = {}, 0, False
         world = dist.get_world_size()
@@ -46,6 +54,7 @@ class _Counter:
                 if self.on and pg.size() == world:
                     self.world_gathers += 1
                 return _fn(pg, *a, **k)
+
             setattr(self.cls, name, wrapped)
 
     def close(self):
@@ -55,8 +64,10 @@ class _Counter:
 
 def persistent_params_run(stock_cfg, ours_cfg, steps):
     import torch.distributed as dist  # noqa: F401
+
     import zeropp_hier
     from zeropp_hier.app import run as app_run
+
     out = {}
     for name, cfg in (("stock", stock_cfg), ("ours", ours_cfg)):
         counter = _Counter()
@@ -69,8 +80,12 @@ def persistent_params_run(stock_cfg, ours_cfg, steps):
             losses += app_run.train_steps(engine, steps - 1, start=1)
             state = app_run.gathered_state(engine)  # GatheredParameters
             counter.on = False
-            out[name] = {"losses": losses, "world_gathers": counter.world_gathers, "persistent": persistent,
-                         "state": state}
+            out[name] = {
+                "losses": losses,
+                "world_gathers": counter.world_gathers,
+                "persistent": persistent,
+                "state": state,
+            }
             if name == "ours":
                 out[name]["stats"] = zeropp_hier.comm_stats(engine)
                 out[name]["calls_before"] = calls_before
@@ -107,7 +122,9 @@ def offload_run(cfg, ckpt_dir, steps):
     import torch
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
+
     from zeropp_hier.app import run as app_run
+
     want = torch.device(get_accelerator().current_device_name())
     seen = set()
     saved = {}
@@ -120,6 +137,7 @@ def offload_run(cfg, ckpt_dir, steps):
                 if isinstance(t, torch.Tensor):
                     seen.add(str(t.device))
             return _fn(*a, **k)
+
         setattr(dist, name, wrapped)
     try:
         engine = app_run.build_engine(cfg)
@@ -134,8 +152,13 @@ def offload_run(cfg, ckpt_dir, steps):
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-    return {"want": str(want), "seen": sorted(seen), "optimizer_device": optimizer_device,
-            "residual_devices": sorted(residual_devices), "comm_device": str(want)}
+    return {
+        "want": str(want),
+        "seen": sorted(seen),
+        "optimizer_device": optimizer_device,
+        "residual_devices": sorted(residual_devices),
+        "comm_device": str(want),
+    }
 
 
 def test_optimizer_offload_communicates_on_the_accelerator_device(world4, tmp_path):
@@ -145,8 +168,11 @@ def test_optimizer_offload_communicates_on_the_accelerator_device(world4, tmp_pa
     device. On this CPU-only machine both are the CPU, so this proves the devices agree with the
     accelerator's, as a GPU run must; only a GPU run can show a CPU tensor being refused."""
     # int4 node gradients, so that error feedback has residuals to restore
-    cfg = _cfg("frontier", overrides={"zero_force_ds_cpu_optimizer": False},
-               compression={"gradients": {"gpu": "int4", "node": "int4"}})
+    cfg = _cfg(
+        "frontier",
+        overrides={"zero_force_ds_cpu_optimizer": False},
+        compression={"gradients": {"gpu": "int4", "node": "int4"}},
+    )
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     runs = world4.run(offload_run, cfg, str(tmp_path), 2)
     for r in runs:
@@ -156,11 +182,13 @@ def test_optimizer_offload_communicates_on_the_accelerator_device(world4, tmp_pa
 
 
 def refusals(victim_rank_groups):
+    import deepspeed
     import torch
     import torch.distributed as dist
-    import deepspeed
+
     import zeropp_hier
     from zeropp_hier.app.gpt import GPT, GPTConfig
+
     out = {}
     cfg = _cfg("frontier")
     groups = [dist.new_group(g) for g in victim_rank_groups]  # every rank creates every group
@@ -176,8 +204,9 @@ def refusals(victim_rank_groups):
     def attempt(name, **kwargs):
         model = kwargs.pop("model", None) or GPT(GPTConfig())
         try:
-            zeropp_hier.initialize(model=model, model_parameters=model.parameters(), config=kwargs.pop("config", cfg),
-                                   **kwargs)
+            zeropp_hier.initialize(
+                model=model, model_parameters=model.parameters(), config=kwargs.pop("config", cfg), **kwargs
+            )
             out[name] = None
         except zeropp_hier.HierConfigError as e:
             out[name] = str(e)
@@ -202,7 +231,8 @@ def refusals(victim_rank_groups):
 
 def test_model_parallelism_and_stock_hpz_models_are_refused_by_name(world4):
     for r in world4.run(refusals, [[0, 1], [2, 3]]):
-        assert r["mpu"] is not None and "initialize(mpu=...)" in r["mpu"] and "data-parallel group of 2 of 4" in r["mpu"]
+        assert r["mpu"] is not None and "initialize(mpu=...)" in r["mpu"]
+        assert "data-parallel group of 2 of 4" in r["mpu"]
         assert r["moe"] is not None and "MoE layers" in r["moe"]
         assert r["hpz_init"] is not None and "hpZ secondary copy" in r["hpz_init"]
         assert "zeropp_hier.Init" in r["hpz_init"]
@@ -211,6 +241,7 @@ def test_model_parallelism_and_stock_hpz_models_are_refused_by_name(world4):
 def timeouts_run():
     from zeropp_hier.app import run as app_run
     from zeropp_hier.comm.failures import group_timeout
+
     out = {}
     for name, preset, t in (("stock", None, None), ("default", "frontier", None), ("asked", "frontier", 42.0)):
         cfg = _cfg(preset)
@@ -233,13 +264,17 @@ def test_deepspeed_groups_keep_their_timeout_unless_asked(world4):
         assert r["asked_after_destroy"] == r["stock"]  # given back when the engine goes
 
 
-@pytest.mark.parametrize("section, field", [
-    ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel.autotp_size"),
-    ({"sequence_parallel_size": 2}, "sequence_parallel_size"),
-])
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel.autotp_size"),
+        ({"sequence_parallel_size": 2}, "sequence_parallel_size"),
+    ],
+)
 def test_model_parallel_config_keys_are_refused(section, field):
     from zeropp_hier import HierConfigError
     from zeropp_hier.core.config import hier_config_from_ds
+
     cfg = {**_cfg("frontier"), **section}
     with pytest.raises(HierConfigError, match=f"'{field}'.*data parallelism over the whole world"):
         hier_config_from_ds(cfg)
@@ -254,9 +289,9 @@ def no_optimizer_and_args_keyword(cfg_path: str) -> dict:
     import torch
 
     import zeropp_hier
-    from zeropp_hier.deepspeed.partition import HierOffload
-    from zeropp_hier.app.gpt import GPT, GPTConfig
     from zeropp_hier.app.data import synthetic_batch
+    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.deepspeed.partition import HierOffload
 
     out = {}
     cfg = _cfg("frontier", compression="none")

@@ -14,10 +14,9 @@ import time
 import pytest
 
 from zeropp_hier.app import data
+from zeropp_hier.app.data import stdlib_files
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
-from zeropp_hier.app.spec import ModelSpec
-from zeropp_hier.app.data import stdlib_files
 
 from ..helpers import data_job_spec
 

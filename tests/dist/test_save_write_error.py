@@ -2,6 +2,7 @@
 on every rank with the same named error (rank, file, cause), within the collective timeout; the
 previous checkpoint stays the one 'latest' names and loads bit for bit ([Note: a rank that
 cannot write] in zeropp_hier/deepspeed/checkpoint_writes.py)."""
+
 import os
 
 import pytest

@@ -1,6 +1,7 @@
 """A long run: 90 steps of frontier (compression off) on 8 ranks. Resident memory stays flat
 after warm-up, no process group, file descriptor or thread is added per step, and every step's
 loss equals stock DeepSpeed ZeRO-3's in the same world."""
+
 from zeropp_hier.app.spec import ds_config
 
 from ..helpers import assert_losses_close
@@ -26,9 +27,11 @@ def test_soak_memory_flat_groups_constant_losses_equal_stock(world8):
         after = [s for s in samples if s["step"] >= WARMUP]
         base = after[0]["rss"]
         growth = max(s["rss"] for s in after) / base - 1.0
-        print(f"rank {rank}: RSS {base / 2 ** 20:.1f} MiB at step {WARMUP}, max growth {growth:+.2%}; "
-              f"groups {after[-1]['groups']}, fds {after[-1]['fds']}, threads {after[-1]['threads']}; "
-              f"{r['seconds'] / STEPS:.2f} s/step (stock {r['stock_seconds'] / STEPS:.2f})")
+        print(
+            f"rank {rank}: RSS {base / 2**20:.1f} MiB at step {WARMUP}, max growth {growth:+.2%}; "
+            f"groups {after[-1]['groups']}, fds {after[-1]['fds']}, threads {after[-1]['threads']}; "
+            f"{r['seconds'] / STEPS:.2f} s/step (stock {r['stock_seconds'] / STEPS:.2f})"
+        )
         assert growth < 0.05, f"rank {rank}: RSS grew {growth:.1%} after warm-up: {[s['rss'] for s in samples]}"
         assert len({s["groups"] for s in after}) == 1, f"rank {rank}: groups changed: {[s['groups'] for s in samples]}"
         for key in ("fds", "threads"):  # may drop (a lazily closed connection), must not grow

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from zeropp_hier.app import data, indexed, prepare_stream
+from zeropp_hier.app.data import HELD_OUT_EVERY
+from zeropp_hier.app.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
-from zeropp_hier.app.models import ModelSpec
-from zeropp_hier.app.data import HELD_OUT_EVERY
 
 from ..unit.test_prepare_stream import _docs, make_tokenizer, write_jsonl
 
