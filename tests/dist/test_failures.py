@@ -1,6 +1,7 @@
 """A dead or stuck rank ends the job within a bound, with errors naming tier and peer; no hang,
 no process left behind. Each test breaks its own world on purpose (never the shared world8)."""
 
+import os
 import re
 
 import pytest
@@ -41,8 +42,22 @@ def parse_error(text: str) -> dict | None:
 
 
 def processes_of(world: LocalWorld) -> list[int]:
-    """Live processes (not zombies) that carry this world's mark in their initial environment."""
-    return marked_processes(f"ZEROPP_HIER_WORLD_ID={world.world_id}")
+    """Live processes (not zombies) that carry this world's mark in their initial environment,
+    less this test process's multiprocessing fork server: a preloaded world starts it on first
+    use (so it inherits that world's mark) and it serves every later preloaded world of the
+    session; it is no rank and outlives each world by design."""
+    return [p for p in marked_processes(f"ZEROPP_HIER_WORLD_ID={world.world_id}") if not _my_fork_server(p)]
+
+
+def _my_fork_server(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return False
+    return b"multiprocessing.forkserver" in cmd and ppid == os.getpid()
 
 
 def broken_world(size: int, fn, *args) -> tuple[LocalWorld, WorldError]:
