@@ -180,7 +180,7 @@ def test_the_schedule_predicts_the_gpu_mode_runs(recorded):
     """Re-run from each recorded GPU-mode run's inputs: every row within 10% of its measured step
     in the GPU issue modes (ticks, one lane, stock's own), the issue's goal, and within 15% in
     gloo's lanes (not a GPU mode); one known miss, the narrow-deep shape's ticks of 8 chunks
-    (−17%: many short ticks whose per-tick cost the schedule lacks, docs/benchmarks.md "Other GPT
+    (−14%: many short ticks whose per-tick cost the schedule lacks, docs/benchmarks.md "Other GPT
     shapes"), within 20%. The planner's one lane ends every hop on all ranks together, where the
     ranks of small groups drift apart and overlap tiers ([Note: step schedule])."""
     rec = json.loads((RESULTS / recorded).read_text())
