@@ -66,6 +66,8 @@ def test_a_plan_with_a_hop_across_tiers_runs_one_lane_on_gpu_libraries():
 def test_mode_per_backend(backend, overlap, name):
     mode = resolve_issue_mode(overlap, *backend)
     assert mode.name == name
+    # the planner's vocabulary: inline and RCCL's serial lane both run hop after hop
+    assert mode.schedule == {"inline": "one_lane", "one_lane/serial": "one_lane"}.get(name, name)
     # a warning exactly when lanes were asked for on a device library
     assert (mode.warning is not None) == (name == "lanes" and backend != GLOO)
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import replace
 
 from .. import planner as P
-from ..comm.issue import DEFAULT_TICK_CHUNKS
+from ..comm.issue import default_chunks
 from ..core.errors import HierConfigError
 from .spec import JobSpec, n_params
 
@@ -78,17 +78,13 @@ def _candidates(spec: JobSpec) -> list[P.Candidate]:
 
 
 def _as_run(cands: list[P.Candidate], spec: JobSpec, cluster: P.ClusterModel, world: int) -> list[P.Candidate]:
-    """A fixed preset with the pipeline chunks the runtime will run (their staging counts): the
-    config's ``pipeline.chunks``, or left out ``DEFAULT_TICK_CHUNKS`` where the preset runs in
-    ticks on the GPUs (comm/issue.default_chunks) and 1 elsewhere; ``auto``'s candidates keep
-    the planner's choice, as ``auto`` itself makes it."""
+    """A fixed preset with the pipeline chunks the runtime will run, whose staging counts
+    (comm/issue.default_chunks in the mode its plan resolves to on the GPUs); ``auto``'s
+    candidates keep the planner's choice, as ``auto`` itself makes it."""
     if spec.preset == "auto":
         return cands
-    section = spec.ds_config(world=world).get("zeropp_hier", {})
-    chunks = section.get("pipeline", {}).get("chunks")
-    if chunks is not None:
-        return [c._replace(chunks=int(chunks)) for c in cands]
-    return [c._replace(chunks=DEFAULT_TICK_CHUNKS if P.issue_mode_of(c, cluster) == "ticks" else 1) for c in cands]
+    chunks = spec.ds_config(world=world).get("zeropp_hier", {}).get("pipeline", {}).get("chunks")
+    return [c._replace(chunks=default_chunks(chunks, P.resolved_issue_mode(c, cluster))) for c in cands]
 
 
 def check(

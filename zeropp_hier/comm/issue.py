@@ -79,6 +79,14 @@ class IssueMode(NamedTuple):
             return "ticks"
         return ("one_lane/serial" if self.serial else "one_lane") if self.one_lane else "lanes"
 
+    @property
+    def schedule(self) -> str:
+        """The mode as the planner lays a step out ([Note: step schedule] in planner/schedule.py):
+        "ticks", "lanes", or "one_lane" (inline runs hop after hop, as one lane does)."""
+        if self.ticks:
+            return "ticks"
+        return "lanes" if self.background and not self.one_lane else "one_lane"
+
 
 def backend_for(backend: str, device_type: str) -> str:
     """The backend that serves ``device_type`` in ``torch.distributed.get_backend``'s answer,

@@ -151,17 +151,13 @@ def resolve(cfg: HierConfig, module: torch.nn.Module, topo: Topology, rank: int,
     # ticks only where every hop of its plan spans one tier); the planner picks the chunks where
     # they overlap hops (lanes, ticks) and the config leaves them out; a config's own count stays,
     # and one lane overlaps nothing (one chunk)
-    clusters: dict[str, P.ClusterModel] = {}
-    candidates = []
-    for c in P.auto_candidates(cfg.memory.kept_shards_gb, cfg.pipeline.chunks):
-        on = dataclasses.replace(cluster, issue_mode=_planner_mode(cfg, c, cluster))
-        clusters[c.name] = on
-        candidates.append(c._replace(chunks=1) if c.chunks is None and on.mode == "one_lane" else c)
+    candidates = P.auto_candidates(cfg.memory.kept_shards_gb, cfg.pipeline.chunks)
+    clusters = {c.name: dataclasses.replace(cluster, issue_mode=_planner_mode(cfg, c, cluster)) for c in candidates}
     shared: list = [None]
     failure: Exception | None = None
     if rank == 0:
         try:
-            shared[0] = ("ok", *_rank_on_this_rank(P, clusters, wl, candidates, source, t0))
+            shared[0] = ("ok", *_rank_on_this_rank(P, cluster, clusters, wl, candidates, source, t0))
         except Exception as e:  # every rank raises it after the broadcast, none waits
             failure, shared[0] = e, ("error", f"{type(e).__name__}: {e}")
     nccl = dist.get_backend() == "nccl"  # broadcast_object_list stages through this device
@@ -191,16 +187,16 @@ def _planner_mode(cfg: HierConfig, cand: Candidate, cluster: ClusterModel) -> st
     from ..comm.issue import resolve_issue_mode
 
     one_tier = P.one_tier_plan(cand, cluster)
-    mode = resolve_issue_mode(cfg.overlap, dist.get_backend(), bool(getattr(torch.version, "hip", None)), one_tier)
-    # inline (overlap false) runs hop after hop, as one lane does
-    return "ticks" if mode.ticks else ("lanes" if mode.background and not mode.one_lane else "one_lane")
+    hip = bool(getattr(torch.version, "hip", None))
+    return resolve_issue_mode(cfg.overlap, dist.get_backend(), hip, one_tier).schedule
 
 
-def _rank_on_this_rank(P, clusters: dict, wl, candidates, source: str, t0: float) -> tuple[str, float | None, dict]:
+def _rank_on_this_rank(
+    P, cluster, clusters: dict, wl, candidates, source: str, t0: float
+) -> tuple[str, float | None, dict]:
     """Rank 0's part of [Note: auto preset]: rank the candidates, each in its issue mode
     (``clusters`` by name), print the ranking, and return what every rank needs: the chosen
     candidate's name, its kept budget and the record."""
-    cluster = next(iter(clusters.values()))
     preds = P.rank_auto(cluster, wl, candidates, clusters)
     fitting = [p for p in preds if p.memory.fits] or preds
     best = fitting[0]

@@ -42,7 +42,17 @@ from .pipeline import (
     sequential_time,
     ticked_time,
 )
-from .ranking import Prediction, issue_mode_of, one_tier_plan, predict, rank, rank_auto, rank_key, ratio
+from .ranking import (
+    Prediction,
+    issue_mode_of,
+    one_tier_plan,
+    predict,
+    rank,
+    rank_auto,
+    rank_key,
+    ratio,
+    resolved_issue_mode,
+)
 from .workload import Workload, gpt_workload
 
 __all__ = [
@@ -84,6 +94,7 @@ __all__ = [
     "rank_auto",
     "issue_mode_of",
     "one_tier_plan",
+    "resolved_issue_mode",
     "rank_key",
     "ratio",
     "sequential_time",

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from ..comm.issue import one_tier_hops
+from ..comm.issue import IssueMode, one_tier_hops, resolve_issue_mode
 from ..core import levels
 from ..core.plan import make_plan
 from ..core.vocab import TIERS
@@ -70,15 +70,21 @@ def one_tier_plan(cand: Candidate, cluster: ClusterModel) -> bool:
     return one_tier_hops(h.axes for h in (*plan.forward, *backward, *plan.reduce))
 
 
+def resolved_issue_mode(cand: Candidate, cluster: ClusterModel) -> IssueMode:
+    """What ``overlap: true`` resolves to for ``cand``'s plan on ``cluster``'s library, as the
+    runtime resolves it ([Note: one issuing thread on GPUs] in comm/issue.py): lanes on gloo; on
+    NCCL/RCCL ticks where every hop of the plan spans one tier, one lane otherwise."""
+    backend = "gloo" if cluster.library == "gloo" else "nccl"
+    return resolve_issue_mode(True, backend, cluster.library == "rccl", one_tier_plan(cand, cluster))
+
+
 def issue_mode_of(cand: Candidate, cluster: ClusterModel) -> str:
     """The issue mode ``cand`` runs in on ``cluster``: ``cluster.issue_mode`` where set;
-    otherwise what ``overlap: true`` resolves to for the library ([Note: one issuing thread on
-    GPUs] in comm/issue.py): lanes on gloo; on NCCL/RCCL ticks where every hop of the candidate's
-    plan spans one tier and one lane otherwise. Stock DeepSpeed issues its own collectives: the
+    otherwise ``resolved_issue_mode``'s. Stock DeepSpeed issues its own collectives: the
     library's default (``cluster.mode``)."""
-    if cluster.issue_mode is not None or cluster.library == "gloo" or cand.stock:
+    if cluster.issue_mode is not None or cand.stock:
         return cluster.mode
-    return "ticks" if one_tier_plan(cand, cluster) else "one_lane"
+    return resolved_issue_mode(cand, cluster).schedule
 
 
 def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
