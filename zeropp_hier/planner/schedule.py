@@ -47,10 +47,11 @@ on all ranks at once. In the runtime a rank waits only for its hop's group (a pa
 nodes, a package's pair, a ring of four packages), and what it sends is on its way before its
 peers are ready. So ranks drift apart in the one-lane mode, and a hop of one rank's group runs
 beside another group's hop of a different tier; the schedule has no such overlap there. It shows
-where the groups are small: ``frontier/one-lane`` in
-benchmarks/results/compare_link_bound_gpu_mode.json spent 8.1 s per step and rank in node hops
-while each node uplink carried 12.6 s of bytes at its rate (wire counters), the rest beside the
-gpu and gcd hops, and ran 31.1 s where this schedules 35.3 s. All but one of ``zeropp``'s hops
+where the groups are small: ``frontier/one-lane`` in the link-bound GPU-mode run at node 0.33
+Mbit/s (its table is in the CHANGELOG) spent 8.1 s per step and rank in node hops while each
+node uplink carried 12.6 s of bytes at its rate (wire counters), the rest beside the gpu and gcd
+hops, and ran 31.1 s where this schedules 35.3 s (in today's
+benchmarks/results/compare_link_bound_gpu_mode.json 48.7 s against 53.4 s). All but one of ``zeropp``'s hops
 join a whole node or the world (one ring or all-to-all), which brings its ranks back in step:
 there the one lane is 1-10% off, with the probe's per-tier rates (``python -m
 benchmarks.compare_planner`` prints each tier's hop seconds beside the measured busy seconds).
