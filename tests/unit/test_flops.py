@@ -47,6 +47,8 @@ def test_20b_on_frontier_arithmetic():
         ("AMD Instinct MI250X", 191.5),  # ROCm's name for one GCD
         ("AMD Instinct MI250X / MI250", 191.5),
         ("NVIDIA H100 80GB HBM3", 989.0),  # the SXM5 part
+        ("NVIDIA H200", 989.0),  # the SXM part
+        ("NVIDIA H200 NVL", 835.5),
         ("NVIDIA A100-SXM4-80GB", None),
         (None, None),
     ],

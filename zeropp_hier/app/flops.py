@@ -22,7 +22,9 @@ from __future__ import annotations
 # (AMD Instinct MI250X data sheet), 191.5 per GCD, and each GCD is one device to ROCm. NVIDIA:
 # H100 SXM5 989 TFLOP/s dense bf16 (NVIDIA H100 data sheet; the 1979 printed there is with
 # sparsity); "H100 80GB HBM3" is the SXM5 name (the PCIe card's peak is lower and not listed).
-PEAK_BF16_TFLOPS: dict[str, float] = {"MI250X": 191.5, "H100 80GB HBM3": 989.0}
+# H200 SXM 989 and H200 NVL 835.5 (NVIDIA H200 data sheet: 1979 and 1671 with sparsity); torch
+# names them "NVIDIA H200" and "NVIDIA H200 NVL", so the NVL key comes first (first match wins).
+PEAK_BF16_TFLOPS: dict[str, float] = {"MI250X": 191.5, "H100 80GB HBM3": 989.0, "H200 NVL": 835.5, "H200": 989.0}
 
 
 def flops_per_token(params: int, input_embedding: int, layers: int, hidden: int, seq_len: int) -> float:
