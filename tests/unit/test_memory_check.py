@@ -98,3 +98,17 @@ def test_the_frontier_20b_run_fits_with_auto_topology():
         lines = memory_check.check(spec, 384, 8, "AMD Instinct MI250X")
         assert "48x4x2" in lines[0] and "budget 64 GB" in lines[0]
         assert lines[-1].startswith(f"| {preset} |") and lines[-1].endswith("| yes |")
+
+
+@pytest.mark.parametrize("preset", ["stock", "zero3", "frontier", "auto"])
+def test_need_bytes_is_what_the_check_compares_with_the_budget(preset):
+    """``need_bytes`` (what benchmarks/gpu_job.py sizes its model by) is the check's own figure:
+    a budget just above it passes the check, one just below it is refused."""
+    spec = JobSpec(
+        preset=preset, model=MODELS["neox_1_4b"], micro_batch=1, dtype="bf16", activation_checkpointing="torch"
+    )
+    need = memory_check.need_bytes(spec, 8, 8, None)
+    assert need > 0
+    memory_check.check(replace(spec, memory_gb=1.001 * need / 1e9), 8, 8, None)
+    with pytest.raises(HierConfigError):
+        memory_check.check(replace(spec, memory_gb=0.999 * need / 1e9), 8, 8, None)

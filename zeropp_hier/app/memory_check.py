@@ -87,15 +87,13 @@ def _as_run(cands: list[P.Candidate], spec: JobSpec, cluster: P.ClusterModel, wo
     return [c._replace(chunks=default_chunks(chunks, P.resolved_issue_mode(c, cluster))) for c in cands]
 
 
-def check(
-    spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
-) -> list[str]:
-    """The memory table's lines; raises ``HierConfigError`` when the job's layout cannot fit."""
+def _predictions(
+    spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, budget: float
+) -> tuple[list[P.Prediction], P.ClusterModel, P.Workload, str]:
+    """The planner's prediction of each of the job's layouts (one, or ``auto``'s candidates) on
+    ``world`` ranks with ``budget`` bytes each, the cluster and workload it modelled, and the
+    table's first line without the budget."""
     m = spec.model
-    if spec.memory_gb is not None:
-        budget, source = spec.memory_gb * GB, f"memory_gb={spec.memory_gb:g}"
-    else:
-        budget, source = device_budget(device_name, ranks_per_node, device_bytes)
     nodes, gpn, gpg, note = _layout(spec, world, ranks_per_node, device_name)
     # the buckets of the config the job builds (the recipe's, or the user's DeepSpeed keys)
     zero = spec.ds_config(world=world)["zero_optimization"]
@@ -116,10 +114,41 @@ def check(
     )
     wl = replace(wl, reduce_bucket=float(zero.get("reduce_bucket_size", wl.reduce_bucket)))
     preds = [P.predict(c, cluster, wl) for c in _as_run(_candidates(spec), spec, cluster, world)]
+    head = (
+        f"memory per rank (planner's model, docs/design.md#memory-per-gcd), {world} ranks as "
+        f"{nodes}x{gpn}x{gpg} ({note})"
+    )
+    return preds, cluster, wl, head
+
+
+def need_bytes(
+    spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
+) -> float:
+    """Bytes per rank the job's layout needs by the planner's model: the least total of its
+    candidates (one for a fixed preset), which ``check`` compares with the budget."""
+    budget, _ = _budget(spec, ranks_per_node, device_name, device_bytes)
+    preds = _predictions(spec, world, ranks_per_node, device_name, budget)[0]
+    return min(p.memory.total for p in preds)
+
+
+def _budget(
+    spec: JobSpec, ranks_per_node: int, device_name: str | None, device_bytes: float | None
+) -> tuple[float, str]:
+    if spec.memory_gb is not None:
+        return spec.memory_gb * GB, f"memory_gb={spec.memory_gb:g}"
+    return device_budget(device_name, ranks_per_node, device_bytes)
+
+
+def check(
+    spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
+) -> list[str]:
+    """The memory table's lines; raises ``HierConfigError`` when the job's layout cannot fit."""
+    m = spec.model
+    budget, source = _budget(spec, ranks_per_node, device_name, device_bytes)
+    preds, cluster, wl, head = _predictions(spec, world, ranks_per_node, device_name, budget)
     names = list(dict.fromkeys(k for p in preds for k in p.memory.parts))  # auto: candidates differ
     lines = [
-        f"memory per rank (planner's model, docs/design.md#memory-per-gcd), {world} ranks as "
-        f"{nodes}x{gpn}x{gpg} ({note}); budget {budget / GB:.3g} GB ({source}):",
+        f"{head}; budget {budget / GB:.3g} GB ({source}):",
         "| layout | " + " | ".join(names) + " | total GB | fits |",
         "|---|" + "---|" * (len(names) + 2),
     ]
