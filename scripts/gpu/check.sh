@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# The GPU checks, in one command (device time is scarce): build the kernels for the GPU, run the
-# gpu test lane, the kernel benchmark, the engine on CUDA tensors beside stock DeepSpeed, and a
-# one-rank run of the main job on NCCL. Run from the repository root on a machine with a CUDA GPU
-# and a CUDA torch:
-#     OUT=/tmp/gpu_out bash scripts/gpu/check.sh [tests] [kernels] [profile] [engine] [job] [all]
-# Missing Python packages may be supplied as wheels in .whl/ (installed to /tmp/site).
+# The GPU checks, in one command per device call (device time is scarce): build the kernels for the
+# GPU, then the steps named. Run from the repository root on a machine with a CUDA GPU and a CUDA
+# torch (the lent machine: see docs/benchmarks.md "On a GPU"):
+#     OUT=/tmp/gpu_out bash scripts/gpu/check.sh STEP...
+# Steps, with their wall time on one H100 (estimates where a step has not run there yet):
+#   probe    the link probe's timing on NCCL, with and without the synchronisation  (~1 min)
+#   layer    one 20B layer's compression kernels beside its compute                   (~1 min)
+#   profile  ncu on the fused requantize                                               (~1 min)
+#   job1     the main job at world size 1, ours beside stock DeepSpeed ZeRO-3          (~3 min)
+#   modes    the issue modes on 8 ranks sharing the GPU                                (~2 min)
+#   tests    the gpu test lane (kernels, the engine beside stock, probe, serial lane)  (~1.5 min)
+#   kernels  the kernel bandwidth benchmark; engine: the engine benchmark; job: the job on one
+#            rank (NCCL) and on 8 (gloo)                                               (~1 min each)
+# With no step named: probe layer profile job1 modes tests (too long for one call of the lent
+# machine: split it in two, e.g. "probe layer profile job1" and "modes tests").
+# Missing Python packages are installed from wheels in .whl/ (scripts/gpu/wheels.sh makes them).
+# Everything kept lands in $OUT as at most 8 files (what the device tool brings back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-LOG="$OUT/log.txt"
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
-want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(probe layer profile job1 modes tests)
+LOG="$OUT/log_$(IFS=_; echo "${steps[*]}").txt"
+want() { for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 section() { echo; echo "===== $* ($(date +%T))"; }
 {
 section environment
@@ -27,39 +38,55 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import deepspeed, hydra; print("deepspeed", deepspeed.__version__, "| hydra", hydra.__version__)'
 
 section build
-t0=$(date +%s)
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=16 "$PY" setup.py build_ext --inplace >"$OUT/build_full.log" 2>&1 \
-  && { tail -n 3 "$OUT/build_full.log"; rm -f "$OUT/build_full.log"; } \
-  || { tail -n 60 "$OUT/build_full.log"; echo "BUILD FAILED"; }
-echo "built in $(( $(date +%s) - t0 )) s"
+have_gpu_kernels() { "$PY" -c 'from zeropp_hier import quant; import sys; sys.exit(quant.backend("cuda") != "cuda")' 2>/dev/null; }
+if have_gpu_kernels; then
+  echo "the GPU kernels are built already (a second call on a warm machine)"
+else
+  t0=$(date +%s)
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=16 "$PY" setup.py build_ext --inplace >/tmp/build_full.log 2>&1 \
+    && tail -n 3 /tmp/build_full.log || { tail -n 60 /tmp/build_full.log; echo "BUILD FAILED"; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
 "$PY" -c 'from zeropp_hier import quant; from zeropp_hier.quant import _ext; print("extension:", _ext.status(), "| backend(cuda):", quant.backend("cuda"))'
 
+if want probe; then
+  section "probe timing on NCCL, with the synchronisation (all pass)"
+  timeout 300 "$PY" -m pytest tests/gpu/test_probe_timing.py -v -rA -p no:cacheprovider 2>&1 | tail -n 40
+  section "probe timing without the synchronisation (the two agreement tests are expected to FAIL)"
+  ZEROPP_HIER_TEST_DROP_SYNC=1 timeout 300 "$PY" -m pytest tests/gpu/test_probe_timing.py -v -rA -p no:cacheprovider -k agrees 2>&1 | tail -n 40
+fi
+if want layer; then
+  section "benchmarks.layer_cost_gpu: one 20B layer's compression kernels beside its compute"
+  timeout 240 "$PY" -m benchmarks.layer_cost_gpu --out "$OUT/gpu_layer_cost.json" 2>&1 | tail -n 80
+fi
+if want profile; then
+  section "ncu: the fused requantize at the gcd stage's chunk (what bounds it)"
+  timeout 300 ncu --kernel-name-base demangled --kernel-name regex:PartsSumSource \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats \
+    --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes.sum \
+    "$PY" -m benchmarks.layer_cost_gpu --profile --out /tmp/layer_profile.json >"$OUT/ncu_fused.txt" 2>&1
+  grep -E "PartsSumSource|Throughput|Occupancy|Registers Per|Duration|Stall|pipe_xu|inst_executed|dram__bytes|Issued Warp" "$OUT/ncu_fused.txt" | head -n 80
+fi
+if want job1; then
+  section "benchmarks.gpu_job: the job at world size 1, our exact ZeRO-3 beside stock"
+  timeout 560 "$PY" -m benchmarks.gpu_job --out "$OUT/gpu_job.json" --work /tmp/gpu_job_runs 2>&1 | tail -n 40
+fi
+if want modes; then
+  section "benchmarks.gpu_modes: the issue modes on 8 ranks sharing the GPU"
+  MODES_COMMAND
+fi
 if want tests; then
   section "gloo collectives on CUDA tensors"
   timeout 300 "$PY" scripts/gpu/gloo_cuda_probe.py
   section "pytest tests/gpu"
-  timeout 900 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -x -rs 2>&1 | tail -n 40
+  ran_probe=(); want probe && ran_probe=(--ignore=tests/gpu/test_probe_timing.py)  # its log is above
+  timeout 420 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -rs "${ran_probe[@]}" 2>&1 | tail -n 40
 fi
 if want kernels; then
   section "benchmarks.kernels_gpu"
   timeout 600 "$PY" -m benchmarks.kernels_gpu --out "$OUT/gpu_kernels.json"
-fi
-if want profile; then
-  section "ncu: the fused requantize and the bf16 quantize at 64M elements"
-  cat >/tmp/prof.py <<'PYEOF'
-import torch
-from zeropp_hier import quant
-n = 64 << 20
-x = torch.randn(n, device="cuda")
-for bits in (8, 4):
-    q = quant.quantize(x, bits, 256)
-    st = quant.Quantized(q.data.unsqueeze(0).repeat(4, 1), q.scales.unsqueeze(0).repeat(4, 1), n, bits, 256)
-    quant.dequantize_sum_requantize(st, bits, 256)
-quant.quantize(x.bfloat16(), 8, 256)
-torch.cuda.synchronize()
-PYEOF
-  timeout 300 ncu --kernel-name regex:quantize_blocks --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section MemoryWorkloadAnalysis "$PY" /tmp/prof.py 2>&1 | grep -E "quantize_blocks|Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Duration|Block Limit Reg|Mem Busy|Max Bandwidth" | head -n 60
 fi
 if want engine; then
   section "benchmarks.gpu_engine"
