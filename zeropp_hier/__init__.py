@@ -85,6 +85,9 @@ def comm_stats(engine) -> dict:
          "kept_levels": None, or under a memory budget {"count": {level: layers},
                         "planned_bytes": n, "by_layer": {layer: level}},
          "auto": None, or for "preset": "auto" {"chosen", "runner_up", "ranking", "rates_gbps", ...},
+         "serial_wait_s": s,     # host seconds the issuing thread waited in overlap "serial"
+                                 # (RCCL's one lane too): cumulative, per step a difference;
+                                 # 0 in other modes and on the CPU
          "numerics": {"relative_error": {phase: {tier: {"mean", "max", "last", "samples"}}},
                       "sample_every": N,
                       "error_feedback": {"stages": [...], "buffers": n, "bytes": n},
@@ -108,12 +111,14 @@ def comm_stats(engine) -> dict:
         "numerics": rt.numerics.snapshot(),
         "kept_levels": levels,
         "auto": rt.auto_choice,
+        "serial_wait_s": rt.executor.serial_wait_s,
     }
 
 
 def reset_comm_stats(engine) -> None:
     engine.hier_runtime.stats.reset()
     engine.hier_runtime.numerics.reset_stats()
+    engine.hier_runtime.executor.reset_serial_wait()
 
 
 __all__ = [

@@ -47,6 +47,7 @@ def ds(section, **zero):
         ({"compression": {"activations": "int8"}}, "zeropp_hier.compression.activations", "unknown key"),
         ("frontier", "zeropp_hier", "expected a JSON object"),
         ({"overlap": "yes"}, "zeropp_hier.overlap", '"one_lane" (overlapped, one issuing thread, hop after hop'),
+        ({"overlap": "serialised"}, "zeropp_hier.overlap", '"serial" (one lane, each hop collective issued after'),
         ({"checkpoint": {"trust_pickles": "yes"}}, "zeropp_hier.checkpoint.trust_pickles", "only for checkpoints"),
         ({"checkpoint": {"trust": True}}, "zeropp_hier.checkpoint.trust", "unknown key"),
         ({"checkpoint": True}, "zeropp_hier.checkpoint", "expected a JSON object"),

@@ -3,6 +3,7 @@ choice, and the executor built for each default, with a recording hook on every 
 notes the host thread that issues it and how many collectives are in flight."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -61,6 +62,9 @@ def test_a_plan_with_a_hop_across_tiers_runs_one_lane_on_gpu_libraries():
         (RCCL, "lanes", "lanes"),
         (RCCL, False, "inline"),
         (("ucc", False), True, "ticks"),  # not known to be safe with lanes: the GPU default
+        (GLOO, "serial", "one_lane/serial"),  # serial as asked, on any backend
+        (NCCL, "serial", "one_lane/serial"),
+        (RCCL, "serial", "one_lane/serial"),
     ],
 )
 def test_mode_per_backend(backend, overlap, name):
@@ -161,6 +165,57 @@ def test_one_lane_on_rccl_is_serial_and_the_executor_carries_it():
     ex.close()
     ex = executor_for(resolve_issue_mode("one_lane", *NCCL), "test", CPU)
     assert ex.one_lane and not ex.serial
+    ex.close()
+
+
+@pytest.mark.parametrize("backend", [GLOO, NCCL, RCCL], ids=["gloo", "nccl", "rccl"])
+def test_serial_is_rccls_one_lane_on_every_backend_and_the_executor_carries_it(backend):
+    mode = resolve_issue_mode("serial", *backend)
+    assert (mode.background, mode.one_lane, mode.serial, mode.ticks) == (True, True, True, False)
+    assert mode.warning is None and "no two communicators in flight" in mode.reason
+    assert mode == resolve_issue_mode("one_lane", *RCCL)._replace(reason=mode.reason)
+    assert parse_section({"overlap": "serial"}).overlap == "serial"
+    ex = executor_for(mode, "test", CPU)
+    assert ex.one_lane and ex.serial
+    ex.close()
+
+
+class _SlowEvent:
+    """Stands in for the CUDA event the serial lane waits on (the CPU has none): each
+    ``synchronize`` counts and sleeps ``wait_s``, as a collective still on the device would."""
+
+    def __init__(self, wait_s: float):
+        self.wait_s = wait_s
+        self.waits = 0
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        time.sleep(self.wait_s)
+
+
+@pytest.mark.parametrize("overlap, serial", [("serial", True), ("one_lane", False)])
+def test_serial_wait_s_adds_the_issuing_threads_waits_and_only_in_the_serial_mode(overlap, serial):
+    """Each collective of the serial lane waits for its predecessor's event, and the host seconds
+    of those waits add up in ``serial_wait_s`` (what comm_stats reports); one lane never waits.
+    On the CPU no event is ever recorded, so there the figure stays 0 (tests/dist/test_gpu_modes.py)."""
+    ex = executor_for(resolve_issue_mode(overlap, *NCCL), "test", CPU)
+    assert ex.serial_wait_s == 0.0
+    event = _SlowEvent(0.01)
+    ex._previous = event  # what a recorded event of the last collective would be on a GPU
+
+    def job(i: int):
+        for hop in ("gcd", "gpu", "node"):
+            yield Move(hop)
+        return i
+
+    futs = [ex.submit(job(i), ["gcd", "gpu", "node"]) for i in range(4)]
+    assert [ex.result(f) for f in futs] == list(range(4))
+    # no event is recorded on the CPU, so the stand-in stays the predecessor of every collective
+    assert event.waits == (12 if serial else 0)
+    if serial:
+        assert ex.serial_wait_s >= 12 * event.wait_s  # sleep waits at least that long
+        ex.reset_serial_wait()
+    assert ex.serial_wait_s == 0.0
     ex.close()
 
 

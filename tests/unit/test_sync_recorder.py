@@ -33,3 +33,32 @@ def test_sync_warnings_are_recorded_by_phase_and_origin_and_others_pass_through(
     # the innermost frame on the way: this test module (no zeropp_hier/deepspeed frame is on the stack)
     assert origin.endswith("(_sync_from_this_package)"), origin
     assert shown == ["something else"]
+
+
+def test_sync_records_split_by_phase_package_and_thread():
+    from benchmarks.gpu_modes import package_of, split_syncs
+
+    records = [
+        {"phase": "forward", "thread": "MainThread", "origin": "zeropp_hier/comm/gather.py:10 (f)"},
+        {"phase": "forward", "thread": "zeropp_hier-rank0-one_lane", "origin": "zeropp_hier/comm/x.py:1 (g)"},
+        {"phase": "forward", "thread": "MainThread", "origin": "deepspeed/runtime/zero/stage3.py:5 (h)"},
+        {"phase": "backward", "thread": "MainThread", "origin": "/usr/lib/python3/threading.py:9 (run)"},
+        {"phase": "backward", "thread": "MainThread", "origin": "deepspeed/runtime/engine.py:7 (k)"},
+    ]
+    assert [package_of(r["origin"]) for r in records] == [
+        "zeropp_hier",
+        "zeropp_hier",
+        "deepspeed",
+        "other",
+        "deepspeed",
+    ]
+    assert split_syncs(records, "MainThread") == {
+        "forward": {
+            "zeropp_hier": {"training": 1, "other_thread": 1},
+            "deepspeed": {"training": 1, "other_thread": 0},
+        },
+        "backward": {
+            "other": {"training": 1, "other_thread": 0},
+            "deepspeed": {"training": 1, "other_thread": 0},
+        },
+    }

@@ -30,8 +30,9 @@ Which mode runs is chosen per backend in comm/issue.py ([Note: one issuing threa
 (``"overlap": "one_lane"``, and NCCL/RCCL's default for a plan with a hop across tiers) every hop
 group shares one lane: all collectives in one order on one thread and one stream, nothing
 pipelined across jobs, which NCCL and RCCL need (the lanes keep each communicator's order but not
-the order between them); ``serial`` (ROCm) also waits for each collective to complete before the
-next. The tick mode (NCCL/RCCL's default otherwise; ``TickExecutor`` in comm/ticks.py) is one lane
+the order between them); ``serial`` (ROCm's default, ``"overlap": "serial"`` anywhere) also waits
+for each collective to complete before the next, and counts the host seconds of those waits
+(``serial_wait_s``). The tick mode (NCCL/RCCL's default otherwise; ``TickExecutor`` in comm/ticks.py) is one lane
 whose slots are ticks: the chunks of one piece of work advance together, each tick one grouped
 point-to-point call on one communicator ([Note: ticks] in comm/tick_plan.py).
 
@@ -194,6 +195,9 @@ class CommExecutor:
         # (no two communicators in flight, [Note: one issuing thread on GPUs] in comm/issue.py)
         self.serial = serial and one_lane
         self._previous: Any = None  # the end of the last collective issued, when serial
+        # host seconds the issuing thread spent in those waits (``serial_wait_s``): what the
+        # serial mode costs; 0 on the CPU, where a collective has ended when its call returns
+        self._serial_wait_s = 0.0
         self._cuda = torch.cuda if (overlap and device.type == "cuda") else None
         self._lanes: dict[Hashable, tuple[queue.SimpleQueue, threading.Thread, Any]] = {}
         self._lock = threading.Lock()
@@ -223,6 +227,18 @@ class CommExecutor:
     def broken(self) -> BaseException | None:
         """The error that broke the executor, or None while it works."""
         return self._broken
+
+    @property
+    def serial_wait_s(self) -> float:
+        """Host seconds the issuing thread has waited, in the serial mode, for each collective's
+        predecessor to complete on the device, since the executor was built or
+        ``reset_serial_wait``; 0 in every other mode and on the CPU (no events to wait for)."""
+        with self._lock:
+            return self._serial_wait_s
+
+    def reset_serial_wait(self) -> None:
+        with self._lock:
+            self._serial_wait_s = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -515,7 +531,11 @@ class CommExecutor:
                     _record_carry(first, stream)
                 # this collective, and what follows up to the next one or the end
                 if self.serial and self._previous is not None:
+                    waited = time.perf_counter()
                     self._previous.synchronize()  # one lane: only this thread sets it
+                    waited = time.perf_counter() - waited
+                    with self._lock:
+                        self._serial_wait_s += waited
                 hop = running.hops[index]
                 busy = self.busy_log if hop is not None else None
                 begun = busy.start(stream) if busy is not None else None

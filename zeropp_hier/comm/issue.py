@@ -1,7 +1,8 @@
 """Who issues the hop collectives: the executor mode, chosen per communication backend here only.
 
 [Note: one issuing thread on GPUs]
-``zeropp_hier.overlap`` takes ``true`` (default), ``"lanes"``, ``"one_lane"``, ``"ticks"`` or ``false``;
+``zeropp_hier.overlap`` takes ``true`` (default), ``"lanes"``, ``"one_lane"``, ``"serial"``, ``"ticks"``,
+``"gpu"`` or ``false``;
 ``resolve_issue_mode`` turns it, the hop groups' backend and the torch build into the mode the
 executor runs ([Note: one order of hop collectives] in comm/executor.py):
 
@@ -43,6 +44,12 @@ executor runs ([Note: one order of hop collectives] in comm/executor.py):
   ``torch.version.hip``) also *serial*: the thread issues a collective only once the previous
   one has completed on the device (a host wait on an event before every hop collective), so no
   two communicators have collectives in flight at once. The tiers never overlap in this mode.
+* ``"serial"``, on any backend: one lane, serial everywhere (the mode ``"one_lane"`` is on RCCL):
+  no two communicators of this package ever have collectives in flight, on CUDA too. For
+  measurement (the host time the waits cost, ``serial_wait_s`` in ``zeropp_hier.comm_stats``),
+  or to rule out cross-communicator concurrency while chasing a hang. On the CPU (gloo, CPU
+  tensors) a collective has completed when its call returns, so there is nothing to wait for
+  and it runs as ``"one_lane"``.
 * ``"gpu"`` is what ``true`` means on NCCL/RCCL, on any backend (ticks or one lane, by the plan's
   hops), so a CPU run reproduces the GPU's schedule (``benchmarks.compare --issue-mode gpu``).
 * ``"lanes"`` asks for the per-group threads anywhere; on NCCL/RCCL it runs, with a warning that
@@ -59,7 +66,7 @@ from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence
 if TYPE_CHECKING:
     pass
 
-OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "ticks", "gpu")
+OVERLAP_CHOICES = (True, False, "lanes", "one_lane", "serial", "ticks", "gpu")
 SAFE_WITH_LANES = ("gloo",)  # backends whose collectives run on the calling host thread
 
 
@@ -114,6 +121,14 @@ def resolve_issue_mode(overlap: bool | str, backend: str, is_hip: bool, one_tier
         return IssueMode(False, False, False, "overlap false: every job inline on the training thread")
     device_lib = backend.lower() not in SAFE_WITH_LANES
     library = ("RCCL" if is_hip else "NCCL") if backend.lower() == "nccl" else backend
+    if overlap == "serial":  # whatever the backend: what RCCL's one lane is
+        return IssueMode(
+            True,
+            True,
+            True,
+            f"{library}: one lane, serial, as configured: one host thread issues every hop collective in "
+            "program order, each after the previous one completed (no two communicators in flight)",
+        )
     gpu_default = overlap == "gpu" or (overlap is True and device_lib)  # "gpu": as on NCCL/RCCL, anywhere
     if overlap == "ticks" or (gpu_default and one_tier):  # gloo measures what a GPU runs
         return IssueMode(

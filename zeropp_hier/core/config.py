@@ -27,7 +27,7 @@ SECTION = "zeropp_hier"
 # presets (Preset, PRESETS, FIXED_PRESETS) are the package's vocabulary, core/vocab.py
 TopologyMode = Literal["manual", "auto"]
 TOPOLOGY_MODES: tuple[TopologyMode, ...] = get_args(TopologyMode)
-OverlapMode = Literal["lanes", "one_lane", "ticks", "gpu"]  # besides true / false
+OverlapMode = Literal["lanes", "one_lane", "serial", "ticks", "gpu"]  # besides true / false
 OVERLAP_MODES: tuple[OverlapMode, ...] = get_args(OverlapMode)
 
 # How long one collective may wait for its peers before failing ([Note: failure detection] in
@@ -238,7 +238,8 @@ class HierConfig:
     # gathers run on a background executor so that DeepSpeed's prefetch overlaps them with
     # compute ([Note: one order of hop collectives] in comm/executor.py): true, the mode safe for
     # the backend ([Note: one issuing thread on GPUs] in comm/issue.py); "lanes": one lane per hop
-    # group; "one_lane": one lane for all; "gpu": what true is on NCCL/RCCL, on any backend;
+    # group; "one_lane": one lane for all; "serial": one lane, each collective issued after the
+    # previous one completed, on any backend; "gpu": what true is on NCCL/RCCL, on any backend;
     # "ticks": one lane, each piece of work's chunks in
     # ticks of one grouped point-to-point call ([Note: ticks] in comm/tick_plan.py); false: inline
     overlap: bool | OverlapMode = True
@@ -336,7 +337,8 @@ def parse_section(section: object) -> HierConfig:
             "use true (default: gathers overlap compute through DeepSpeed's prefetch; lanes on gloo, "
             'on NCCL/RCCL "ticks" where every hop spans one tier and "one_lane" otherwise), "gpu" (what '
             'true means on NCCL/RCCL, on any backend), "one_lane" (overlapped, one issuing thread, hop '
-            'after hop; serialized on ROCm), "ticks" (one issuing thread and one communicator; the chunks of '
+            'after hop; serialized on ROCm), "serial" (one lane, each hop collective issued after the previous '
+            'one completed, on any backend), "ticks" (one issuing thread and one communicator; the chunks of '
             "pipeline.chunks overlap the tiers inside one grouped point-to-point call per tick), "
             '"lanes" (a host thread per hop group, even on NCCL/RCCL: risks a deadlock there) or '
             "false (every collective inline)",
