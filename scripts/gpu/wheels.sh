@@ -3,7 +3,8 @@
 # (kept out of git), for scripts/gpu/check.sh to install there. That machine reaches no package
 # registry; its image holds torch, transformers, tokenizers, numpy, tensorboard and pytest, not
 # DeepSpeed, Hydra or pydantic; typing_extensions goes too (pydantic needs a recent one). The
-# versions are the ones installed here, so the GPU runs what the CPU suite ran. Run from the repository root, where pip reaches a registry:
+# versions are the ones installed here, so the GPU runs what the CPU suite ran. Run from the
+# repository root, where pip reaches a registry:
 #     bash scripts/gpu/wheels.sh [python-version]      # default 3.12
 set -euo pipefail
 cd "$(dirname "$0")/../.."
