@@ -96,6 +96,27 @@ def _batch(engine, model_cfg, step: int):
     return x.to(engine.device), y.to(engine.device)
 
 
+def recorded_step(engine, x, y, rec: SyncRecorder, cuda: bool = True):
+    """One training step, its phases named in ``rec`` and, on a GPU, under sync-debug "warn"
+    (every synchronising call is recorded with its phase); returns the loss."""
+    import torch
+
+    if cuda:
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        rec.phase = "forward"
+        loss = engine(x, y)
+        rec.phase = "backward"
+        engine.backward(loss)
+        rec.phase = "step"
+        engine.step()
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        rec.phase = "between steps"
+    return loss
+
+
 def rank_run(configs: dict, steps: int, model_kw: dict) -> dict:
     """On every rank: train each config on the GPU, steps under sync-debug "warn"."""
     from zeropp_hier.app.gpt import GPTConfig
@@ -120,17 +141,7 @@ def _one_config(cfg: dict, steps: int, model_cfg) -> dict:
     with SyncRecorder() as rec:
         for step in range(steps):
             x, y = _batch(engine, model_cfg, step)
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                rec.phase = "forward"
-                loss = engine(x, y)
-                rec.phase = "backward"
-                engine.backward(loss)
-                rec.phase = "step"
-                engine.step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                rec.phase = "between steps"
+            loss = recorded_step(engine, x, y, rec)
             losses.append(float(loss.detach().float()))
     res = {
         "losses": losses,

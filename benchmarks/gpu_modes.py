@@ -38,7 +38,7 @@ from pathlib import Path
 
 from zeropp_hier.files import write_json_atomic
 
-from .gpu_engine import SyncRecorder, _batch
+from .gpu_engine import SyncRecorder, _batch, recorded_step
 
 # the section's ``overlap`` value of each mode; one lane is the reference
 MODES: dict[str, bool | str] = {"one_lane": "one_lane", "serial": "serial", "inline": False, "ticks": "ticks"}
@@ -127,19 +127,8 @@ def _one_mode(cfg: dict, steps: int, model_cfg, device: str) -> dict:
             before = zeropp_hier.comm_stats(engine)["serial_wait_s"]
             if cuda:
                 torch.cuda.synchronize()  # the step's time starts with an idle device
-                torch.cuda.set_sync_debug_mode("warn")
             t0 = time.perf_counter()
-            try:
-                rec.phase = "forward"
-                loss = engine(x, y)
-                rec.phase = "backward"
-                engine.backward(loss)
-                rec.phase = "step"
-                engine.step()
-            finally:
-                if cuda:
-                    torch.cuda.set_sync_debug_mode("default")
-                rec.phase = "between steps"
+            loss = recorded_step(engine, x, y, rec, cuda)
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)

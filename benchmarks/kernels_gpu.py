@@ -18,28 +18,46 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from pathlib import Path
+from typing import Callable
 
 from zeropp_hier.files import write_json_atomic
 
 from .kernels import _parse_size
 
 
-def _time(fn, iters: int, reps: int) -> float:
-    """Median seconds per call of fn, CUDA events around ``iters`` calls."""
+def device_sync(dev) -> None:
+    """Wait for everything queued on ``dev`` (nothing to wait for on a CPU)."""
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_fn(fn: Callable[[], object], dev, iters: int, reps: int) -> float:
+    """Median seconds per call of ``fn`` over ``reps`` runs of ``iters`` back-to-back calls, after
+    one warm-up: CUDA events around the calls on a GPU (the host only queues them), the host
+    clock on a CPU (a call has finished when it returns)."""
     import torch
 
     fn()
-    torch.cuda.synchronize()
+    device_sync(dev)
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / iters)
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times.append((time.perf_counter() - t0) / iters)
     return statistics.median(times)
 
 
@@ -88,8 +106,8 @@ def run(args) -> dict:
                     half = max((read + written) // 2, 1)
                     src = torch.empty(half, dtype=torch.uint8, device=dev)
                     dst = torch.empty_like(src)
-                    t_copy = _time(lambda: dst.copy_(src), args.iters, args.reps)
-                    t_op = _time(fn, args.iters, args.reps)
+                    t_copy = time_fn(lambda: dst.copy_(src), dev, args.iters, args.reps)
+                    t_op = time_fn(fn, dev, args.iters, args.reps)
                     bw, cbw = (read + written) / t_op / 1e9, 2 * half / t_copy / 1e9
                     rows.append(
                         {

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple, Sequence
 
-from zeropp_hier.app.flops import PEAK_BF16_TFLOPS, peak_tflops
+from zeropp_hier.app.flops import PEAK_BF16_TFLOPS, by_device_name, peak_tflops
 from zeropp_hier.core.plan import STREAM_CHUNK_ELEMS, CommPlan, Hop, make_plan
 from zeropp_hier.core.policy import QUANTIZED
 from zeropp_hier.core.topology import Topology
@@ -77,12 +77,7 @@ PLANNER_FRONTIER_QUANT_RATE = 2e11
 
 def hbm_tbps(device_name: str | None) -> float | None:
     """HBM bandwidth (TB/s) of the device named ``device_name``; None for a CPU or an unknown one."""
-    if not device_name:
-        return None
-    for key, bw in HBM_TBPS.items():
-        if key in device_name:
-            return bw
-    return None
+    return by_device_name(HBM_TBPS, device_name)
 
 
 class Scaling(NamedTuple):

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -52,6 +50,7 @@ from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
 
 from . import layer_cost as lc
+from .kernels_gpu import device_sync, time_fn
 
 ASSUMPTIONS = (
     "kernel times scaled by HBM bandwidth (this device / MI250X GCD 1.6 TB/s): right for memory-bound "
@@ -59,37 +58,6 @@ ASSUMPTIONS = (
     "times scaled by dense bf16 peak (this device / 191.5 TFLOP/s): right for GEMMs at the same fraction "
     "of peak, pessimistic for the layer's memory-bound parts (attention softmax, LayerNorm, GELU)"
 )
-
-
-def _sync(dev) -> None:
-    import torch
-
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def time_fn(fn: Callable[[], object], dev, iters: int, reps: int) -> float:
-    """Median seconds per call of ``fn`` over ``reps`` runs of ``iters`` calls, after one warm-up."""
-    import torch
-
-    fn()
-    _sync(dev)
-    times = []
-    for _ in range(reps):
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
 
 
 # -- compute ---------------------------------------------------------------------------------
@@ -445,9 +413,9 @@ def profile(args) -> None:
     for bits in (8, 4):
         for k in (2, 4, args.nodes):
             st = _stacked(lc.aligned(-(-n // k), 256), k, bits, 256, dev)
-            _sync(dev)
+            device_sync(dev)
             quant.dequantize_sum_requantize(st, bits, 256)
-            _sync(dev)
+            device_sync(dev)
             print(f"dequantize_sum_requantize bits={bits} k={k} parts of {st.numel} elements", flush=True)
 
 

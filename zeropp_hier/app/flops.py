@@ -17,6 +17,8 @@ seconds / ranks (one rank per GCD); MFU = that / the device's dense bf16 peak.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 # Dense bf16 peak per device that one rank drives, TFLOP/s, by a substring of the device name
 # (torch.cuda.get_device_name). AMD: MI250X is 383 TFLOP/s of bf16 per package of two GCDs
 # (AMD Instinct MI250X data sheet), 191.5 per GCD, and each GCD is one device to ROCm. NVIDIA:
@@ -38,15 +40,17 @@ def tflops_per_gcd(flops_token: float, tokens_per_step: int, seconds: float, ran
     return flops_token * tokens_per_step / seconds / ranks / 1e12
 
 
-def peak_tflops(device_name: str | None) -> float | None:
-    """The dense bf16 peak of the device named ``device_name``; None for a CPU (``None``) or a
-    device not in the table."""
+def by_device_name(table: Mapping[str, float], device_name: str | None) -> float | None:
+    """The value of the first key of ``table`` found in ``device_name``; None for a CPU
+    (``None``) or a device not in the table."""
     if not device_name:
         return None
-    for key, peak in PEAK_BF16_TFLOPS.items():
-        if key in device_name:
-            return peak
-    return None
+    return next((value for key, value in table.items() if key in device_name), None)
+
+
+def peak_tflops(device_name: str | None) -> float | None:
+    """The dense bf16 peak of the device named ``device_name`` (``by_device_name``)."""
+    return by_device_name(PEAK_BF16_TFLOPS, device_name)
 
 
 def mfu(tflops: float, peak: float | None) -> float | None:
