@@ -109,13 +109,20 @@ def test_the_jobs_config_carries_the_sections_and_only_when_asked(tmp_path):
 
 def test_wandb_runs_offline_in_the_run_directory_unless_the_user_chose(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_ERROR_REPORTING", raising=False)
     assert monitor.wandb_env(MonitorSpec(), str(tmp_path)) == {}
     assert monitor.wandb_env(MonitorSpec(wandb=True), str(tmp_path)) == {
         "WANDB_MODE": "offline",
         "WANDB_DIR": str(tmp_path),
+        "WANDB_ERROR_REPORTING": "false",  # offline: nothing over the network, crash reports included
     }
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "true")
+    assert monitor.wandb_env(MonitorSpec(wandb=True), str(tmp_path))["WANDB_ERROR_REPORTING"] == "true"
     monkeypatch.setenv("WANDB_MODE", "online")
-    assert monitor.wandb_env(MonitorSpec(wandb=True), str(tmp_path))["WANDB_MODE"] == "online"
+    assert monitor.wandb_env(MonitorSpec(wandb=True), str(tmp_path)) == {
+        "WANDB_MODE": "online",
+        "WANDB_DIR": str(tmp_path),
+    }
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "wandb"])

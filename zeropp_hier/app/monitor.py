@@ -2,7 +2,9 @@
 ``wandb``): which of their config sections the job's ``monitor`` settings switch on, the scalars
 of one step under their names, the ETA of the rank-0 line, and ``StepMonitor``, which adds lr,
 grad norm, bytes per phase and the ETA to each step's row and hands the scalars to
-``engine.monitor`` every ``log_every`` steps.
+``engine.monitor`` every ``log_every`` steps (DeepSpeed's wandb monitor apart: ``_detach_wandb``).
+``begin_wandb`` and ``StepMonitor.close`` give each job its own wandb run (offline by default),
+finished at the job's end.
 
 DeepSpeed's ``MonitorMaster`` (the engine's ``monitor``) writes on global rank 0 only and is a
 no-op elsewhere, so every rank may call ``write_events``. No torch at import: ``spec.py`` reads
@@ -14,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -80,10 +83,25 @@ def ds_sections(mon: MonitorSpec, out_dir: str | None) -> dict[str, dict]:
 def wandb_env(mon: MonitorSpec, out_dir: str | None) -> dict[str, str]:
     """What this process's environment needs before the engine is built for DeepSpeed's wandb
     monitor to run offline under the run directory (``wandb.init`` reads it; DeepSpeed's section
-    has no key for either). A ``WANDB_MODE`` already set (e.g. ``online``) is kept."""
+    has no key for either). A ``WANDB_MODE`` already set (e.g. ``online``) is kept. Offline, wandb's
+    own crash reports (Sentry, over the network) are off too unless ``WANDB_ERROR_REPORTING`` is set."""
     if not mon.wandb or not out_dir:
         return {}
-    return {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline"), "WANDB_DIR": out_dir}
+    env = {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline"), "WANDB_DIR": out_dir}
+    if env["WANDB_MODE"] == "offline":
+        env["WANDB_ERROR_REPORTING"] = os.environ.get("WANDB_ERROR_REPORTING", "false")
+    return env
+
+
+def begin_wandb(mon: MonitorSpec, out_dir: str | None) -> None:
+    """Before the engine is built: this job's wandb environment (``wandb_env``), and no wandb
+    session left by an earlier job of this process (a test's ranks run several). wandb reads its
+    environment once per session (a later ``WANDB_DIR`` would be ignored) and hands a run still
+    active back to the next ``wandb.init``, so that job would log into the earlier run."""
+    env = wandb_env(mon, out_dir)
+    os.environ.update(env)
+    if env and (wandb := sys.modules.get("wandb")) is not None:
+        wandb.teardown()
 
 
 def due(done: int, every: int) -> bool:
@@ -151,6 +169,7 @@ class StepMonitor:
         self.seconds, self.done = 0.0, 0
         # from zero, as Run's per-tier count: the first row holds what building the engine sent
         self._last: dict[str, dict[str, int]] = {}
+        self.wandb = _detach_wandb(getattr(engine, "monitor", None))
 
     def recount(self) -> dict[str, dict[str, int]] | None:
         """Leave out of the next row the bytes sent since this one (an evaluation's gathers) and
@@ -182,6 +201,32 @@ class StepMonitor:
         if mon is None or not mon.enabled:
             return
         if due(row["step"] + 1, self.log_every):
-            mon.write_events([(name, value, row["step"]) for name, value in scalars(row)])
+            events = [(name, value, row["step"]) for name, value in scalars(row)]
         elif row.get("val_loss") is not None:  # an evaluation is never dropped by log_every
-            mon.write_events([("val/loss", float(row["val_loss"]), row["step"])])
+            events = [("val/loss", float(row["val_loss"]), row["step"])]
+        else:
+            return
+        mon.write_events(events)
+        if self.wandb is not None:
+            self.wandb.write_events(events)
+
+    def close(self) -> None:
+        """At the job's end (rank 0 holds the wandb monitor): finish the wandb run, which writes
+        its summary and closes its ``.wandb`` file, and end the session (``begin_wandb``). wandb
+        finishes an open run only when the process exits, and a test's ranks outlive their jobs."""
+        if self.wandb is not None:
+            self.wandb = None
+            sys.modules["wandb"].teardown()
+
+
+def _detach_wandb(master: Any) -> Any:
+    """Take DeepSpeed's wandb monitor (rank 0's; None elsewhere or when off) out of the engine's
+    ``MonitorMaster`` and return it, for ``StepMonitor`` to write to alone. wandb has one step
+    axis per run and drops what is logged at a step lower than one already logged; DeepSpeed
+    logs its ``Train/Samples/*`` events at the sample count, which is past every training step,
+    so each of our scalars (at the step of metrics.jsonl's row, as in TensorBoard) would be
+    dropped. TensorBoard and csv keep DeepSpeed's events."""
+    wandb_monitor = getattr(master, "wandb_monitor", None)
+    if wandb_monitor is not None:
+        master.wandb_monitor = None
+    return wandb_monitor

@@ -344,7 +344,7 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     # before the model is built: a resume that cannot work costs nothing; another world converts
     plan = resume.plan(spec, world, data_sha) if spec.resume else None
     val = evaluate.val_loader(spec, rank, world)  # None without eval_every; a too small split costs nothing
-    os.environ.update(monitor.wandb_env(spec.monitor, spec.out_dir))  # wandb.init (in the engine) reads it
+    monitor.begin_wandb(spec.monitor, spec.out_dir)  # wandb.init (in the engine) reads its environment
     run = Run(spec, {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else None)
     rep = report.Reporter(spec, rank == 0)
     kernels = _gather_kernels(world)
@@ -381,6 +381,7 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     if rank == 0:
         plan_of_hops = run.runtime.plan if run.runtime is not None else None
         report.finish(rep, spec, summary, history, plan_of_hops, run.device_name)
+    mon.close()  # the wandb run finished (its summary written) and its session ended
     run.release()
     losses = [row["loss"] for row in history]  # mean over ranks, one per step trained here
     out = {"first_loss": summary["first_loss"], "final_loss": summary["final_loss"], "losses": losses}
