@@ -56,7 +56,7 @@ def assert_states_close(got: dict, ref: dict, atol, what):
 
 
 def max_state_diff(got: dict, ref: dict) -> float:
-    return max(float((got[n] - ref[n]).abs().max()) for n in ref)
+    return max(float((got[n] - ref[n]).detach().abs().max()) for n in ref)
 
 
 def set_path(section: dict, path: tuple, value) -> dict:
