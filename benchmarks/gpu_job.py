@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from zeropp_hier.app import flops
-from zeropp_hier.app.spec import JobSpec, n_params
+from zeropp_hier.app.spec import n_params
+from zeropp_hier.app.train import spec_from_overrides
 from zeropp_hier.files import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,26 +128,13 @@ def job_overrides(size: str, config: str, steps: int, seed: int, run_dir: str | 
     return out
 
 
-def compose_spec(overrides: Sequence[str]) -> JobSpec:
-    """The ``JobSpec`` the job builds from ``overrides`` (Hydra's compose of the job's configs;
-    no hydra.* keys)."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from zeropp_hier.app.train import spec_from_config
-
-    with initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
-        cfg = compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
-        return spec_from_config(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-
-
 def need_bytes(size: str, device_name: str | None, device_bytes: float | None) -> float:
     """Memory per rank the job's own check predicts for ``size`` at world size 1: the larger of
     the two configurations'."""
     from zeropp_hier.app import memory_check
 
     return max(
-        memory_check.need_bytes(compose_spec(job_overrides(size, c, 12, 0)), 1, 1, device_name, device_bytes)
+        memory_check.need_bytes(spec_from_overrides(job_overrides(size, c, 12, 0)), 1, 1, device_name, device_bytes)
         for c in CONFIGS
     )
 
@@ -307,7 +295,7 @@ def _ladder(device_name: str | None, device_bytes: float | None, budget: float, 
     out = []
     for name in PYTHIA:
         need = need_bytes(name, device_name, device_bytes)
-        m = compose_spec(model_overrides(name)).model
+        m = spec_from_overrides(model_overrides(name)).model
         out.append(
             {
                 "name": name,
@@ -358,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         f"largest Pythia size that fits: {chosen}; running {size}",
         flush=True,
     )
-    spec = compose_spec(job_overrides(size, "ours", a.steps, a.seed))
+    spec = spec_from_overrides(job_overrides(size, "ours", a.steps, a.seed))
     work_ctx = tempfile.TemporaryDirectory(prefix="gpu_job_") if a.work is None else None
     work = Path(a.work if work_ctx is None else work_ctx.name)
     runs: list[dict] = []

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import gpu_job as G
 from zeropp_hier.app.spec import n_params
+from zeropp_hier.app.train import spec_from_overrides
 
 # Biderman et al. 2023, Table 1: total parameters of each Pythia model
 PYTHIA_TOTAL_PARAMS = {
@@ -31,19 +32,19 @@ def needs():
 
 @pytest.fixture(scope="module")
 def params():
-    return {s: n_params(G.compose_spec(G.model_overrides(s)).model) for s in G.PYTHIA}
+    return {s: n_params(spec_from_overrides(G.model_overrides(s)).model) for s in G.PYTHIA}
 
 
 def test_the_ladder_builds_pythias_published_models(params):
     assert params == PYTHIA_TOTAL_PARAMS
     for size, shape in G.PYTHIA.items():
-        m = G.compose_spec(G.model_overrides(size)).model
+        m = spec_from_overrides(G.model_overrides(size)).model
         assert (m.layers, m.hidden, m.heads, m.intermediate) == (shape.layers, shape.hidden, shape.heads, 4 * m.hidden)
         assert (m.seq_len, m.rotary_pct, m.parallel_residual, m.arch) == (2048, 0.25, True, "neox")
 
 
 def test_both_configurations_run_the_gpu_recipe_at_one_rank():
-    stock, ours = (G.compose_spec(G.job_overrides("2.8b", c, 12, 3)) for c in ("stock", "ours"))
+    stock, ours = (spec_from_overrides(G.job_overrides("2.8b", c, 12, 3)) for c in ("stock", "ours"))
     assert (stock.preset, ours.preset, ours.compression) == ("stock", "zero3", "none")
     for spec in (stock, ours):
         assert (spec.dtype, spec.activation_checkpointing, spec.regather, spec.buckets) == (

@@ -9,20 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 from zeropp_hier.app import memory_check
 from zeropp_hier.app.recipe import toy_settings_warning, write_ds_config
 from zeropp_hier.app.spec import MODELS, JobSpec, block_params, layer_buckets, n_params
-from zeropp_hier.app.train import spec_from_config
+from zeropp_hier.app.train import spec_from_overrides
 
 FRONTIER_MD = Path(__file__).resolve().parents[2] / "docs" / "frontier.md"
 
 
 def _spec(overrides) -> JobSpec:
-    with initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
-        return spec_from_config(OmegaConf.to_container(compose("train", overrides=list(overrides)), resolve=True))
+    return spec_from_overrides(overrides)
 
 
 def _docs_20b_commands() -> list[list[str]]:

@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 from zeropp_hier.app import launch
 from zeropp_hier.app.spec import JobSpec
-from zeropp_hier.app.train import spec_from_config
+from zeropp_hier.app.train import spec_from_overrides
 from zeropp_hier.app.user_config import deep_merge, merge_user
 from zeropp_hier.core.errors import HierConfigError
 
@@ -22,8 +20,7 @@ NEOX20B = str(DATA / "neox_20b_deepspeed.json")  # GPT-NeoX-20B: ZeRO-1, micro 4
 
 
 def _compose(overrides):
-    with initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
-        return spec_from_config(OmegaConf.to_container(compose("train", overrides=list(overrides)), resolve=True))
+    return spec_from_overrides(overrides)
 
 
 def _refusal(spec, world=4) -> HierConfigError:

@@ -18,7 +18,7 @@ Hydra run directory.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, cast
+from typing import Any, Mapping, Sequence, cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +27,14 @@ from ..core.errors import HierConfigError
 from .launch import launch
 from .monitor import MonitorSpec
 from .spec import JobSpec, ModelSpec, recipe_fields
+
+
+def spec_from_overrides(overrides: Sequence[str]) -> JobSpec:
+    """The job ``zeropp-hier train OVERRIDES...`` would run, composed without running it (Hydra's
+    compose of this package's configs; ``hydra.*`` keys, which only place the run, are left out)."""
+    with hydra.initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
+        cfg = hydra.compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
+        return spec_from_config(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
 def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: dict | None = None) -> JobSpec:
