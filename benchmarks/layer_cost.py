@@ -52,6 +52,7 @@ from zeropp_hier.app.flops import PEAK_BF16_TFLOPS, by_device_name, peak_tflops
 from zeropp_hier.core.plan import STREAM_CHUNK_ELEMS, CommPlan, Hop, make_plan
 from zeropp_hier.core.policy import QUANTIZED
 from zeropp_hier.core.topology import Topology
+from zeropp_hier.planner.clusters import frontier
 
 # HBM bandwidth per device that one rank drives, TB/s, by a substring of the device name (as
 # app/flops.py keys its peaks; the NVL key before its prefix, first match wins). NVIDIA H100 SXM5
@@ -70,9 +71,8 @@ SOURCES = {
     "H200_peak": "NVIDIA H200 data sheet: H200 SXM 989, NVL 835.5 TFLOP/s dense bf16",
     "peaks_table": "zeropp_hier/app/flops.py PEAK_BF16_TFLOPS",
 }
-# where a later session changes the planner's rate, and the value there today
+# where a later session changes the planner's rate (the value there today: ``frontier().quant_rate``)
 PLANNER_FILE = "zeropp_hier/planner/clusters.py"
-PLANNER_FRONTIER_QUANT_RATE = 2e11
 
 
 def hbm_tbps(device_name: str | None) -> float | None:
@@ -289,6 +289,6 @@ def planner_quant_rate(quant_elems: float, seconds: float) -> float:
 def planner_line(rate: float, device: str) -> str:
     """The line of ``frontier()`` in planner/clusters.py a later session would change."""
     return (
-        f"{PLANNER_FILE}: frontier(): quant_rate={PLANNER_FRONTIER_QUANT_RATE:.0e},  ->  "
+        f"{PLANNER_FILE}: frontier(): quant_rate={frontier().quant_rate:.0e},  ->  "
         f"quant_rate={rate:.2e},  # benchmarks/layer_cost_gpu.py on {device}, scaled by HBM to an MI250X GCD"
     )

@@ -48,6 +48,7 @@ from typing import Callable
 
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
+from zeropp_hier.planner.clusters import frontier
 
 from . import layer_cost as lc
 from .kernels_gpu import device_sync, time_fn
@@ -388,7 +389,7 @@ def run(args) -> dict:
             "kernel_elems_per_layer": compression["elems"],
             "quant_rate_here": rate,
             "quant_rate_mi250x": rate_mi,
-            "quant_rate_frontier_now": lc.PLANNER_FRONTIER_QUANT_RATE,
+            "quant_rate_frontier_now": frontier().quant_rate,
             "definition": "planner quant_elems of one layer / (2 x measured kernel seconds of that layer)",
             "line": None if rate_mi is None else lc.planner_line(rate_mi, name or "cpu"),
         },

@@ -101,7 +101,7 @@ def test_planner_rate_reproduces_the_measured_seconds():
     assert total == pytest.approx(measured, rel=1e-12)
     line = lc.planner_line(rate, "NVIDIA H100 80GB HBM3")
     assert line.startswith(lc.PLANNER_FILE) and f"quant_rate={rate:.2e}" in line
-    assert clusters.frontier().quant_rate == lc.PLANNER_FRONTIER_QUANT_RATE  # the line's "from" value
+    assert f"quant_rate={clusters.frontier().quant_rate:.0e}," in line  # the line's "from" value
 
 
 def test_mi250x_scaling_by_bandwidth_and_peak():
