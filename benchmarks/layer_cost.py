@@ -49,8 +49,10 @@ from collections import Counter
 from typing import NamedTuple, Sequence
 
 from zeropp_hier.app.flops import PEAK_BF16_TFLOPS, by_device_name, peak_tflops
+from zeropp_hier.comm.gather import column_ranges, slot_align
+from zeropp_hier.comm.reduce import column_chunks
 from zeropp_hier.core.plan import STREAM_CHUNK_ELEMS, CommPlan, Hop, make_plan
-from zeropp_hier.core.policy import QUANTIZED
+from zeropp_hier.core.policy import BITS, QUANTIZED
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.planner.clusters import frontier
 
@@ -166,10 +168,6 @@ def _merge(calls: list[KernelCall]) -> list[KernelCall]:
     return [k._replace(calls=v) for k, v in n.items()]
 
 
-def _quantizing(hops: Sequence[Hop]) -> int:
-    return max((h.block_size for h in hops if h.scheme in QUANTIZED), default=1)
-
-
 def gather_calls(
     phase: str,
     hops: Sequence[Hop],
@@ -184,9 +182,7 @@ def gather_calls(
     ``finish`` on the assembled buffer): ``rows`` start rows of ``width`` elements, already
     encoded by ``encoded`` (the hop that encoded a kept copy) or plain. Returns the calls and
     the hop whose encoding the result carries."""
-    from zeropp_hier.comm.gather import column_ranges
-
-    align = max(_quantizing(hops), encoded.block_size if encoded is not None else 1)
+    align = max(slot_align(hops), encoded.block_size if encoded is not None else 1)
     ranges = column_ranges(width, align, chunks) if chunks > 1 else [(0, width)]
     out: list[KernelCall] = []
     enc = encoded
@@ -195,17 +191,15 @@ def gather_calls(
             enc = hop
             for a, b in ranges:
                 out.append(
-                    KernelCall(phase, hop.tier, "quantize", _bits(hop), dtype, rows * (b - a), 1, hop.block_size, 1)
+                    KernelCall(
+                        phase, hop.tier, "quantize", BITS[hop.scheme], dtype, rows * (b - a), 1, hop.block_size, 1
+                    )
                 )
         rows *= topo.axes_size(hop.axes)
     if enc is not None:  # the end decodes the whole gathered buffer once
         tier = hops[0].tier if hops else enc.tier
-        out.append(KernelCall(phase, tier, "dequantize", _bits(enc), dtype, rows * width, 1, enc.block_size, 1))
+        out.append(KernelCall(phase, tier, "dequantize", BITS[enc.scheme], dtype, rows * width, 1, enc.block_size, 1))
     return _merge(out), enc
-
-
-def _bits(hop: Hop) -> int:
-    return {"int8": 8, "int4": 4}[hop.scheme]
 
 
 def reduce_calls(
@@ -214,10 +208,8 @@ def reduce_calls(
     """The kernels of one gradient bucket's stages (``comm.reduce``): W rows of ``width`` fp32
     columns, streamed in column chunks; per chunk and quantized stage a quantize of the stage's
     buffer and a dequantize_sum of its k received payloads."""
-    from zeropp_hier.comm.reduce import column_chunks
-
     world = topo.world_size
-    pad = _quantizing(hops)
+    pad = slot_align(hops)
     elems = stream_chunk_elems
     if chunks > 1:  # as submit_reduce_scatter: a job per chunk, at most 1/chunks of a row each
         elems = min(stream_chunk_elems, world * -(-width // chunks))
@@ -227,7 +219,7 @@ def reduce_calls(
         for hop in hops:
             k = topo.axes_size(hop.axes)
             if hop.scheme in QUANTIZED:
-                bits = _bits(hop)
+                bits = BITS[hop.scheme]
                 out.append(KernelCall("grad_reduce", hop.tier, "quantize", bits, "float32", buf, 1, hop.block_size, 1))
                 out.append(
                     KernelCall(
@@ -252,8 +244,6 @@ def layer_kernels(
     step (forward gather, backward re-gather from the kept copy, gradient reduce-scatter)."""
     plan = plan_of(preset, topo)
     world = topo.world_size
-    from zeropp_hier.comm.gather import slot_align
-
     align = max(slot_align(plan.forward), slot_align(plan.backward), slot_align(plan.reduce))
     width = shard_elems(numels, world, align)
     calls, enc = gather_calls("forward_gather", plan.forward, topo, width, 1, None, chunks, weight_dtype)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from .. import quant
 from ..core import layout
 from ..core.plan import Hop
+from ..core.policy import BITS
 from ..core.topology import Topology
 from .failures import collective_guard, slowest_tier
 from .groups import HopGroup
@@ -25,7 +26,6 @@ from .stats import CommStats
 # torch 2.13 renamed the tensor-in/tensor-out gather; older ROCm/CUDA builds have only the old name.
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-_BITS = {"int8": 8, "int4": 4}
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -203,7 +203,7 @@ class HierCollectives:
         the same values. ``hook`` sees this rank's payload and a lazy
         decoder of it. ``valid``: the elements of a row that can hold a value; only those are
         sent ([Note: padding stays off the wire])."""
-        if hop.scheme in _BITS:
+        if hop.scheme in BITS:
             enc = self.encode(buf, hop, block_size, hook)
             got = yield from self.gather_encoded_steps(enc, hop, phase, valid)
             return self.decode(got, buf.dtype)
@@ -241,7 +241,7 @@ class HierCollectives:
         if buf.shape[3] % block_size:
             raise AssertionError(f"gather rows of {buf.shape[3]} elements are not whole {block_size}-blocks")
         local = buf.reshape(-1)
-        q = quant.quantize(local, _BITS[hop.scheme], block_size)
+        q = quant.quantize(local, BITS[hop.scheme], block_size)
         if hook is not None:
             hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
         return Encoded(q.data.view(*rows, -1), q.scales.view(*rows, -1), q.bits, block_size, buf.shape[3])
@@ -306,8 +306,8 @@ class HierCollectives:
             send = hook.prepare(send)
         k, m = send.shape
         cols = None if valid is None or valid.full else valid.tiled(m // buf.shape[3])  # rows of the block
-        if hop.scheme in _BITS:
-            q = quant.quantize(send.reshape(-1), _BITS[hop.scheme], block_size)
+        if hop.scheme in BITS:
+            q = quant.quantize(send.reshape(-1), BITS[hop.scheme], block_size)
             if hook is not None:
                 hook.encoded(send, lambda: quant.dequantize(q, torch.float32).view_as(send))
             per_unit = 8 // q.bits

@@ -28,6 +28,7 @@ from .vocab import TIERS, FixedPreset, Tier
 Scheme = Literal["none", "fp16", "bf16", "int8", "int4"]
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 QUANTIZED: tuple[Scheme, ...] = ("int8", "int4")
+BITS: dict[Scheme, int] = {"int8": 8, "int4": 4}  # bits per element of each quantized scheme
 MIN_BLOCK, MAX_BLOCK = 32, 4096
 DEFAULT_BLOCK_SIZE = 256
 NonfinitePolicy = Literal["skip", "raise"]
