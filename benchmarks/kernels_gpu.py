@@ -17,10 +17,11 @@ median over ``--reps`` such runs; outputs come from torch's caching allocator as
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from zeropp_hier.files import write_json_atomic
 
@@ -61,9 +62,73 @@ def time_fn(fn: Callable[[], object], dev, iters: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def _payload_bytes(n: int, bits: int, block: int) -> int:
+def payload_bytes(n: int, bits: int, block: int) -> int:
+    """Bytes of the encoding of ``n`` elements: whole blocks of codes and one fp32 scale each."""
     nblocks = -(-n // block)
     return nblocks * block * bits // 8 + 4 * nblocks
+
+
+def measure_ops(x, bits: int, block: int, sums: Sequence[tuple[int, int]], dev, iters: int, reps: int) -> list[dict]:
+    """Rows for quantize and dequantize of ``x`` and, for each ``(k, m)`` of ``sums``,
+    dequantize_sum and dequantize_sum_requantize of k stacked payloads of m elements (an
+    all-to-all receive buffer), each timed beside ``dst.copy_(src)`` moving as many bytes (read +
+    written) right before it."""
+    import torch
+
+    from zeropp_hier import quant
+
+    n, dtype = x.numel(), x.dtype
+    es = x.element_size()
+    q = quant.quantize(x, bits, block)
+    cases: list[tuple[str, int, int, int, int, Callable[[], object]]] = [
+        ("quantize", 1, n, n * es, payload_bytes(n, bits, block), lambda: quant.quantize(x, bits, block)),
+        ("dequantize", 1, n, payload_bytes(n, bits, block), n * es, lambda: quant.dequantize(q, dtype)),
+    ]
+    for k, m in sums:
+        part = quant.quantize(x[:m] if m <= n else torch.randn(m, device=dev).to(dtype), bits, block)
+        st = quant.Quantized(
+            part.data.unsqueeze(0).repeat(k, 1), part.scales.unsqueeze(0).repeat(k, 1), m, bits, block
+        )
+        pb = payload_bytes(m, bits, block)
+        cases.append(
+            (f"dequantize_sum(k={k})", k, m, k * pb, m * es, functools.partial(quant.dequantize_sum, st, dtype))
+        )
+        cases.append(
+            (
+                f"dequantize_sum_requantize(k={k})",
+                k,
+                m,
+                k * pb,
+                pb,
+                functools.partial(quant.dequantize_sum_requantize, st, bits, block),
+            )
+        )
+    rows = []
+    for name, k, m, read, written, fn in cases:
+        half = max((read + written) // 2, 1)  # the copy moves as many bytes as the op, half each way
+        src = torch.empty(half, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        t_copy = time_fn(lambda: dst.copy_(src), dev, iters, reps)
+        t_op = time_fn(fn, dev, iters, reps)
+        bw, cbw = (read + written) / t_op / 1e9, 2 * half / t_copy / 1e9
+        rows.append(
+            {
+                "op": name,
+                "dtype": str(dtype).removeprefix("torch."),
+                "bits": bits,
+                "parts": k,
+                "numel": m,
+                "read_bytes": read,
+                "written_bytes": written,
+                "op_s": t_op,
+                "copy_s": t_copy,
+                "op_GBps": bw,
+                "copy_GBps": cbw,
+                "pct_of_copy": 100.0 * bw / cbw,
+                "elems_per_s": k * m / t_op,
+            }
+        )
+    return rows
 
 
 def run(args) -> dict:
@@ -81,51 +146,11 @@ def run(args) -> dict:
     # one scratch pair for the copy yardstick, as large as the largest op's traffic
     for n in args.sizes:
         for dname in args.dtypes:
-            dtype = getattr(torch, dname)
-            es = torch.empty((), dtype=dtype).element_size()
-            x = torch.randn(n, device=dev).to(dtype)
+            x = torch.randn(n, device=dev).to(getattr(torch, dname))
             for bits in (8, 4):
-                q = quant.quantize(x, bits, B)
-                pb = _payload_bytes(n, bits, B)
-                stacked = quant.Quantized(
-                    q.data.unsqueeze(0).repeat(K, 1), q.scales.unsqueeze(0).repeat(K, 1), n, bits, B
-                )
-                cases = [
-                    ("quantize", n * es, pb, lambda: quant.quantize(x, bits, B)),
-                    ("dequantize", pb, n * es, lambda: quant.dequantize(q, dtype)),
-                    (f"dequantize_sum(k={K})", K * pb, n * es, lambda: quant.dequantize_sum(stacked, dtype)),
-                    (
-                        f"dequantize_sum_requantize(k={K})",
-                        K * pb,
-                        pb,
-                        lambda: quant.dequantize_sum_requantize(stacked, bits, B),
-                    ),
-                ]
-                for name, read, written, fn in cases:
-                    # the copy moves as many bytes as the op: (read + written) / 2 each way
-                    half = max((read + written) // 2, 1)
-                    src = torch.empty(half, dtype=torch.uint8, device=dev)
-                    dst = torch.empty_like(src)
-                    t_copy = time_fn(lambda: dst.copy_(src), dev, args.iters, args.reps)
-                    t_op = time_fn(fn, dev, args.iters, args.reps)
-                    bw, cbw = (read + written) / t_op / 1e9, 2 * half / t_copy / 1e9
-                    rows.append(
-                        {
-                            "op": name,
-                            "dtype": dname,
-                            "bits": bits,
-                            "numel": n,
-                            "read_bytes": read,
-                            "written_bytes": written,
-                            "op_s": t_op,
-                            "copy_s": t_copy,
-                            "op_GBps": bw,
-                            "copy_GBps": cbw,
-                            "pct_of_copy": 100.0 * bw / cbw,
-                            "elems_per_s": (K * n if "sum" in name else n) / t_op,
-                        }
-                    )
-                    _print_row(rows[-1])
+                for row in measure_ops(x, bits, B, [(K, n)], dev, args.iters, args.reps):
+                    rows.append(row)
+                    _print_row(row)
             torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(dev)
     return {

@@ -41,7 +41,6 @@ for the device (``python setup.py build_ext --inplace``).
 from __future__ import annotations
 
 import argparse
-import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -51,7 +50,7 @@ from zeropp_hier.files import write_json_atomic
 from zeropp_hier.planner.clusters import frontier
 
 from . import layer_cost as lc
-from .kernels_gpu import device_sync, time_fn
+from .kernels_gpu import device_sync, measure_ops, time_fn
 
 ASSUMPTIONS = (
     "kernel times scaled by HBM bandwidth (this device / MI250X GCD 1.6 TB/s): right for memory-bound "
@@ -205,67 +204,16 @@ def _empty_cache(dev) -> None:
         torch.cuda.empty_cache()
 
 
-def _payload_bytes(n: int, bits: int, block: int) -> int:
-    nb = -(-n // block)
-    return nb * block * bits // 8 + 4 * nb
-
-
 def time_kernels(n: int, ks: list[int], block: int, dev, iters: int, reps: int) -> list[dict]:
-    """The four ops on their own, bf16, int8 and int4, a sum's k parts together n elements,
-    each beside a device copy moving the same bytes (read + written)."""
+    """The four ops on their own, bf16, int8 and int4, a sum's k parts together n elements
+    (``kernels_gpu.measure_ops``: each beside a device copy moving the same bytes)."""
     import torch
 
-    from zeropp_hier import quant
-
+    x = torch.randn(n, device=dev).to(torch.bfloat16)
     rows: list[dict] = []
-    dtype = torch.bfloat16
-    x = torch.randn(n, device=dev).to(dtype)
     for bits in (8, 4):
-        q = quant.quantize(x, bits, block)
-        pb = _payload_bytes(n, bits, block)
-        cases: list[tuple[str, int, int, int, int, Callable[[], object]]] = [
-            ("quantize", 1, n, 2 * n, pb, lambda: quant.quantize(x, bits, block)),
-            ("dequantize", 1, n, pb, 2 * n, lambda: quant.dequantize(q, dtype)),
-        ]
-        for k in ks:
-            m = lc.aligned(-(-n // k), block)  # each part whole blocks
-            st = _stacked(m, k, bits, block, dev)
-            ppb = _payload_bytes(m, bits, block)
-            cases.append(
-                (f"dequantize_sum(k={k})", k, m, k * ppb, 2 * m, functools.partial(quant.dequantize_sum, st, dtype))
-            )
-            cases.append(
-                (
-                    f"dequantize_sum_requantize(k={k})",
-                    k,
-                    m,
-                    k * ppb,
-                    ppb,
-                    functools.partial(quant.dequantize_sum_requantize, st, bits, block),
-                )
-            )
-        for name, k, m, read, written, fn in cases:
-            half = max((read + written) // 2, 1)
-            src = torch.empty(half, dtype=torch.uint8, device=dev)
-            dst = torch.empty_like(src)
-            t_copy = time_fn(lambda: dst.copy_(src), dev, iters, reps)
-            t_op = time_fn(fn, dev, iters, reps)
-            rows.append(
-                {
-                    "op": name,
-                    "dtype": "bfloat16",
-                    "bits": bits,
-                    "parts": k,
-                    "numel": m,
-                    "read_bytes": read,
-                    "written_bytes": written,
-                    "op_s": t_op,
-                    "copy_s": t_copy,
-                    "op_GBps": (read + written) / t_op / 1e9,
-                    "pct_of_copy": 100.0 * t_copy / t_op * (read + written) / (2 * half),
-                    "elems_per_s": k * m / t_op,
-                }
-            )
+        sums = [(k, lc.aligned(-(-n // k), block)) for k in ks]  # each part whole blocks
+        rows += measure_ops(x, bits, block, sums, dev, iters, reps)
         _empty_cache(dev)
     return rows
 
