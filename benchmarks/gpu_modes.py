@@ -20,11 +20,9 @@ itself) is not a call sync-debug mode reports; ``serial_wait_s`` is what measure
 ``--device cuda`` (default): the ranks share GPU 0 through gloo with CUDA tensors, as
 benchmarks/gpu_engine.py; gloo sends point-to-point only from host memory, so the tick mode is
 refused there at start-up (``check_tick_device``, the check the runtime makes) and its row holds
-the refusal's text. A last short pass (``--no-probe``: none), in a 2-rank world of its own, tries one
-``batch_isend_irecv`` of a CUDA tensor over gloo and records what happened: whether ticks could
-run there at all. ``--device cpu``: CPU ranks and tensors over gloo,
-where ticks run and the serial mode has nothing to wait for (a gloo collective on CPU tensors has
-ended when its call returns: ``serial_wait_s`` is 0); no sync counts (no CUDA).
+the refusal's text. ``--device cpu``: CPU ranks and tensors over gloo, where ticks run and the
+serial mode has nothing to wait for (a gloo collective on CPU tensors has ended when its call
+returns: ``serial_wait_s`` is 0); no sync counts (no CUDA).
 Timings through gloo on one GPU are not link speeds: only the comparison between modes means
 something, and only roughly.
 """
@@ -151,26 +149,6 @@ def _one_mode(cfg: dict, steps: int, model_cfg, device: str) -> dict:
     return res
 
 
-def rank_gloo_p2p_cuda() -> str:
-    """One ``batch_isend_irecv`` of a CUDA tensor over the default (gloo) group with the paired
-    rank (rank ^ 1): "ok", or the error's text, the same on both ranks of a pair."""
-    import torch
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    peer = rank ^ 1
-    if peer >= dist.get_world_size():
-        return "no peer"
-    out = torch.full((4,), float(rank), device="cuda")
-    got = torch.empty(4, device="cuda")
-    try:
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, got, peer)]):
-            w.wait()
-    except Exception as e:  # noqa: BLE001 - the answer is the text
-        return f"{type(e).__name__}: {str(e).strip()[:500]}"
-    return "ok" if bool((got == float(peer)).all()) else f"wrong values {got.tolist()}"
-
-
 def _mean(xs: list) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -255,12 +233,6 @@ def main(argv=None) -> None:
     p.add_argument("--gcds-per-gpu", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--timeout", type=float, default=300)
-    p.add_argument(
-        "--no-probe",
-        dest="probe",
-        action="store_false",
-        help="on CUDA, skip the last pass that tries gloo point-to-point with CUDA tensors",
-    )
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gpu_modes.json"))
     args = p.parse_args(argv)
     import torch
@@ -299,15 +271,6 @@ def main(argv=None) -> None:
         print(line, flush=True)
     write_json_atomic(out, report, indent=1, default=str)
     print(f"wrote {out} ({report['wall_s']:.0f} s)", flush=True)
-    if cuda and args.probe:
-        # last, in a world of its own with short timeouts: gloo may crash or hang on device memory
-        try:
-            with LocalWorld(2, timeout=60, pg_timeout_s=30, gpus=1) as w:
-                report["gloo_p2p_cuda"] = w.run(rank_gloo_p2p_cuda)
-        except WorldError as exc:
-            report["gloo_p2p_cuda"] = f"world failed: {str(exc)[-2000:]}"
-        print("gloo batch_isend_irecv of CUDA tensors:", report["gloo_p2p_cuda"], flush=True)
-        write_json_atomic(out, report, indent=1, default=str)
 
 
 if __name__ == "__main__":
