@@ -56,7 +56,8 @@ def assert_states_close(got: dict, ref: dict, atol, what):
 
 
 def max_state_diff(got: dict, ref: dict) -> float:
-    return max(float((got[n] - ref[n]).detach().abs().max()) for n in ref)
+    """The largest absolute difference of two state dicts over ``ref``'s tensors, in fp32."""
+    return max(float((got[n].detach().float() - ref[n].detach().float()).abs().max()) for n in ref)
 
 
 def set_path(section: dict, path: tuple, value) -> dict:

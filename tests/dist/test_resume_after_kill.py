@@ -18,7 +18,7 @@ from zeropp_hier.app.data import stdlib_files
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 
-from ..helpers import data_job_spec
+from ..helpers import data_job_spec, max_state_diff
 
 # the first commit (step 2) is the kill's signal; the job's steps 3 and 4 and their commit are what
 # the kill cuts off and the resumed run redoes
@@ -80,7 +80,7 @@ def test_killed_job_resumes_exactly(world8, tmp_path):
     ref = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "full" / "checkpoints"), tag=f"step{STEPS}")
     got = get_fp32_state_dict_from_zero_checkpoint(ckpt, tag=f"step{STEPS}")
     assert set(ref) == set(got) and ref
-    worst = max(float((ref[n].detach().float() - got[n].detach().float()).abs().max()) for n in ref)
+    worst = max_state_diff(got, ref)
     assert worst <= 1e-6, f"final weights differ by {worst}"
     # the resumed run's own output: the chart of the steps it trained
     png = tmp_path / "resumed" / "metrics.png"
