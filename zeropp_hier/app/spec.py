@@ -170,6 +170,9 @@ class JobSpec:
     # so a resume on fewer ranks (a chain link on fewer nodes) trains the same batches; None: grad_accum's
     global_batch: int | None = None
     clip: float = 0.0  # DeepSpeed's gradient_clipping (global norm; 0: none)
+    # initial weights (app/init_schemes.py): GPT-NeoX's init_method / output_layer_init_method names
+    init_method: str = "normal"  # normal (transformers' N(0, 0.02)) | small_init
+    output_layer_init_method: str = "normal"  # normal | wang_init (attention dense, MLP dense_4h_to_h)
     # AdamW (DeepSpeed's "Adam" with torch_adam: torch.optim.AdamW); torch's defaults but eps
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -226,6 +229,9 @@ class JobSpec:
                     self.grad_accum,
                     "global_batch sets the accumulation: give grad_accum=1 with it (a recipe's grad_accum counts too)",
                 )
+        from .init_schemes import check as check_init
+
+        check_init(self.init_method, self.output_layer_init_method, self.model.arch)
         if not (isinstance(self.clip, (int, float)) and self.clip >= 0):
             raise HierConfigError("clip", self.clip, "use 0 (no clipping) or a positive gradient norm, e.g. 1.0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -319,6 +325,8 @@ RECIPE_KEYS = (
     "grad_accum",
     "global_batch",
     "clip",
+    "init_method",
+    "output_layer_init_method",
     "weight_decay",
     "betas",
     "eps",
