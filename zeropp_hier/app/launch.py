@@ -68,11 +68,12 @@ def memory_lines(spec: JobSpec, env: Mapping[str, str] | None, gpus: int) -> lis
 
         name = torch.cuda.get_device_name(0)
         total = float(torch.cuda.get_device_properties(0).total_memory)
-    spec.ds_config(world=world)  # the user's DeepSpeed keys: refused here, before any rank builds
+    notes: list[str] = []
+    spec.ds_config(world=world, notes=notes)  # the user's DeepSpeed keys: refused here, before any rank builds
     lines = memory_check.check(spec, world, per_node, name, total)
     warning = toy_settings_warning(spec) if gpus else None
     if rank == 0:
-        print("\n".join(([warning] if warning else []) + lines), flush=True)
+        print("\n".join(([warning] if warning else []) + notes + lines), flush=True)
     return lines
 
 

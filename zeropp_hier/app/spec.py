@@ -285,12 +285,15 @@ class JobSpec:
             )
         return self.global_batch // per
 
-    def ds_config(self, overrides: Mapping[str, Any] | None = None, world: int | None = None) -> dict:
+    def ds_config(
+        self, overrides: Mapping[str, Any] | None = None, world: int | None = None, notes: list[str] | None = None
+    ) -> dict:
         """The job's DeepSpeed config (``ds_config`` of this spec), then the user's
         ``deepspeed_config`` file and ``deepspeed`` keys merged in (``app/user_config.py``: a key the
         job owns that disagrees is refused; ``world``: the ranks, to check ``train_batch_size``),
-        then ``overrides`` (the job's own, e.g. a universal checkpoint's load flag; see there)."""
-        from .user_config import merge_user  # the user's keys: read and checked here, on every rank alike
+        then ``overrides`` (the job's own, e.g. a universal checkpoint's load flag; see there).
+        ``notes``: gets what the user's keys replaced, filled ("auto") and passed."""
+        from .user_config import JobValues, merge_user  # the user's keys: read and checked here, on every rank alike
 
         cfg = ds_config(
             self.preset,
@@ -313,7 +316,17 @@ class JobSpec:
         )
         # DeepSpeed's monitor sections the job's `monitor` switches on (a user's own then merge over them)
         cfg.update(monitor.ds_sections(self.monitor, self.out_dir))
-        cfg = merge_user(cfg, self.deepspeed_config, self.deepspeed, world=world)
+        values = JobValues(
+            lr=self.lr,
+            betas=self.betas,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            clip=self.clip,
+            warmup_steps=self.warmup,
+            total_steps=self.steps,
+            hidden=self.model.hidden,
+        )
+        cfg = merge_user(cfg, self.deepspeed_config, self.deepspeed, world=world, values=values, notes=notes)
         return _apply_overrides(cfg, overrides)
 
 
