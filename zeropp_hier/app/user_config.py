@@ -170,7 +170,9 @@ def resolve_auto(user: Mapping[str, Any], table: Mapping[str, Any], where: str, 
         out: dict[str, Any] = {}
         for k, v in d.items():
             key = f"{prefix}{k}"
-            if isinstance(v, Mapping):
+            if key == "zeropp_hier":  # our own section: its "auto"s are its own (e.g. topology mode)
+                out[k] = v
+            elif isinstance(v, Mapping):
                 out[k] = walk(v, key + ".")
             elif isinstance(v, str) and v == "auto":
                 if key == "train_batch_size" and table.get(key) is None:
@@ -284,11 +286,12 @@ def check_owned(job: Mapping[str, Any], user: Mapping[str, Any], where: str, wor
 
 
 def _passed(user: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The user's keys outside the two whole sections that were given a value (not "auto")."""
     out = []
     for k, v in user.items():
         if isinstance(v, Mapping) and k not in WHOLE_SECTIONS:
             out += _passed(v, f"{prefix}{k}.")
-        elif k not in WHOLE_SECTIONS:
+        elif k not in WHOLE_SECTIONS and not (isinstance(v, str) and v == "auto"):
             out.append(f"{prefix}{k}")
     return out
 
@@ -325,7 +328,8 @@ def merge_user(
     ):
         if not user:
             continue
-        user = resolve_auto(_strip(user), table, where, notes)
+        given = _strip(user)
+        user = resolve_auto(given, table, where, notes)
         check_owned(job, user, where, world)
         for k in WHOLE_SECTIONS:
             if _replaces(out.get(k), user.get(k), whole):
@@ -334,7 +338,7 @@ def merge_user(
                     f"{where}: {k} {user[k].get('type')!r} replaces the job's {had!r} whole "
                     "(DeepSpeed builds it from exactly the params given)"
                 )
-        passed = _passed(user)
+        passed = _passed(given)
         if passed:
             notes.append(f"{where}: passed to DeepSpeed as given (it validates them): {', '.join(passed)}")
         out = merge_sections(out, user, whole)
