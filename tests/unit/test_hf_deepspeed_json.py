@@ -46,7 +46,9 @@ def test_a_users_scheduler_replaces_the_recipes_whole():
     with pytest.raises(TypeError, match="total_num_steps"):
         WarmupLR(_opt(), **deep_merge(recipe, user["scheduler"])["params"])
     # the recipe's sections stay where the user gives none
-    spec = spec_from_overrides(["recipe=neox20b", "model=tiny", "global_batch=null", "+deepspeed.wall_clock_breakdown=true"])
+    spec = spec_from_overrides(
+        ["recipe=neox20b", "model=tiny", "global_batch=null", "+deepspeed.wall_clock_breakdown=true"]
+    )
     assert spec.ds_config()["scheduler"]["type"] == "WarmupCosineLR"
 
 
@@ -56,7 +58,12 @@ def test_single_keys_merge_into_a_section_unless_they_change_its_type():
     assert sched["type"] == "WarmupCosineLR" and sched["params"]["cos_min_ratio"] == 0.05
     assert sched["params"]["total_num_steps"] == spec.steps  # the recipe's other parameters stay
     spec = spec_from_overrides(
-        ["recipe=neox20b", "model=tiny", "+deepspeed.scheduler.type=WarmupLR", "+deepspeed.scheduler.params.warmup_num_steps=3"]
+        [
+            "recipe=neox20b",
+            "model=tiny",
+            "+deepspeed.scheduler.type=WarmupLR",
+            "+deepspeed.scheduler.params.warmup_num_steps=3",
+        ]
     )
     assert spec.ds_config()["scheduler"] == {"type": "WarmupLR", "params": {"warmup_num_steps": 3}}
 
@@ -82,7 +89,9 @@ def test_auto_is_filled_where_hf_fills_it_from_the_jobs_values():
             "optimizer": {"type": "AdamW", "params": {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}},
             "scheduler": {
                 "type": "WarmupDecayLR",
-                "params": {k: "auto" for k in ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps")},
+                "params": {
+                    k: "auto" for k in ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps")
+                },
             },
             "fp16": {"enabled": "auto"},
             "bf16": {"enabled": "auto"},
@@ -154,7 +163,12 @@ def _refusals():
         (JobSpec(deepspeed={"zero_optimization": {"stage": 2}}), "deepspeed.zero_optimization.stage", 2, 3),
         (JobSpec(deepspeed={"bf16": {"enabled": True}}), "deepspeed.bf16.enabled", True, False),
         (JobSpec(dtype="bf16", deepspeed={"fp16": {"enabled": True}}), "deepspeed.fp16.enabled", True, False),
-        (JobSpec(deepspeed={"zeropp_hier": {"preset": "zeropp"}}), "deepspeed.zeropp_hier.preset", "zeropp", "frontier"),
+        (
+            JobSpec(deepspeed={"zeropp_hier": {"preset": "zeropp"}}),
+            "deepspeed.zeropp_hier.preset",
+            "zeropp",
+            "frontier",
+        ),
         (
             JobSpec(deepspeed={"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": "auto"}}),
             "deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save",
@@ -214,7 +228,9 @@ def test_a_refusal_reaches_the_user_as_one_line_without_a_traceback(tmp_path):
     )
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     err = [ln for ln in p.stderr.splitlines() if "zeropp_hier config error" in ln]
-    assert err == ["zeropp_hier config error at 'zero_optimization.offload_param.device': got 'cpu'; "
-                   + err[0].split("got 'cpu'; ")[1]], p.stderr
+    assert err == [
+        "zeropp_hier config error at 'zero_optimization.offload_param.device': got 'cpu'; "
+        + err[0].split("got 'cpu'; ")[1]
+    ], p.stderr
     assert "Traceback" not in p.stderr and "HYDRA_FULL_ERROR" not in p.stderr, p.stderr[-2000:]
     assert "starting" not in p.stdout  # before any rank

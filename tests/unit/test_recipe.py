@@ -113,7 +113,9 @@ def test_the_docs_20b_commands_are_whole_runs_at_48_32_and_24_nodes():
             assert ds["gradient_accumulation_steps"] == accum
             assert world * ds["train_micro_batch_size_per_gpu"] * accum == 1536, n
         assert spec.checkpoint_dir and spec.save_every > 0 and spec.save_every < spec.steps
-        assert any(o.startswith("checkpoint_dir=") for o in overrides) and any(o.startswith("steps=") for o in overrides)
+        assert any(o.startswith("checkpoint_dir=") for o in overrides) and any(
+            o.startswith("steps=") for o in overrides
+        )
         assert spec.steps * 1536 * spec.model.seq_len == GPT_NEOX_20B_TOKENS
         dirs.add(spec.checkpoint_dir)
     assert len(dirs) == 2  # the two runs chain in their own directories
@@ -122,7 +124,9 @@ def test_the_docs_20b_commands_are_whole_runs_at_48_32_and_24_nodes():
 def test_a_world_that_cannot_split_the_global_batch_is_refused_with_the_numbers():
     spec = _spec(["recipe=neox20b", "model=neox_20b"])  # micro-batch 4: 32 nodes cannot split 1536
     assert spec.accum(384) == 1 and spec.accum(192) == 2
-    with pytest.raises(ValueError, match=r"'global_batch': got 1536; not a multiple of 256 ranks x micro_batch 4 = 1024"):
+    with pytest.raises(
+        ValueError, match=r"'global_batch': got 1536; not a multiple of 256 ranks x micro_batch 4 = 1024"
+    ):
         spec.ds_config(world=256)
 
 

@@ -47,7 +47,7 @@ def build_engine(
     output_layer_init_method) of ``app/init_schemes.py``."""
     if isinstance(model_cfg, ModelSpec):
         model = models.build(model_cfg, config, seed=seed)
-        init_schemes.apply(model, model_cfg.hidden, model_cfg.layers, *init, seed=seed)
+        init_schemes.apply(model, model_cfg.hidden, model_cfg.layers, init[0], init[1], seed)
     else:
         torch.manual_seed(seed)
         model = GPT(model_cfg)

@@ -258,7 +258,7 @@ def check_owned(job: Mapping[str, Any], user: Mapping[str, Any], where: str, wor
                     sec["enabled"],
                     ours_on,
                     f"the job trains in dtype={ours_dtype}; set dtype= on the command line "
-                    "(the memory check and the model build read it) and drop the key, or give \"auto\"",
+                    '(the memory check and the model build read it) and drop the key, or give "auto"',
                     where,
                 )
     section = user.get("zeropp_hier")
