@@ -115,6 +115,7 @@ def job_overrides(size: str, config: str, steps: int, seed: int, run_dir: str | 
     """The job's command line after ``train`` for one configuration at world size 1."""
     out = [
         f"recipe={RECIPE}",
+        "global_batch=null",  # one micro-batch per step: the step this compares (the recipe's 1024 sequences: 256)
         *model_overrides(size),
         *CONFIGS[config],
         f"steps={steps}",

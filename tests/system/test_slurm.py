@@ -171,7 +171,8 @@ def test_frontier_script_renders_the_20b_run_as_a_job_the_app_accepts(slurm, tmp
     assert spec.data_path == "/lustre/orion/alice/tokens" and spec.dtype == "bf16"
     # the recipe's values reach the DeepSpeed config the job builds (tests/unit/test_recipe.py has the rest)
     ds = spec.ds_config(world=384)
-    assert ds["optimizer"]["params"]["lr"] == 0.97e-4 and ds["gradient_accumulation_steps"] == 32
+    assert ds["optimizer"]["params"]["lr"] == 0.97e-4  # the recipe's 1536 sequences: 4 x 1 x 384
+    assert ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 384 == 1536
     assert ds["scheduler"]["type"] == "WarmupCosineLR" and ds["scheduler"]["params"]["warmup_num_steps"] == 1500
     assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] > 0 and ds["bf16"]["enabled"]
     # the job's own check before building (the planner's memory model) lets it start on MI250X

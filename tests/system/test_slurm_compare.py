@@ -121,7 +121,8 @@ def test_frontier_compare_job_renders_probe_three_runs_and_report(slurm, tmp_pat
     cmp_dir = f"{tmp_path}/compare-777"
     assert sruns[0] == f"{head}zeropp_hier probe --out {cmp_dir}/probe.json"
     assert sruns[1:] == [
-        f"{head}zeropp_hier.app.train launcher=srun topology=auto recipe=neox1_4b model=neox_1_4b steps=20 "
+        f"{head}zeropp_hier.app.train launcher=srun topology=auto recipe=neox1_4b global_batch=null "
+        "model=neox_1_4b steps=20 "
         f"preset={p} hydra.run.dir={cmp_dir}/{p}"
         for p in PRESETS
     ]

@@ -22,15 +22,37 @@ def _spec(overrides) -> JobSpec:
     return spec_from_overrides(overrides)
 
 
-def _docs_20b_commands() -> list[list[str]]:
-    """The Hydra overrides of each `sbatch -N 48 ... train.sbatch` command of docs/frontier.md."""
+# OLCF Frontier User Guide, "Job Priority by Node Count" (docs/frontier.md#chained-jobs): the
+# longest job of each node-count bin, in hours
+FRONTIER_CAP_HOURS = ((91, 2), (183, 6), (9408, 12))
+GPT_NEOX_20B_TOKENS = 150000 * 1536 * 2048  # 20B.yml's train_iters x the paper's batch x 2048 tokens
+
+
+def _sbatch_lines() -> list[str]:
+    """Every `sbatch ... train.sbatch ... recipe=neox20b ...` command of docs/frontier.md, one line each."""
     text = FRONTIER_MD.read_text().replace("\\\n", " ")
-    cmds = [ln for ln in text.splitlines() if re.match(r"sbatch .*-N 48 scripts/frontier/train\.sbatch", ln)]
+    pattern = r"sbatch .*scripts/frontier/train\.sbatch .*recipe=neox20b"
+    return [ln for ln in text.splitlines() if re.match(pattern, ln)]
+
+
+def _sbatch_options(line: str) -> dict[str, str]:
+    words = shlex.split(line.replace("<", "").replace(">", ""))
+    opts = words[1 : words.index("scripts/frontier/train.sbatch")]
+    return dict(zip(opts[::2], opts[1::2]))
+
+
+def _docs_20b_commands() -> list[list[str]]:
+    """The Hydra overrides of each 20B `sbatch ... train.sbatch` command of docs/frontier.md."""
     out = []
-    for ln in cmds:
+    for ln in _sbatch_lines():
         words = shlex.split(ln.replace("<", "").replace(">", ""))
         out.append(words[words.index("scripts/frontier/train.sbatch") + 1 :])
     return out
+
+
+def _hours(limit: str) -> float:
+    h, m, sec = (int(x) for x in limit.split(":"))
+    return h + m / 60 + sec / 3600
 
 
 def test_demo_recipe_is_the_defaults():
@@ -51,7 +73,9 @@ def test_the_docs_20b_command_builds_the_published_settings():
         opt = ds["optimizer"]["params"]
         assert opt["lr"] == 0.97e-4 and opt["betas"] == [0.9, 0.95] and opt["eps"] == 1e-8
         assert opt["weight_decay"] == 0.01 and ds["gradient_clipping"] == 1.0
-        assert ds["gradient_accumulation_steps"] == 32 and ds["train_micro_batch_size_per_gpu"] == 4
+        # the paper's 1536 sequences per step: micro-batch 2 x 2 accumulated x 384 ranks
+        assert ds["gradient_accumulation_steps"] == 2 and ds["train_micro_batch_size_per_gpu"] == 2
+        assert (spec.init_method, spec.output_layer_init_method) == ("small_init", "wang_init")
         sched = ds["scheduler"]
         assert sched["type"] == "WarmupCosineLR"
         assert sched["params"]["total_num_steps"] == spec.steps == 150000
@@ -67,9 +91,50 @@ def test_the_docs_20b_command_builds_the_published_settings():
         assert toy_settings_warning(spec) is None
 
 
+def test_the_docs_20b_commands_are_whole_runs_at_48_32_and_24_nodes():
+    """Each documented 20B command trains 1536 sequences per step on the nodes it asks for and on
+    32 or 24 (a chain link that comes back on fewer), asks for a time limit within Frontier's cap,
+    names a checkpoint directory, saves every N steps, and chains (checkpoint_dir= and steps=,
+    what the batch script chains on) up to GPT-NeoX-20B's token count."""
+    lines = _sbatch_lines()
+    assert len(lines) == 2, lines
+    dirs = set()
+    for line, overrides in zip(lines, _docs_20b_commands()):
+        opts = _sbatch_options(line)
+        nodes = int(opts["-N"])
+        assert nodes == 48
+        cap = next(h for top, h in FRONTIER_CAP_HOURS if nodes <= top)
+        assert 0 < _hours(opts["-t"]) <= cap, (opts["-t"], cap)
+        spec = _spec(overrides)
+        for n in (48, 32, 24):
+            world = n * 8
+            accum = spec.accum(world)
+            ds = spec.ds_config(world=world)
+            assert ds["gradient_accumulation_steps"] == accum
+            assert world * ds["train_micro_batch_size_per_gpu"] * accum == 1536, n
+        assert spec.checkpoint_dir and spec.save_every > 0 and spec.save_every < spec.steps
+        assert any(o.startswith("checkpoint_dir=") for o in overrides) and any(
+            o.startswith("steps=") for o in overrides
+        )
+        assert spec.steps * 1536 * spec.model.seq_len == GPT_NEOX_20B_TOKENS
+        dirs.add(spec.checkpoint_dir)
+    assert len(dirs) == 2  # the two runs chain in their own directories
+
+
+def test_a_world_that_cannot_split_the_global_batch_is_refused_with_the_numbers():
+    spec = _spec(["recipe=neox20b", "model=neox_20b"])  # micro-batch 4: 32 nodes cannot split 1536
+    assert spec.accum(384) == 1 and spec.accum(192) == 2
+    with pytest.raises(
+        ValueError, match=r"'global_batch': got 1536; not a multiple of 256 ranks x micro_batch 4 = 1024"
+    ):
+        spec.ds_config(world=256)
+
+
 def test_recipe_1_4b_builds_the_published_1_3b_settings():
     spec = _spec(["recipe=neox1_4b", "model=neox_1_4b", "steps=1000"])
     ds = spec.ds_config(world=16)
+    # Pythia-1.4B's 1024 sequences per step (pythia-1.4b.yml: 16 x 64 GPUs): 4 x 16 accumulated x 16
+    assert spec.global_batch == 1024 and ds["gradient_accumulation_steps"] == 16
     opt = ds["optimizer"]["params"]  # EleutherAI gpt-neox configs/1-3B.yml
     assert opt["lr"] == 2e-4 and opt["betas"] == [0.9, 0.95] and opt["eps"] == 1e-8 and opt["weight_decay"] == 0.1
     assert ds["gradient_clipping"] == 1.0 and ds["scheduler"]["params"]["warmup_num_steps"] == 10
@@ -78,7 +143,7 @@ def test_recipe_1_4b_builds_the_published_1_3b_settings():
 
 
 def test_a_command_line_value_wins_over_the_recipe():
-    spec = _spec(["recipe=neox20b", "lr=1.5e-4", "grad_accum=8", "buckets=deepspeed"])
+    spec = _spec(["recipe=neox20b", "lr=1.5e-4", "global_batch=null", "grad_accum=8", "buckets=deepspeed"])
     ds = spec.ds_config()
     assert ds["optimizer"]["params"]["lr"] == 1.5e-4 and ds["gradient_accumulation_steps"] == 8
     assert "stage3_prefetch_bucket_size" not in ds["zero_optimization"]  # DeepSpeed's own bucket sizes

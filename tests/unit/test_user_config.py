@@ -45,10 +45,11 @@ def test_deepspeed_zero3_example_merges_when_the_job_agrees():
                     assert cfg[key][k] == v, (key, k)
         else:
             assert cfg[key] == value, key
+    # their optimizer and scheduler are theirs whole, as DeepSpeed reads them (no torch_adam of ours)
+    assert cfg["optimizer"] == user["optimizer"] and cfg["scheduler"] == user["scheduler"]
     # and the job's own keys they do not name are kept
-    assert cfg["optimizer"]["params"]["torch_adam"] is True and cfg["optimizer"]["type"] == "AdamW"
     assert cfg["zeropp_hier"]["preset"] == "frontier" and cfg["zero_optimization"]["stage"] == 3
-    assert cfg["scheduler"]["type"] == "WarmupLR" and cfg["zero_allow_untested_optimizer"] is True
+    assert cfg["zero_allow_untested_optimizer"] is True
 
 
 def test_deepspeed_zero3_example_refused_on_the_demo_micro_batch():
@@ -70,23 +71,30 @@ def test_a_zero_stage_other_than_3_is_refused():
 
 
 def test_gpt_neox_20b_section_with_the_recipe():
+    # 20B.yml's 4 x 32 were per rank of a 12-way data group: on 384 ranks the recipe's 1536
+    # sequences are 4 x 1, so its accumulation is refused, naming both values and the fix
     spec = _compose(["recipe=neox20b", "model=neox_20b", f"deepspeed_config={NEOX20B}"])
     err = _refusal(spec, world=384)
-    assert err.field == "deepspeed.zero_optimization.stage" and err.value == 1  # GPT-NeoX ran ZeRO-1
-    # without the stage (the fix), its batch agrees with the recipe's (4 x 32) and its fp16 does not
-    # agree with the recipe's bf16 ...
+    assert err.field == "deepspeed.gradient_accumulation_steps" and err.value == 32
+    assert "the job's value is 1" in str(err) and "grad_accum=32" in err.fix and "global_batch" in err.fix
     user = json.loads(Path(NEOX20B).read_text())
-    del user["zero_optimization"]["stage"]
+    del user["gradient_accumulation_steps"]
     spec = _compose(["recipe=neox20b", "model=neox_20b"])
+    with pytest.raises(HierConfigError) as e:
+        merge_user(spec.ds_config(world=384), None, user, world=384)
+    assert e.value.field == "deepspeed.zero_optimization.stage" and e.value.value == 1  # GPT-NeoX ran ZeRO-1
+    # without the stage (the fix), its fp16 does not agree with the recipe's bf16 ...
+    del user["zero_optimization"]["stage"]
     with pytest.raises(HierConfigError, match="'deepspeed.fp16.enabled'") as e:
         merge_user(spec.ds_config(world=384), None, user, world=384)
     assert "dtype=bf16" in str(e.value)
     # ... so with dtype=fp16 it merges: their buckets, clipping, loss scaling; our stage and section
-    cfg = merge_user(_compose(["recipe=neox20b", "model=neox_20b", "dtype=fp16"]).ds_config(), None, user, world=384)
+    job = _compose(["recipe=neox20b", "model=neox_20b", "dtype=fp16"]).ds_config(world=384)
+    cfg = merge_user(job, None, user, world=384)
     z = cfg["zero_optimization"]
     assert z["stage"] == 3 and z["reduce_bucket_size"] == 1260000000 and z["overlap_comm"] is True
     assert cfg["fp16"]["initial_scale_power"] == 12 and cfg["gradient_clipping"] == 1.0
-    assert cfg["optimizer"]["params"]["lr"] == 0.97e-4 and cfg["gradient_accumulation_steps"] == 32
+    assert cfg["optimizer"]["params"]["lr"] == 0.97e-4 and cfg["gradient_accumulation_steps"] == 1
     assert cfg["zeropp_hier"]["preset"] == "frontier"
 
 
@@ -98,9 +106,11 @@ def test_train_batch_size_must_be_micro_batch_times_accumulation_times_world():
         JobSpec(micro_batch=2, grad_accum=3, deepspeed={"train_batch_size": 24}).ds_config(world=4)["train_batch_size"]
         == 24
     )
-    # "auto" (Hugging Face's configs) is the job's value, and is not passed on to DeepSpeed
+    # "auto" (Hugging Face's configs) is the job's value, as HF's Trainer fills it; before the
+    # ranks are known train_batch_size is left to DeepSpeed
     cfg = JobSpec(deepspeed={"train_batch_size": "auto", "gradient_accumulation_steps": "auto"}).ds_config(world=4)
-    assert "train_batch_size" not in cfg and cfg["gradient_accumulation_steps"] == 1
+    assert cfg["train_batch_size"] == 16 and cfg["gradient_accumulation_steps"] == 1
+    assert "train_batch_size" not in JobSpec(deepspeed={"train_batch_size": "auto"}).ds_config()
     err = _refusal(JobSpec(deepspeed={"gradient_accumulation_steps": 8}))
     assert err.field == "deepspeed.gradient_accumulation_steps" and "grad_accum=8" in err.fix
 

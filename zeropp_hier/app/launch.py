@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Mapping
 
+from ..core.config import hier_config_from_ds
 from ..core.errors import HierConfigError
 from ..detect.hardware import fp16_unsupported_reason
 from ..detect.slurm_env import expand_hostlist, slurm_task
@@ -68,11 +69,13 @@ def memory_lines(spec: JobSpec, env: Mapping[str, str] | None, gpus: int) -> lis
 
         name = torch.cuda.get_device_name(0)
         total = float(torch.cuda.get_device_properties(0).total_memory)
-    spec.ds_config(world=world)  # the user's DeepSpeed keys: refused here, before any rank builds
+    notes: list[str] = []
+    # the user's DeepSpeed keys, and the section they leave: refused here, before any rank builds
+    hier_config_from_ds(spec.ds_config(world=world, notes=notes))
     lines = memory_check.check(spec, world, per_node, name, total)
     warning = toy_settings_warning(spec) if gpus else None
     if rank == 0:
-        print("\n".join(([warning] if warning else []) + lines), flush=True)
+        print("\n".join(([warning] if warning else []) + notes + lines), flush=True)
     return lines
 
 

@@ -25,7 +25,7 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import deadline, evaluate, flops, io_cost, models, monitor, report, resume, resume_rules
+from . import deadline, evaluate, flops, init_schemes, io_cost, models, monitor, report, resume, resume_rules
 from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .recipe import write_ds_config
@@ -37,13 +37,17 @@ if TYPE_CHECKING:
 # -- engine and step loop (the job, the benchmarks and the tests) ------------------------------
 
 
-def build_engine(config: dict, model_cfg: Any = GPTConfig(), seed: int = 0, checkpointing: str = "none"):
+def build_engine(
+    config: dict, model_cfg: Any = GPTConfig(), seed: int = 0, checkpointing: str = "none", init=("normal", "normal")
+):
     """An engine for ``model_cfg``: a ``ModelSpec`` is built sharded under ZeRO-3
     ([Note: building a model sharded] in models.py); a ``GPTConfig`` whole, as the tests of
     the hand-written GPT always did. ``checkpointing``: activation checkpointing per block
-    ("none", "torch", "deepspeed")."""
+    ("none", "torch", "deepspeed"). ``init``: the GPT-NeoX schemes (init_method,
+    output_layer_init_method) of ``app/init_schemes.py``."""
     if isinstance(model_cfg, ModelSpec):
         model = models.build(model_cfg, config, seed=seed)
+        init_schemes.apply(model, model_cfg.hidden, model_cfg.layers, init[0], init[1], seed)
     else:
         torch.manual_seed(seed)
         model = GPT(model_cfg)
@@ -153,7 +157,8 @@ class Run:
                 self.tokens.limit_vocab(m.vocab)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = spec.ds_config(ds_overrides, world=self.world)
-        self.engine = build_engine(self.config, m, seed=spec.seed, checkpointing=spec.activation_checkpointing)
+        init = (spec.init_method, spec.output_layer_init_method)
+        self.engine = build_engine(self.config, m, spec.seed, spec.activation_checkpointing, init)
         self.runtime = getattr(self.engine, "hier_runtime", None)
         self.hier = self.runtime is not None
         self.tokens_per_step = self.world * spec.micro_batch * m.seq_len * self.engine.gradient_accumulation_steps()

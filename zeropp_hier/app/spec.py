@@ -170,6 +170,9 @@ class JobSpec:
     # so a resume on fewer ranks (a chain link on fewer nodes) trains the same batches; None: grad_accum's
     global_batch: int | None = None
     clip: float = 0.0  # DeepSpeed's gradient_clipping (global norm; 0: none)
+    # initial weights (app/init_schemes.py): GPT-NeoX's init_method / output_layer_init_method names
+    init_method: str = "normal"  # normal (transformers' N(0, 0.02)) | small_init
+    output_layer_init_method: str = "normal"  # normal | wang_init (attention dense, MLP dense_4h_to_h)
     # AdamW (DeepSpeed's "Adam" with torch_adam: torch.optim.AdamW); torch's defaults but eps
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -226,6 +229,9 @@ class JobSpec:
                     self.grad_accum,
                     "global_batch sets the accumulation: give grad_accum=1 with it (a recipe's grad_accum counts too)",
                 )
+        from .init_schemes import check as check_init
+
+        check_init(self.init_method, self.output_layer_init_method, self.model.arch)
         if not (isinstance(self.clip, (int, float)) and self.clip >= 0):
             raise HierConfigError("clip", self.clip, "use 0 (no clipping) or a positive gradient norm, e.g. 1.0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -279,12 +285,15 @@ class JobSpec:
             )
         return self.global_batch // per
 
-    def ds_config(self, overrides: Mapping[str, Any] | None = None, world: int | None = None) -> dict:
+    def ds_config(
+        self, overrides: Mapping[str, Any] | None = None, world: int | None = None, notes: list[str] | None = None
+    ) -> dict:
         """The job's DeepSpeed config (``ds_config`` of this spec), then the user's
         ``deepspeed_config`` file and ``deepspeed`` keys merged in (``app/user_config.py``: a key the
         job owns that disagrees is refused; ``world``: the ranks, to check ``train_batch_size``),
-        then ``overrides`` (the job's own, e.g. a universal checkpoint's load flag; see there)."""
-        from .user_config import merge_user  # the user's keys: read and checked here, on every rank alike
+        then ``overrides`` (the job's own, e.g. a universal checkpoint's load flag; see there).
+        ``notes``: gets what the user's keys replaced, filled ("auto") and passed."""
+        from .user_config import JobValues, merge_user  # the user's keys: read and checked here, on every rank alike
 
         cfg = ds_config(
             self.preset,
@@ -307,7 +316,17 @@ class JobSpec:
         )
         # DeepSpeed's monitor sections the job's `monitor` switches on (a user's own then merge over them)
         cfg.update(monitor.ds_sections(self.monitor, self.out_dir))
-        cfg = merge_user(cfg, self.deepspeed_config, self.deepspeed, world=world)
+        values = JobValues(
+            lr=self.lr,
+            betas=self.betas,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            clip=self.clip,
+            warmup_steps=self.warmup,
+            total_steps=self.steps,
+            hidden=self.model.hidden,
+        )
+        cfg = merge_user(cfg, self.deepspeed_config, self.deepspeed, world=world, values=values, notes=notes)
         return _apply_overrides(cfg, overrides)
 
 
@@ -319,6 +338,8 @@ RECIPE_KEYS = (
     "grad_accum",
     "global_batch",
     "clip",
+    "init_method",
+    "output_layer_init_method",
     "weight_decay",
     "betas",
     "eps",

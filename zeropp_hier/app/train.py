@@ -18,12 +18,15 @@ Hydra run directory.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Mapping, Sequence, cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import HierConfigError
+from ..launch.world import WorldError
+from .chain import config_error_in
 from .launch import launch
 from .monitor import MonitorSpec
 from .spec import JobSpec, ModelSpec, recipe_fields
@@ -94,7 +97,21 @@ def main(cfg: DictConfig) -> float:
     plain = cast(dict, OmegaConf.to_container(cfg, resolve=True))  # a DictConfig becomes a dict
     # HydraConfig.get() is typed as the HydraConf dataclass but is a DictConfig at run time
     label = {"overrides": list(hc.overrides.task), "job_num": cast(DictConfig, hc.job).get("num")}
-    out = launch(spec_from_config(plain, out_dir=hc.runtime.output_dir, label=label))
+    try:
+        out = launch(spec_from_config(plain, out_dir=hc.runtime.output_dir, label=label))
+    except HierConfigError as e:
+        # [Note: a user's error in one line] Hydra reports an exception as a traceback ending in
+        # "Set the environment variable HYDRA_FULL_ERROR=1"; a user's configuration error is one
+        # line naming the key, the values and the fix (every rank under srun prints the same; the
+        # chain reads it, app/chain.py), and a non-zero exit (SystemExit passes through Hydra).
+        print(str(e), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except WorldError as e:  # the ranks this process spawned refused it: the same one line
+        line = config_error_in(str(e))
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     return out["final_loss"]  # Hydra keeps it as the job's return value (sweepers can use it)
 
 

@@ -423,7 +423,8 @@ def check_deepspeed_config(cfg: HierConfig, ds_config: Mapping[str, object]) -> 
         raise HierConfigError(
             "zero_optimization.offload_param.device",
             offload,
-            "parameter offload is not supported with zeropp_hier; remove offload_param (optimizer offload is fine)",
+            "parameter offload is not supported with zeropp_hier (its shards stay on the device: 'none'); remove "
+            "offload_param (optimizer offload is fine), or run DeepSpeed's own ZeRO-3 (the job's preset=stock)",
         )
     check_parallelism_against_deepspeed(ds_config)
     check_numerics_against_deepspeed(cfg.numerics, ds_config, f"{SECTION}.numerics")
