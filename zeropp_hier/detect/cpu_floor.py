@@ -244,7 +244,9 @@ def kernels_declared(build_py: Path | None = None) -> dict | None:
     hip_kernels/build.py (a wheel's copy: zeropp_hier/_kernel_src), read as text: building them
     needs torch. None where neither file is there."""
     here = Path(__file__).resolve().parents[1]
-    for path in [build_py] if build_py else [here.parent / "hip_kernels" / "build.py", here / "_kernel_src" / "build.py"]:
+    for path in (
+        [build_py] if build_py else [here.parent / "hip_kernels" / "build.py", here / "_kernel_src" / "build.py"]
+    ):
         if path.is_file():
             found = re.search(r"^CXX_FLAGS\s*=\s*\[([^\]]*)\]", path.read_text(), re.M)
             if found:
