@@ -156,6 +156,7 @@ def _named(module: str) -> str:
 # NumPy's names for x86 features (``__cpu_baseline__``, ``show_runtime()``) in this module's.
 _NUMPY_NAMES = {
     "SSE3": "sse3",
+    "CX16": "cx16",
     "SSSE3": "ssse3",
     "SSE41": "sse4_1",
     "SSE42": "sse4_2",
@@ -186,37 +187,56 @@ _FLAG_NAMES = {
 _LEVEL_NAMES = ("x86-64", *(name for name, _ in _LEVELS))
 
 
-def level_needing(features: set[str]) -> str:
-    """The lowest x86-64 level that has every one of ``features`` (``x86-64`` for none)."""
+def _up_to(level: str) -> set[str]:
+    """Every feature of ``level`` and the levels below it."""
+    names = [name for name, _ in _LEVELS]
+    return {f for name, needs in _LEVELS[: names.index(level) + 1] for f in needs} if level in names else set()
+
+
+def level_of(needs: set[str]) -> str:
+    """A build's required features as the highest x86-64 level they complete, plus the rest:
+    ``x86-64-v2``, or ``x86-64 + sse3`` (NumPy 1.x: SSE3 alone completes no level)."""
     level = "x86-64"
-    for name, needs in _LEVELS:
-        if features & set(needs):
+    for name, _ in _LEVELS:
+        if _up_to(name) <= needs:
             level = name
-    return level
+    rest = sorted(needs - _up_to(level))
+    return f"{level} + {', '.join(rest)}" if rest else level
 
 
-def numpy_level(baseline: list[str]) -> str:
-    """The x86-64 level NumPy's ``__cpu_baseline__`` requires: its groups (``X86_V2``,
-    ``X86_V3``, ``X86_V4``, NumPy 2.4 on) name a level; older lists name features."""
-    levels = [f"x86-64-v{m.group(1)}" for m in (re.fullmatch(r"X86_V(\d)", n) for n in baseline) if m]
+def numpy_needs(baseline: list[str]) -> set[str]:
+    """The features NumPy's ``__cpu_baseline__`` requires: its groups (``X86_V2``, ``X86_V3``,
+    ``X86_V4``, NumPy 2.4 on) name a level, older lists name features."""
+    needs = {_NUMPY_NAMES[n] for n in baseline if n in _NUMPY_NAMES}
+    for n in baseline:
+        group = re.fullmatch(r"X86_V(\d)", n)
+        if group:
+            needs |= _up_to(f"x86-64-v{group.group(1)}")
     if "AVX512_SKX" in baseline:
-        levels.append("x86-64-v4")
-    feature_level = level_needing({_NUMPY_NAMES[n] for n in baseline if n in _NUMPY_NAMES})
-    return max([feature_level, *levels], key=_LEVEL_NAMES.index)
+        needs |= _up_to("x86-64-v4")
+    return needs
 
 
-def flags_level(flags: list[str]) -> tuple[str | None, list[str]]:
-    """The x86-64 level a build's compiler flags let it assume, and the flags that say so. None
-    for a ``-march`` that names a CPU rather than a level (the caller reports the flag)."""
+def flags_needs(flags: list[str]) -> tuple[set[str] | None, list[str]]:
+    """The features a build's compiler flags let it assume anywhere, and the flags that say so.
+    None for a ``-march`` that names a CPU rather than a level (reported as written)."""
     isa = [f for f in flags if f.startswith("-march=") or f in _FLAG_NAMES]
-    level = level_needing({_FLAG_NAMES[f] for f in isa if f in _FLAG_NAMES})
+    needs = {_FLAG_NAMES[f] for f in isa if f in _FLAG_NAMES}
     for flag in isa:
         march = flag.partition("=")[2]
         if march in _LEVEL_NAMES:
-            level = max(level, march, key=_LEVEL_NAMES.index)
+            needs |= _up_to(march)
         elif flag.startswith("-march="):
             return None, isa
-    return level, isa
+    return needs, isa
+
+
+def _declaration(needs: set[str] | None, how: str) -> dict:
+    return {
+        "needs": None if needs is None else sorted(needs),
+        "level": None if needs is None else level_of(needs),
+        "how": how,
+    }
 
 
 def _declared_numpy() -> dict:
@@ -225,41 +245,41 @@ def _declared_numpy() -> dict:
     except ImportError:
         from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]  # NumPy 1
     baseline = list(umath.__cpu_baseline__)
-    return {"level": numpy_level(baseline), "how": f"its __cpu_baseline__ {baseline}"}
+    return _declaration(numpy_needs(baseline), f"its __cpu_baseline__ {baseline}")
 
 
 def _declared_torch() -> dict:
     import torch
 
-    level, isa = flags_level(torch.__config__._cxx_flags().split())
+    needs, isa = flags_needs(torch.__config__._cxx_flags().split())
     said = f"its build's C++ flags {isa}" if isa else "no ISA flag in torch.__config__._cxx_flags()"
-    return {"level": level, "how": f"{said}; ATen kernels picked here: {torch.backends.cpu.get_cpu_capability()}"}
+    return _declaration(needs, f"{said}; ATen kernels picked here: {torch.backends.cpu.get_cpu_capability()}")
 
 
 _DECLARED = {"numpy": _declared_numpy, "torch": _declared_torch}
 
 
 def kernels_declared(build_py: Path | None = None) -> dict | None:
-    """The level this package's kernels are compiled for, from ``CXX_FLAGS`` in
+    """What this package's kernels are compiled to need, from ``CXX_FLAGS`` in
     hip_kernels/build.py (a wheel's copy: zeropp_hier/_kernel_src), read as text: building them
     needs torch. None where neither file is there."""
     here = Path(__file__).resolve().parents[1]
-    for path in (
+    candidates = (
         [build_py] if build_py else [here.parent / "hip_kernels" / "build.py", here / "_kernel_src" / "build.py"]
-    ):
+    )
+    for path in candidates:
         if path.is_file():
             found = re.search(r"^CXX_FLAGS\s*=\s*\[([^\]]*)\]", path.read_text(), re.M)
             if found:
-                flags = re.findall(r"[\"']([^\"']+)[\"']", found.group(1))
-                level, isa = flags_level(flags)
+                needs, isa = flags_needs(re.findall(r"[\"']([^\"']+)[\"']", found.group(1)))
                 said = f"its C++ flags {isa}" if isa else f"no ISA flag in {path.parent.name}/build.py's CXX_FLAGS"
-                return {"level": level, "how": f"{said}; AVX2 and AVX-512 variants picked at run time"}
+                return _declaration(needs, f"{said}; AVX2 and AVX-512 variants picked at run time")
     return None
 
 
 def floor(declared: dict) -> str:
-    """The highest level among the declarations (each ``{"level": ...}``) that name one."""
-    return max((d["level"] for d in declared.values() if d.get("level")), key=_LEVEL_NAMES.index, default="x86-64")
+    """What a CPU needs to run all of them: the union of the declarations' features, as a level."""
+    return level_of({f for d in declared.values() for f in d.get("needs") or ()})
 
 
 # ---- the imports, each in a forked child ----------------------------------------------------
