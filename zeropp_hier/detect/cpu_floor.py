@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[cpu] {', '.join(modules)} import on this CPU ({level_text(cpu_features())})")
     for name, d in declared.items():
         print(f"[cpu]   {name}: {d['level'] or 'a named CPU'} ({d['how']})")
-    print(f"[cpu] floor: {floor(declared)} (the highest declared)")
+    print(f"[cpu] floor: {floor(declared)} (what they need together)")
     return 0
 
 
