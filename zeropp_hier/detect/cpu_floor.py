@@ -240,10 +240,11 @@ def _declaration(needs: set[str] | None, how: str) -> dict:
 
 
 def _declared_numpy() -> dict:
+    # numpy._core (NumPy 2) or numpy.core (NumPy 1): private modules, found by name
     try:
-        from numpy._core import _multiarray_umath as umath  # NumPy 2
+        umath = importlib.import_module("numpy._core._multiarray_umath")
     except ImportError:
-        from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]  # NumPy 1
+        umath = importlib.import_module("numpy.core._multiarray_umath")
     baseline = list(umath.__cpu_baseline__)
     return _declaration(numpy_needs(baseline), f"its __cpu_baseline__ {baseline}")
 
