@@ -129,3 +129,17 @@ def test_this_host_passes_and_the_report_states_the_floor(tmp_path):
     assert problem is None
     declared["zeropp_hier kernels"] = cf.kernels_declared()
     assert f"[cpu] floor: {cf.floor(declared)} (what they need together)" in p.stdout, p.stdout
+
+
+def test_a_declaration_that_cannot_be_read_is_reported_not_refused(monkeypatch):
+    # a NumPy release that moved __cpu_baseline__: the import works, so the check passes and says
+    # it could not read the declaration (the forked child inherits the patched reader)
+    def moved():
+        raise AttributeError("module has no attribute '__cpu_baseline__'")
+
+    monkeypatch.setitem(cf._DECLARED, "numpy", moved)
+    problem, declared = cf.check(["numpy"])
+    assert problem is None
+    (got,) = declared.values()
+    assert got["level"] is None and got["how"].startswith("not readable (AttributeError: "), got
+    assert cf.floor(declared) == "x86-64"

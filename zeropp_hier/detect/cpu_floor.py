@@ -219,7 +219,8 @@ def numpy_needs(baseline: list[str]) -> set[str]:
 
 def flags_needs(flags: list[str]) -> tuple[set[str] | None, list[str]]:
     """The features a build's compiler flags let it assume anywhere, and the flags that say so.
-    None for a ``-march`` that names a CPU rather than a level (reported as written)."""
+    None for a ``-march`` that names a CPU rather than a level (its level is reported unknown,
+    the flag as written)."""
     isa = [f for f in flags if f.startswith("-march=") or f in _FLAG_NAMES]
     needs = {_FLAG_NAMES[f] for f in isa if f in _FLAG_NAMES}
     for flag in isa:
@@ -286,6 +287,10 @@ def floor(declared: dict) -> str:
 # ---- the imports, each in a forked child ----------------------------------------------------
 
 
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:400]
+
+
 def _import_in_child(module: str) -> dict:
     """Import ``module`` in a forked child and read its declared baseline there. A fork, not a
     new interpreter: the child runs on the same (possibly emulated) CPU as this process.
@@ -301,11 +306,15 @@ def _import_in_child(module: str) -> dict:
             os.dup2(devnull, 2)
             try:
                 importlib.import_module(module)
-                reader = _DECLARED.get(module)
-                out: dict = {"declared": reader() if reader else {}}
             except BaseException as e:  # the import's own refusal (NumPy checks its baseline)
-                first = (str(e).strip().splitlines() or [""])[0]
-                out, code = {"error": f"{type(e).__name__}: {first}"[:400]}, 1
+                out: dict = {"error": _first_line(e)}
+                code = 1
+            else:
+                reader = _DECLARED.get(module)
+                try:
+                    out = {"declared": reader() if reader else {}}
+                except Exception as e:  # a release that moved what is read: report, do not refuse
+                    out = {"declared": _declaration(None, f"not readable ({_first_line(e)})")}
             os.write(write_end, json.dumps(out).encode())
         finally:
             os._exit(code)
@@ -370,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         declared["zeropp_hier kernels"] = kernels
     print(f"[cpu] {', '.join(modules)} import on this CPU ({level_text(cpu_features())})")
     for name, d in declared.items():
-        print(f"[cpu]   {name}: {d['level'] or 'a named CPU'} ({d['how']})")
+        print(f"[cpu]   {name}: {d['level'] or 'unknown'} ({d['how']})")
     print(f"[cpu] floor: {floor(declared)} (what they need together)")
     return 0
 
