@@ -77,8 +77,8 @@ QUIET=1 run "$PY" -m pip install setuptools wheel ninja ruff mypy
 QUIET=2 run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
 [[ "${RENDER_ONLY:-0}" == "1" ]] && exit 0
 # Before anything imports NumPy or torch: a CPU below the floor the installed wheels set gets one
-# line naming the dependency and what the CPU offers, not a SIGILL (zeropp_hier/detect/cpu_floor.py,
-# a standard-library script).
+# line naming the dependency and what the CPU offers, not a SIGILL; on a CPU above it, the floor
+# each dependency declares is printed (zeropp_hier/detect/cpu_floor.py, a standard-library script).
 "$PY" zeropp_hier/detect/cpu_floor.py || exit 2
 # torch is present, so the kernels must have been built here, at install: the installed library is
 # checked, not the first-use build (zeropp_hier/quant/_jit.py) that status() would fall back to.

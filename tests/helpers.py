@@ -18,8 +18,46 @@ def _fp16_refused() -> str | None:
 
 
 FP16_REFUSED = _fp16_refused()
-# the one honest skip: the hardware lacks the capability (fp16 tests run where oneDNN has fp16)
-requires_fp16 = pytest.mark.skipif(FP16_REFUSED is not None, reason=FP16_REFUSED or "")
+# the one honest skip: the hardware lacks the capability (fp16 tests run where oneDNN has fp16).
+# Each such test also carries the marker ``cpu_fp16`` (pyproject.toml), so that whoever is on a
+# capable host runs them on purpose: ``python -m pytest -m cpu_fp16 tests`` (docs/usage.md lists
+# them). ``FP16_MARKS`` for ``pytest.param(..., marks=FP16_MARKS)``, ``@requires_fp16`` for a test.
+FP16_MARKS = (pytest.mark.cpu_fp16, pytest.mark.skipif(FP16_REFUSED is not None, reason=FP16_REFUSED or ""))
+
+
+def requires_fp16(test):
+    for mark in FP16_MARKS:
+        test = mark(test)
+    return test
+
+
+def error_feedback_expected(ds_config: dict) -> bool:
+    """Whether a config keeps error-feedback residuals: any tier's flag as the package's own
+    parser resolves it (the preset's defaults, then the section's ``compression``)."""
+    from zeropp_hier.core.config import hier_config_from_ds
+    from zeropp_hier.core.vocab import TIERS
+
+    cfg = hier_config_from_ds(ds_config)
+    return cfg.enabled and any(getattr(cfg.compression.error_feedback, t) for t in TIERS)
+
+
+def nonfinite_carried(run: dict, ef_expected: bool) -> list[str]:
+    """What a run that met a non-finite gradient carried into its later steps, one sentence each
+    ([] when nothing): a non-finite loss, a non-finite error-feedback residual, or residuals that
+    disagree with the config (none where it keeps them proves nothing about them; some where it
+    keeps none is a bug). ``run``: ``losses``, ``ef_finite``, ``ef_buffers``
+    (tests/dist/ranks_numerics.py)."""
+    found = []
+    bad = [(step, x) for step, x in enumerate(run["losses"]) if not math.isfinite(x)]
+    if bad:
+        found.append(f"non-finite losses (step, loss): {bad}")
+    if not run["ef_finite"]:
+        found.append("a non-finite error-feedback residual")
+    if ef_expected and run["ef_buffers"] == 0:
+        found.append("no error-feedback residual, though the config keeps them: nothing about them was checked")
+    if not ef_expected and run["ef_buffers"]:
+        found.append(f"{run['ef_buffers']} error-feedback residuals, though the config keeps none")
+    return found
 
 
 def data_job_spec(tmp_path, name: str, **kw):

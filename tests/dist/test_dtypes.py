@@ -6,7 +6,7 @@ import pytest
 
 from zeropp_hier.app.spec import ds_config
 
-from ..helpers import FP16_REFUSED, assert_losses_close, rel_diff, requires_fp16
+from ..helpers import FP16_MARKS, FP16_REFUSED, assert_losses_close, rel_diff
 from . import ranks_training as scenarios
 
 STEPS = 4
@@ -26,7 +26,7 @@ def runs(world8):
     return world8.run(scenarios.run_configs, cfgs, STEPS)
 
 
-@pytest.mark.parametrize("dt, rtol", [("bf16", 2e-2), pytest.param("fp16", 5e-3, marks=requires_fp16)])
+@pytest.mark.parametrize("dt, rtol", [("bf16", 2e-2), pytest.param("fp16", 5e-3, marks=FP16_MARKS)])
 def test_half_precision_matches_stock(runs, dt, rtol):
     # stock sums the reduce-scatter in the 16-bit wire type; we sum in fp32, so results differ by
     # 16-bit rounding, not more

@@ -41,10 +41,19 @@ TIMEOUT_S = 20.0  # collective_timeout_s of these runs
 BOUND_S = TIMEOUT_S + 30.0
 LOSS_PCT = 10.0
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0,
-    reason="needs root: builds network namespaces, veth pairs and tc qdiscs (run the suite as root, as CI does)",
+_ROOT_MARKS = (
+    pytest.mark.root,  # python -m pytest -m root tests (docs/usage.md lists the host-gated tests)
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="needs root: builds network namespaces, veth pairs and tc qdiscs (run the suite as root, as CI does)",
+    ),
 )
+
+
+def needs_root(test):
+    for mark in _ROOT_MARKS:
+        test = mark(test)
+    return test
 
 
 def _config():

@@ -1,20 +1,23 @@
 """The package runs on CPUs narrower than the build machine's, down to the floor its
-dependencies set ([Note: the CPU floor] in zeropp_hier/detect/cpu_floor.py).
+dependencies declare ([Note: the CPU floor] in zeropp_hier/detect/cpu_floor.py).
 
 User-mode QEMU (Debian's qemu-user) runs the same Python, torch and compiled extension as an
 emulated CPU that reports, and only executes, an older instruction set. The CPUs are not fixed
 names: each role takes the narrowest model of its ladder on which the installed NumPy and torch
 import (probed with the install's own check), so a dependency that raises its floor moves the
 choice up instead of breaking the suite:
-- no AVX2 (the baseline kernels): ``Nehalem`` (SSE4.2), ``Westmere``, ``SandyBridge`` (AVX),
-  ``IvyBridge``; NumPy 2.4 needs AVX, so today it is ``SandyBridge``;
+- no AVX2 (the baseline kernels): ``qemu64`` (x86-64 with SSE3, below NumPy 2.4's declared
+  x86-64-v2), ``Nehalem`` (SSE4.2, x86-64-v2), ``Westmere``, ``SandyBridge`` (AVX), ``IvyBridge``;
 - no AVX-512 (the AVX2 kernels): ``Haswell-v4``, ``Broadwell-v4``, ``Skylake-Client-v4`` (like
   Frontier's EPYC 7A53 hosts and most AMD EPYC before Zen 4).
-A model below the floor is used too: the install's check must stop there with one line, not a
-SIGILL. QEMU's TCG never emulates AVX-512 and raises #UD (SIGILL) for any instruction the chosen
-model lacks, so a variant of the CPU kernels that ran on the wrong CPU kills the process here
-exactly as it would on real hardware. The build machine's own CPU does not matter: the extension
-is the one built for this checkout, the emulated CPU is chosen by the probe.
+The install check's refusal is tested on purpose, whatever the wheels need: a tiny extension
+built here with ``-mavx2`` executes an AVX2 instruction when imported, and the check, asked to
+import it too, must stop with one line naming it on the model without AVX2. A ladder model below
+the wheels' floor, where there is one, must get the same kind of line naming NumPy or torch.
+QEMU's TCG (7.2 on) emulates up to AVX2, never AVX-512, and raises #UD (SIGILL) for any
+instruction the chosen model lacks, so a variant of the CPU kernels that ran on the wrong CPU
+kills the process here exactly as it would on real hardware. The build machine's own CPU does not
+matter: the extension is the one built for this checkout, the emulated CPU is chosen by the probe.
 """
 
 import json
@@ -35,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "zeropp_hier" / "detect" / "cpu_floor.py"
 NO_AVX2, NO_AVX512 = "no-avx2", "no-avx512"
 LADDERS = {
-    NO_AVX2: ("Nehalem", "Westmere", "SandyBridge", "IvyBridge"),
+    NO_AVX2: ("qemu64", "Nehalem", "Westmere", "SandyBridge", "IvyBridge"),
     NO_AVX512: ("Haswell-v4", "Broadwell-v4", "Skylake-Client-v4"),
 }
 
@@ -96,23 +99,80 @@ def cpus(qemu) -> dict:
     return {"role": {role: cpu for role, (cpu, _) in found.items()}, "below": found[NO_AVX2][1]}
 
 
-def test_install_check_stops_with_one_line_below_the_floor(cpus):
-    """On every probed model below the floor (today: NumPy 2.4 on CPUs without AVX), the
-    install's check exits 2 with one line that names the dependency and what the CPU offers,
-    instead of the install's next import dying of SIGILL."""
-    # docs/usage.md states the floor (x86-64-v2 plus AVX, set by NumPy's wheel) from these models:
-    # if the installed wheels run on all of them, the stated floor is wrong and this fails
-    assert cpus["below"], (
-        f"every model of {LADDERS[NO_AVX2]} runs the installed NumPy and torch: the floor docs/usage.md "
-        "states has moved; re-measure it and start the ladder below it"
+# An extension that executes one AVX2 instruction when it loads (an ELF constructor), and a module
+# that loads it and checks the result: importing ``avx2probe`` dies of SIGILL on a CPU without AVX2.
+_AVX2_C = r"""
+static volatile int probe_result;
+__attribute__((constructor)) static void probe(void) {
+  int out[8];
+  __asm__ volatile("vpcmpeqd %%ymm0, %%ymm0, %%ymm0\n\tvpaddd %%ymm0, %%ymm0, %%ymm0\n\t"
+                   "vmovdqu %%ymm0, %0\n\tvzeroupper" : "=m"(out) : : "xmm0", "memory");
+  probe_result = out[0];
+}
+int avx2_probe_result(void) { return probe_result; }
+"""
+_AVX2_PY = """import ctypes, os
+_lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "_avx2.so"))
+assert _lib.avx2_probe_result() == -2  # all-ones lanes doubled: the instruction ran
+"""
+
+
+@pytest.fixture(scope="module")
+def avx2_probe(tmp_path_factory) -> Path:
+    """A directory holding the ``avx2probe`` package, built with gcc -mavx2 (the compiler the
+    package's own kernels are built with)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.fail("gcc is missing (the package's kernels need it too): install it, e.g. `apt-get install -y gcc`")
+    root = tmp_path_factory.mktemp("avx2probe")
+    pkg = root / "avx2probe"
+    pkg.mkdir()
+    (pkg / "_avx2.c").write_text(_AVX2_C)
+    (pkg / "__init__.py").write_text(_AVX2_PY)
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-O1", "-mavx2", "-o", str(pkg / "_avx2.so"), str(pkg / "_avx2.c")],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
-    for cpu, p in cpus["below"]:
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("qemu:")]
-        assert p.returncode == 2, f"{cpu}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
-        assert len(lines) == 1 and lines[0].startswith("[cpu] this CPU cannot run "), p.stderr
-        assert "died with SIGILL" in lines[0] and "This CPU offers x86-64" in lines[0], lines[0]
-        # CPUID, not the host's /proc/cpuinfo: the emulated CPU's level is named
-        assert "x86-64-v4" not in lines[0], lines[0]
+    return root
+
+
+def _refusal_line(cpu: str, p: subprocess.CompletedProcess) -> str:
+    """The check's one line on a CPU it refuses (exit 2, one line on stderr, no SIGILL)."""
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("qemu:")]
+    assert p.returncode == 2, f"{cpu}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert len(lines) == 1 and lines[0].startswith("[cpu] this CPU cannot run "), p.stderr
+    assert "died with SIGILL" in lines[0] and "This CPU offers x86-64" in lines[0], lines[0]
+    # CPUID, not the host's /proc/cpuinfo: the emulated CPU's level is named
+    assert "x86-64-v4" not in lines[0], lines[0]
+    return lines[0]
+
+
+def test_install_check_stops_with_one_line_below_the_floor(qemu, cpus, avx2_probe):
+    """The install's check, asked to import a module that needs AVX2, stops with one line naming
+    it on the emulated CPU without AVX2 (the one NumPy and torch import on), instead of dying of
+    SIGILL; and so on every ladder model found below the wheels' floor, naming NumPy or torch."""
+    cpu = cpus["role"][NO_AVX2]
+    env = cpu_env()
+    env["PYTHONPATH"] = f"{avx2_probe}{os.pathsep}{env['PYTHONPATH']}"
+    args = [str(CHECK), "--module", "avx2probe"]
+    # the same check on this CPU: the module imports where AVX2 is, so the refusal below is the CPU's
+    from zeropp_hier.detect.cpu_floor import cpu_features
+
+    if "avx2" in cpu_features():
+        native = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=env)
+        assert native.returncode == 0 and "numpy, torch, avx2probe import on this CPU" in native.stdout, native
+    p = subprocess.run(_emulated(qemu, cpu, *args), capture_output=True, text=True, timeout=900, env=env)
+    p = subprocess.CompletedProcess(p.args, p.returncode, p.stdout, _clean(p.stderr))
+    line = _refusal_line(cpu, p)
+    assert line.startswith("[cpu] this CPU cannot run avx2probe: "), line
+    offered = line.split("This CPU offers ", 1)[1].split(";")[0]
+    assert "avx2" not in offered and "x86-64-v3," not in offered, line  # the model really lacks AVX2
+    # NumPy and torch imported first, on this model (the probe chose it for that)
+    for model, below in cpus["below"]:
+        below_line = _refusal_line(model, below)
+        assert re.match(r"\[cpu\] this CPU cannot run (numpy|torch) ", below_line), below_line
 
 
 # The tests of the kernels' arithmetic, on the emulated CPU. Left to the native unit lane: the
