@@ -4,7 +4,11 @@ chunks, gives bit for bit the values, kept copies and per-tier bytes of today's 
 gathers and reduce-scatters (the project's executor on its lanes, the hop groups' own
 collectives), while every transfer goes through one process group in one grouped call per tick,
 issued from one host thread, with no hop collective at all; each rank's transfers are the
-schedule's (tick, peer, bytes), and the schedule is agreed at start-up."""
+schedule's (tick, peer, bytes), and the schedule is agreed at start-up. Hops run both ways,
+every member at once ("direct") and in log steps ("log": [Note: log-step hops] in
+comm/tick_plan.py), on the 2 x 2 x 2 shape (where zero3's and zeropp's world hops are groups of
+8) and on 8 nodes x 1 GPU x 1 GCD (a node group of 8: the issue asks for 8 x 1 x 2, 16 ranks,
+which is too heavy for this CI's two cores)."""
 
 from . import ranks_ticks
 
@@ -18,16 +22,17 @@ CASES = {
     "frontier/int4-node": ("frontier", {"weights": {"node": "int4"}, "gradients": {"node": "int4"}, "block_size": 64}),
 }
 CHUNKS = (1, 3)
+STEPS = ("direct", "log")
 
 
-def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8):
-    results = bare8.run(ranks_ticks.parity_run, CASES, ranks_ticks.RANK_MAP, CHUNKS)
+def _check_parity(results, chunk_counts):
     for rank, r in enumerate(results):
         assert r["deepspeed_loaded"] == [], f"rank {rank}: the drivers must not need DeepSpeed"
         assert r["agreed"], f"rank {rank}: no schedule digest"
         for name, per_chunks in r["cases"].items():
-            for chunks, c in per_chunks.items():
-                what = f"rank {rank} {name} chunks={chunks}"
+            assert sorted(per_chunks) == sorted((s, c) for s in STEPS for c in chunk_counts), name
+            for (steps, chunks), c in per_chunks.items():
+                what = f"rank {rank} {name} steps={steps} chunks={chunks}"
                 for part in ("forward", "backward", "reduce"):
                     assert c[part]["values"], f"{what}: {part} values differ from hop by hop"
                     assert c[part]["bytes"] == c[part]["ref_bytes"], (
@@ -36,9 +41,14 @@ def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8
                         c[part]["bytes"],
                         c[part]["ref_bytes"],
                     )
-                    assert any(c[part]["bytes"].values()), f"{what}: {part} moved nothing"
-                    # every byte the tick transport sent is one the stats counted, tier by tier
-                    assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])
+                    if c[part]["sub_hops"]:  # zeropp's backward at 8 x 1 x 1 has no hop
+                        assert any(c[part]["bytes"].values()), f"{what}: {part} moved nothing"
+                    if steps == "log" and part == "reduce":
+                        # a log-step all-to-all forwards blocks: more on the wire, never less
+                        assert all(c[part]["sent"][t] >= c[part]["bytes"][t] for t in c[part]["sent"]), what
+                    else:
+                        # every byte the tick transport sent is one the stats counted, tier by tier
+                        assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])
                     # the (tick, peer) sequence is the pure schedule's
                     assert c[part]["sequence_ok"], (what, part, c[part]["sequence"][:6])
                 assert c["forward"]["kept"], f"{what}: kept copies differ"
@@ -47,10 +57,25 @@ def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8
                 assert c["calls"]["threads"] == 1, (what, c["calls"])
                 assert c["calls"]["hop_collectives"] == 0, (what, c["calls"])
                 assert c["calls"]["pending_at_issue"] == 0, (what, c["calls"])
+                # a tick is one grouped call at this size, within the bound ([Note: bounded calls])
                 assert c["calls"]["batches"] == c["calls"]["ticks"], (what, c["calls"])
-                if chunks > 1 and name.startswith("frontier"):
-                    # several hops of different chunks in one tick: the tiers share a call
-                    assert c["calls"]["most_hops_in_a_tick"] > 1, (what, c["calls"])
+                assert 0 < c["calls"]["most_ops"] <= 64, (what, c["calls"])
+                if chunks > 1:
+                    # several hops (or log steps) of different chunks in one tick share a call
+                    if c["calls"]["sub_hops"] > 1:
+                        assert c["calls"]["most_hops_in_a_tick"] > 1, (what, c["calls"])
+
+
+def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8):
+    _check_parity(bare8.run(ranks_ticks.parity_run, CASES, ranks_ticks.RANK_MAP, (1, 3, 8), STEPS), (1, 3, 8))
+
+
+def test_log_step_and_direct_hops_on_a_node_group_of_8(bare8):
+    """8 nodes x 1 GPU x 1 GCD: frontier's node hop and zeropp's world hop over 8 members, log
+    steps (3 per hop) against direct against hop by hop, bit for bit."""
+    cases = {k: CASES[k] for k in ("zeropp/int8", "frontier/default", "frontier/int4-node", "frontier/none")}
+    results = bare8.run(ranks_ticks.parity_run, cases, ranks_ticks.RANK_MAP, (1, 3, 8), STEPS, (1, 1))
+    _check_parity(results, (1, 3, 8))
 
 
 def test_pieces_submitted_together_run_as_one_tick_stream_bit_for_bit(bare8):

@@ -59,53 +59,124 @@ class _End(NamedTuple):
     value: Any
 
 
+class HopRun:
+    """One hop of one chunk in ticks: its transfer (``Wire``) and, in log steps, the blocks held
+    between its sub-hops ([Note: log-step hops] in comm/tick_plan.py). ``units(step)`` gives the
+    sub-hop's (peer, tensor sent, tensor received) in units, posting order; ``after(step)``
+    places what it received; ``result()`` the received rows as the hop group's collective
+    returns them (peer order)."""
+
+    def __init__(self, wire: Wire, rank: int, steps: str):
+        self.wire = wire
+        peers = wire.hg.peers
+        self.n, self.me = len(peers), peers.index(rank)
+        self.mode = tick_plan.step_mode(self.n, steps)
+        self.steps = tick_plan.step_count(self.n, self.mode)
+        n, i = self.n, self.me
+        self._recv: torch.Tensor | None = None
+        if wire.kind == tick_plan.GATHER:
+            send = wire.send.reshape(-1)
+            self.buf = send.new_empty((n, send.numel()))
+            # direct: rows in peer order; log: position j holds member i + j's block
+            self.buf[0 if self.mode == tick_plan.LOG else i].copy_(send)
+        else:
+            send = wire.send.contiguous()
+            if self.mode == tick_plan.LOG:  # position j: the block for member i + j
+                self.buf = torch.roll(send, -i, 0).contiguous()
+            else:
+                self.buf = torch.empty_like(send)
+                self.buf[i].copy_(send[i])
+
+    def units(self, step: int) -> list[list[tuple[int, torch.Tensor | None, torch.Tensor | None]]]:
+        peers, buf, kind = self.wire.hg.peers, self.buf, self.wire.kind
+        units = tick_plan.step_units(self.n, self.me, kind, self.mode, step)
+        if self.mode == tick_plan.DIRECT:
+            sent = [self.wire.send.reshape(-1)] * self.n if kind == tick_plan.GATHER else self.wire.send.contiguous()
+            return [[(peers[j], sent[j], buf[j]) for j, _, _ in u] for u in units]
+        k = 1 << step
+        if kind == tick_plan.GATHER:
+            rows = min(k, self.n - k)
+            out, got = buf[:rows], buf[k : k + rows]
+        else:
+            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=buf.device)
+            out = buf.index_select(0, idx)
+            got = self._recv = torch.empty_like(out)
+        return [[(peers[j], out if s else None, got if r else None) for j, s, r in u] for u in units]
+
+    def after(self, step: int) -> None:
+        if self._recv is not None:
+            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=self.buf.device)
+            self.buf.index_copy_(0, idx, self._recv)
+            self._recv = None
+
+    def result(self) -> torch.Tensor:
+        if self.mode == tick_plan.DIRECT:
+            return self.buf
+        n, i = self.n, self.me
+        if self.wire.kind == tick_plan.GATHER:  # member m's block is at position m - i
+            return torch.roll(self.buf, i, 0)
+        # position j holds the block from member i - j
+        return self.buf.index_select(0, torch.tensor([(i - m) % n for m in range(n)], device=self.buf.device))
+
+
 class TickTransport:
-    """Moves the transfers of one tick in one ``batch_isend_irecv`` on ``group`` (a group of
-    every rank), then waits for them; counts bytes as the hop collectives do ([Note: byte
-    accounting] in comm/stats.py). ``log``, when a list, gets (tick, hops in the tick, [(peer,
-    bytes out, bytes in)]) per tick, in posting order."""
+    """Moves the transfers of one tick in grouped calls of at most ``bound`` ops
+    (``batch_isend_irecv`` on ``group``, a group of every rank; [Note: bounded calls] in
+    comm/tick_plan.py), each waited for before the next; counts bytes as the hop collectives
+    do ([Note: byte accounting] in comm/stats.py). ``steps``: how hops run ("auto", "direct",
+    "log": [Note: log-step hops]). ``log``, when a list, gets (tick, hops in the tick, [(peer,
+    bytes out, bytes in)]) per tick, in posting order; ``calls``, grouped calls issued."""
 
     def __init__(
-        self, group: dist.ProcessGroup, rank: int, topo: Topology, stats: CommStats, timeout_s: float | None = None
+        self,
+        group: dist.ProcessGroup,
+        rank: int,
+        topo: Topology,
+        stats: CommStats,
+        timeout_s: float | None = None,
+        steps: str = tick_plan.AUTO,
+        bound: int = tick_plan.MAX_OPS_PER_CALL,
     ) -> None:
         self.group = group
         self.rank = rank
         self.topo = topo
         self.stats = stats
         self.timeout_s = timeout_s
+        self.steps = steps
+        self.bound = bound
         self.log: list | None = None
+        self.calls = 0
 
     def _on_host(self, tensor: torch.Tensor) -> bool:
         """Whether this group's transfers of ``tensor`` run on the host (gloo)."""
         return backend_for(dist.get_backend(self.group), tensor.device.type) == "gloo"
 
-    def run(self, tick: int, wires: Sequence[Wire]) -> list[torch.Tensor]:
-        """The received rows of each wire (as the hop group's collective returns them)."""
-        ops: list[dist.P2POp] = []
-        outs: list[torch.Tensor] = []
+    def sub_hops(self, lanes: Sequence[Hashable]) -> list[tuple[int, int]]:
+        """(hop, step) of each sub-hop of a chunk over hop groups ``lanes`` (their axes)."""
+        return tick_plan.sub_hops([self.topo.axes_size(axes) for axes in lanes], self.steps)  # type: ignore[arg-type]
+
+    def start(self, wire: Wire) -> HopRun:
+        return HopRun(wire, self.rank, self.steps)
+
+    def run(self, tick: int, runs: Sequence[tuple[HopRun, int]]) -> list[torch.Tensor | None]:
+        """Sub-hop ``step`` of each run; the received rows of each run whose last step this was
+        (as the hop group's collective returns them), None for the others."""
+        units: list[list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]] = []
+        for slot, (hop, step) in enumerate(runs):
+            units += [[(slot, peer, out, got) for peer, out, got in u] for u in hop.units(step)]
+        calls = tick_plan.pack_calls([sum((o is not None) + (g is not None) for _, _, o, g in u) for u in units])
+        batches: list[list[dist.P2POp]] = [[] for _ in range(calls[-1] + 1 if calls else 0)]
         moved: list[tuple[int, int, int]] = []
-        for slot, w in enumerate(wires):
-            peers = w.hg.peers
-            me = peers.index(self.rank)
-            if w.kind == tick_plan.GATHER:
-                send = w.send.reshape(-1)
-                out = send.new_empty((len(peers), send.numel()))
-                rows = [send] * len(peers)
-            else:
-                send = w.send.contiguous()
-                out = torch.empty_like(send)
-                rows = list(send)
-            out[me].copy_(rows[me])
-            for j, peer in enumerate(peers):
-                if peer == self.rank:
-                    continue
+        for u, call in zip(units, calls):
+            for slot, peer, out, got in u:
                 # slot order is the schedule's, the same on every rank: the tag tells gloo which
                 # of a tick's transfers a message belongs to
-                if rows[j].numel():
-                    ops.append(dist.P2POp(dist.isend, rows[j], peer, self.group, slot))
-                    ops.append(dist.P2POp(dist.irecv, out[j], peer, self.group, slot))
-                moved.append((peer, rows[j].numel() * rows[j].element_size(), out[j].numel() * out[j].element_size()))
-            outs.append(out)
+                if out is not None and out.numel():
+                    batches[call].append(dist.P2POp(dist.isend, out, peer, self.group, slot))
+                if got is not None and got.numel():
+                    batches[call].append(dist.P2POp(dist.irecv, got, peer, self.group, slot))
+                moved.append((peer, _nbytes(out), _nbytes(got)))
+        wires = [hop.wire for hop, _ in runs]
         axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
         with collective_guard(
             rank=self.rank,
@@ -115,19 +186,35 @@ class TickTransport:
             peers=sorted({p for w in wires for p in w.hg.peers}),
             timeout_s=self.timeout_s,
         ):
-            if ops:
+            for ops in batches:
+                if not ops:
+                    continue
                 # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
                 # stream wait (a timeout argument would make the host wait instead), and the
                 # group's own timeout bounds the transfer
                 timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
+                self.calls += 1
                 for work in dist.batch_isend_irecv(ops):
                     work.wait() if timeout is None else work.wait(timeout)
-        for w, out in zip(wires, outs):  # as the hop collective counts it
+        results: list[torch.Tensor | None] = []
+        for hop, step in runs:
+            hop.after(step)
+            if step < hop.steps - 1:
+                results.append(None)
+                continue
+            w = hop.wire
+            out = hop.result()
+            # as the hop collective counts it
             per_peer = w.send.numel() * w.send.element_size() // (1 if w.kind == tick_plan.GATHER else len(out))
             self.stats.record(w.phase, w.hg.peers, per_peer)
+            results.append(out)
         if self.log is not None:
-            self.log.append((tick, len(wires), moved))
-        return outs
+            self.log.append((tick, len(runs), moved))
+        return results
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire | _End:
@@ -161,26 +248,34 @@ def tick_job(
     on_end: Callable[[int, object], None] | None = None,
 ) -> Job[object]:
     """One piece of work (``jobs[c]``: chunk ``c``, its hops on ``lanes[c]``) in ticks: before
-    each tick a ``Move`` for the executor's one lane, then the tick's transfers in one call.
-    Returns the last chunk's value (the others return None: [Note: chunked gathers]);
-    ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick stream per
-    call])."""
-    schedule = tick_plan.ticks([len(x) for x in lanes])
+    each tick a ``Move`` for the executor's one lane, then the tick's transfers in its grouped
+    calls; a log-step hop runs over consecutive ticks ([Note: log-step hops] in
+    comm/tick_plan.py). Returns the last chunk's value (the others return None: [Note: chunked
+    gathers]); ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick
+    stream per call])."""
+    subs = [transport.sub_hops(x) for x in lanes]
+    schedule = tick_plan.ticks([len(x) for x in subs])
     waiting: dict[int, Wire] = {}
+    running: dict[int, HopRun] = {}
     values: list[Any] = [None] * len(jobs)
     for t, slots in enumerate(schedule):
         for s in slots:
+            hop, step = subs[s.chunk][s.hop]
             if s.hop == 0:  # the chunk starts: its local work up to its first transfer
                 first = _to_wire(jobs[s.chunk], lanes[s.chunk], 0, None)
                 assert isinstance(first, Wire)  # a chunk has at least one hop
                 waiting[s.chunk] = first
+            if step == 0:
+                running[s.chunk] = transport.start(waiting.pop(s.chunk))
         yield Move(TICK_LANE)
-        got = transport.run(t, [waiting[s.chunk] for s in slots])
+        got = transport.run(t, [(running[s.chunk], subs[s.chunk][s.hop][1]) for s in slots])
         for s, rows in zip(slots, got):  # chunk order: chunk c ends before chunk c + 1
-            nxt = _to_wire(jobs[s.chunk], lanes[s.chunk], s.hop + 1, rows)
+            if rows is None:  # more steps of this hop to come
+                continue
+            del running[s.chunk]
+            nxt = _to_wire(jobs[s.chunk], lanes[s.chunk], subs[s.chunk][s.hop][0] + 1, rows)
             if isinstance(nxt, _End):
                 values[s.chunk] = nxt.value
-                del waiting[s.chunk]
                 if on_end is not None:
                     on_end(s.chunk, nxt.value)
             else:
@@ -233,6 +328,8 @@ class TickExecutor(CommExecutor):
         return self._piece([job], tuple(lanes))
 
     def submit_all(self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable]) -> Future[Done[R]]:
+        if not lanes:  # no transfer (every hop group of one member): the jobs alone, on the lane
+            return super().submit_all(jobs, lanes)
         return self._piece(list(jobs), tuple(lanes))
 
     def result(self, fut: Future[Done[R]], timeout: float | None = None) -> R:
@@ -311,8 +408,9 @@ class TickExecutor(CommExecutor):
     def _ticks(
         self, jobs: list[Job], lanes: list[tuple[Hashable, ...]], on_end: Callable[[int, Any], None] | None = None
     ) -> Future:
-        schedule = tick_plan.ticks([len(x) for x in lanes])
-        busy = [Several(lanes[s.chunk][s.hop] for s in slots) for slots in schedule]
+        subs = [self.transport.sub_hops(x) for x in lanes]
+        schedule = tick_plan.ticks([len(x) for x in subs])
+        busy = [Several(lanes[s.chunk][subs[s.chunk][s.hop][0]] for s in slots) for slots in schedule]
         self.streams += 1
         return CommExecutor.submit(
             self, tick_job(self.transport, jobs, lanes, on_end), [TICK_LANE] * len(schedule), busy
@@ -333,7 +431,9 @@ class TickScheduleError(RuntimeError):
     """A peer's tick schedule is not the one this rank expects of it ([Note: ticks])."""
 
 
-def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int) -> str:
+def agree_schedule(
+    topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int, steps: str = tick_plan.AUTO
+) -> str:
     """Collective on the world, before any tick: every rank's sequence of (tick, peer, rows out,
     rows in) over ``pieces`` agreed by digest ([Note: ticks]). Each rank recomputes the
     sequences of the ranks it exchanges with (the members of its hop groups), checks that each
@@ -346,7 +446,7 @@ def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, 
     expected: dict[int, list] = {q: [] for q in near}
     for name, hops in pieces.items():
         kind = tick_plan.EXCHANGE if name == "reduce" else tick_plan.GATHER
-        seqs = {q: tick_plan.rank_sequence(topo, q, hops, kind, chunks) for q in near}
+        seqs = {q: tick_plan.rank_sequence(topo, q, hops, kind, chunks, steps) for q in near}
         bad = tick_plan.unmatched(seqs, only=rank)
         if bad:  # the pure schedule itself is wrong: a bug, the same on every rank
             raise AssertionError(f"zeropp_hier internal: the {name} tick schedule is not matched: {bad[:3]}")
@@ -373,6 +473,7 @@ def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, 
 
 __all__ = [
     "TICK_LANE",
+    "HopRun",
     "TickExecutor",
     "TickScheduleError",
     "TickTransport",
