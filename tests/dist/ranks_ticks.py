@@ -147,7 +147,7 @@ def _check_log(ctx, topo, rank, axes, kind, phase_bytes):
     transport = ctx.executor.transport
     log = transport.log
     seq = [(t, p, o > 0, i > 0) for t, _, moved in log for p, o, i in moved]
-    subs = tick_plan.sub_hops([topo.axes_size(a) for a in axes], transport.steps)
+    subs = tick_plan.sub_hops([topo.axes_size(a) for a in axes], transport.steps, kind)
     n_chunks = len(log) - len(subs) + 1
     pure = tick_plan.rank_sequence(topo, rank, axes, kind, max(n_chunks, 1), transport.steps)
     want = [(x.tick, x.peer, x.send > 0, x.recv > 0) for x in pure]

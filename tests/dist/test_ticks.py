@@ -43,9 +43,15 @@ def _check_parity(results, chunk_counts):
                     )
                     if c[part]["sub_hops"]:  # zeropp's backward at 8 x 1 x 1 has no hop
                         assert any(c[part]["bytes"].values()), f"{what}: {part} moved nothing"
+                    sent, counted = sum(c[part]["sent"].values()), sum(c[part]["bytes"].values())
                     if steps == "log" and part == "reduce":
                         # a log-step all-to-all forwards blocks: more on the wire, never less
-                        assert all(c[part]["sent"][t] >= c[part]["bytes"][t] for t in c[part]["sent"]), what
+                        assert sent >= counted, (what, c[part]["sent"], c[part]["bytes"])
+                    elif steps == "log" and not name.startswith("frontier"):
+                        # a log-step gather over a group spanning tiers (zero3's and zeropp's world
+                        # hop) sends the same bytes, but its ring of offsets wraps across tiers:
+                        # the same total, not the same per tier ([Note: log-step hops])
+                        assert sent == counted, (what, part, c[part]["sent"], c[part]["bytes"])
                     else:
                         # every byte the tick transport sent is one the stats counted, tier by tier
                         assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])

@@ -157,6 +157,9 @@ def test_log_steps_and_direct_move_the_same_gather_rows_and_the_exchange_factor(
 def test_the_planners_rule_keeps_small_groups_direct():
     assert tick_plan.step_mode(2) == tick_plan.step_mode(8) == tick_plan.step_mode(32) == tick_plan.DIRECT
     assert tick_plan.step_mode(33) == tick_plan.step_mode(48) == tick_plan.step_mode(9408) == tick_plan.LOG
+    # an exchange in log steps forwards more bytes: direct up to 256 members
+    assert tick_plan.step_mode(256, kind=EXCHANGE) == tick_plan.DIRECT
+    assert tick_plan.step_mode(257, kind=EXCHANGE) == tick_plan.LOG
     assert tick_plan.step_mode(48, "direct") == tick_plan.DIRECT and tick_plan.step_mode(2, "log") == tick_plan.LOG
     with pytest.raises(ValueError, match="hop steps"):
         tick_plan.step_mode(4, "ring")

@@ -58,8 +58,9 @@ DIRECT, LOG, AUTO = "direct", "log", "auto"  # how a hop's transfers are laid ou
 STEP_MODES = (AUTO, DIRECT, LOG)
 # the most point-to-point ops (sends and receives) in one grouped call ([Note: bounded calls])
 MAX_OPS_PER_CALL = 64
-# a hop group of more members than this runs in log steps under "auto" ([Note: log-step hops])
-LOG_STEPS_ABOVE = 32
+# a hop group of more members than this runs in log steps under "auto" ([Note: log-step hops]):
+# a gather, and an exchange (whose log steps forward more bytes)
+LOG_STEPS_ABOVE = {"gather": 32, "exchange": 256}
 
 # [Note: log-step hops]
 # Direct, a hop sends this rank's rows to every other member of its group in one tick: at 48
@@ -81,7 +82,11 @@ LOG_STEPS_ABOVE = 32
 #   x6.4 at 9,408); the planner charges it (planner/tick_latency.py). A reduce-scatter in log steps with
 #   partial sums would keep the bytes but change the sum order and re-encode partial sums.
 #
-# Values are moved, never computed on: log-step and direct give the same bits. The rule of
+# Values are moved, never computed on: log-step and direct give the same bits. On a group that
+# spans one tier (frontier's hops) every link carries what it carries direct; on one that spans
+# several (zero3's and zeropp's world hop) the offsets ``2^s`` wrap around the coordinate order,
+# so some blocks a direct hop keeps inside a node cross the network (2 x 2 x 2, zero3's gather:
+# 6 of 7 blocks over the network against 4 direct), same total. The rule of
 # where each applies is the planner's (``step_mode``): under ``"auto"`` a group of more than
 # ``LOG_STEPS_ABOVE`` members runs in log steps; there a direct tick would exceed one grouped
 # call's bound (32 peers, 64 ops) and need ``ceil((N - 1) / 8)`` rounds of RCCL's 8 p2p channels
@@ -137,14 +142,14 @@ class Transfer(NamedTuple):
     call: int = 0
 
 
-def step_mode(members: int, steps: str = AUTO) -> str:
-    """How a hop over a group of ``members`` runs: ``steps`` when forced, else the planner's
-    rule ([Note: log-step hops])."""
+def step_mode(members: int, steps: str = AUTO, kind: str = GATHER) -> str:
+    """How a hop of ``kind`` over a group of ``members`` runs: ``steps`` when forced, else the
+    planner's rule ([Note: log-step hops])."""
     if steps not in STEP_MODES:
         raise ValueError(f"zeropp_hier internal: hop steps {steps!r}: use one of {list(STEP_MODES)}")
     if steps != AUTO:
         return steps
-    return LOG if members > LOG_STEPS_ABOVE else DIRECT
+    return LOG if members > LOG_STEPS_ABOVE[kind] else DIRECT
 
 
 def step_count(members: int, mode: str) -> int:
@@ -207,7 +212,7 @@ def hop_transfers(
 ) -> list[list[tuple[int, int, int]]]:
     """Per sub-hop of one hop: (peer, rows sent, rows received), in posting order."""
     peers = topo.peers(rank, normalize_axes(axes))
-    mode = step_mode(len(peers), steps)
+    mode = step_mode(len(peers), steps, kind)
     me = peers.index(rank)
     return [
         [(peers[j], s, r) for u in step_units(len(peers), me, kind, mode, k) for j, s, r in u]
@@ -215,9 +220,9 @@ def hop_transfers(
     ]
 
 
-def sub_hops(sizes: Sequence[int], steps: str = AUTO) -> list[tuple[int, int]]:
-    """(hop, step) of each sub-hop of a chunk over hops of ``sizes`` members."""
-    return [(h, k) for h, n in enumerate(sizes) for k in range(step_count(n, step_mode(n, steps)))]
+def sub_hops(sizes: Sequence[int], steps: str = AUTO, kind: str = GATHER) -> list[tuple[int, int]]:
+    """(hop, step) of each sub-hop of a chunk of ``kind`` over hops of ``sizes`` members."""
+    return [(h, k) for h, n in enumerate(sizes) for k in range(step_count(n, step_mode(n, steps, kind)))]
 
 
 def rank_sequence(
@@ -234,8 +239,8 @@ def rank_sequence(
     or "log" ([Note: log-step hops]); at most ``bound`` ops per grouped call ([Note: bounded
     calls])."""
     groups = [topo.peers(rank, normalize_axes(axes)) for axes in hops]
-    modes = [step_mode(len(g), steps) for g in groups]
-    subs = sub_hops([len(g) for g in groups], steps)
+    modes = [step_mode(len(g), steps, kind) for g in groups]
+    subs = sub_hops([len(g) for g in groups], steps, kind)
     out: list[Transfer] = []
     for t, slots in enumerate(ticks([len(subs)] * chunks) if subs else []):
         units: list[Unit] = []

@@ -70,7 +70,7 @@ class HopRun:
         self.wire = wire
         peers = wire.hg.peers
         self.n, self.me = len(peers), peers.index(rank)
-        self.mode = tick_plan.step_mode(self.n, steps)
+        self.mode = tick_plan.step_mode(self.n, steps, wire.kind)
         self.steps = tick_plan.step_count(self.n, self.mode)
         n, i = self.n, self.me
         self._recv: torch.Tensor | None = None
@@ -151,9 +151,10 @@ class TickTransport:
         """Whether this group's transfers of ``tensor`` run on the host (gloo)."""
         return backend_for(dist.get_backend(self.group), tensor.device.type) == "gloo"
 
-    def sub_hops(self, lanes: Sequence[Hashable]) -> list[tuple[int, int]]:
-        """(hop, step) of each sub-hop of a chunk over hop groups ``lanes`` (their axes)."""
-        return tick_plan.sub_hops([self.topo.axes_size(axes) for axes in lanes], self.steps)  # type: ignore[arg-type]
+    def sub_hops(self, lanes: Sequence[Hashable], kind: str) -> list[tuple[int, int]]:
+        """(hop, step) of each sub-hop of a chunk of ``kind`` over hop groups ``lanes`` (axes)."""
+        sizes = [self.topo.axes_size(axes) for axes in lanes]  # type: ignore[arg-type]
+        return tick_plan.sub_hops(sizes, self.steps, kind)
 
     def start(self, wire: Wire) -> HopRun:
         return HopRun(wire, self.rank, self.steps)
@@ -246,14 +247,15 @@ def tick_job(
     jobs: Sequence[Job[object]],
     lanes: Sequence[Sequence[Hashable]],
     on_end: Callable[[int, object], None] | None = None,
+    kind: str = tick_plan.GATHER,
 ) -> Job[object]:
-    """One piece of work (``jobs[c]``: chunk ``c``, its hops on ``lanes[c]``) in ticks: before
+    """One piece of work (``jobs[c]``: chunk ``c``, its hops of ``kind`` on ``lanes[c]``) in ticks: before
     each tick a ``Move`` for the executor's one lane, then the tick's transfers in its grouped
     calls; a log-step hop runs over consecutive ticks ([Note: log-step hops] in
     comm/tick_plan.py). Returns the last chunk's value (the others return None: [Note: chunked
     gathers]); ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick
     stream per call])."""
-    subs = [transport.sub_hops(x) for x in lanes]
+    subs = [transport.sub_hops(x, kind) for x in lanes]
     schedule = tick_plan.ticks([len(x) for x in subs])
     waiting: dict[int, Wire] = {}
     running: dict[int, HopRun] = {}
@@ -289,6 +291,7 @@ class _Piece(NamedTuple):
     jobs: list[Job]
     lanes: tuple[Hashable, ...]
     fut: Future
+    kind: str = tick_plan.GATHER
 
 
 class TickExecutor(CommExecutor):
@@ -320,17 +323,24 @@ class TickExecutor(CommExecutor):
                 self._flush()
 
     def submit(
-        self, job: Job[R], lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None
+        self,
+        job: Job[R],
+        lanes: Sequence[Hashable],
+        hops: Sequence[Hashable | None] | None = None,
+        *,
+        kind: str = tick_plan.GATHER,
     ) -> Future[Done[R]]:
         if hops is not None or not lanes:  # drain's barrier; a job with no transfer
             self._flush()
             return super().submit(job, lanes, hops)
-        return self._piece([job], tuple(lanes))
+        return self._piece([job], tuple(lanes), kind)
 
-    def submit_all(self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable]) -> Future[Done[R]]:
+    def submit_all(
+        self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable], *, kind: str = tick_plan.GATHER
+    ) -> Future[Done[R]]:
         if not lanes:  # no transfer (every hop group of one member): the jobs alone, on the lane
             return super().submit_all(jobs, lanes)
-        return self._piece(list(jobs), tuple(lanes))
+        return self._piece(list(jobs), tuple(lanes), kind)
 
     def result(self, fut: Future[Done[R]], timeout: float | None = None) -> R:
         self._flush()  # a wait for a held piece would never end
@@ -344,18 +354,18 @@ class TickExecutor(CommExecutor):
         self._flush()
         return super().close(timeout)
 
-    def _piece(self, jobs: list[Job], lanes: tuple[Hashable, ...]) -> Future:
+    def _piece(self, jobs: list[Job], lanes: tuple[Hashable, ...], kind: str) -> Future:
         self.pieces += 1
         if not self._fusing or len(set(lanes)) != len(lanes):
             self._flush()
-            return self._ticks(jobs, [lanes] * len(jobs))
+            return self._ticks(jobs, [lanes] * len(jobs), kind)
         refusal = self._refusal()
         if refusal is not None:
             raise refusal
-        if self._held and self._held[0].lanes != lanes:
+        if self._held and (self._held[0].lanes, self._held[0].kind) != (lanes, kind):
             self._flush()
         fut: Future = Future()
-        self._held.append(_Piece(jobs, lanes, fut))
+        self._held.append(_Piece(jobs, lanes, fut, kind))
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
         return fut
@@ -393,7 +403,7 @@ class TickExecutor(CommExecutor):
                     )
 
         try:
-            stream = self._ticks(jobs, [pieces[0].lanes] * len(jobs), settle)
+            stream = self._ticks(jobs, [pieces[0].lanes] * len(jobs), pieces[0].kind, settle)
         except BaseException as e:  # noqa: B036 - refused: every held piece's waiter gets it
             for fut in last.values():
                 fut.set_exception(e)
@@ -406,14 +416,18 @@ class TickExecutor(CommExecutor):
         stream.add_done_callback(rest)
 
     def _ticks(
-        self, jobs: list[Job], lanes: list[tuple[Hashable, ...]], on_end: Callable[[int, Any], None] | None = None
+        self,
+        jobs: list[Job],
+        lanes: list[tuple[Hashable, ...]],
+        kind: str,
+        on_end: Callable[[int, Any], None] | None = None,
     ) -> Future:
-        subs = [self.transport.sub_hops(x) for x in lanes]
+        subs = [self.transport.sub_hops(x, kind) for x in lanes]
         schedule = tick_plan.ticks([len(x) for x in subs])
         busy = [Several(lanes[s.chunk][subs[s.chunk][s.hop][0]] for s in slots) for slots in schedule]
         self.streams += 1
         return CommExecutor.submit(
-            self, tick_job(self.transport, jobs, lanes, on_end), [TICK_LANE] * len(schedule), busy
+            self, tick_job(self.transport, jobs, lanes, on_end, kind), [TICK_LANE] * len(schedule), busy
         )
 
 
