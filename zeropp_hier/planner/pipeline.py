@@ -164,7 +164,8 @@ def _tick_job(phase: str, cs: Sequence[CollectiveCost], calls: int, cluster: Clu
         kind = "exchange" if c.coll.op != "all_gather" else "gather"
         alpha = cluster.tiers[c.coll.axes[0]].latency
         moving = (c.seconds - c.latency_seconds - c.quant_seconds) / calls
-        for i, sh in enumerate(sub_hops(cluster.topology.axes_size(c.coll.axes), kind, cluster.library)):
+        n = cluster.topology.axes_size(c.coll.axes)
+        for i, sh in enumerate(sub_hops(n, kind, cluster.library, cluster.hop_steps)):
             hop_s.append(moving * sh.share + (c.quant_seconds / calls if i == 0 else 0.0))
             lat.append(alpha * sh.alphas)
             lanes.append(c.coll.axes)

@@ -119,7 +119,8 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
     chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, mode)
     if mode == "ticks":  # a log-step all-to-all forwards blocks: more bytes on its links
         for cc in costs:
-            extra = exchange_factor(topo.axes_size(cc.coll.axes)) - 1 if cc.coll.op != "all_gather" else 0.0
+            n = topo.axes_size(cc.coll.axes)
+            extra = exchange_factor(n, cluster.hop_steps) - 1 if cc.coll.op != "all_gather" else 0.0
             for kind, sec in cc.link_seconds.items():
                 link_s[kind] += sec * extra
     pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks, mode))

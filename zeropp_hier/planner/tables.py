@@ -221,7 +221,7 @@ def tick_lines(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
         for c in p.costs:
             kind = tick_plan.GATHER if c.coll.op == "all_gather" else tick_plan.EXCHANGE
             n = topo.axes_size(c.coll.axes)
-            subs = sub_hops(n, kind, cluster.library)
+            subs = sub_hops(n, kind, cluster.library, cluster.hop_steps)
             alpha = cluster.tiers[c.coll.axes[0]].latency
             rows.append(
                 [
@@ -229,7 +229,7 @@ def tick_lines(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
                     c.coll.phase,
                     "+".join(c.coll.axes),
                     n,
-                    tick_plan.step_mode(n, kind=kind),
+                    tick_plan.step_mode(n, cluster.hop_steps, kind),
                     len(subs),
                     max((s.peers for s in subs), default=0),
                     min(max((s.ops for s in subs), default=0), tick_plan.MAX_OPS_PER_CALL),
@@ -237,7 +237,7 @@ def tick_lines(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
                     p.chunks,
                 ]
             )
-            for sub in tick_plan.hop_transfers(topo, 0, c.coll.axes, kind):
+            for sub in tick_plan.hop_transfers(topo, 0, c.coll.axes, kind, cluster.hop_steps):
                 seen |= {q for q, _, _ in sub}
         peers[p.candidate.name] = len(seen)
     if not rows:

@@ -67,4 +67,6 @@ def sub_hops(members: int, kind: str, library: str, steps: str = tick_plan.AUTO)
 def exchange_factor(members: int, steps: str = tick_plan.AUTO) -> float:
     """Blocks a rank receives in an all-to-all in ticks over those of a direct one (1 direct;
     about ``(N/2) log2 N / (N - 1)`` in log steps)."""
-    return sum(h.share for h in sub_hops(members, tick_plan.EXCHANGE, "gloo", steps)) if members > 1 else 1.0
+    if members < 2:
+        return 1.0
+    return sum(h.share for h in sub_hops(members, tick_plan.EXCHANGE, "gloo", steps))
