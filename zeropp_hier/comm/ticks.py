@@ -19,10 +19,11 @@ layer k+1's node hop shares a call with layer k's gpu hop. Each piece keeps its 
 settled on the lane the moment its last chunk ends (a device event recorded there, as at a
 job's end), so a wait for layer k returns while the later layers are still in ticks. Only
 pieces with one hop sequence whose hop groups are all different are fused (a piece of another
-sequence starts a new stream), so a tick still carries at most one transfer per pair of ranks
-and direction. What breaks a stream: leaving the context, a submission of other hops, a wait
-(``result``), ``drain`` or ``close``, all at points of the one program order. Every chunk's
-job is the same generator as alone, so values, kept copies and bytes are unchanged; the order
+sequence, or of the other kind, starts a new stream), so a stream is the same pure schedule as
+one piece of more chunks (a pair's messages in a tick, two where log steps of two chunks meet,
+posted in slot order at both ends: [Note: ticks] in comm/tick_plan.py). What breaks a stream:
+leaving the context, a submission of other hops, a wait (``result``), ``drain`` or ``close``,
+all at points of the one program order. Every chunk's job is the same generator as alone, so values, kept copies and bytes are unchanged; the order
 of local work between ticks changes only across pieces, which touch different tensors. The
 start-up agreement covers each piece's sequence; the stream's is the same pure schedule over
 more chunks, and the number of pieces per call follows DeepSpeed's prefetch in program order,
