@@ -13,21 +13,21 @@ Each piece of work alone pays its own fill and drain: ``C + H - 1`` ticks for ``
 ``H`` hops, most of them with fewer than ``H`` hops at once. DeepSpeed's prefetch hands one
 gather call several layers ([Note: a job per layer] in deepspeed/inflight.py), each a piece (or
 one per bucket). Inside ``TickExecutor.fused()`` the pieces submitted are held and then run as
-*one* tick stream: their chunks numbered in submission order, chunk ``c`` hop ``h`` in tick
-``c + h`` as within a piece, so ``L`` pieces of ``C`` chunks take ``L * C + H - 1`` ticks and
-layer k+1's node hop shares a call with layer k's gpu hop. Each piece keeps its own future,
-settled on the lane the moment its last chunk ends (a device event recorded there, as at a
-job's end), so a wait for layer k returns while the later layers are still in ticks. Only
-pieces with one hop sequence whose hop groups are all different are fused (a piece of another
-sequence, or of the other kind, starts a new stream), so a stream is the same pure schedule as
-one piece of more chunks (a pair's messages in a tick, two where log steps of two chunks meet,
-posted in slot order at both ends: [Note: ticks] in comm/tick_plan.py). What breaks a stream:
-leaving the context, a submission of other hops, a wait (``result``), ``drain`` or ``close``,
-all at points of the one program order. Every chunk's job is the same generator as alone, so values, kept copies and bytes are unchanged; the order
-of local work between ticks changes only across pieces, which touch different tensors. The
-start-up agreement covers each piece's sequence; the stream's is the same pure schedule over
-more chunks, and the number of pieces per call follows DeepSpeed's prefetch in program order,
-the same on every rank.
+*one* tick stream: their chunks numbered in submission order, chunk ``c`` hop ``h`` in tick ``c
++ h`` as within a piece, so ``L`` pieces of ``C`` chunks take ``L * C + H - 1`` ticks and layer
+k+1's node hop shares a call with layer k's gpu hop. Each piece keeps its own future, settled on
+the lane the moment its last chunk ends (a device event recorded there, as at a job's end), so a
+wait for layer k returns while the later layers are still in ticks. Only pieces with one hop
+sequence whose hop groups are all different are fused (a piece of another sequence, or of the
+other kind, starts a new stream), so a stream is the same pure schedule as one piece of more
+chunks (a pair's messages in a tick, two where log steps of two chunks meet, posted in slot
+order at both ends: [Note: ticks] in comm/tick_plan.py). What breaks a stream: leaving the
+context, a submission of other hops, a wait (``result``), ``drain`` or ``close``, all at points
+of the one program order. Every chunk's job is the same generator as alone, so values, kept
+copies and bytes are unchanged; the order of local work between ticks changes only across
+pieces, which touch different tensors. The start-up agreement covers each piece's sequence; the
+stream's is the same pure schedule over more chunks, and the number of pieces per call follows
+DeepSpeed's prefetch in program order, the same on every rank.
 """
 
 from __future__ import annotations
