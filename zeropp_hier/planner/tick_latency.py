@@ -4,15 +4,16 @@ its log-step sub-hops ([Note: log-step hops] in comm/tick_plan.py). Pure arithme
 [Note: grouped-call rounds]
 A tick is one grouped call per 64 ops ([Note: bounded calls] in comm/tick_plan.py). The library
 does not run a call's peers all at once: NCCL spreads a grouped call's peers over its p2p
-channels and runs them in rounds (``ncclP2pChannelForPart`` and the p2p schedule map each
-peer to a channel per round), a channel's device work holding at most
+channels and runs them in rounds (``ncclP2pChannelBaseForRound`` and ``ncclP2pChannelForPart``
+place each round's peer on channels: both in RCCL's src/include/device.h, quoted in
+ROCm/rocm-systems#3000 and #8087), a channel's device work holding at most
 ``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` p2p items: 8 in NCCL, 1 in RCCL (ROCm/rccl#1760, which
 quotes both headers). RCCL batches several p2p items per channel only with
 ``RCCL_P2P_BATCH_ENABLE``, auto-enabled on gfx950 alone (ROCm/rocm-systems#3000, #6364), so
 on Frontier's MI250X (gfx90a) each channel runs one peer after another. The model: a hop whose
 tick talks to ``p`` peers pays its tier's ``alpha`` once per round, ``ceil(p / (channels x
-per_batch))`` rounds, plus one more per extra grouped call; RCCL logs 8 p2p channels on
-MI250X (issue 49; the count is RCCL's choice at start-up, not a constant), so a direct node hop
+per_batch))`` rounds, plus one more per extra grouped call; 8 p2p channels on MI250X is
+what issue 49 reports RCCL logging (not confirmed here; RCCL picks the count at start-up), so a direct node hop
 at 48 nodes (47 peers) is 6 rounds and at 9,408 nodes 1,176. A log-step hop is ``ceil(log2
 N)`` sub-hops of one or two peers: one round each, each in its own tick, moving the blocks the
 step moves (``step_shares``). gloo runs every op of a call at once on the host: one round.
