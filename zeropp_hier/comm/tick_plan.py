@@ -86,14 +86,22 @@ LOG_STEPS_ABOVE = {"gather": 32, "exchange": 256}
 # spans one tier (frontier's hops) every link carries what it carries direct; on one that spans
 # several (zero3's and zeropp's world hop) the offsets ``2^s`` wrap around the coordinate order,
 # so some blocks a direct hop keeps inside a node cross the network (2 x 2 x 2, zero3's gather:
-# 6 of 7 blocks over the network against 4 direct), same total. The rule of
-# where each applies is the planner's (``step_mode``): under ``"auto"`` a group of more than
-# ``LOG_STEPS_ABOVE`` members runs in log steps; there a direct tick would exceed one grouped
-# call's bound (32 peers, 64 ops) and need ``ceil((N - 1) / 8)`` rounds of RCCL's 8 p2p channels
-# (>= 4, against ``ceil(log2 N)`` = 6 log steps at 33..64 members), while every smaller group
-# (the gpu and gcd hops, a node group of 2 to 32) keeps one direct tick. A node group of 2 is
-# the same one exchange either way. ``pipeline.hop_steps`` forces "direct" or "log" for every
-# hop (core/config.py), to compare the two.
+# 6 of 7 blocks over the network against 4 direct), same total.
+#
+# The rule of where each applies is the planner's (``step_mode``, priced in
+# planner/tick_latency.py). Under ``"auto"`` a *gather* over more than 32 members runs in log
+# steps: there a direct tick passes one grouped call's bound (32 peers, 64 ops) and needs
+# ``ceil((N - 1) / 8)`` rounds of RCCL's p2p channels, >= 4, against 6 log steps at 33..64
+# members, each a sixth of the bytes (Frontier, 20B GPT, 48 nodes: 0.69 s of communication per
+# step against 0.87 s all direct). An *exchange* stays direct up to 256 members, since its log
+# steps forward ~(N/2) log2 N blocks: at 48 nodes every hop in log steps costs 0.95 s, not 0.69.
+# Above 256 it takes log steps for the peers a rank connects to (a connector pair per network
+# peer; all-to-all failures at 256 GPUs, NVIDIA/nccl-tests#78, port exhaustion at 64+ MI200
+# nodes, ROCm/rccl#577: as issue 49 cites them), though the latency model alone would keep it
+# direct at 1,024 nodes (1.15 s against 1.45 s) and goes log only by 9,408 (1.78 against 2.31 s).
+# Every smaller group (the gpu and gcd hops, a node group of 2 to 32) keeps one direct tick; a
+# node group of 2 is the same one exchange either way. ``pipeline.hop_steps`` forces "direct"
+# or "log" for every hop (core/config.py), to compare the two.
 #
 # [Note: bounded calls]
 # A tick's transfers go out in grouped calls of at most ``MAX_OPS_PER_CALL`` ops (NCCL cuts a
