@@ -219,7 +219,9 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         ahead = cfg.get("pipeline", {}).get("backward_layers_ahead")
         win = window if prefetch else 0
         laid = P.predict(cand, lanes, wl_n)
-        sched = S.for_prediction(laid, wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode)
+        sched = S.for_prediction(
+            laid, wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode, cluster=cl_n
+        )
         hop_s = {t: 0.0 for t in TIERS}  # each tier's hops for the whole step, as the schedule takes them
         for c in laid.costs:
             hop_s[tier_of_lane(c.coll.axes)] += c.seconds

@@ -29,6 +29,7 @@ class CallLog:
         self.threads: set[int] = set()
         self.hop_collectives = 0
         self.pending_at_issue = 0
+        self.most_ops = 0  # the most ops in one grouped call ([Note: bounded calls])
         self._works: list = []
         self._real = {
             "batch": dist.batch_isend_irecv,
@@ -41,6 +42,7 @@ class CallLog:
                 self.groups.append("tick" if ops[0].group is self.tick_group else repr(ops[0].group))
                 self.threads.add(threading.get_ident())
                 self.pending_at_issue += sum(1 for w in self._works if not w.is_completed())
+                self.most_ops = max(self.most_ops, len(ops))
             works = self._real["batch"](ops)
             if self.on:
                 self._works = list(works)
@@ -66,7 +68,7 @@ class CallLog:
         dist.all_to_all_single = self._real["a2a"]
 
 
-def _setup(preset, compression, rank_map):
+def _setup(preset, compression, rank_map, shape=(2, 2)):
     from zeropp_hier.comm import gather
     from zeropp_hier.comm.groups import build_hop_groups, build_tick_group
     from zeropp_hier.core.config import parse_section
@@ -74,8 +76,8 @@ def _setup(preset, compression, rank_map):
     from zeropp_hier.core.topology import Topology
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    topo = Topology.for_world(world, 2, 2, rank_map)
-    section = {"enabled": True, "preset": preset, "topology": {"gpus_per_node": 2}}
+    topo = Topology.for_world(world, shape[0], shape[1], rank_map)
+    section = {"enabled": True, "preset": preset, "topology": {"gpus_per_node": shape[0]}}
     if compression is not None:
         section["compression"] = compression
     cfg = parse_section(section)
@@ -86,7 +88,7 @@ def _setup(preset, compression, rank_map):
     return cfg, topo, plan, backward, groups, tick_group
 
 
-def _ctx(cfg, topo, plan, groups, tick_group, ticks: bool, chunks: int):
+def _ctx(cfg, topo, plan, groups, tick_group, ticks: bool, chunks: int, steps: str = "auto"):
     from zeropp_hier.comm.collectives import HierCollectives
     from zeropp_hier.comm.context import CommContext
     from zeropp_hier.comm.executor import CommExecutor
@@ -98,7 +100,7 @@ def _ctx(cfg, topo, plan, groups, tick_group, ticks: bool, chunks: int):
     stats = CommStats(topo, rank)
     cpu = torch.device("cpu")
     if ticks:
-        transport = TickTransport(tick_group, rank, topo, stats)
+        transport = TickTransport(tick_group, rank, topo, stats, steps=steps)
         transport.log = []
         executor: CommExecutor = TickExecutor(f"rank{rank}-ticks", cpu, transport)
     else:
@@ -137,23 +139,29 @@ def _bytes(ctx, phase, before):
 
 
 def _check_log(ctx, topo, rank, axes, kind, phase_bytes):
-    """The transport's log of one piece against the pure schedule: the (tick, peer) sequence, and
-    the bytes it sent per tier against the stats' count."""
+    """The transport's log of one piece against the pure schedule: the (tick, peer, sends?,
+    receives?) sequence, and the bytes it sent per tier against the stats' count."""
     from zeropp_hier.comm import tick_plan
     from zeropp_hier.core.vocab import TIERS
 
-    log = ctx.executor.transport.log
-    seq = [(t, p) for t, _, moved in log for p, _, _ in moved]
-    n_chunks = len(log) - len(axes) + 1
-    want = [(x.tick, x.peer) for x in tick_plan.rank_sequence(topo, rank, axes, kind, max(n_chunks, 1))]
+    transport = ctx.executor.transport
+    log = transport.log
+    seq = [(t, p, o > 0, i > 0) for t, _, moved in log for p, o, i in moved]
+    subs = tick_plan.sub_hops([topo.axes_size(a) for a in axes], transport.steps, kind)
+    n_chunks = len(log) - len(subs) + 1
+    pure = tick_plan.rank_sequence(topo, rank, axes, kind, max(n_chunks, 1), transport.steps)
+    want = [(x.tick, x.peer, x.send > 0, x.recv > 0) for x in pure]
     sent = dict.fromkeys(TIERS, 0)
     for _, _, moved in log:
         for p, out, _ in moved:
             sent[topo.tier_between(rank, p)] += out
-    return {"sequence": seq, "sequence_ok": n_chunks >= 1 and seq == want, "sent": sent, "bytes": phase_bytes}
+    ok = seq == want and (n_chunks >= 1 or not subs)
+    return {"sequence": seq, "sequence_ok": ok, "sent": sent, "bytes": phase_bytes, "sub_hops": len(subs)}
 
 
-def parity_run(cases: dict, rank_map: list, chunk_counts) -> dict:
+def parity_run(cases: dict, rank_map: list, chunk_counts, steps_modes=("auto",), shape=(2, 2)) -> dict:
+    """Each case at each (hop steps, chunk count): ticks against hop by hop. ``shape``: GPUs per
+    node and GCDs per GPU of the 8 ranks."""
     from zeropp_hier.comm import gather, tick_plan
     from zeropp_hier.comm.collectives import Encoded
     from zeropp_hier.comm.reduce import submit_reduce_scatter
@@ -162,14 +170,14 @@ def parity_run(cases: dict, rank_map: list, chunk_counts) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"cases": {}, "agreed": True}
     for name, (preset, compression) in cases.items():
-        cfg, topo, plan, backward, groups, tick_group = _setup(preset, compression, rank_map)
+        cfg, topo, plan, backward, groups, tick_group = _setup(preset, compression, rank_map, shape)
         calls = CallLog(tick_group)
         per: dict = {}
         try:
-            for chunks in chunk_counts:
-                out["agreed"] &= bool(agree_schedule(topo, rank, plan_pieces(plan, backward), chunks))
+            for steps, chunks in [(s, c) for s in steps_modes for c in chunk_counts]:
+                out["agreed"] &= bool(agree_schedule(topo, rank, plan_pieces(plan, backward), chunks, steps))
                 ref = _ctx(cfg, topo, plan, groups, tick_group, False, chunks)
-                tck = _ctx(cfg, topo, plan, groups, tick_group, True, chunks)
+                tck = _ctx(cfg, topo, plan, groups, tick_group, True, chunks, steps)
                 gen = torch.Generator().manual_seed(1234)
                 fulls = [torch.randn(n, generator=gen) for n in NUMELS]
                 sizes = [-(-n // world) for n in NUMELS]
@@ -249,12 +257,16 @@ def parity_run(cases: dict, rank_map: list, chunk_counts) -> dict:
                     "hop_collectives": calls.hop_collectives,
                     "pending_at_issue": calls.pending_at_issue,
                     "batches": len(calls.groups),
+                    "most_ops": calls.most_ops,
+                    # sub-hops of a forward chunk: more than one puts chunks side by side in a tick
+                    "sub_hops": len(tick_plan.sub_hops([topo.axes_size(h.axes) for h in fhops], steps)),
                     **counters,
                 }
                 calls.groups.clear()
                 calls.threads.clear()
                 calls.hop_collectives = 0
-                per[chunks] = c
+                calls.most_ops = 0
+                per[(steps, chunks)] = c
                 ref.executor.close()
                 tck.executor.close()
         finally:

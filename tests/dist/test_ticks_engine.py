@@ -19,6 +19,10 @@ TIMEOUT_S = 5.0
 PREFETCH = {"stage3_prefetch_bucket_size": 10**7, "stage3_max_live_parameters": 10**7}
 PAIRS = {"frontier": ("frontier", None, 3, False), "zeropp": ("zeropp", "int8", 1, False)}
 PAIRS["frontier/prefetch"] = ("frontier", None, 3, True)
+# the tick mode's hops in log steps ([Note: log-step hops] in comm/tick_plan.py): zeropp's world
+# hop of 8 ranks gathers in 3 steps, its exchange too
+PAIRS["zeropp/log"] = ("zeropp", "int8", 3, False)
+HOP_STEPS = {"zeropp/log": "log"}
 # overlap "gpu" (true as NCCL/RCCL resolve it) with the chunks left out: frontier, every hop
 # within one tier, runs ticks in the tick mode's chunks; zeropp, whose flat hops ticks would
 # send to every member, runs one lane unchunked ([Note: one issuing thread on GPUs])
@@ -31,7 +35,7 @@ def _configs() -> dict:
         for mode in ("one_lane", "ticks"):
             cfg = ds_config(preset) if compression is None else ds_config(preset, compression=compression)
             cfg["zeropp_hier"]["overlap"] = mode
-            cfg["zeropp_hier"]["pipeline"] = {"chunks": chunks}
+            cfg["zeropp_hier"]["pipeline"] = {"chunks": chunks, "hop_steps": HOP_STEPS.get(pair, "auto")}
             if prefetch:
                 cfg["zero_optimization"].update(PREFETCH)
             out[f"{pair}/{mode}"] = cfg

@@ -64,10 +64,11 @@ def ds(section, **zero):
         (
             {"pipeline": {"chunk": 4}},
             "zeropp_hier.pipeline.chunk",
-            "unknown key; allowed keys are ['chunks', 'backward_layers_ahead']",
+            "unknown key; allowed keys are ['chunks', 'backward_layers_ahead', 'hop_steps']",
         ),
         ({"pipeline": {"backward_layers_ahead": -1}}, "zeropp_hier.pipeline.backward_layers_ahead", "at least 0"),
         ({"pipeline": {"backward_layers_ahead": 1.5}}, "zeropp_hier.pipeline.backward_layers_ahead", "leave it out"),
+        ({"pipeline": {"hop_steps": "ring"}}, "zeropp_hier.pipeline.hop_steps", "ceil(log2 N) steps"),
         ({"pipeline": 4}, "zeropp_hier.pipeline", "expected a JSON object"),
     ],
 )
@@ -177,6 +178,8 @@ def test_pipeline_chunks_left_out_is_the_issue_modes_choice():
     # the backward window is off unless asked for ([Note: backward window])
     assert parse_section({}).pipeline.backward_layers_ahead is None
     assert parse_section({"pipeline": {"backward_layers_ahead": 0}}).pipeline.backward_layers_ahead == 0
+    assert parse_section({}).pipeline.hop_steps == "auto"
+    assert parse_section({"pipeline": {"hop_steps": "log"}}).pipeline.hop_steps == "log"
 
 
 def test_checkpoint_trust_pickles_defaults_to_false():

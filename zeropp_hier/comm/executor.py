@@ -282,13 +282,19 @@ class CommExecutor:
         return contextlib.nullcontext()
 
     def submit(
-        self, job: Job[R], lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None
+        self,
+        job: Job[R],
+        lanes: Sequence[Hashable],
+        hops: Sequence[Hashable | None] | None = None,
+        *,
+        kind: str = "gather",
     ) -> Future[Done[R]]:
         """Queue ``job``, whose collectives are on ``lanes`` in this order (one entry per
         collective). Must be called from one thread, in the same program order on every rank.
         ``hops``: the hop group each slot records as busy ([Note: busy intervals]; None in it:
-        a slot that issues no collective); default ``lanes``. Raises ``ExecutorBrokenError``
-        once the executor is broken or closed."""
+        a slot that issues no collective); default ``lanes``. ``kind``: "gather" or "exchange"
+        (the tick mode lays its hops out by it: comm/tick_plan.py). Raises
+        ``ExecutorBrokenError`` once the executor is broken or closed."""
         hops = lanes if hops is None else hops
         refusal = self._refusal()
         if refusal is not None:
@@ -319,7 +325,9 @@ class CommExecutor:
         self._inbox.put(running)  # the job is queued whole from here ([Note: executor failure semantics])
         return fut
 
-    def submit_all(self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable]) -> Future[Done[R]]:
+    def submit_all(
+        self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable], *, kind: str = "gather"
+    ) -> Future[Done[R]]:
         """Queue ``jobs`` in order, each with ``lanes``, as one piece of work (the chunks of a
         pipelined bucket, [Note: chunked gathers] in comm/gather.py): one future, which gives the
         last job's value, or the first failed job's error. The last job must end after the

@@ -74,10 +74,11 @@ def submit_reduce_scatter(
         per = world * -(-width // ctx.pipeline_chunks)
         chunks = column_chunks(width, pad, world, min(ctx.stream_chunk_elems, per))
         jobs = pipelined_rows(ctx, Bucket(packed, chunks, numels, wire_dtype, key, loss_scale))
-        return ctx.executor.submit_all(jobs, [hop.axes for hop in ctx.plan.reduce])
+        return ctx.executor.submit_all(jobs, [hop.axes for hop in ctx.plan.reduce], kind="exchange")
     chunks = column_chunks(width, pad, world, ctx.stream_chunk_elems)
     lanes = [hop.axes for _ in chunks for hop in ctx.plan.reduce]
-    return ctx.executor.submit(reduce_rows(ctx, Bucket(packed, chunks, numels, wire_dtype, key, loss_scale)), lanes)
+    job = reduce_rows(ctx, Bucket(packed, chunks, numels, wire_dtype, key, loss_scale))
+    return ctx.executor.submit(job, lanes, kind="exchange")
 
 
 def pipelined_rows(ctx: CommContext, bucket: Bucket) -> list[Job[list[torch.Tensor] | None]]:

@@ -13,20 +13,21 @@ Each piece of work alone pays its own fill and drain: ``C + H - 1`` ticks for ``
 ``H`` hops, most of them with fewer than ``H`` hops at once. DeepSpeed's prefetch hands one
 gather call several layers ([Note: a job per layer] in deepspeed/inflight.py), each a piece (or
 one per bucket). Inside ``TickExecutor.fused()`` the pieces submitted are held and then run as
-*one* tick stream: their chunks numbered in submission order, chunk ``c`` hop ``h`` in tick
-``c + h`` as within a piece, so ``L`` pieces of ``C`` chunks take ``L * C + H - 1`` ticks and
-layer k+1's node hop shares a call with layer k's gpu hop. Each piece keeps its own future,
-settled on the lane the moment its last chunk ends (a device event recorded there, as at a
-job's end), so a wait for layer k returns while the later layers are still in ticks. Only
-pieces with one hop sequence whose hop groups are all different are fused (a piece of another
-sequence starts a new stream), so a tick still carries at most one transfer per pair of ranks
-and direction. What breaks a stream: leaving the context, a submission of other hops, a wait
-(``result``), ``drain`` or ``close``, all at points of the one program order. Every chunk's
-job is the same generator as alone, so values, kept copies and bytes are unchanged; the order
-of local work between ticks changes only across pieces, which touch different tensors. The
-start-up agreement covers each piece's sequence; the stream's is the same pure schedule over
-more chunks, and the number of pieces per call follows DeepSpeed's prefetch in program order,
-the same on every rank.
+*one* tick stream: their chunks numbered in submission order, chunk ``c`` hop ``h`` in tick ``c
++ h`` as within a piece, so ``L`` pieces of ``C`` chunks take ``L * C + H - 1`` ticks and layer
+k+1's node hop shares a call with layer k's gpu hop. Each piece keeps its own future, settled on
+the lane the moment its last chunk ends (a device event recorded there, as at a job's end), so a
+wait for layer k returns while the later layers are still in ticks. Only pieces with one hop
+sequence whose hop groups are all different are fused (a piece of another sequence, or of the
+other kind, starts a new stream), so a stream is the same pure schedule as one piece of more
+chunks (a pair's messages in a tick, two where log steps of two chunks meet, posted in slot
+order at both ends: [Note: ticks] in comm/tick_plan.py). What breaks a stream: leaving the
+context, a submission of other hops, a wait (``result``), ``drain`` or ``close``, all at points
+of the one program order. Every chunk's job is the same generator as alone, so values, kept
+copies and bytes are unchanged; the order of local work between ticks changes only across
+pieces, which touch different tensors. The start-up agreement covers each piece's sequence; the
+stream's is the same pure schedule over more chunks, and the number of pieces per call follows
+DeepSpeed's prefetch in program order, the same on every rank.
 """
 
 from __future__ import annotations
@@ -59,53 +60,125 @@ class _End(NamedTuple):
     value: Any
 
 
+class HopRun:
+    """One hop of one chunk in ticks: its transfer (``Wire``) and, in log steps, the blocks held
+    between its sub-hops ([Note: log-step hops] in comm/tick_plan.py). ``units(step)`` gives the
+    sub-hop's (peer, tensor sent, tensor received) in units, posting order; ``after(step)``
+    places what it received; ``result()`` the received rows as the hop group's collective
+    returns them (peer order)."""
+
+    def __init__(self, wire: Wire, rank: int, steps: str):
+        self.wire = wire
+        peers = wire.hg.peers
+        self.n, self.me = len(peers), peers.index(rank)
+        self.mode = tick_plan.step_mode(self.n, steps, wire.kind)
+        self.steps = tick_plan.step_count(self.n, self.mode)
+        n, i = self.n, self.me
+        self._recv: torch.Tensor | None = None
+        if wire.kind == tick_plan.GATHER:
+            send = wire.send.reshape(-1)
+            self.buf = send.new_empty((n, send.numel()))
+            # direct: rows in peer order; log: position j holds member i + j's block
+            self.buf[0 if self.mode == tick_plan.LOG else i].copy_(send)
+        else:
+            send = wire.send.contiguous()
+            if self.mode == tick_plan.LOG:  # position j: the block for member i + j
+                self.buf = torch.roll(send, -i, 0).contiguous()
+            else:
+                self.buf = torch.empty_like(send)
+                self.buf[i].copy_(send[i])
+
+    def units(self, step: int) -> list[list[tuple[int, torch.Tensor | None, torch.Tensor | None]]]:
+        peers, buf, kind = self.wire.hg.peers, self.buf, self.wire.kind
+        units = tick_plan.step_units(self.n, self.me, kind, self.mode, step)
+        if self.mode == tick_plan.DIRECT:
+            sent = [self.wire.send.reshape(-1)] * self.n if kind == tick_plan.GATHER else self.wire.send.contiguous()
+            return [[(peers[j], sent[j], buf[j]) for j, _, _ in u] for u in units]
+        k = 1 << step
+        if kind == tick_plan.GATHER:
+            rows = min(k, self.n - k)
+            out, got = buf[:rows], buf[k : k + rows]
+        else:
+            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=buf.device)
+            out = buf.index_select(0, idx)
+            got = self._recv = torch.empty_like(out)
+        return [[(peers[j], out if s else None, got if r else None) for j, s, r in u] for u in units]
+
+    def after(self, step: int) -> None:
+        if self._recv is not None:
+            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=self.buf.device)
+            self.buf.index_copy_(0, idx, self._recv)
+            self._recv = None
+
+    def result(self) -> torch.Tensor:
+        if self.mode == tick_plan.DIRECT:
+            return self.buf
+        n, i = self.n, self.me
+        if self.wire.kind == tick_plan.GATHER:  # member m's block is at position m - i
+            return torch.roll(self.buf, i, 0)
+        # position j holds the block from member i - j
+        return self.buf.index_select(0, torch.tensor([(i - m) % n for m in range(n)], device=self.buf.device))
+
+
 class TickTransport:
-    """Moves the transfers of one tick in one ``batch_isend_irecv`` on ``group`` (a group of
-    every rank), then waits for them; counts bytes as the hop collectives do ([Note: byte
-    accounting] in comm/stats.py). ``log``, when a list, gets (tick, hops in the tick, [(peer,
-    bytes out, bytes in)]) per tick, in posting order."""
+    """Moves the transfers of one tick in grouped calls of at most ``bound`` ops
+    (``batch_isend_irecv`` on ``group``, a group of every rank; [Note: bounded calls] in
+    comm/tick_plan.py), each waited for before the next; counts bytes as the hop collectives
+    do ([Note: byte accounting] in comm/stats.py). ``steps``: how hops run ("auto", "direct",
+    "log": [Note: log-step hops]). ``log``, when a list, gets (tick, hops in the tick, [(peer,
+    bytes out, bytes in)]) per tick, in posting order; ``calls``, grouped calls issued."""
 
     def __init__(
-        self, group: dist.ProcessGroup, rank: int, topo: Topology, stats: CommStats, timeout_s: float | None = None
+        self,
+        group: dist.ProcessGroup,
+        rank: int,
+        topo: Topology,
+        stats: CommStats,
+        timeout_s: float | None = None,
+        steps: str = tick_plan.AUTO,
+        bound: int = tick_plan.MAX_OPS_PER_CALL,
     ) -> None:
         self.group = group
         self.rank = rank
         self.topo = topo
         self.stats = stats
         self.timeout_s = timeout_s
+        self.steps = steps
+        self.bound = bound
         self.log: list | None = None
+        self.calls = 0
 
     def _on_host(self, tensor: torch.Tensor) -> bool:
         """Whether this group's transfers of ``tensor`` run on the host (gloo)."""
         return backend_for(dist.get_backend(self.group), tensor.device.type) == "gloo"
 
-    def run(self, tick: int, wires: Sequence[Wire]) -> list[torch.Tensor]:
-        """The received rows of each wire (as the hop group's collective returns them)."""
-        ops: list[dist.P2POp] = []
-        outs: list[torch.Tensor] = []
+    def sub_hops(self, lanes: Sequence[Hashable], kind: str) -> list[tuple[int, int]]:
+        """(hop, step) of each sub-hop of a chunk of ``kind`` over hop groups ``lanes`` (axes)."""
+        sizes = [self.topo.axes_size(axes) for axes in lanes]  # type: ignore[arg-type]
+        return tick_plan.sub_hops(sizes, self.steps, kind)
+
+    def start(self, wire: Wire) -> HopRun:
+        return HopRun(wire, self.rank, self.steps)
+
+    def run(self, tick: int, runs: Sequence[tuple[HopRun, int]]) -> list[torch.Tensor | None]:
+        """Sub-hop ``step`` of each run; the received rows of each run whose last step this was
+        (as the hop group's collective returns them), None for the others."""
+        units: list[list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]] = []
+        for slot, (hop, step) in enumerate(runs):
+            units += [[(slot, peer, out, got) for peer, out, got in u] for u in hop.units(step)]
+        calls = tick_plan.pack_calls([sum((o is not None) + (g is not None) for _, _, o, g in u) for u in units])
+        batches: list[list[dist.P2POp]] = [[] for _ in range(calls[-1] + 1 if calls else 0)]
         moved: list[tuple[int, int, int]] = []
-        for slot, w in enumerate(wires):
-            peers = w.hg.peers
-            me = peers.index(self.rank)
-            if w.kind == tick_plan.GATHER:
-                send = w.send.reshape(-1)
-                out = send.new_empty((len(peers), send.numel()))
-                rows = [send] * len(peers)
-            else:
-                send = w.send.contiguous()
-                out = torch.empty_like(send)
-                rows = list(send)
-            out[me].copy_(rows[me])
-            for j, peer in enumerate(peers):
-                if peer == self.rank:
-                    continue
+        for u, call in zip(units, calls):
+            for slot, peer, out, got in u:
                 # slot order is the schedule's, the same on every rank: the tag tells gloo which
                 # of a tick's transfers a message belongs to
-                if rows[j].numel():
-                    ops.append(dist.P2POp(dist.isend, rows[j], peer, self.group, slot))
-                    ops.append(dist.P2POp(dist.irecv, out[j], peer, self.group, slot))
-                moved.append((peer, rows[j].numel() * rows[j].element_size(), out[j].numel() * out[j].element_size()))
-            outs.append(out)
+                if out is not None and out.numel():
+                    batches[call].append(dist.P2POp(dist.isend, out, peer, self.group, slot))
+                if got is not None and got.numel():
+                    batches[call].append(dist.P2POp(dist.irecv, got, peer, self.group, slot))
+                moved.append((peer, _nbytes(out), _nbytes(got)))
+        wires = [hop.wire for hop, _ in runs]
         axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
         with collective_guard(
             rank=self.rank,
@@ -115,19 +188,35 @@ class TickTransport:
             peers=sorted({p for w in wires for p in w.hg.peers}),
             timeout_s=self.timeout_s,
         ):
-            if ops:
+            for ops in batches:
+                if not ops:
+                    continue
                 # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
                 # stream wait (a timeout argument would make the host wait instead), and the
                 # group's own timeout bounds the transfer
                 timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
+                self.calls += 1
                 for work in dist.batch_isend_irecv(ops):
                     work.wait() if timeout is None else work.wait(timeout)
-        for w, out in zip(wires, outs):  # as the hop collective counts it
+        results: list[torch.Tensor | None] = []
+        for hop, step in runs:
+            hop.after(step)
+            if step < hop.steps - 1:
+                results.append(None)
+                continue
+            w = hop.wire
+            out = hop.result()
+            # as the hop collective counts it
             per_peer = w.send.numel() * w.send.element_size() // (1 if w.kind == tick_plan.GATHER else len(out))
             self.stats.record(w.phase, w.hg.peers, per_peer)
+            results.append(out)
         if self.log is not None:
-            self.log.append((tick, len(wires), moved))
-        return outs
+            self.log.append((tick, len(runs), moved))
+        return results
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire | _End:
@@ -159,28 +248,37 @@ def tick_job(
     jobs: Sequence[Job[object]],
     lanes: Sequence[Sequence[Hashable]],
     on_end: Callable[[int, object], None] | None = None,
+    kind: str = tick_plan.GATHER,
 ) -> Job[object]:
-    """One piece of work (``jobs[c]``: chunk ``c``, its hops on ``lanes[c]``) in ticks: before
-    each tick a ``Move`` for the executor's one lane, then the tick's transfers in one call.
-    Returns the last chunk's value (the others return None: [Note: chunked gathers]);
-    ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick stream per
-    call])."""
-    schedule = tick_plan.ticks([len(x) for x in lanes])
+    """One piece of work (``jobs[c]``: chunk ``c``, its hops of ``kind`` on ``lanes[c]``) in ticks: before
+    each tick a ``Move`` for the executor's one lane, then the tick's transfers in its grouped
+    calls; a log-step hop runs over consecutive ticks ([Note: log-step hops] in
+    comm/tick_plan.py). Returns the last chunk's value (the others return None: [Note: chunked
+    gathers]); ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick
+    stream per call])."""
+    subs = [transport.sub_hops(x, kind) for x in lanes]
+    schedule = tick_plan.ticks([len(x) for x in subs])
     waiting: dict[int, Wire] = {}
+    running: dict[int, HopRun] = {}
     values: list[Any] = [None] * len(jobs)
     for t, slots in enumerate(schedule):
         for s in slots:
+            hop, step = subs[s.chunk][s.hop]
             if s.hop == 0:  # the chunk starts: its local work up to its first transfer
                 first = _to_wire(jobs[s.chunk], lanes[s.chunk], 0, None)
                 assert isinstance(first, Wire)  # a chunk has at least one hop
                 waiting[s.chunk] = first
+            if step == 0:
+                running[s.chunk] = transport.start(waiting.pop(s.chunk))
         yield Move(TICK_LANE)
-        got = transport.run(t, [waiting[s.chunk] for s in slots])
+        got = transport.run(t, [(running[s.chunk], subs[s.chunk][s.hop][1]) for s in slots])
         for s, rows in zip(slots, got):  # chunk order: chunk c ends before chunk c + 1
-            nxt = _to_wire(jobs[s.chunk], lanes[s.chunk], s.hop + 1, rows)
+            if rows is None:  # more steps of this hop to come
+                continue
+            del running[s.chunk]
+            nxt = _to_wire(jobs[s.chunk], lanes[s.chunk], subs[s.chunk][s.hop][0] + 1, rows)
             if isinstance(nxt, _End):
                 values[s.chunk] = nxt.value
-                del waiting[s.chunk]
                 if on_end is not None:
                     on_end(s.chunk, nxt.value)
             else:
@@ -194,6 +292,7 @@ class _Piece(NamedTuple):
     jobs: list[Job]
     lanes: tuple[Hashable, ...]
     fut: Future
+    kind: str = tick_plan.GATHER
 
 
 class TickExecutor(CommExecutor):
@@ -225,15 +324,24 @@ class TickExecutor(CommExecutor):
                 self._flush()
 
     def submit(
-        self, job: Job[R], lanes: Sequence[Hashable], hops: Sequence[Hashable | None] | None = None
+        self,
+        job: Job[R],
+        lanes: Sequence[Hashable],
+        hops: Sequence[Hashable | None] | None = None,
+        *,
+        kind: str = tick_plan.GATHER,
     ) -> Future[Done[R]]:
         if hops is not None or not lanes:  # drain's barrier; a job with no transfer
             self._flush()
             return super().submit(job, lanes, hops)
-        return self._piece([job], tuple(lanes))
+        return self._piece([job], tuple(lanes), kind)
 
-    def submit_all(self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable]) -> Future[Done[R]]:
-        return self._piece(list(jobs), tuple(lanes))
+    def submit_all(
+        self, jobs: Sequence[Job[R | None]], lanes: Sequence[Hashable], *, kind: str = tick_plan.GATHER
+    ) -> Future[Done[R]]:
+        if not lanes:  # no transfer (every hop group of one member): the jobs alone, on the lane
+            return super().submit_all(jobs, lanes)
+        return self._piece(list(jobs), tuple(lanes), kind)
 
     def result(self, fut: Future[Done[R]], timeout: float | None = None) -> R:
         self._flush()  # a wait for a held piece would never end
@@ -247,18 +355,18 @@ class TickExecutor(CommExecutor):
         self._flush()
         return super().close(timeout)
 
-    def _piece(self, jobs: list[Job], lanes: tuple[Hashable, ...]) -> Future:
+    def _piece(self, jobs: list[Job], lanes: tuple[Hashable, ...], kind: str) -> Future:
         self.pieces += 1
         if not self._fusing or len(set(lanes)) != len(lanes):
             self._flush()
-            return self._ticks(jobs, [lanes] * len(jobs))
+            return self._ticks(jobs, [lanes] * len(jobs), kind)
         refusal = self._refusal()
         if refusal is not None:
             raise refusal
-        if self._held and self._held[0].lanes != lanes:
+        if self._held and (self._held[0].lanes, self._held[0].kind) != (lanes, kind):
             self._flush()
         fut: Future = Future()
-        self._held.append(_Piece(jobs, lanes, fut))
+        self._held.append(_Piece(jobs, lanes, fut, kind))
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
         return fut
@@ -296,7 +404,7 @@ class TickExecutor(CommExecutor):
                     )
 
         try:
-            stream = self._ticks(jobs, [pieces[0].lanes] * len(jobs), settle)
+            stream = self._ticks(jobs, [pieces[0].lanes] * len(jobs), pieces[0].kind, settle)
         except BaseException as e:  # noqa: B036 - refused: every held piece's waiter gets it
             for fut in last.values():
                 fut.set_exception(e)
@@ -309,13 +417,18 @@ class TickExecutor(CommExecutor):
         stream.add_done_callback(rest)
 
     def _ticks(
-        self, jobs: list[Job], lanes: list[tuple[Hashable, ...]], on_end: Callable[[int, Any], None] | None = None
+        self,
+        jobs: list[Job],
+        lanes: list[tuple[Hashable, ...]],
+        kind: str,
+        on_end: Callable[[int, Any], None] | None = None,
     ) -> Future:
-        schedule = tick_plan.ticks([len(x) for x in lanes])
-        busy = [Several(lanes[s.chunk][s.hop] for s in slots) for slots in schedule]
+        subs = [self.transport.sub_hops(x, kind) for x in lanes]
+        schedule = tick_plan.ticks([len(x) for x in subs])
+        busy = [Several(lanes[s.chunk][subs[s.chunk][s.hop][0]] for s in slots) for slots in schedule]
         self.streams += 1
         return CommExecutor.submit(
-            self, tick_job(self.transport, jobs, lanes, on_end), [TICK_LANE] * len(schedule), busy
+            self, tick_job(self.transport, jobs, lanes, on_end, kind), [TICK_LANE] * len(schedule), busy
         )
 
 
@@ -333,7 +446,9 @@ class TickScheduleError(RuntimeError):
     """A peer's tick schedule is not the one this rank expects of it ([Note: ticks])."""
 
 
-def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int) -> str:
+def agree_schedule(
+    topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int, steps: str = tick_plan.AUTO
+) -> str:
     """Collective on the world, before any tick: every rank's sequence of (tick, peer, rows out,
     rows in) over ``pieces`` agreed by digest ([Note: ticks]). Each rank recomputes the
     sequences of the ranks it exchanges with (the members of its hop groups), checks that each
@@ -346,7 +461,7 @@ def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, 
     expected: dict[int, list] = {q: [] for q in near}
     for name, hops in pieces.items():
         kind = tick_plan.EXCHANGE if name == "reduce" else tick_plan.GATHER
-        seqs = {q: tick_plan.rank_sequence(topo, q, hops, kind, chunks) for q in near}
+        seqs = {q: tick_plan.rank_sequence(topo, q, hops, kind, chunks, steps) for q in near}
         bad = tick_plan.unmatched(seqs, only=rank)
         if bad:  # the pure schedule itself is wrong: a bug, the same on every rank
             raise AssertionError(f"zeropp_hier internal: the {name} tick schedule is not matched: {bad[:3]}")
@@ -373,6 +488,7 @@ def agree_schedule(topo: Topology, rank: int, pieces: dict[str, list[tuple[str, 
 
 __all__ = [
     "TICK_LANE",
+    "HopRun",
     "TickExecutor",
     "TickScheduleError",
     "TickTransport",

@@ -193,6 +193,12 @@ class PipelineConfig:
     # DeepSpeed's prefetch waits, so that gradient stages reach the lanes before them ([Note:
     # backward window] in deepspeed/inflight.py); None: as DeepSpeed's prefetch submits them
     backward_layers_ahead: int | None = None
+    # how the tick mode runs a hop over a large group: "auto" (the planner's rule), "direct"
+    # (every member at once) or "log" (ceil(log2 N) steps) ([Note: log-step hops] in comm/tick_plan.py)
+    hop_steps: str = "auto"
+
+
+HOP_STEPS = ("auto", "direct", "log")
 
 
 def _parse_pipeline(v: object) -> PipelineConfig:
@@ -200,7 +206,7 @@ def _parse_pipeline(v: object) -> PipelineConfig:
     if v is None:
         return PipelineConfig()
     d = check_mapping(v, field)
-    check_keys(d, ("chunks", "backward_layers_ahead"), field)
+    check_keys(d, ("chunks", "backward_layers_ahead", "hop_steps"), field)
     chunks = d.get("chunks")
     if chunks is not None and (not is_int(chunks) or not 1 <= chunks <= MAX_PIPELINE_CHUNKS):
         raise HierConfigError(
@@ -219,7 +225,16 @@ def _parse_pipeline(v: object) -> PipelineConfig:
             "use; 0: each when its layer needs it), or leave it out to submit them as DeepSpeed's "
             "prefetch asks",
         )
-    return PipelineConfig(chunks=chunks, backward_layers_ahead=ahead)
+    steps = d.get("hop_steps", "auto")
+    if steps not in HOP_STEPS:
+        raise HierConfigError(
+            f"{field}.hop_steps",
+            steps,
+            f'use one of {list(HOP_STEPS)}: how overlap "ticks" runs a hop over a large group, every member '
+            'at once ("direct") or in ceil(log2 N) steps ("log"); "auto" (default) takes log steps above '
+            "32 members",
+        )
+    return PipelineConfig(chunks=chunks, backward_layers_ahead=ahead, hop_steps=steps)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -140,8 +140,9 @@ class HierRuntime:
             from ..comm.ticks import TickTransport, agree_schedule, plan_pieces
 
             self.tick_group = build_tick_group(topo, cfg.collective_timeout_s)
-            transport = TickTransport(self.tick_group, rank, topo, self.stats, cfg.collective_timeout_s)
-            agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), self.chunks)
+            steps = cfg.pipeline.hop_steps
+            transport = TickTransport(self.tick_group, rank, topo, self.stats, cfg.collective_timeout_s, steps)
+            agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), self.chunks, steps)
         self.executor = executor_for(
             self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s, transport=transport
         )

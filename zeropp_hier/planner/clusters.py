@@ -55,6 +55,9 @@ class ClusterModel:
     # (ranking.issue_mode_of: lanes on gloo; on NCCL/RCCL ticks where every hop spans one tier,
     # one lane otherwise: comm/issue.py)
     issue_mode: str | None = None
+    # how the tick mode runs each hop (pipeline.hop_steps): "auto", "direct" or "log" ([Note:
+    # log-step hops] in comm/tick_plan.py)
+    hop_steps: str = "auto"
 
     def __post_init__(self):
         if self.issue_mode not in (None, *ISSUE_MODES):

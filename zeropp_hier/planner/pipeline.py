@@ -8,8 +8,9 @@ import math
 from typing import NamedTuple, Sequence
 
 from ..core.config import MAX_PIPELINE_CHUNKS
-from .clusters import PHASES
+from .clusters import PHASES, ClusterModel
 from .cost import CollectiveCost
+from .tick_latency import sub_hops
 from .workload import Workload
 
 # [Note: pipelined hops]
@@ -35,7 +36,10 @@ from .workload import Workload
 # at once, in one grouped point-to-point call: one exchange step, so a hop in a tick pays
 # ``alpha`` once (``CollectiveCost.step_latency_seconds``, ``PhaseJob.tick_latency_s``), and
 # the hops of one tick pay it together. Counting ring steps instead would price frontier's node
-# hop at 48 nodes 47 times too high and make the planner refuse chunks where they pay.
+# hop at 48 nodes 47 times too high and make the planner refuse chunks where they pay. How many
+# times a tick pays it follows how the library runs the grouped call and the hop's log steps
+# ([Note: grouped-call rounds] in tick_latency.py): with ``cluster`` given, ``phase_jobs`` lays
+# each hop out as its sub-hops, each with its rounds' alphas and its share of the hop's link time.
 
 
 def sequential_time(hop_s: Sequence[float], latency_s: Sequence[float] | None = None) -> float:
@@ -124,15 +128,19 @@ class PhaseJob(NamedTuple):
     tick_latency_s: tuple[float, ...] = ()
 
 
-def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
+def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload, ticks: ClusterModel | None = None) -> list[PhaseJob]:
     """The step's jobs per phase: one gather per parameter group and pass, one job per gradient
-    bucket, each running its phase's hops in order."""
+    bucket, each running its phase's hops in order. ``ticks``: the cluster whose tick mode lays
+    each hop out as its sub-hops ([Note: tick latency])."""
     out = []
     for phase in PHASES:
         cs = [c for c in costs if c.coll.phase == phase]
         if not cs:
             continue
         calls = wl.gathers_per_pass if phase != "grad_reduce" else max(1, math.ceil(wl.params / wl.reduce_bucket))
+        if ticks is not None:
+            out.append(_tick_job(phase, cs, calls, ticks))
+            continue
         out.append(
             PhaseJob(
                 phase,
@@ -146,6 +154,24 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload) -> list[PhaseJob]:
             )
         )
     return out
+
+
+def _tick_job(phase: str, cs: Sequence[CollectiveCost], calls: int, cluster: ClusterModel) -> PhaseJob:
+    """One job of ``phase`` in ticks: each hop as its sub-hops, each paying its rounds' alphas
+    and its share of the hop's link time; quantization with the first ([Note: tick latency])."""
+    hop_s, lat, lanes, links, rates = [], [], [], [], []
+    for c in cs:
+        kind = "exchange" if c.coll.op != "all_gather" else "gather"
+        alpha = cluster.tiers[c.coll.axes[0]].latency
+        moving = (c.seconds - c.latency_seconds - c.quant_seconds) / calls
+        n = cluster.topology.axes_size(c.coll.axes)
+        for i, sh in enumerate(sub_hops(n, kind, cluster.library, cluster.hop_steps)):
+            hop_s.append(moving * sh.share + (c.quant_seconds / calls if i == 0 else 0.0))
+            lat.append(alpha * sh.alphas)
+            lanes.append(c.coll.axes)
+            links.append(tuple((k, sec / calls * sh.share) for k, sec in c.link_seconds.items()))
+            rates.append(c.flow_rate)
+    return PhaseJob(phase, tuple(hop_s), tuple(lat), calls, tuple(lanes), tuple(links), tuple(rates), tuple(lat))
 
 
 def jobs_time(jobs: Sequence[PhaseJob], chunks: int, mode: str = "lanes") -> float:

@@ -17,6 +17,7 @@ from .clusters import PHASES, ClusterModel
 from .cost import collective_cost, collectives
 from .memory_per_gcd import Memory, level_plan, memory
 from .pipeline import choose_chunks, jobs_time, phase_jobs
+from .tick_latency import exchange_factor
 from .workload import Workload
 
 
@@ -114,8 +115,14 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
             tier_bytes[t] += cost.tier_bytes[t]
         for kind, sec in cost.link_seconds.items():
             link_s[kind] = link_s.get(kind, 0.0) + sec
-    jobs = phase_jobs(costs, wl)
+    jobs = phase_jobs(costs, wl, cluster if mode == "ticks" else None)
     chunks = cand.chunks if cand.chunks is not None else choose_chunks(jobs, mode)
+    if mode == "ticks":  # a log-step all-to-all forwards blocks: more bytes on its links
+        for cc in costs:
+            n = topo.axes_size(cc.coll.axes)
+            extra = exchange_factor(n, cluster.hop_steps) - 1 if cc.coll.op != "all_gather" else 0.0
+            for kind, sec in cc.link_seconds.items():
+                link_s[kind] += sec * extra
     pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks, mode))
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
     comm = sum(phase_s.values())

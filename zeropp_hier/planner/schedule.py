@@ -79,7 +79,7 @@ import math
 from collections import deque
 from typing import Generator, Hashable, NamedTuple, Sequence
 
-from .clusters import ISSUE_MODES, PHASES
+from .clusters import ISSUE_MODES, PHASES, ClusterModel
 from .pipeline import phase_jobs
 from .ranking import Prediction
 from .workload import Workload
@@ -400,6 +400,7 @@ def for_prediction(
     backward_window: int | None = None,
     shared_links: bool = True,
     mode: str = "lanes",
+    cluster: ClusterModel | None = None,
 ) -> StepSchedule:
     """The schedule of a planner prediction's collectives ([Note: step schedule]): a job per
     layer (``wl.layers``), ``ceil(params / reduce_bucket)`` gradient buckets, the prediction's
@@ -407,13 +408,15 @@ def for_prediction(
     about twice a forward); backward's first layers held from forward as ``wl.kept_at_turn``
     says. ``link_bound_s``: the busiest link at its physical capacity (default: the prediction's
     own). ``shared_links``: hops share the physical links they cross ([Note: shared links]);
-    False gives each lane links of its own. ``mode``: the issue mode laid out (``MODES``)."""
+    False gives each lane links of its own. ``mode``: the issue mode laid out (``MODES``);
+    ``cluster``: in ticks, each hop as its sub-hops on it ([Note: tick latency] in pipeline.py)."""
     buckets = max(1, math.ceil(wl.params / wl.reduce_bucket))
     layers = max(1, wl.layers)
     # whole layers held at the turn; the bytes of the rest are in the backward hops already
     held = min(layers, round(wl.kept_at_turn / (wl.params / layers))) if wl.params > 0 else 0
     hops: dict[str, list[Hop]] = {ph: [] for ph in PHASES}
-    for job in phase_jobs(pred.costs, wl):  # per job; the schedule takes a pass's time per hop
+    # per job; the schedule takes a pass's time per hop
+    for job in phase_jobs(pred.costs, wl, cluster if mode == "ticks" else None):
         hops[job.phase] = [
             Hop(
                 lane,

@@ -202,3 +202,61 @@ def level_lines(p: Prediction) -> list[str]:
     parts = [[k, f"{v / GB:.2f}"] for k, v in p.memory.parts.items()]
     parts.append(["total", f"{p.memory.total / GB:.2f} ({'fits' if p.memory.fits else 'does not fit'})"])
     return [*lines, "", *markdown(["memory part", "GB per GCD"], parts)]
+
+
+def tick_lines(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
+    """Each candidate in the tick mode, hop by hop ([Note: grouped-call rounds] in
+    tick_latency.py): how the hop runs (direct or log steps), the peers and ops of its busiest
+    sub-hop, its latency per chunk (alphas of its rounds, all sub-hops), the chunks chosen; and
+    the distinct peers a rank talks to over its hops."""
+    from ..comm import tick_plan
+    from .tick_latency import sub_hops
+
+    topo = cluster.topology
+    rows, peers = [], {}
+    for p in preds:
+        if p.mode != "ticks":
+            continue
+        seen: set[int] = set()
+        for c in p.costs:
+            kind = tick_plan.GATHER if c.coll.op == "all_gather" else tick_plan.EXCHANGE
+            n = topo.axes_size(c.coll.axes)
+            subs = sub_hops(n, kind, cluster.library, cluster.hop_steps)
+            alpha = cluster.tiers[c.coll.axes[0]].latency
+            rows.append(
+                [
+                    p.candidate.name,
+                    c.coll.phase,
+                    "+".join(c.coll.axes),
+                    n,
+                    tick_plan.step_mode(n, cluster.hop_steps, kind),
+                    len(subs),
+                    max((s.peers for s in subs), default=0),
+                    min(max((s.ops for s in subs), default=0), tick_plan.MAX_OPS_PER_CALL),
+                    f"{sum(s.alphas for s in subs) * alpha * 1e6:.3g}",
+                    p.chunks,
+                ]
+            )
+            for sub in tick_plan.hop_transfers(topo, 0, c.coll.axes, kind, cluster.hop_steps):
+                seen |= {q for q, _, _ in sub}
+        peers[p.candidate.name] = len(seen)
+    if not rows:
+        return []
+    headers = [
+        "configuration",
+        "phase",
+        "hop",
+        "members",
+        "steps",
+        "ticks",
+        "peers",
+        "ops/call",
+        "latency us",
+        "chunks",
+    ]
+    per = ", ".join(f"{name} {n}" for name, n in peers.items())
+    return [
+        "TICKS (per hop, one chunk; latency: the tier's alpha per grouped-call round, modelled)",
+        *markdown(headers, rows),
+        f"distinct peers per rank (rank 0): {per}",
+    ]

@@ -192,6 +192,10 @@ def cmd_plan(args) -> int:
     print()
     for line in tables.explain(preds, cluster):
         print(line)
+    ticked = tables.tick_lines(preds, cluster)  # the tick mode's peers, ops per call, latency
+    if ticked:
+        print()
+        print("\n".join(ticked))
     for p in preds:
         if p.kept_levels is not None:
             print()
