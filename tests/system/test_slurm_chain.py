@@ -191,10 +191,14 @@ def test_a_chain_of_allocations_equals_one_uninterrupted_job(slurm, tmp_path):
     # the run ended by itself: the last link says so (and cancelled the successor it had submitted)
     assert "the run is done" in outs[links[-1].job], outs[links[-1].job][-2000:]
 
-    # every step's loss, from whichever link trained it, equals the uninterrupted job's
-    got: dict[int, float] = {}
-    for lk in links:
-        got.update(_losses(work, lk.job))
+    # one metrics.jsonl for the run, in the first link's directory, which every later link continues
+    # ([Note: one run in the monitor] in app/monitor_run.py): one row per step, whichever link trained it
+    assert all(_losses(work, lk.job) == {} for lk in links[1:]), [lk.job for lk in links]
+    metrics = work / "outputs" / f"slurm-{links[0].job}.0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in rows] == list(range(STEPS)), [r["step"] for r in rows]
+    got = _losses(work, links[0].job)
+    # every step's loss equals the uninterrupted job's
     assert sorted(got) == list(range(STEPS)), got
     for step in range(STEPS):
         assert _close(got[step], ref_losses[step], 1e-6), (step, got[step], ref_losses[step])
