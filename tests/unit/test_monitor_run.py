@@ -88,12 +88,8 @@ def test_wandb_resumes_the_run_by_its_id_and_deepspeed_writes_into_the_run_direc
 
 
 def test_the_frontier_environment_installs_every_monitor_package():
-    import tomllib
-    from pathlib import Path
-
-    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    root = Path(__file__).parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {re.split(r"[<>=\[ ;]", req)[0] for req in extras["frontier"]}
     packages = {pkg for _, pkg in monitor.BACKENDS.values() if pkg is not None}
     assert packages == {"tensorboard", "wandb"} and packages <= names, names
