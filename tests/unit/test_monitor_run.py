@@ -6,8 +6,9 @@ jobs themselves: tests/dist/test_monitor_chain.py."""
 import csv
 import json
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from zeropp_hier.app import monitor, monitor_run
 from zeropp_hier.app.monitor import MonitorSpec
