@@ -138,7 +138,7 @@ def continue_csv(csv_dir: str, start: int, samples: int) -> list[str]:
     """File operation: cut DeepSpeed's csv files back to the resumed point (the job's series by
     step, DeepSpeed's ``Train_Samples_*`` by sample count) and return their names, which the csv
     monitor must treat as started (it writes a header into a file it has not written yet)."""
-    names = []
+    names: list[str] = []
     if not os.path.isdir(csv_dir):
         return names
     for name in sorted(os.listdir(csv_dir)):

@@ -167,9 +167,9 @@ def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
     rec = job.get("record") or {}
     saved_world = rec.get("world") or (manifest or {}).get("world_size") or job.get("dp_world_size") or world
     mode = resume_rules.decide(rec, int(saved_world), spec, world, data_sha256, tag)
-    seen = {"step": int(job.get("step") or 0), "monitor": job.get("monitor")}
+    step, mon = int(job.get("step") or 0), job.get("monitor")
     if mode == "native":
-        return Plan(tag, root, False, int(saved_world), **seen)
+        return Plan(tag, root, False, int(saved_world), step=step, monitor=mon)
     out = resume_rules.universal_dir(root)
     source_digest = file_digest(os.path.join(tag_dir, MANIFEST))["sha256"]
     done, _ = read_manifest(os.path.join(out, tag))
@@ -186,7 +186,7 @@ def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
             f"{os.path.join(out, tag)} was converted from another save of tag {tag}: remove it (the job converts "
             "again), or resume another tag",
         )
-    return Plan(tag, out, True, int(saved_world), convert=done is None, **seen)
+    return Plan(tag, out, True, int(saved_world), convert=done is None, step=step, monitor=mon)
 
 
 def plan(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
