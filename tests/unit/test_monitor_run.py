@@ -49,6 +49,12 @@ def test_the_metrics_file_keeps_the_rows_below_the_resumed_step(tmp_path):
     run = monitor_run.continue_metrics(MonitorRun(str(tmp_path), "x", 4, continued=True))
     assert run.logged_to == 5 and run.retrained
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3]
+    # a row cut by the kill after the last whole one: removed, so that the next row starts a line
+    _write_rows(path, range(4))
+    with open(path, "a") as f:
+        f.write('{"step": 4, "lo')
+    run = monitor_run.continue_metrics(MonitorRun(str(tmp_path), "x", 4, continued=True))
+    assert run.logged_to == 3 and [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3]
     # resumed where the file ends (a save in time): nothing to cut, nothing re-trained
     _write_rows(path, range(4))
     run = monitor_run.continue_metrics(MonitorRun(str(tmp_path), "x", 4, continued=True))

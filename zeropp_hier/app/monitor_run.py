@@ -107,7 +107,7 @@ def continue_metrics(run: MonitorRun) -> MonitorRun:
     path = os.path.join(run.dir, METRICS)
     if not os.path.isfile(path):
         return run
-    kept, last = [], -1
+    kept, last, cut = [], -1, False
     with open(path) as f:
         for line in f:
             if not line.strip():
@@ -115,11 +115,12 @@ def continue_metrics(run: MonitorRun) -> MonitorRun:
             try:
                 step = int(json.loads(line)["step"])
             except (ValueError, KeyError, TypeError):  # a line cut by a kill mid-write
+                cut = True
                 continue
             last = max(last, step)
             if step < run.start:
                 kept.append(line if line.endswith("\n") else line + "\n")
-    if last >= run.start:
+    if last >= run.start or cut:
         write_atomic(path, "".join(kept))
     return MonitorRun(run.dir, run.wandb_id, run.start, run.continued, last)
 
