@@ -12,12 +12,15 @@ after the second one logged it. Read back:
   third job's;
 - TensorBoard: the one directory read with TensorBoard's ``EventAccumulator`` (every event file
   in it, the restart marker applied): each series at steps 0..5 once, step 4 the third job's;
+- csv (DeepSpeed's csv_monitor): one file per series in the one directory, one header, steps 0..5
+  once, step 4 the third job's;
 - wandb (offline): every job's offline run under the first job's ``wandb/`` carries one run id,
   read with wandb's own reader (``wandb leet inspect --json``); their history rows together hold
   steps 0..5 once each (wandb refuses a step it holds: step 4 is the second job's).
 
 The ``test`` extra installs tensorboard and wandb; without them the test is skipped, naming it."""
 
+import csv
 import importlib.util
 import json
 import os
@@ -43,7 +46,7 @@ SERIES = ("train/loss", "train/lr", "perf/tokens_per_s")
 
 
 def _spec(tmp_path, name, steps, save_every, **kw):
-    mon = MonitorSpec(tensorboard=True, wandb=True)
+    mon = MonitorSpec(tensorboard=True, csv=True, wandb=True)
     topo = {"gpus_per_node": 2, "gcds_per_gpu": 2}
     ck = str(tmp_path / "ck")
     kw = {"topology": topo, "local_world": 4, "monitor": mon, "checkpoint_dir": ck, **kw}
@@ -101,6 +104,14 @@ def test_three_jobs_of_one_run_are_one_metrics_file_one_tensorboard_run_and_one_
     for tag in SERIES:
         assert [e.step for e in acc.Scalars(tag)] == list(range(6)), (tag, acc.Scalars(tag))
     assert {e.step: e.value for e in acc.Scalars("train/loss")} == pytest.approx(want, rel=1e-6)
+
+    # csv: one header, each step once (DeepSpeed's csv monitor writes a header into a file it has not
+    # written yet: the resumed job's is told the files are started)
+    with open(run / "csv_monitor" / "train_loss.csv", newline="") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["step", "loss"] and [int(r[0]) for r in table[1:]] == list(range(6)), table
+    assert {int(r[0]): float(r[1]) for r in table[1:]} == pytest.approx(want, rel=1e-6)
+    assert not (tmp_path / "link1" / "csv_monitor").exists()
 
     # one wandb run: three offline files of one id, steps 0..5 once among them
     runs = _wandb_runs(run / "wandb")

@@ -316,7 +316,7 @@ def _monitor_run(spec: JobSpec, plan: resume.Plan | None) -> tuple[monitor_run.M
             run, line = monitor_run.choose(spec.out_dir, saved, start, monitor_run.new_wandb_id())
             result[0] = (monitor_run.continue_metrics(run), line)
         except OSError as e:  # the run's directory unreadable or unwritable: every rank stops alike
-            result[0] = HierConfigError("out_dir", spec.out_dir, f"cannot continue the run.s monitor files: {e}")
+            result[0] = HierConfigError("out_dir", spec.out_dir, f"cannot continue the run's monitor files: {e}")
     dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], BaseException):
         raise result[0]
