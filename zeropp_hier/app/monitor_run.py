@@ -82,7 +82,7 @@ def choose(out_dir: str | None, saved: Mapping[str, Any] | None, start: int, fre
     if not out_dir:  # a job without a run directory writes no monitor (JobSpec.check refuses one on)
         return MonitorRun(None, wandb_id, start), ""
     if old and os.path.isdir(old):
-        if out_dir and os.path.abspath(old) == os.path.abspath(out_dir):
+        if os.path.abspath(old) == os.path.abspath(out_dir):
             return MonitorRun(out_dir, wandb_id, start, continued=True), f"monitor: continuing the run in {old}"
         run = MonitorRun(str(old), wandb_id, start, continued=True)
         return run, f"monitor: continuing the run's metrics.jsonl and monitors in {old} (wandb id {wandb_id})"
