@@ -51,24 +51,10 @@ from benchmarks.compare_variants import (
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
+from zeropp_hier.tools.compare_runs import ds_quantizer_problem  # the compare job asks the same
 
 DEFAULT_NODE_MBIT = 6.0  # per GCD, the CPU-bound regime's node rate
 REGIMES = ("cpu-bound", "link-bound")
-
-
-def stock_quantization_problem() -> str | None:
-    """Why DeepSpeed's own qwZ/qgZ cannot run here (None if they can)."""
-    from deepspeed.accelerator import get_accelerator
-
-    acc = get_accelerator()
-    builder = acc.create_op_builder("QuantizerBuilder")
-    if builder is None or type(builder).__name__ == "NotImplementedBuilder" or not builder.is_compatible(False):
-        return (
-            f"DeepSpeed's QuantizerBuilder is not implemented for the '{acc.device_name()}' "
-            "accelerator, so zero_quantized_weights / zero_quantized_gradients (qwZ/qgZ) cannot "
-            "run; stock ZeRO++ runs with hpZ only"
-        )
-    return None
 
 
 def params_of(shape: str) -> int:
@@ -85,7 +71,7 @@ def main(argv=None) -> int:
         return 2
     spec_at = spec_maker(args)
     spec = spec_at(args.node_mbit)
-    quant_problem = stock_quantization_problem()
+    quant_problem = ds_quantizer_problem()
     plan = build_plan(args, spec, quant_problem)
     notes = plan_notes(args, plan, spec, quant_problem)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

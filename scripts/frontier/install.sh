@@ -48,6 +48,7 @@ fi
 # torch from the ROCm wheel index OLCF names (PyPI's torch is a CUDA build)
 zh_run "$PY" -m pip install "torch==$ZH_TORCH_VERSION" --index-url "$ZH_TORCH_INDEX"
 zh_run "$PY" -m pip install setuptools wheel ninja
+# The extra `frontier` brings the monitors the job can switch on (tensorboard, wandb; pyproject.toml).
 # Non-editable: the packed environment must hold the package itself, not a link to this checkout.
 # No build isolation, so the HIP kernels build with hipcc against this torch for gfx90a.
 zh_run env PYTORCH_ROCM_ARCH=gfx90a "$PY" -m pip install --no-build-isolation "$ROOT[frontier]"

@@ -5,6 +5,7 @@ weights. A step's checkpoint counts as committed once ``latest`` names it ([Note
 checkpoint] in zeropp_hier/deepspeed/checkpoint.py); anything the kill cut short after that is
 left on disk and must not be read."""
 
+import json
 import os
 import signal
 import subprocess
@@ -85,3 +86,10 @@ def test_killed_job_resumes_exactly(world8, tmp_path):
     # the resumed run's own output: the chart of the steps it trained
     png = tmp_path / "resumed" / "metrics.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one metrics file for the run ([Note: one run in the monitor]): the killed job's, continued by the
+    # resumed one, each step once; the steps the kill cut off (logged or not) hold the resumed run's values
+    assert not (tmp_path / "resumed" / "metrics.jsonl").exists()
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines if x.strip()]
+    assert [r["step"] for r in rows] == list(range(STEPS)), [r["step"] for r in rows]
+    assert [r["loss"] for r in rows[k:]] == resumed[0]["losses"]

@@ -19,15 +19,21 @@ out the same (measured: every loss and the final fp32 weights bit-equal to the u
 job's), so the chain is held to 1e-6 like the rest. A model whose sums regroup would need the
 1e-5 of the project's other world-size-change tests.
 
+The chain is one run in the monitor ([Note: one run in the monitor] in app/monitor_run.py): one
+metrics.jsonl, and, with the monitors on (csv always; tensorboard and wandb where the test extra
+installed them), one TensorBoard run and one wandb id over the links, each step once.
+
 The warning is sent by the test, with ``scancel --signal=USR1 --batch`` (what ``--signal=B:USR1``
 asks Slurm to do before the limit: the signal to the batch shell only), as soon as a link has
 built its engine: Slurm's own timer sends it up to a minute early, so on this machine it could
 come before the ranks have started; the test makes every warned link train first."""
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +68,8 @@ OPTIONS = ["--ntasks-per-node=4"]
 LINK_LIMIT, REF_LIMIT = "6", "30"
 # printed by rank 0 once the engine is built, before the first step: each link, warned then, trains
 # a step or two (the ranks record the signal from their start and stop at the next boundary)
+# the chain's monitors, where the test extra installed their packages (csv needs none)
+MONITORS = ["csv", *(m for m in ("tensorboard", "wandb") if importlib.util.find_spec(m) is not None)]
 READY_LINE = re.compile(r"^zeropp-hier: preset=", re.MULTILINE)
 
 
@@ -133,6 +141,34 @@ def _chain_until_done(slurm, work: Path, args: list[str], timeout: float) -> lis
     raise AssertionError(f"the chain did not end within {timeout} s:\n{slurm.logs()}")
 
 
+def _one_run_in_the_monitor(run: Path, n_links: int, losses: dict[int, float]) -> None:
+    """The chain's TensorBoard directory and wandb runs, in the first link's run directory: one
+    TensorBoard run (``EventAccumulator`` over every link's event file) and one wandb id over every
+    link's offline run (wandb's own reader), each step once, at the loss of metrics.jsonl."""
+    if "tensorboard" in MONITORS:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == n_links
+        acc = EventAccumulator(str(run / "tensorboard"))
+        acc.Reload()
+        series = [(e.step, e.value) for e in acc.Scalars("train/loss")]
+        assert [s for s, _ in series] == list(range(STEPS)), series
+        assert all(_close(v, losses[s], 1e-6) for s, v in series), (series, losses)
+    if "wandb" in MONITORS:
+        env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false"}
+        ids, steps = set(), []
+        offline = sorted((run / "wandb").glob("offline-run-*"))
+        assert len(offline) == n_links, offline
+        for d in offline:
+            cmd = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(d)]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            records = [json.loads(x) for x in done.stdout.splitlines() if x.strip()]
+            ids |= {r["run"]["run_id"] for r in records if r["type"] == "run"}
+            steps += [r["history"]["step"].get("num", 0) for r in records if r["type"] == "history"]
+        assert len(ids) == 1 and steps == list(range(STEPS)), (ids, steps)
+
+
 def _close(a: float, b: float, rel: float) -> bool:
     return abs(a - b) <= rel * abs(b)
 
@@ -158,7 +194,9 @@ def test_a_chain_of_allocations_equals_one_uninterrupted_job(slurm, tmp_path):
     work = tmp_path / "chain"
     work.mkdir()
     ck = work / "ck"
-    jobs = _chain_until_done(slurm, work, [f"steps={STEPS}", f"checkpoint_dir={ck}", *common], timeout=1800)
+    # the chain's monitors where their packages are installed (the test extra): one run across the links
+    mons = [f"monitor.{m}=true" for m in MONITORS]
+    jobs = _chain_until_done(slurm, work, [f"steps={STEPS}", f"checkpoint_dir={ck}", *common, *mons], timeout=1800)
     outs = {j: (work / f"job-{j}.out").read_text(errors="replace") for j in jobs}
     links = chain.read_links(str(ck))
     print("links:", [(lk.job, lk.start_step, lk.end_step, lk.exit) for lk in links])
@@ -191,10 +229,15 @@ def test_a_chain_of_allocations_equals_one_uninterrupted_job(slurm, tmp_path):
     # the run ended by itself: the last link says so (and cancelled the successor it had submitted)
     assert "the run is done" in outs[links[-1].job], outs[links[-1].job][-2000:]
 
-    # every step's loss, from whichever link trained it, equals the uninterrupted job's
-    got: dict[int, float] = {}
-    for lk in links:
-        got.update(_losses(work, lk.job))
+    # one metrics.jsonl for the run, in the first link's directory, which every later link continues
+    # ([Note: one run in the monitor] in app/monitor_run.py): one row per step, whichever link trained it
+    assert all(_losses(work, lk.job) == {} for lk in links[1:]), [lk.job for lk in links]
+    metrics = work / "outputs" / f"slurm-{links[0].job}.0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in rows] == list(range(STEPS)), [r["step"] for r in rows]
+    got = _losses(work, links[0].job)
+    _one_run_in_the_monitor(metrics.parent, len(links), got)
+    # every step's loss equals the uninterrupted job's
     assert sorted(got) == list(range(STEPS)), got
     for step in range(STEPS):
         assert _close(got[step], ref_losses[step], 1e-6), (step, got[step], ref_losses[step])

@@ -12,9 +12,9 @@ from zeropp_hier.tools.compare_runs import CompareError
 
 
 def _run(preset: str, step_s: float, warm_s: float = 5.0, steps: int = 4, world: int = 8):
-    hier = preset != "stock"
+    hier = preset in ("zeropp", "frontier")  # DeepSpeed's ZeRO++ runs are preset=stock with its keys
     summary = {
-        "spec": {"preset": preset},
+        "spec": {"preset": preset if hier else "stock"},
         "world": world,
         "params": 1_000_000,
         "tokens_per_step": 1000,
@@ -48,8 +48,11 @@ def test_the_warm_up_is_left_out_of_every_mean():
     assert by["zeropp"]["speedup_vs_stock"] == pytest.approx(2.0)
     assert by["stock"]["peak_memory_bytes"] == 4e8 and by["stock"]["mfu"] is None
     ratios = {x["ratio"]: x for x in result["ratios"]}
-    assert ratios["frontier over zeropp"]["measured"] == pytest.approx(2.0)
-    assert ratios["frontier over zeropp"]["published"] == 1.71
+    assert ratios["frontier over our zeropp preset"]["measured"] == pytest.approx(2.0)
+    # the paper's 1.71x is against DeepSpeed's ZeRO++: not shown beside our zeropp preset
+    assert ratios["frontier over our zeropp preset"]["published"] is None
+    assert all(x["published"] is None for x in result["ratios"])
+    assert set(result["not_run"]) == {"ds-zeropp", "ds-zeropp-hpz"}
     # with no warm-up left out, the first step counts
     whole = {r["preset"]: r for r in compare_runs.compare(_runs(), None, warmup=0)["runs"]}
     assert whole["frontier"]["tokens_per_s"] == pytest.approx(4000 / 6.5)
@@ -105,3 +108,36 @@ def test_the_command_writes_json_and_png_and_says_what_is_missing(tmp_path, caps
     (tmp_path / "zeropp" / "summary.json").unlink()
     assert compare_runs.main([str(tmp_path)]) == 2
     assert "zeropp/summary.json is missing" in capsys.readouterr().err
+
+
+def test_deepspeeds_zeropp_runs_sit_beside_ours_and_the_published_ratio_only_beside_the_full_one():
+    runs = {**_runs(), "ds-zeropp-hpz": _run("ds-zeropp-hpz", 1.6)}
+    why = "DeepSpeed's QuantizerBuilder is not implemented for the 'cpu' accelerator"
+    result = compare_runs.compare(runs, None, warmup=1, not_run={"ds-zeropp": why})
+    assert [r["preset"] for r in result["runs"]] == ["stock", "ds-zeropp-hpz", "zeropp", "frontier"]
+    ratios = {x["ratio"]: x for x in result["ratios"]}
+    hpz = "frontier over DeepSpeed's ZeRO++, hpZ only"
+    assert ratios[hpz]["measured"] == pytest.approx(1.6 / 0.5) and ratios[hpz]["published"] is None
+    assert result["not_run"] == {"ds-zeropp": why}
+    lines = compare_runs.table_lines(result)
+    assert any(ln.startswith("not run: ds-zeropp (DeepSpeed's ZeRO++ (hpZ, qwZ, qgZ)): DeepSpeed's") for ln in lines)
+    row = next(ln for ln in lines if ln.split()[:1] == ["ds-zeropp-hpz"])
+    assert row.count("—") == 3  # DeepSpeed's engine: no per-tier counters
+    # with qwZ/qgZ too, the paper's ratios stand beside the measured ones of the same runs
+    runs["ds-zeropp"] = _run("ds-zeropp", 1.8)
+    ratios = {x["ratio"]: x for x in compare_runs.compare(runs, None, warmup=1)["ratios"]}
+    full = ratios["frontier over DeepSpeed's ZeRO++ (hpZ, qwZ, qgZ)"]
+    assert full["measured"] == pytest.approx(1.8 / 0.5) and full["published"] == 1.71
+    assert ratios["DeepSpeed's ZeRO++ (hpZ, qwZ, qgZ) over stock ZeRO-3"]["published"] == 1.4
+    assert ratios[hpz]["published"] is None
+
+
+def test_a_deepspeed_zeropp_run_without_its_keys_is_refused():
+    compare_runs.check_ds_run("ds-zeropp-hpz", {"zero_optimization": {"zero_hpz_partition_size": 4}})
+    with pytest.raises(
+        CompareError, match=r"ds-zeropp-hpz run's ds_config.json has \['zero_hpz_partition_size'\] off"
+    ):
+        compare_runs.check_ds_run("ds-zeropp-hpz", {"zero_optimization": {"stage": 3}})
+    hpz_only = {"zero_optimization": {"zero_hpz_partition_size": 8, "zero_quantized_weights": True}}
+    with pytest.raises(CompareError, match="zero_quantized_gradients"):
+        compare_runs.check_ds_run("ds-zeropp", hpz_only)

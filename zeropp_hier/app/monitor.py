@@ -3,8 +3,9 @@
 of one step under their names, the ETA of the rank-0 line, and ``StepMonitor``, which adds lr,
 grad norm, bytes per phase and the ETA to each step's row and hands the scalars to
 ``engine.monitor`` every ``log_every`` steps (DeepSpeed's wandb monitor apart: ``_detach_wandb``).
-``begin_wandb`` and ``StepMonitor.close`` give each job its own wandb run (offline by default),
-finished at the job's end.
+``begin_wandb`` and ``StepMonitor.close`` give each job its wandb session (offline by default),
+finished at the job's end; the jobs of one run (a chain's links) resume one wandb run by its id
+([Note: one run in the monitor] in app/monitor_run.py).
 
 DeepSpeed's ``MonitorMaster`` (the engine's ``monitor``) writes on global rank 0 only and is a
 no-op elsewhere, so every rank may call ``write_events``. No torch at import: ``spec.py`` reads
@@ -80,25 +81,28 @@ def ds_sections(mon: MonitorSpec, out_dir: str | None) -> dict[str, dict]:
     return out
 
 
-def wandb_env(mon: MonitorSpec, out_dir: str | None) -> dict[str, str]:
+def wandb_env(mon: MonitorSpec, out_dir: str | None, run_id: str | None = None) -> dict[str, str]:
     """What this process's environment needs before the engine is built for DeepSpeed's wandb
-    monitor to run offline under the run directory (``wandb.init`` reads it; DeepSpeed's section
-    has no key for either). A ``WANDB_MODE`` already set (e.g. ``online``) is kept. Offline, wandb's
-    own crash reports (Sentry, over the network) are off too unless ``WANDB_ERROR_REPORTING`` is set."""
+    monitor to run offline under the run directory, as the run ``run_id`` (resumed when it
+    exists: ``wandb.init`` reads all of it; DeepSpeed's section has no key for any). A
+    ``WANDB_MODE`` already set (e.g. ``online``) is kept. Offline, wandb's own crash reports
+    (Sentry, over the network) are off too unless ``WANDB_ERROR_REPORTING`` is set."""
     if not mon.wandb or not out_dir:
         return {}
     env = {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline"), "WANDB_DIR": out_dir}
+    if run_id:
+        env |= {"WANDB_RUN_ID": run_id, "WANDB_RESUME": "allow"}
     if env["WANDB_MODE"] == "offline":
         env["WANDB_ERROR_REPORTING"] = os.environ.get("WANDB_ERROR_REPORTING", "false")
     return env
 
 
-def begin_wandb(mon: MonitorSpec, out_dir: str | None) -> None:
+def begin_wandb(mon: MonitorSpec, out_dir: str | None, run_id: str | None = None) -> None:
     """Before the engine is built: this job's wandb environment (``wandb_env``), and no wandb
     session left by an earlier job of this process (a test's ranks run several). wandb reads its
     environment once per session (a later ``WANDB_DIR`` would be ignored) and hands a run still
     active back to the next ``wandb.init``, so that job would log into the earlier run."""
-    env = wandb_env(mon, out_dir)
+    env = wandb_env(mon, out_dir, run_id)
     os.environ.update(env)
     if env and (wandb := sys.modules.get("wandb")) is not None:
         wandb.teardown()
@@ -162,10 +166,13 @@ class StepMonitor:
     ``get_global_grad_norm``, the same on every rank), ``bytes_by_phase`` (under our section:
     this rank's bytes per phase and tier in this step) and ``eta_s`` to the row, and every
     ``log_every`` steps hands the row's scalars to the engine's monitors (rank 0 writes). The
-    ETA's mean is over the steps this process trained (a resumed run's own)."""
+    ETA's mean is over the steps this process trained (a resumed run's own). ``wandb_from``: the
+    first step wandb does not hold yet (a resumed run's steps below it were logged there by the
+    job before, which then died: wandb refuses them, [Note: one run in the monitor])."""
 
-    def __init__(self, engine: Any, steps: int, log_every: int, hier: bool):
+    def __init__(self, engine: Any, steps: int, log_every: int, hier: bool, wandb_from: int = 0):
         self.engine, self.steps, self.log_every, self.hier = engine, steps, log_every, hier
+        self.wandb_from = wandb_from
         self.seconds, self.done = 0.0, 0
         # from zero, as Run's per-tier count: the first row holds what building the engine sent
         self._last: dict[str, dict[str, int]] = {}
@@ -207,7 +214,7 @@ class StepMonitor:
         else:
             return
         mon.write_events(events)
-        if self.wandb is not None:
+        if self.wandb is not None and row["step"] >= self.wandb_from:
             self.wandb.write_events(events)
 
     def close(self) -> None:

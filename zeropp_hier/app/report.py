@@ -41,12 +41,14 @@ def log_to_stdout() -> None:
 
 
 class Reporter:
-    """Rank 0's output: a progress bar, one line per step, metrics.jsonl."""
+    """Rank 0's output: a progress bar, one line per step, metrics.jsonl (in ``metrics_dir``,
+    default the run directory; ``append``: continue a resumed run's file, app/monitor_run.py)."""
 
-    def __init__(self, spec: JobSpec, enabled: bool):
+    def __init__(self, spec: JobSpec, enabled: bool, metrics_dir: str | None = None, append: bool = False):
         self.enabled = enabled
         self.bar = None
         self.jsonl = None
+        self.path = ""
         if not enabled:
             return
         disable = {"auto": None, "on": False, "off": True}[spec.progress]  # None: only on a TTY
@@ -59,9 +61,10 @@ class Reporter:
             dynamic_ncols=True,
             leave=False,
         )
-        if spec.out_dir:
-            os.makedirs(spec.out_dir, exist_ok=True)
-            self.jsonl = open(os.path.join(spec.out_dir, "metrics.jsonl"), "w")
+        if where := metrics_dir or spec.out_dir:
+            os.makedirs(where, exist_ok=True)
+            self.path = os.path.join(where, "metrics.jsonl")
+            self.jsonl = open(self.path, "a" if append else "w")
 
     def resumed_at(self, start: int, steps: int) -> None:
         """A resumed run trains steps start..steps-1: the bar counts those, not ``steps``."""
@@ -262,4 +265,4 @@ def finish(
         arch, params = ARCH_NAMES[spec.model.arch], summ["params"] / 1e6
         title = f"{arch} {params:.1f}M, preset {spec.preset}, {spec.dtype}, {summ['world']} ranks"
         png = chart.write(history, spec.out_dir, title)
-        rep.line(f"metrics: {os.path.join(spec.out_dir, 'metrics.jsonl')}, summary.json, {os.path.basename(png)}")
+        rep.line(f"metrics: {rep.path}; {spec.out_dir}: summary.json, {os.path.basename(png)}")

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -89,10 +89,14 @@ def tag_for(step_done: int) -> str:
     return f"step{step_done}"
 
 
-def save(engine, ckpt_dir: str, step_done: int, data_state: dict, record: dict | None = None) -> str:
-    """Collective: every rank calls it after step ``step_done - 1``."""
+def save(
+    engine, ckpt_dir: str, step_done: int, data_state: dict, record: dict | None = None, monitor: dict | None = None
+) -> str:
+    """Collective: every rank calls it after step ``step_done - 1``. ``monitor``: the run's
+    monitor directory and wandb id, which a resume continues ([Note: one run in the monitor])."""
     tag = tag_for(step_done)
-    client = {KEY: {"step": step_done, "data": data_state, "rng": rng_state(), "record": record or {}}}
+    job = {"step": step_done, "data": data_state, "rng": rng_state(), "record": record or {}}
+    client = {KEY: {**job, "monitor": monitor} if monitor else job}
     engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client)
     return tag
 
@@ -117,6 +121,10 @@ class Plan:
     saved_world: int
     convert: bool = False  # the universal conversion is still to be made (``plan`` makes it, every rank a share)
     conversion: universal_shared.Conversion | None = None  # what that conversion did, once made
+    # the tag's step and its run in the monitor (app/monitor_run.py): read with the record, for
+    # the monitors, which are set up before the engine loads the tag
+    step: int = field(default=0, compare=False)
+    monitor: dict | None = field(default=None, compare=False)
 
 
 def _job_state(tag_dir: str, manifest: dict | None) -> dict:
@@ -159,8 +167,9 @@ def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
     rec = job.get("record") or {}
     saved_world = rec.get("world") or (manifest or {}).get("world_size") or job.get("dp_world_size") or world
     mode = resume_rules.decide(rec, int(saved_world), spec, world, data_sha256, tag)
+    step, mon = int(job.get("step") or 0), job.get("monitor")
     if mode == "native":
-        return Plan(tag, root, False, int(saved_world))
+        return Plan(tag, root, False, int(saved_world), step=step, monitor=mon)
     out = resume_rules.universal_dir(root)
     source_digest = file_digest(os.path.join(tag_dir, MANIFEST))["sha256"]
     done, _ = read_manifest(os.path.join(out, tag))
@@ -177,7 +186,7 @@ def _plan_on_rank0(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:
             f"{os.path.join(out, tag)} was converted from another save of tag {tag}: remove it (the job converts "
             "again), or resume another tag",
         )
-    return Plan(tag, out, True, int(saved_world), convert=done is None)
+    return Plan(tag, out, True, int(saved_world), convert=done is None, step=step, monitor=mon)
 
 
 def plan(spec: JobSpec, world: int, data_sha256: str | None) -> Plan:

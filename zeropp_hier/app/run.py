@@ -25,7 +25,19 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import deadline, evaluate, flops, init_schemes, io_cost, models, monitor, report, resume, resume_rules
+from . import (
+    deadline,
+    evaluate,
+    flops,
+    init_schemes,
+    io_cost,
+    models,
+    monitor,
+    monitor_run,
+    report,
+    resume,
+    resume_rules,
+)
 from .data import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .recipe import write_ds_config
@@ -240,8 +252,8 @@ class _Checkpoints:
     ``checkpoint_dir``). ``hooks.saved(engine, step)`` (tests) runs after each regular save;
     what it returns is kept."""
 
-    def __init__(self, spec: JobSpec, run: Run, data_sha: str | None, hooks: Any):
-        self.spec, self.run, self.hooks = spec, run, hooks
+    def __init__(self, spec: JobSpec, run: Run, data_sha: str | None, hooks: Any, monitor: dict | None = None):
+        self.spec, self.run, self.hooks, self.monitor = spec, run, hooks, monitor
         self.accum = run.engine.gradient_accumulation_steps()
         self.record = resume_rules.record(spec, run.world, self.accum, data_sha)
         self.saved: dict = {}
@@ -269,7 +281,7 @@ class _Checkpoints:
     def save(self, where: str, done: int, rep: report.Reporter) -> str:
         """Save after ``done`` steps (collective); rank 0 says what it cost (io_cost.save_line)."""
         t0 = time.perf_counter()
-        tag = resume.save(self.run.engine, where, done, self.data_state(done), self.record)
+        tag = resume.save(self.run.engine, where, done, self.data_state(done), self.record, self.monitor)
         seconds = time.perf_counter() - t0  # save_checkpoint returns after the commit, on every rank
         if self.run.rank == 0:
             rep.line(io_cost.save_line(tag, where, resume.saved_sizes(where, tag), seconds))
@@ -307,6 +319,25 @@ def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Report
         )
     )
     return start, loaded
+
+
+def _monitor_run(spec: JobSpec, plan: resume.Plan | None) -> tuple[monitor_run.MonitorRun, str]:
+    """This job's run in the monitor, the same on every rank (collective): rank 0 chooses it
+    from the checkpoint's (``plan``) and cuts the run's metrics.jsonl back to the resumed step
+    ([Note: one run in the monitor] in monitor_run.py)."""
+    result: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            saved = plan.monitor if plan is not None else None
+            start = plan.step if plan is not None else 0
+            run, line = monitor_run.choose(spec.out_dir, saved, start, monitor_run.new_wandb_id())
+            result[0] = (monitor_run.continue_metrics(run), line)
+        except OSError as e:  # the run's directory unreadable or unwritable: every rank stops alike
+            result[0] = HierConfigError("out_dir", spec.out_dir, f"cannot continue the run's monitor files: {e}")
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def _gather_kernels(world: int) -> list:
@@ -349,17 +380,26 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     # before the model is built: a resume that cannot work costs nothing; another world converts
     plan = resume.plan(spec, world, data_sha) if spec.resume else None
     val = evaluate.val_loader(spec, rank, world)  # None without eval_every; a too small split costs nothing
-    monitor.begin_wandb(spec.monitor, spec.out_dir)  # wandb.init (in the engine) reads its environment
-    run = Run(spec, {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else None)
-    rep = report.Reporter(spec, rank == 0)
+    mrun, where = _monitor_run(spec, plan)  # one run in the monitor across the jobs of a chain
+    monitor.begin_wandb(spec.monitor, mrun.dir, mrun.wandb_id)  # wandb.init (in the engine) reads its environment
+    overrides: dict = {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else {}
+    if mrun.dir != spec.out_dir:
+        overrides |= monitor_run.ds_paths(monitor.ds_sections(spec.monitor, spec.out_dir), mrun)
+    run = Run(spec, overrides or None)
+    rep = report.Reporter(spec, rank == 0, mrun.dir, append=mrun.continued)
+    if where:
+        rep.line(where)
     kernels = _gather_kernels(world)
     rep.lines(report.header_lines(spec, world, run.n_params, run.tokens_per_step, kernels, run.runtime))
     if rank == 0 and (ds_path := write_ds_config(spec.out_dir, run.config)):
         rep.line(f"DeepSpeed config: {ds_path}")  # what ran: the job's keys, the recipe's and the user's
-    saves = _Checkpoints(spec, run, data_sha, hooks)
+    saves = _Checkpoints(spec, run, data_sha, hooks, mrun.state() if mrun.dir else None)
     start, loaded = _resume(run, plan, saves, rep) if plan is not None else (0, None)
+    if rank == 0:  # DeepSpeed's TensorBoard and csv monitors continue the run's files
+        monitor_run.continue_monitors(run.engine, mrun)
     history: list[dict] = []
-    mon = monitor.StepMonitor(run.engine, spec.steps, spec.log_every, run.hier)
+    wandb_from = mrun.logged_to + 1 if mrun.continued else 0  # wandb refuses the steps it holds
+    mon = monitor.StepMonitor(run.engine, spec.steps, spec.log_every, run.hier, wandb_from)
 
     def on_row(row: dict) -> None:
         mon.annotate(row)  # lr, grad norm, bytes per phase, ETA

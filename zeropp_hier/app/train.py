@@ -12,7 +12,8 @@ The defaults are ``JobSpec``'s (spec.py); the YAML repeats them and a unit test 
 Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun`` or
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run
 directory). Rank 0 writes ``metrics.jsonl`` (one line per step) and ``summary.json`` into the
-Hydra run directory.
+Hydra run directory (a resumed run continues the first job's ``metrics.jsonl`` and monitors:
+[Note: one run in the monitor] in app/monitor_run.py).
 """
 
 from __future__ import annotations
