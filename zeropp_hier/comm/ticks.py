@@ -84,7 +84,9 @@ class TickTransport:
         ops: list[dist.P2POp] = []
         outs: list[torch.Tensor] = []
         moved: list[tuple[int, int, int]] = []
+        per_wire: list[list[tuple[int, int]]] = []  # (receiver, bytes) sent, per wire
         for slot, w in enumerate(wires):
+            per_wire.append([])
             peers = w.hg.peers
             me = peers.index(self.rank)
             if w.kind == tick_plan.GATHER:
@@ -104,6 +106,7 @@ class TickTransport:
                 if rows[j].numel():
                     ops.append(dist.P2POp(dist.isend, rows[j], peer, self.group, slot))
                     ops.append(dist.P2POp(dist.irecv, out[j], peer, self.group, slot))
+                    per_wire[-1].append((peer, rows[j].numel() * rows[j].element_size()))
                 moved.append((peer, rows[j].numel() * rows[j].element_size(), out[j].numel() * out[j].element_size()))
             outs.append(out)
         axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
@@ -122,9 +125,11 @@ class TickTransport:
                 timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
                 for work in dist.batch_isend_irecv(ops):
                     work.wait() if timeout is None else work.wait(timeout)
-        for w, out in zip(wires, outs):  # as the hop collective counts it
+        for w, out, sent in zip(wires, outs, per_wire):  # the payload as the hop collective counts it
             per_peer = w.send.numel() * w.send.element_size() // (1 if w.kind == tick_plan.GATHER else len(out))
-            self.stats.record(w.phase, w.hg.peers, per_peer)
+            self.stats.record_payload(w.phase, w.hg.peers, per_peer)
+            # the link view from the messages themselves ([Note: bytes per link] in core/wire.py)
+            self.stats.record_sent(w.phase, sent)
         if self.log is not None:
             self.log.append((tick, len(wires), moved))
         return outs
