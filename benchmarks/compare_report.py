@@ -54,6 +54,13 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                     for t in ("gcd", "gpu", "node")
                 }
             )
+            if "link_bytes" in per_rank[0]["stats"]:  # what crosses each link ([Note: bytes per link])
+                d.setdefault("link_stats", []).append(
+                    {
+                        t: sum(sum(v[t] for v in r["stats"]["link_bytes"].values()) for r in per_rank) / steps
+                        for t in ("gcd", "gpu", "node")
+                    }
+                )
             # per phase too: how much of the backward re-gathers (DeepSpeed's prefetch keeps the
             # last layers of the forward gathered into the backward where it reaches that far)
             d.setdefault("phase_stats", []).append(
@@ -69,6 +76,10 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
             d["wire_per_step"] = {t: statistics.mean(x[t] for x in d["wire"]) for t in ("gcd", "gpu", "node")}
             if d["stats"]:
                 d["stats_per_step"] = {t: statistics.mean(x[t] for x in d["stats"]) for t in ("gcd", "gpu", "node")}
+            if d.get("link_stats"):
+                d["link_stats_per_step"] = {
+                    t: statistics.mean(x[t] for x in d["link_stats"]) for t in ("gcd", "gpu", "node")
+                }
             if d.get("phase_stats"):
                 first = d["phase_stats"][0]
                 d["phase_stats_per_step"] = {
