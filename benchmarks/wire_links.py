@@ -55,6 +55,24 @@ def parse_args(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def cluster_and_plan(args: argparse.Namespace, quant_problem: str | None) -> tuple[ClusterSpec, dict]:
+    """The emulated cluster and what every rank runs: benchmarks.compare's plan at this shape,
+    one unshaped pass of ``args.steps`` steps."""
+    spec = ClusterSpec(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, gcds_per_gpu=args.gcds_per_gpu, prefix=args.prefix
+    )
+    cargs = compare.parse_args(["--configs", args.configs, "--steps", str(args.steps), "--warmup", str(args.warmup)])
+    plan = compare.build_plan(cargs, spec, quant_problem)
+    plan["phases"] = [{"name": "unshaped", "rounds": 1, "steps": args.steps}]
+    return spec, plan
+
+
+def planner_bytes(plan: dict, names) -> dict:
+    """The planner's bytes per link class and step, whole cluster, for each configuration."""
+    pred = predictions(plan, None, 1.0, 1e9, list(names))
+    return {n: {t: pred[n][f"{t}_bytes"] for t in TIERS} for n in names if n in pred}
+
+
 def compare_row(wire: dict, links: dict) -> dict:
     """Per link class: the link view over the counters (1.0: equal), None where both are 0."""
     return {t: (links[t] / wire[t] if wire[t] else None) for t in TIERS}
@@ -68,12 +86,7 @@ def main(argv=None) -> int:
         return 2
     shape = f"{args.nodes}x{args.gpus_per_node}x{args.gcds_per_gpu}"
     out = args.out or f"benchmarks/results/wire_links_{shape}.json"
-    spec = ClusterSpec(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, gcds_per_gpu=args.gcds_per_gpu, prefix=args.prefix
-    )
-    cargs = compare.parse_args(["--configs", args.configs, "--steps", str(args.steps), "--warmup", str(args.warmup)])
-    plan = compare.build_plan(cargs, spec, compare.stock_quantization_problem())
-    plan["phases"] = [{"name": "unshaped", "rounds": 1, "steps": args.steps}]
+    spec, plan = cluster_and_plan(args, compare.stock_quantization_problem())
     t0 = time.time()
 
     packets: dict = {}  # run label -> packets per link class over its measured steps
@@ -95,7 +108,7 @@ def main(argv=None) -> int:
         netns.unshape(spec)
         results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark)
     summary = summarize(results, wire, plan)["unshaped"]
-    pred = predictions(plan, None, 1.0, 1e9, list(summary))
+    pred = planner_bytes(plan, summary)
     rows = {}
     for name, d in summary.items():
         pk = {t: sum(v[t] for lb, v in packets.items() if lb.endswith(f"/{name}")) / args.steps for t in TIERS}
@@ -108,7 +121,7 @@ def main(argv=None) -> int:
             "link_view_per_step": d["link_stats_per_step"],
             "payload_view_per_step": d["stats_per_step"],
             "link_over_wire": compare_row(d["wire_per_step"], d["link_stats_per_step"]),
-            "planner_bytes_per_step": {t: pred[name][f"{t}_bytes"] for t in TIERS} if name in pred else None,
+            "planner_bytes_per_step": pred.get(name),
         }
         print(
             f"{name}: per step, all ranks, MB (gcd/gpu/node): wire "
@@ -124,6 +137,8 @@ def main(argv=None) -> int:
         "what": "bytes per link class and step, summed over ranks: interface counters against comm_stats' "
         "link view (and payload view) and the planner, links unshaped",
         "command": "python -m benchmarks.wire_links " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "args": vars(args),
+        "stock_quantization_problem": compare.stock_quantization_problem(),
         "topology": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
         "shape": plan["shape"],
         "params": plan["params"],
