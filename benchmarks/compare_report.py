@@ -182,13 +182,14 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
         f"Step time and bytes, ours in {mode}:",
         "",
         f"| configuration | median step s | tokens/s | vs {b3} | vs {bpp} | node MB/step (wire) | "
-        "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
-        "unshaped step s | exposed comm s |",
-        "|" + "---|" * 12,
+        "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats payload) | "
+        "node MB/step (comm_stats link) | peak RSS/rank MB | unshaped step s | exposed comm s |",
+        "|" + "---|" * 13,
     ]
     for n in names:
         d = s[n]
         st = d.get("stats_per_step")
+        lk = d.get("link_stats_per_step")  # [Note: bytes per link]; files before it: none
         unshaped = f"{un[n]['median_step_s']:.2f}" if n in un else "-"
         # what the links added to the step: communication that compute did not hide
         exposed = f"{d['median_step_s'] - un[n]['median_step_s']:.2f}" if n in un else "-"
@@ -197,6 +198,7 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
             f"{base3 / d['median_step_s']:.2f}x | {basepp / d['median_step_s']:.2f}x | "
             f"{mb(d['wire_per_step']['node'])} | {mb(d['wire_per_step']['gpu'])} | "
             f"{mb(d['wire_per_step']['gcd'])} | {mb(st['node']) if st else 'n/a (stock)'} | "
+            f"{mb(lk['node']) if lk else ('n/a (stock)' if not st else 'not recorded')} | "
             f"{d['peak_rss_mb']:.0f} | {unshaped} | {exposed} |"
         )
     if "auto" in s:
