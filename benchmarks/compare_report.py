@@ -61,6 +61,13 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                         for t in ("gcd", "gpu", "node")
                     }
                 )
+            if "link_messages" in per_rank[0]["stats"]:
+                d.setdefault("link_messages", []).append(
+                    {
+                        t: sum(sum(v[t] for v in r["stats"]["link_messages"].values()) for r in per_rank) / steps
+                        for t in ("gcd", "gpu", "node")
+                    }
+                )
             # per phase too: how much of the backward re-gathers (DeepSpeed's prefetch keeps the
             # last layers of the forward gathered into the backward where it reaches that far)
             d.setdefault("phase_stats", []).append(
@@ -79,6 +86,10 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
             if d.get("link_stats"):
                 d["link_stats_per_step"] = {
                     t: statistics.mean(x[t] for x in d["link_stats"]) for t in ("gcd", "gpu", "node")
+                }
+            if d.get("link_messages"):
+                d["link_messages_per_step"] = {
+                    t: statistics.mean(x[t] for x in d["link_messages"]) for t in ("gcd", "gpu", "node")
                 }
             if d.get("phase_stats"):
                 first = d["phase_stats"][0]

@@ -10,8 +10,9 @@ per link class and step, summed over ranks: the interface counters ([Note: wire 
 cluster/spec.py), ``comm_stats``' link view (``link_bytes``, [Note: bytes per link] in
 core/wire.py), its payload view (``bytes``, [Note: byte accounting] in comm/stats.py) and the
 planner's bytes for the same plan. The counters include TCP/IP headers and ACKs; the link view
-counts payload only, so the file also records the packet counters and the counters less one
-header per packet (``HEADER_BYTES``). DeepSpeed's own small collectives (loss, gradient norm)
+counts payload only, so the file also records the packet counters and the counters less the
+transport's framing: one TCP/IP header per packet and gloo's per-message ops ([Note: headers per
+packet]). DeepSpeed's own small collectives (loss, gradient norm)
 stay in both wire figures.
 tests/unit/test_wire.py re-checks the recorded files against the model.
 """
@@ -40,6 +41,12 @@ from zeropp_hier.files import write_json_atomic
 # many (veth and lo count one packet per skb). So counted bytes less 66 per counted packet is the
 # TCP payload that crossed the link, ACKs (header only) included at zero.
 HEADER_BYTES = 14 + 20 + 20 + 12
+# gloo's TCP transport frames each message with a 48-byte op preamble (six size_t:
+# gloo/transport/tcp/pair.h) and sends two more such ops per message, a send-ready notice ahead of
+# the data and a receive-ready notice back from the receiver (unbound-buffer send/recv), both over
+# the same pair of ranks, so on links of the same class: three preambles per message that
+# ``comm_stats`` counts (``link_messages``).
+GLOO_BYTES_PER_MESSAGE = 3 * 48
 
 
 def parse_args(argv) -> argparse.Namespace:
@@ -112,10 +119,12 @@ def main(argv=None) -> int:
     rows = {}
     for name, d in summary.items():
         pk = {t: sum(v[t] for lb, v in packets.items() if lb.endswith(f"/{name}")) / args.steps for t in TIERS}
-        payload = {t: d["wire_per_step"][t] - HEADER_BYTES * pk[t] for t in TIERS}
+        msgs = d["link_messages_per_step"]
+        payload = {t: d["wire_per_step"][t] - HEADER_BYTES * pk[t] - GLOO_BYTES_PER_MESSAGE * msgs[t] for t in TIERS}
         rows[name] = {
             "wire_per_step": d["wire_per_step"],
             "wire_packets_per_step": pk,
+            "link_messages_per_step": msgs,
             "wire_less_headers_per_step": payload,
             "link_over_wire_less_headers": compare_row(payload, d["link_stats_per_step"]),
             "link_view_per_step": d["link_stats_per_step"],
@@ -145,6 +154,7 @@ def main(argv=None) -> int:
         "issue_mode": plan["issue_mode"],
         "steps": args.steps,
         "header_bytes_per_packet": HEADER_BYTES,
+        "gloo_bytes_per_message": GLOO_BYTES_PER_MESSAGE,
         "configs": rows,
         "seconds": time.time() - t0,
     }

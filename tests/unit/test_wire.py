@@ -41,6 +41,9 @@ def test_a_ring_sends_everything_to_the_next_rank_in_sorted_order():
     assert wire.sends(4, members, "reduce_scatter", "ring", 40) == [(6, 30)]
     assert wire.sends(4, members, "reduce_scatter", "ring_allreduce", 40) == [(6, 60)]
     assert wire.sends(4, (4,), "all_gather", "ring", 10) == []
+    # gloo sends each ring step in two halves (gloo/allgather.cc); NCCL's step is one message
+    assert wire.messages("ring", "gloo", 4) == 6 and wire.messages("ring", "nccl", 4) == 3
+    assert wire.messages("direct", "gloo", 4) == 1 and wire.messages("ring", "gloo", 1) == 0
     with pytest.raises(ValueError, match="rank 5 is not a member"):
         wire.sends(5, members, "all_gather", "ring", 10)
 
@@ -69,6 +72,9 @@ def test_a_flat_gather_at_8x1x2_puts_k_minus_1_shards_per_node_on_the_uplinks():
     assert links == {"gcd": 8 * 15 * 1000, "gpu": 0, "node": 8 * 15 * 1000}
     assert payload == {"gcd": 16 * 1000, "gpu": 0, "node": 16 * 14 * 1000}
     assert payload["node"] / links["node"] == pytest.approx(28 / 15)  # "about twice"
+    st = CommStats(topo, 1)  # its ring successor, rank 2, is on the next node
+    st.record("forward_gather", flat, 1000, "all_gather", "ring", "gloo")
+    assert st.snapshot()["link_messages"]["forward_gather"] == {"gcd": 0, "gpu": 0, "node": 30}
     # frontier's node hop (8 ranks, one per node) sent direct, as ticks send it
     links, payload = _stats_over_ranks(topo, lambda r: topo.peers(r, ("node",)), "all_gather", "direct", 1000)
     assert links == payload == {"gcd": 0, "gpu": 0, "node": 16 * 7 * 1000}
@@ -81,6 +87,7 @@ def test_tick_messages_are_counted_as_sent():
     st.record_sent("grad_reduce", [(2, 100), (4, 100), (6, 100), (1, 7)])
     snap = st.snapshot()
     assert snap["link_bytes"]["grad_reduce"] == {"gcd": 7, "gpu": 100, "node": 200}
+    assert snap["link_messages"]["grad_reduce"] == {"gcd": 1, "gpu": 1, "node": 2}
     assert snap["bytes"]["grad_reduce"] == {"gcd": 0, "gpu": 100, "node": 200}
     assert snap["calls"]["grad_reduce"]["node"] == 1
     st.reset()

@@ -30,6 +30,7 @@ PHASES = ("forward_gather", "backward_gather", "grad_reduce", "other_gather")
 class StatsSnapshot(TypedDict):
     bytes: dict[str, dict[str, int]]  # phase -> tier -> bytes this rank sent (payload view)
     link_bytes: dict[str, dict[str, int]]  # phase -> link class -> bytes this rank put on it
+    link_messages: dict[str, dict[str, int]]  # phase -> link class -> messages it sent there
     calls: dict[str, dict[str, int]]  # phase -> tier -> collectives it issued
     kept_bytes_peak: int  # most bytes of kept copies held at once
 
@@ -41,6 +42,7 @@ class CommStats:
         self.bytes: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         self.calls: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         self.link_bytes: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
+        self.link_messages: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         # (members, op, algorithm) -> receivers per link class for one unit of edge bytes: a
         # group's split is the same for every call, so a call costs O(1) after its group's first
         self._split: dict[tuple, dict[str, int]] = {}
@@ -59,14 +61,18 @@ class CommStats:
         bytes_per_peer: int,
         op: str = "all_to_all",
         algorithm: wire.Algorithm = "direct",
+        library: str = "gloo",
     ) -> None:
         """One collective in which this rank sends ``bytes_per_peer`` to each other member
-        (payload view), moved by ``algorithm`` (link view, [Note: bytes per link])."""
+        (payload view), moved by ``algorithm`` on ``library`` (link view, [Note: bytes per
+        link])."""
         self.record_payload(phase, peers, bytes_per_peer)
         with self._lock:
             edge = wire.edge_bytes(op, algorithm, len(peers), bytes_per_peer)
+            per_receiver = wire.messages(algorithm, library, len(peers))
             for tier, receivers in self._receivers(tuple(peers), op, algorithm).items():
                 self.link_bytes[phase][tier] += int(round(receivers * edge))
+                self.link_messages[phase][tier] += receivers * per_receiver
 
     def _receivers(self, peers: tuple[int, ...], op: str, algorithm: wire.Algorithm) -> dict[str, int]:
         key = (peers, op, algorithm)
@@ -83,6 +89,8 @@ class CommStats:
         with self._lock:
             for tier, nbytes in wire.per_link(self.topo, self.rank, messages).items():
                 self.link_bytes[phase][tier] += int(nbytes)
+            for tier, count in wire.per_link(self.topo, self.rank, [(p, 1) for p, _ in messages]).items():
+                self.link_messages[phase][tier] += int(count)
 
     def record_payload(self, phase: str, peers: Sequence[int], bytes_per_peer: int) -> None:
         """The payload view of one collective whose wire bytes ``record_sent`` counts."""
@@ -105,6 +113,7 @@ class CommStats:
             "bytes": {p: {t: int(self.bytes[p][t]) for t in TIERS} for p in PHASES},
             "calls": {p: {t: int(self.calls[p][t]) for t in TIERS} for p in PHASES},
             "link_bytes": {p: {t: int(self.link_bytes[p][t]) for t in TIERS} for p in PHASES},
+            "link_messages": {p: {t: int(self.link_messages[p][t]) for t in TIERS} for p in PHASES},
             "kept_bytes_peak": self.kept_bytes_peak,
         }
 
@@ -113,4 +122,5 @@ class CommStats:
             self.bytes[p].clear()
             self.calls[p].clear()
             self.link_bytes[p].clear()
+            self.link_messages[p].clear()
         self.kept_bytes_peak = 0

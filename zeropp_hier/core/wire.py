@@ -74,6 +74,19 @@ def edge_bytes(op: str, algorithm: Algorithm, k: int, block: float) -> float:
     return (k - 1) / k * block
 
 
+def messages(algorithm: Algorithm, library: str, k: int) -> int:
+    """Messages one rank sends to each receiver per collective over ``k`` ranks: a ring step is
+    one message on NCCL/RCCL and two on gloo (``gloo/allgather.cc`` sends each step's shard in
+    two halves); direct, one. What a transport adds per message (gloo's 48-byte op preamble and
+    its send/receive-ready notices) is counted by the benchmark that compares with the wire,
+    not here."""
+    if k < 2:
+        return 0
+    if algorithm == "direct":
+        return 1
+    return (k - 1) * (2 if library == "gloo" else 1)
+
+
 def sends(me: int, members: Sequence[int], op: str, algorithm: Algorithm, block: float) -> list[tuple[int, float]]:
     """(receiver, bytes) of every message rank ``me`` sends in one collective over ``members``
     (any order: a ring runs in sorted rank order, torch's order within a group)."""

@@ -258,8 +258,7 @@ def _rank_on_this_rank(
     }
     rates_s = ", ".join(f"{t} {tiers[t].bandwidth * 8 / 1e6:.4g} Mbit/s" for t in TIERS)
     lines = [
-        f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step "
-        f"({RANKS}):"
+        f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); predicted communication per step ({RANKS}):"
     ]
     lines += [
         f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p):9.3f} s  "
