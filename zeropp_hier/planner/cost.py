@@ -30,8 +30,8 @@ A collective's time is
   reduce-scatter over the group in rank order (NCCL/RCCL; gloo's reduce-scatter sends as much as
   a ring all-reduce, measured on the emulated cluster), direct all-to-all. A flat ring crosses a
   slow link once per enclosure and so is already frugal with node bytes; a direct exchange sends
-  a copy per receiving rank. This is why wire bytes differ from ``comm_stats``'s direct-algorithm
-  accounting for flat collectives.
+  a copy per receiving rank. ``comm_stats``' link view counts the same
+  messages per rank ([Note: bytes per link] in core/wire.py); its payload view does not.
 * quantized hops add (de)quantization time at the device's rate; payloads are counted at their
   packed size plus one fp32 scale per block.
 """
