@@ -39,6 +39,8 @@ def test_ticks_are_bit_identical_to_hop_by_hop_on_one_group_and_one_thread(bare8
                     assert any(c[part]["bytes"].values()), f"{what}: {part} moved nothing"
                     # every byte the tick transport sent is one the stats counted, tier by tier
                     assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])
+                    # and the link view counts those messages as sent ([Note: bytes per link])
+                    assert c[part]["link_bytes"] == c[part]["sent"], (what, part, c[part]["link_bytes"])
                     # the (tick, peer) sequence is the pure schedule's
                     assert c[part]["sequence_ok"], (what, part, c[part]["sequence"][:6])
                 assert c["forward"]["kept"], f"{what}: kept copies differ"
