@@ -15,8 +15,9 @@ algorithm the library runs for the collective, not the collective's definition:
   NCCL/RCCL (their ring algorithm, k - 1 steps). A group's ring runs in its ranks' order in the
   process group, which torch sorts by global rank (``new_group``): this rank sends everything to
   the next member in that order. Ranks numbered node by node make the ring leave each node once
-  per member block, as NCCL's and RCCL's topology search orders their rings (one entry and one
-  exit per node). So a flat all-gather puts (k - 1) shards on each node's uplink per member
+  per member block, as NCCL's and RCCL's topology search orders their rings (each ring channel
+  has one head and one tail per node, ``ringRecv``/``ringSend`` in NCCL's src/graph/connect.cc,
+  the GPUs of a node chained between them). So a flat all-gather puts (k - 1) shards on each node's uplink per member
   block, however many ranks the node holds: the direct count (every rank to every other) would
   put (k - k_node) shards per rank there.
 * ``ring_allreduce``: torch's reduce-scatter on gloo, which gloo lacks and torch runs as an
