@@ -191,3 +191,24 @@ def test_recorded_runs_agree_with_the_planner_that_uses_the_same_model():
                 assert now[cfg][tier] == pytest.approx(row["planner_bytes_per_step"][tier], rel=1e-9), (name, cfg)
                 link_b, planned = row["link_view_per_step"][tier], now[cfg][tier]
                 assert link_b == pytest.approx(planned, rel=0.01, abs=1e3), (name, cfg, tier)
+
+
+def test_the_hierarchys_case_on_frontier_as_docs_state_it():
+    """docs/design.md#what-crosses-the-network, from benchmarks/wire_frontier.py: at 48 nodes a
+    flat ring's forward gather leaves each node with 383 shards against frontier's node hop's
+    376; frontier's network gradients are int8 against zeropp's int4; the payload view counts
+    zeropp's forward gather about 8x too high; frontier pays 2 network latency steps per pass."""
+    from benchmarks.wire_frontier import node_uplink_bytes
+    from zeropp_hier.planner.cost import bytes_per_elem
+
+    rows = node_uplink_bytes(48, 20e9)
+    z, f = rows["zeropp"], rows["frontier"]
+    assert (z["mode"], f["mode"]) == ("one_lane", "ticks")
+    assert z["link"]["forward_gather"] / f["link"]["forward_gather"] == pytest.approx(383 / 376)
+    assert z["link"]["backward_gather"] == f["link"]["backward_gather"] == 0
+    int8, int4 = bytes_per_elem("int8", 2, 256), bytes_per_elem("int4", 2, 256)
+    assert f["link"]["grad_reduce"] / z["link"]["grad_reduce"] == pytest.approx(int8 / int4, rel=0.02)
+    assert 7 < z["payload"]["forward_gather"] / z["link"]["forward_gather"] < 8
+    assert f["payload"] == f["link"]  # ticks are direct: the two views agree
+    assert (z["latency_steps"], f["latency_steps"]) == (383 + 47, 2)
+    assert sum(f["link"].values()) > sum(z["link"].values())  # more network bytes, fewer steps
