@@ -4,8 +4,10 @@
 
 Runs the demo GPT on 8 local CPU ranks (2 nodes x 2 GPUs x 2 GCDs) under zero3, zeropp and
 frontier (each with its default compression, and frontier also uncompressed), with DeepSpeed's
-prefetch and reuse distance at 0 so that backward re-gathers as a large model would. Prints a
-markdown table of the bytes one rank sends per step (mean over ranks) and writes JSON.
+prefetch and reuse distance at 0 so that backward re-gathers as a large model would. Prints two
+markdown tables of the bytes one rank sends per step (mean over ranks) — the payload view
+(``bytes``, [Note: byte accounting]) and the link view (``link_bytes``, what crosses each link
+as gloo moves it, [Note: bytes per link]) — and writes JSON.
 """
 
 from __future__ import annotations
@@ -51,30 +53,42 @@ def main(argv=None) -> int:
         per_rank = w.run(measure, CONFIGS, args.steps)
     phases = ("forward_gather", "backward_gather", "grad_reduce")
     tiers = ("node", "gpu", "gcd")
-    table = {}
-    for name in CONFIGS:
-        table[name] = {
-            p: {t: sum(r[name]["bytes"][p][t] for r in per_rank) / len(per_rank) / args.steps for t in tiers}
-            for p in phases
-        }
-    head = (
-        "| preset | "
-        + " | ".join(f"{p.replace('_gather', '').replace('grad_reduce', 'grad')} {t}" for p in phases for t in tiers)
-        + " | node total |"
-    )
-    print(head)
-    print("|" + "---|" * (len(phases) * len(tiers) + 2))
-    for name, per in table.items():
-        node = sum(per[p]["node"] for p in phases)
-        print(
-            f"| {name} | "
-            + " | ".join(f"{per[p][t] / 1e3:.1f}" for p in phases for t in tiers)
-            + f" | {node / 1e3:.1f} |"
+    tables = {}
+    for view in ("bytes", "link_bytes"):
+        table = tables[view] = {}
+        for name in CONFIGS:
+            table[name] = {
+                p: {t: sum(r[name][view][p][t] for r in per_rank) / len(per_rank) / args.steps for t in tiers}
+                for p in phases
+            }
+        head = (
+            "| preset | "
+            + " | ".join(
+                f"{p.replace('_gather', '').replace('grad_reduce', 'grad')} {t}" for p in phases for t in tiers
+            )
+            + " | node total |"
         )
+        print(f"\n{'payload view (bytes)' if view == 'bytes' else 'link view (link_bytes)'}:\n")
+        print(head)
+        print("|" + "---|" * (len(phases) * len(tiers) + 2))
+        for name, per in table.items():
+            node = sum(per[p]["node"] for p in phases)
+            print(
+                f"| {name} | "
+                + " | ".join(f"{per[p][t] / 1e3:.1f}" for p in phases for t in tiers)
+                + f" | {node / 1e3:.1f} |"
+            )
     print(f"\nKB sent per rank per step (mean over 8 ranks and {args.steps} steps); model: {MODEL}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     write_json_atomic(
-        args.out, {"steps": args.steps, "model": MODEL.__dict__, "bytes_per_step_per_rank": table}, indent=1
+        args.out,
+        {
+            "steps": args.steps,
+            "model": MODEL.__dict__,
+            "bytes_per_step_per_rank": tables["bytes"],
+            "link_bytes_per_step_per_rank": tables["link_bytes"],
+        },
+        indent=1,
     )
     return 0
 

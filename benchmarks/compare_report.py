@@ -54,6 +54,20 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                     for t in ("gcd", "gpu", "node")
                 }
             )
+            if "link_bytes" in per_rank[0]["stats"]:  # what crosses each link ([Note: bytes per link])
+                d.setdefault("link_stats", []).append(
+                    {
+                        t: sum(sum(v[t] for v in r["stats"]["link_bytes"].values()) for r in per_rank) / steps
+                        for t in ("gcd", "gpu", "node")
+                    }
+                )
+            if "link_messages" in per_rank[0]["stats"]:
+                d.setdefault("link_messages", []).append(
+                    {
+                        t: sum(sum(v[t] for v in r["stats"]["link_messages"].values()) for r in per_rank) / steps
+                        for t in ("gcd", "gpu", "node")
+                    }
+                )
             # per phase too: how much of the backward re-gathers (DeepSpeed's prefetch keeps the
             # last layers of the forward gathered into the backward where it reaches that far)
             d.setdefault("phase_stats", []).append(
@@ -69,6 +83,14 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
             d["wire_per_step"] = {t: statistics.mean(x[t] for x in d["wire"]) for t in ("gcd", "gpu", "node")}
             if d["stats"]:
                 d["stats_per_step"] = {t: statistics.mean(x[t] for x in d["stats"]) for t in ("gcd", "gpu", "node")}
+            if d.get("link_stats"):
+                d["link_stats_per_step"] = {
+                    t: statistics.mean(x[t] for x in d["link_stats"]) for t in ("gcd", "gpu", "node")
+                }
+            if d.get("link_messages"):
+                d["link_messages_per_step"] = {
+                    t: statistics.mean(x[t] for x in d["link_messages"]) for t in ("gcd", "gpu", "node")
+                }
             if d.get("phase_stats"):
                 first = d["phase_stats"][0]
                 d["phase_stats_per_step"] = {
@@ -171,13 +193,14 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
         f"Step time and bytes, ours in {mode}:",
         "",
         f"| configuration | median step s | tokens/s | vs {b3} | vs {bpp} | node MB/step (wire) | "
-        "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats) | peak RSS/rank MB | "
-        "unshaped step s | exposed comm s |",
-        "|" + "---|" * 12,
+        "gpu MB/step (wire) | gcd MB/step (wire) | node MB/step (comm_stats payload) | "
+        "node MB/step (comm_stats link) | peak RSS/rank MB | unshaped step s | exposed comm s |",
+        "|" + "---|" * 13,
     ]
     for n in names:
         d = s[n]
         st = d.get("stats_per_step")
+        lk = d.get("link_stats_per_step")  # [Note: bytes per link]; files before it: none
         unshaped = f"{un[n]['median_step_s']:.2f}" if n in un else "-"
         # what the links added to the step: communication that compute did not hide
         exposed = f"{d['median_step_s'] - un[n]['median_step_s']:.2f}" if n in un else "-"
@@ -186,6 +209,7 @@ def report(summary: dict, pred: dict, meta: dict) -> str:
             f"{base3 / d['median_step_s']:.2f}x | {basepp / d['median_step_s']:.2f}x | "
             f"{mb(d['wire_per_step']['node'])} | {mb(d['wire_per_step']['gpu'])} | "
             f"{mb(d['wire_per_step']['gcd'])} | {mb(st['node']) if st else 'n/a (stock)'} | "
+            f"{mb(lk['node']) if lk else ('n/a (stock)' if not st else 'not recorded')} | "
             f"{d['peak_rss_mb']:.0f} | {unshaped} | {exposed} |"
         )
     if "auto" in s:

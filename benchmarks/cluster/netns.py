@@ -227,8 +227,9 @@ def tcp_retransmits(spec: ClusterSpec) -> int:
     return total
 
 
-def tx_bytes(spec: ClusterSpec) -> dict[tuple[str, str], int]:
-    """tx byte counters of every interface that ``spec.wire_bytes`` needs."""
+def tx_bytes(spec: ClusterSpec, counter: str = "bytes") -> dict[tuple[str, str], int]:
+    """tx byte counters (``counter="packets"``: packet counters) of every interface that
+    ``spec.wire_bytes`` needs."""
     out: dict[tuple[str, str], int] = {}
     wanted = {k for v in spec.counter_interfaces().values() for k in v}
     for ns in sorted({ns for ns, _ in wanted}):
@@ -236,7 +237,7 @@ def tx_bytes(spec: ClusterSpec) -> dict[tuple[str, str], int]:
         for e in data:
             key = (ns, e["ifname"].split("@")[0])
             if key in wanted:
-                out[key] = int(e["stats64"]["tx"]["bytes"])
+                out[key] = int(e["stats64"]["tx"][counter])
     missing = wanted - out.keys()
     if missing:
         raise RuntimeError(f"interfaces not found (is the cluster set up?): {sorted(missing)}")

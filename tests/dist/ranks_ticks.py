@@ -133,8 +133,8 @@ def _gather(ctx, hops, start, phase, sizes, slots, keep, chunks):
     return [ex.result(ex.submit(j, lanes)) for j in jobs][-1]
 
 
-def _bytes(ctx, phase, before):
-    after = ctx.coll.stats.snapshot()["bytes"][phase]
+def _bytes(ctx, phase, before, view="bytes"):
+    after = ctx.coll.stats.snapshot()[view][phase]
     return {t: after[t] - before.get(t, 0) for t in after}
 
 
@@ -199,6 +199,7 @@ def parity_run(cases: dict, rank_map: list, chunk_counts, steps_modes=("auto",),
                     ref_bytes = _bytes(ref, phase, before_r)
                     tck.executor.transport.log = []
                     before_t = dict(tck.coll.stats.snapshot()["bytes"][phase])
+                    before_links = dict(tck.coll.stats.snapshot()["link_bytes"][phase])
                     calls.on = True
                     try:
                         got_t = run(tck)
@@ -209,6 +210,7 @@ def parity_run(cases: dict, rank_map: list, chunk_counts, steps_modes=("auto",),
                     counters["most_hops_in_a_tick"] = max([counters["most_hops_in_a_tick"], *(h for _, h, _ in log)])
                     c[label] = _check_log(tck, topo, rank, axes, kind, _bytes(tck, phase, before_t))
                     c[label]["ref_bytes"] = ref_bytes
+                    c[label]["link_bytes"] = _bytes(tck, phase, before_links, "link_bytes")
                     return got_r, got_t
 
                 fhops = gather.hops_for(plan, (), "forward_gather")

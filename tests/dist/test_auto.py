@@ -57,6 +57,8 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
         assert len(choices) == 1, f"{name}: ranks chose differently: {choices}"
         rec = res[0][name]["auto"]
         assert rec["ranking"][0]["name"] == rec["chosen"] and rec["runner_up"] is not None
+        # it says what it weighed ([Note: auto ranks communication])
+        assert rec["ranks"].startswith("communication only"), rec["ranks"]
         # the engine runs the chosen preset's plan and its traffic follows
         assert all(r[name]["preset"] == rec["preset"] for r in res)
         assert all(r[name]["losses"][-1] < r[name]["losses"][0] * 1.5 for r in res)

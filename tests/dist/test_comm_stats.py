@@ -108,3 +108,22 @@ def test_frontier_moves_traffic_off_the_network(frontier_run):
         total = lambda s, tier: sum(s[p][tier] for p in s)  # noqa: E731
         # hop by hop, the node tier carries 1/4 of what a flat 8-rank gather puts on it
         assert total(f, "node") * 3 < total(z, "node")
+
+
+def test_link_view_counts_the_flat_gather_as_gloos_ring(frontier_run):
+    """[Note: bytes per link]: zero3's flat gather over 8 ranks is gloo's ring in rank order, so
+    only ranks 3 and 7 (whose next rank is on the other node) put it on a node link, each all
+    7 shards it forwards; the payload view counts 4 shards per rank there. frontier's hops span
+    two ranks each, where a ring and a direct exchange send the same."""
+    res, _ = frontier_run
+    for rank, r in enumerate(res):
+        z = r["zero3"]["stats"]
+        payload, link = z["bytes"]["forward_gather"], z["link_bytes"]["forward_gather"]
+        assert payload["node"] > 0 and payload["node"] % 4 == 0
+        shard = payload["node"] // 4
+        crosses = rank in (3, 7)
+        assert link["node"] == (7 * shard if crosses else 0), rank
+        assert link["gpu"] == (0 if crosses or rank % 2 == 0 else 7 * shard), rank
+        assert link["gcd"] == (7 * shard if rank % 2 == 0 else 0), rank
+        f = r["frontier"]["stats"]
+        assert f["link_bytes"] == f["bytes"], rank

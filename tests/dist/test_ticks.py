@@ -57,6 +57,8 @@ def _check_parity(results, chunk_counts):
                     else:
                         # every byte the tick transport sent is one the stats counted, tier by tier
                         assert c[part]["sent"] == c[part]["bytes"], (what, part, c[part]["sent"])
+                    # and the link view counts those messages as sent ([Note: bytes per link])
+                    assert c[part]["link_bytes"] == c[part]["sent"], (what, part, c[part]["link_bytes"])
                     # the (tick, peer) sequence is the pure schedule's
                     assert c[part]["sequence_ok"], (what, part, c[part]["sequence"][:6])
                 assert c["forward"]["kept"], f"{what}: kept copies differ"

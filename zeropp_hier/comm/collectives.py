@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 
 from .. import quant
-from ..core import layout
+from ..core import layout, wire
 from ..core.plan import Hop
 from ..core.policy import BITS
 from ..core.topology import Topology
 from .failures import collective_guard, slowest_tier
 from .groups import HopGroup
 from .hooks import PayloadHook, StageHook
+from .issue import backend_for
 from .stats import CommStats
 
 # torch 2.13 renamed the tensor-in/tensor-out gather; older ROCm/CUDA builds have only the old name.
@@ -154,6 +155,12 @@ class HierCollectives:
             return x
         return x.index_select(0, self._perms.get(f"torch<-peer {hg.axes}", hg.torch_from_peer, x.device))
 
+    def _record(self, phase: str, op: str, hg: HopGroup, tensor: torch.Tensor, bytes_per_peer: int) -> None:
+        """Count one collective in both views, moved as the group's backend moves ``op`` on
+        ``tensor``'s device ([Note: bytes per link])."""
+        library = backend_for(dist.get_backend(hg.group), tensor.device.type)
+        self.stats.record(phase, hg.peers, bytes_per_peer, op, wire.algorithm_of(op, library), library)
+
     def _guard(self, hg: HopGroup, phase: str):
         """A dead or stuck peer ends the collective with a HierCommError naming it."""
         return collective_guard(
@@ -172,7 +179,7 @@ class HierCollectives:
         out = torch.empty(k * local.numel(), dtype=local.dtype, device=local.device)
         with self._guard(hg, phase):
             _all_gather_tensor(out, local, group=hg.group)
-        self.stats.record(phase, hg.peers, _nbytes(local))
+        self._record(phase, "all_gather", hg, local, _nbytes(local))
         return self._peer_order(out.view(k, -1), hg)
 
     def drive(self, steps: Steps[R]) -> R:
@@ -282,7 +289,7 @@ class HierCollectives:
         recv = torch.empty_like(send)
         with self._guard(hg, phase):
             dist.all_to_all_single(recv, send, group=hg.group)
-        self.stats.record(phase, hg.peers, _nbytes(send[0]))
+        self._record(phase, "all_to_all", hg, send, _nbytes(send[0]))
         return self._peer_order(recv, hg)
 
     def reduce_stage_steps(

@@ -169,12 +169,14 @@ class TickTransport:
         calls = tick_plan.pack_calls([sum((o is not None) + (g is not None) for _, _, o, g in u) for u in units])
         batches: list[list[dist.P2POp]] = [[] for _ in range(calls[-1] + 1 if calls else 0)]
         moved: list[tuple[int, int, int]] = []
+        sent: list[list[tuple[int, int]]] = [[] for _ in runs]  # (receiver, bytes) sent, per run
         for u, call in zip(units, calls):
             for slot, peer, out, got in u:
                 # slot order is the schedule's, the same on every rank: the tag tells gloo which
                 # of a tick's transfers a message belongs to
                 if out is not None and out.numel():
                     batches[call].append(dist.P2POp(dist.isend, out, peer, self.group, slot))
+                    sent[slot].append((peer, _nbytes(out)))
                 if got is not None and got.numel():
                     batches[call].append(dist.P2POp(dist.irecv, got, peer, self.group, slot))
                 moved.append((peer, _nbytes(out), _nbytes(got)))
@@ -199,16 +201,18 @@ class TickTransport:
                 for work in dist.batch_isend_irecv(ops):
                     work.wait() if timeout is None else work.wait(timeout)
         results: list[torch.Tensor | None] = []
-        for hop, step in runs:
+        for (hop, step), messages in zip(runs, sent):
             hop.after(step)
+            # the link view from the messages themselves, step by step ([Note: bytes per link] in core/wire.py)
+            self.stats.record_sent(hop.wire.phase, messages)
             if step < hop.steps - 1:
                 results.append(None)
                 continue
             w = hop.wire
             out = hop.result()
-            # as the hop collective counts it
+            # the payload as the hop collective counts it
             per_peer = w.send.numel() * w.send.element_size() // (1 if w.kind == tick_plan.GATHER else len(out))
-            self.stats.record(w.phase, w.hg.peers, per_peer)
+            self.stats.record_payload(w.phase, w.hg.peers, per_peer)
             results.append(out)
         if self.log is not None:
             self.log.append((tick, len(runs), moved))

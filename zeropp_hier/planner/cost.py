@@ -30,8 +30,8 @@ A collective's time is
   reduce-scatter over the group in rank order (NCCL/RCCL; gloo's reduce-scatter sends as much as
   a ring all-reduce, measured on the emulated cluster), direct all-to-all. A flat ring crosses a
   slow link once per enclosure and so is already frugal with node bytes; a direct exchange sends
-  a copy per receiving rank. This is why wire bytes differ from ``comm_stats``'s direct-algorithm
-  accounting for flat collectives.
+  a copy per receiving rank. ``comm_stats``' link view counts the same
+  messages per rank ([Note: bytes per link] in core/wire.py); its payload view does not.
 * quantized hops add (de)quantization time at the device's rate; payloads are counted at their
   packed size plus one fp32 scale per block.
 """
@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..core import levels
+from ..core import levels, wire
 from ..core.plan import CommPlan, make_plan
 from ..core.topology import Topology
 from ..core.vocab import AXES, TIERS
@@ -159,9 +159,12 @@ def summed(x: float, n: int) -> float:
     return float(np.add.accumulate(np.full(n, x))[-1])
 
 
-def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -> dict[str, KindLoad]:
+def link_loads(
+    coll: Collective, topo: Topology, library: str, payload: float, ticks: bool = False
+) -> dict[str, KindLoad]:
     """Bytes on the links of each kind for one collective; ``payload`` = bytes of this rank's
-    contribution (all_gather) or of its whole buffer (reduce ops).
+    contribution (all_gather) or of its whole buffer (reduce ops); ``ticks``: moved by the tick
+    mode's point-to-point transfers, direct ([Note: bytes per link] in core/wire.py).
 
     [Note: link loads per tier]
     Computed per link kind in closed form, not per pair of ranks (an all-to-all over all of
@@ -176,9 +179,10 @@ def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -
       block's m_pkg - 1 inner edges (all m_pkg when the group is the package: the ring closes
       inside); a package's link out (and in) one edge per group, G / m_pkg * e; a node's link
       out (and in) P*G / m_node * e.
-    * all-to-all, ``x = payload / k`` per ordered pair: the package link m_pkg(m_pkg-1) x; the
-      package's link out G (k - m_pkg) x (each of its G ranks sends to every member outside
-      the package); the node's link out P*G (k - m_node) x.
+    * direct (all-to-all, ``x = payload / k`` per ordered pair; a tick's gather, ``x =
+      payload``): the package link m_pkg(m_pkg-1) x; the package's link out G (k - m_pkg) x
+      (each of its G ranks sends to every member outside the package); the node's link out
+      P*G (k - m_node) x.
 
     Each figure is summed as a walk over the messages would sum it (``summed``: the same
     addition repeated, not one multiplication), so the planner's figures match such a walk's to
@@ -196,20 +200,19 @@ def link_loads(coll: Collective, topo: Topology, library: str, payload: float) -
     if k < 2:
         return {}
     packages = nodes * per_node
-    if coll.op == "all_to_all":
-        unit = payload / k  # bytes per ordered pair
+    # the per-message amounts are the runtime's (core/wire.py), summed here in closed form
+    algorithm = wire.algorithm_of(coll.op, library, ticks)
+    if algorithm == "direct":
+        # ``x`` per ordered pair: a block per peer (all_to_all), the whole shard to each peer
+        # (a tick's gather)
+        unit = wire.edge_bytes(coll.op, algorithm, k, payload / k if coll.op == "all_to_all" else payload)
         count = {
             "gcd": m_pkg * (m_pkg - 1),
             "gpu": per_pkg * (k - m_pkg),
             "node": per_node * per_pkg * (k - m_node),
         }
     else:
-        if coll.op == "all_gather":
-            unit = (k - 1) * payload  # bytes per ring edge
-        elif library == "gloo":  # gloo's reduce-scatter moves an all-reduce's bytes
-            unit = 2 * (k - 1) / k * payload
-        else:
-            unit = (k - 1) / k * payload
+        unit = wire.edge_bytes(coll.op, algorithm, k, payload)  # bytes per ring edge
         count = {
             "gcd": m_pkg - 1 + (k == m_pkg),
             "gpu": per_pkg // m_pkg if k > m_pkg else 0,
@@ -248,10 +251,13 @@ class CollectiveCost(NamedTuple):
     step_latency_seconds: float = 0.0
 
 
-def collective_cost(coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int) -> CollectiveCost:
+def collective_cost(
+    coll: Collective, cluster: ClusterModel, width: int, block: int, calls: int, ticks: bool = False
+) -> CollectiveCost:
+    """``ticks``: the tick mode moves the collective, as point-to-point transfers."""
     topo = cluster.topology
     payload = coll.send_elems * bytes_per_elem(coll.scheme, width, block)
-    loads = link_loads(coll, topo, cluster.library, payload)
+    loads = link_loads(coll, topo, cluster.library, payload, ticks)
     seconds = {kind: load.per_link / (capacity(cluster, kind) * cluster.efficiency) for kind, load in loads.items()}
     worst = max(seconds.values(), default=0.0)
     # the busiest link's tier; links of two tiers busy alike (to rounding): the faster tier

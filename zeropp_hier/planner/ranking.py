@@ -107,7 +107,7 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         # one gather per parameter group and pass; DeepSpeed reduces gradients in buckets of
         # reduce_bucket_size (5e8 elements by default)
         calls = wl.gathers_per_pass if c.phase != "grad_reduce" else max(1, math.ceil(wl.params / wl.reduce_bucket))
-        cost = collective_cost(c, cluster, wl.weight_bytes, cand.compression.block_size, calls)
+        cost = collective_cost(c, cluster, wl.weight_bytes, cand.compression.block_size, calls, mode == "ticks")
         costs.append(cost)
         phase_s[c.phase] += cost.seconds
         tier_s[cost.bottleneck] += cost.seconds
