@@ -293,12 +293,12 @@ def world_sequences(
     chunks: int,
     ranks: Sequence[int],
     steps: str = AUTO,
-) -> dict[int, list[tuple]]:
+) -> dict[int, list[tuple[str, int, int, int, int, int]]]:
     """For each of ``ranks``: its (piece, tick, peer, rows out, rows in, call) over every piece
     of work the plan runs (its forward and backward gathers and its reduce stages)."""
-    out: dict[int, list[tuple]] = {}
+    out: dict[int, list[tuple[str, int, int, int, int, int]]] = {}
     for r in ranks:
-        seq: list[tuple] = []
+        seq: list[tuple[str, int, int, int, int, int]] = []
         for name, hops in plan_hops.items():
             kind = EXCHANGE if name == "reduce" else GATHER
             seq += [(name, *x) for x in rank_sequence(topo, r, hops, kind, chunks, steps)]
