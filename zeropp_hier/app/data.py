@@ -58,6 +58,7 @@ from ..core.errors import HierConfigError
 from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 
 if TYPE_CHECKING:
+    from .blend import BlendedTokens
     from .indexed import IndexedTokens
 
 # the standard library's sources without its test suites and installed packages
@@ -261,14 +262,25 @@ class TokenData:
         return np.asarray(self.tokens[start : start + seq_len + 1], dtype=np.int64)
 
 
-def open_tokens(path: str, split: str = "train"):
-    """The token source at ``path``: a prepared directory (``TokenData``) or a Megatron / GPT-NeoX
+def open_tokens(path: str, split: str = "train", data_split: str | None = None, seed: int = 0):
+    """The token source at ``path``: a prepared directory (``TokenData``), a Megatron / GPT-NeoX
     ``PREFIX.bin`` + ``PREFIX.idx`` pair, read in place ([Note: indexed dataset format] in
-    indexed.py)."""
+    indexed.py), or a blend of pairs, ``W1 PREFIX1 W2 PREFIX2 ...``; ``data_split``: Megatron's
+    ``--split`` of the pairs ([Note: blends and splits] in blend.py)."""
+    from .blend import BlendedTokens, is_blend
     from .indexed import IndexedTokens, prefix_of
 
+    if is_blend(path):
+        return BlendedTokens(path, split, data_split, seed)
     if not Path(path).is_dir() and prefix_of(path) is not None:
-        return IndexedTokens(path, split)
+        return IndexedTokens(path, split, data_split)
+    if data_split is not None:
+        raise HierConfigError(
+            "data.split",
+            data_split,
+            f"{path} is a prepared directory, already split (every {HELD_OUT_EVERY}th document is val): "
+            "set data.split=null, or name Megatron pairs",
+        )
     return TokenData(path, split)
 
 
@@ -277,7 +289,13 @@ class Loader:
     (i = step * accumulation + micro), a pure function of (seed, i, rank)."""
 
     def __init__(
-        self, data: TokenData | IndexedTokens, seq_len: int, micro_batch: int, rank: int, world: int, seed: int = 0
+        self,
+        data: TokenData | IndexedTokens | BlendedTokens,
+        seq_len: int,
+        micro_batch: int,
+        rank: int,
+        world: int,
+        seed: int = 0,
     ):
         self.data, self.seq_len, self.micro, self.rank, self.world, self.seed = (
             data,
@@ -310,6 +328,8 @@ class Loader:
         return list(range(first, first + self.micro))
 
     def sample_ids(self, i: int) -> list[int]:
+        if getattr(self.data, "shuffles_itself", False):  # a blend orders its own samples
+            return self.positions(i)
         return [int(self._permutation(g // self.n)[g % self.n]) for g in self.positions(i)]
 
     def batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:

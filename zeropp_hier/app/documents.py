@@ -200,7 +200,7 @@ class Reader:
             raw = zstd.ZstdDecompressor().stream_reader(_Hashed(f, self), read_across_frames=True)
             return iter(io.BufferedReader(raw, 1 << 20))
         if suffix == ".gz":
-            return iter(gzip.GzipFile(fileobj=_Hashed(f, self), mode="rb"))  # type: ignore[arg-type]
+            return iter(gzip.GzipFile(fileobj=_Hashed(f, self), mode="rb"))  # type: ignore[call-overload]
         return (self._count(line) for line in f)
 
     def _count(self, line: bytes) -> bytes:
