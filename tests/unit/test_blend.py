@@ -106,3 +106,18 @@ def test_a_pair_too_small_for_its_share_is_refused_by_name(tmp_path):
     data = open_tokens(f"0.5 {a} 0.5 {b}", "train", None)
     with pytest.raises(HierConfigError, match="tiny.*fewer than one sample.*weight 0"):
         data.samples(8)
+
+
+def test_the_command_line_takes_a_blend_and_a_split(tmp_path, monkeypatch):
+    from zeropp_hier.app.train import spec_from_overrides
+
+    monkeypatch.chdir(tmp_path)
+    a, b = _pair(tmp_path / "a", 20, 8, 1), _pair(tmp_path / "b", 20, 8, 100)
+    spec = spec_from_overrides(["data=tokens", "data.path='2 a 1 b'", "data.split=969/30/1"])
+    assert spec.data_path == f"2 {a} 1 {b}" and spec.data_split == "969/30/1"  # prefixes made absolute
+    quoted = spec_from_overrides(["data=tokens", "data.path=a", "data.split='969,30,1'"])
+    assert quoted.data_path == a and quoted.data_split == "969,30,1"
+    with pytest.raises(HierConfigError, match="'data.path'.*alternating"):
+        spec_from_overrides(["data=tokens", "data.path='a b'"])
+    with pytest.raises(HierConfigError, match="'data.split'.*prepared directory"):
+        open_tokens(str(tmp_path), "train", "969,30,1")

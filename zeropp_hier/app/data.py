@@ -359,8 +359,8 @@ class Loader:
 def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     ap = argparse.ArgumentParser(
         prog=prog,
-        description="Prepare token files for the job from text or JSON-lines files: byte level, a BPE tokenizer "
-        "trained here, or an existing Hugging Face tokenizer.json.",
+        description="Prepare token files for the job from text, JSON-lines (also .jsonl.zst / .jsonl.gz), parquet "
+        "or Arrow files: byte level, a BPE tokenizer trained here, or an existing Hugging Face tokenizer.json.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="tokenize local text or JSON lines into DIR/{train,val}.bin + DIR/index.json")
