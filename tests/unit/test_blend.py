@@ -106,6 +106,13 @@ def test_a_pair_too_small_for_its_share_is_refused_by_name(tmp_path):
     data = open_tokens(f"0.5 {a} 0.5 {b}", "train", None)
     with pytest.raises(HierConfigError, match="tiny.*fewer than one sample.*weight 0"):
         data.samples(8)
+    for weights in ("0 {b} 1 {a}", "1 {a} 0 {b}"):  # weight 0: never read, wherever it stands
+        only_a = open_tokens(weights.format(a=a, b=b), "train", None)
+        assert only_a.samples(8) == open_tokens(a).samples(8)
+        assert all(
+            only_a.sample(g, 8).tolist() == only_a.parts[0].sample(only_a.source(g, 8)[1], 8).tolist()
+            for g in range(5)
+        )
 
 
 def test_the_command_line_takes_a_blend_and_a_split(tmp_path, monkeypatch):

@@ -123,7 +123,8 @@ class BlendedTokens:
     shuffles_itself = True
 
     def __init__(self, path: str, split: str, data_split: str | None, seed: int = 0):
-        self.blend = parse_blend(path)
+        # a pair of weight 0 is left out: the largest-deficit rule could pick it on a tie at 0
+        self.blend = [(w, prefix) for w, prefix in parse_blend(path) if w > 0]
         self.parts = [IndexedTokens(prefix, split, data_split) for _, prefix in self.blend]
         self.weights = [w for w, _ in self.blend]
         self.seed = seed
