@@ -1,7 +1,8 @@
 """The user's data trains the quickstart's model exactly as today's path does: the same token
-ids, read from a JSON-lines corpus prepared with a tokenizer.json (workers 2), from a
-Megatron ``.bin``/``.idx`` pair, and from a prepared directory written directly in today's
-format, give the same losses in a real 4-rank job (``zeropp_hier.app.run.rank_main``)."""
+ids, read from a JSON-lines corpus prepared with a tokenizer.json (workers 2), plain, as
+``.jsonl.zst`` or parquet, from a Megatron ``.bin``/``.idx`` pair or a two-pair blend with a
+split, and from a prepared directory written directly in today's format, give the same losses
+in a real 4-rank job (``zeropp_hier.app.run.rank_main``)."""
 
 import json
 
@@ -86,3 +87,72 @@ def test_jsonl_and_megatron_pairs_train_like_todays_path(world4, tmp_path):
         progress="off",
     )
     assert world4.run(rank_main, spec)[0]["losses"][0] != pytest.approx(losses["today"][0], rel=1e-6)
+
+
+def _job(tmp_path, name, path, steps=STEPS, **kw):
+    return JobSpec(
+        steps=steps,
+        micro_batch=2,
+        model=ModelSpec(seq_len=32, vocab_size=VOCAB),
+        data_path=path,
+        progress="off",
+        out_dir=str(tmp_path / f"run_{name}"),
+        **kw,
+    )
+
+
+def test_compressed_and_parquet_files_train_like_plain_jsonl(world4, tmp_path):
+    pytest.importorskip("pyarrow", reason="the data extra's pyarrow reads parquet")
+    pytest.importorskip("zstandard", reason="the data extra's zstandard reads .jsonl.zst")
+    from ..unit.test_data_formats import write_formats
+
+    docs = _docs(n=200, seed=4)
+    tok_file = make_tokenizer(tmp_path / "tokenizer.json", docs)
+    files = write_formats(tmp_path, docs)
+    losses, streams = {}, {}
+    for name in ("jsonl", "zst", "parquet"):
+        prepare_stream.prepare([files[name]], str(tmp_path / name), tokenizer=tok_file, workers=2)
+        streams[name] = (tmp_path / name / "train.bin").read_bytes()
+        losses[name] = world4.run(rank_main, _job(tmp_path, name, str(tmp_path / name)))[0]["losses"]
+    print(losses)
+    assert streams["zst"] == streams["jsonl"] and streams["parquet"] == streams["jsonl"]  # identical tokens
+    assert len(losses["jsonl"]) == STEPS and losses["jsonl"][-1] < losses["jsonl"][0]
+    assert losses["zst"] == pytest.approx(losses["jsonl"], rel=1e-6, abs=1e-7)
+    assert losses["parquet"] == pytest.approx(losses["jsonl"], rel=1e-6, abs=1e-7)
+
+
+def test_a_two_pair_megatron_blend_with_a_split_trains_like_todays_path(world4, tmp_path):
+    """Every pair's document is ``seq_len`` tokens starting with id 0, so every sample starts
+    and ends with 0 and any order of samples can be laid out as one of today's token files: the
+    reference puts the blend's sample for position g at the slot today's loader reads for g."""
+    seq, world, micro = 32, 4, 2
+    rng = np.random.default_rng(7)
+
+    def pair(name, n_docs, low):
+        docs = [[0, *rng.integers(low, low + 200, size=seq - 1).tolist()] for _ in range(n_docs)]
+        indexed.write(str(tmp_path / name), docs, np.uint16)
+        return str(tmp_path / name)
+
+    a, b = pair("pile_text_document", 60, 1), pair("code_text_document", 30, 300)
+    path, split = f"0.6 {a} 0.4 {b}", "80,20,0"
+    blended = data.open_tokens(path, "train", split)
+    used = STEPS * world * micro  # positions the job reads (grad_accum 1)
+    windows = [blended.sample(g, seq) for g in range(used)]
+    assert all(w[0] == 0 and w[-1] == 0 for w in windows)
+    from_b = sum(int(w[1] >= 300) for w in windows)
+    assert 0 < from_b < used  # both pairs feed the job
+    import torch
+
+    perm = torch.randperm(used, generator=torch.Generator().manual_seed(0)).tolist()  # today's order, seed 0
+    stream = np.zeros(used * seq + 1, np.int64)
+    for g, w in enumerate(windows):
+        stream[perm[g] * seq : perm[g] * seq + seq + 1] = w
+    val = [t for g in range(3) for t in data.open_tokens(path, "val", split).sample(g, seq).tolist()]
+    ref = _todays_dir(tmp_path / "today", stream.tolist(), val, VOCAB)
+    blend_run = world4.run(rank_main, _job(tmp_path, "blend", path, data_split=split, eval_every=STEPS))[0]
+    today = world4.run(rank_main, _job(tmp_path, "today", ref))[0]["losses"]
+    print(blend_run["losses"], today, blend_run["val_losses"])
+    assert len(today) == STEPS and today[-1] < today[0]
+    assert blend_run["losses"] == pytest.approx(today, rel=1e-6, abs=1e-7)
+    evaluated = list(blend_run["val_losses"].values())  # the val part of both pairs, once
+    assert len(evaluated) == 1 and np.isfinite(evaluated[0])

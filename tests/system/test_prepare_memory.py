@@ -1,5 +1,6 @@
 """``zeropp-hier data prepare`` holds bounded memory whatever the corpus size ([Note: streaming
-prepare]): a generated 48 MB JSON-lines corpus, tokenized with a tokenizer.json on 2 worker
+prepare]): a generated 48 MB JSON-lines corpus, plain and as ``.jsonl.zst`` (decompressed as
+it is read: [Note: compressed and columnar input]), tokenized with a tokenizer.json on 2 worker
 processes, keeps every process (the reader and each worker) under ``BOUND_MIB`` of resident
 memory, measured with ``getrusage`` of the command's process tree."""
 
@@ -9,6 +10,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from ..unit.test_prepare_stream import WORDS, make_tokenizer
 
@@ -19,19 +21,30 @@ BOUND_MIB = 512
 
 
 def _corpus(path, megabytes):
+    """Pile-like JSON lines of ``megabytes`` MB (uncompressed), zstd-compressed for a ``.zst`` path."""
     rng = np.random.default_rng(0)
     written = 0
-    with open(path, "w") as f:
+    with open(path, "wb") as raw:
+        f = raw
+        if str(path).endswith(".zst"):
+            import zstandard
+
+            f = zstandard.ZstdCompressor(level=3).stream_writer(raw)
         while written < megabytes * 1_000_000:  # Pile-like: documents of a few KB
             text = " ".join(rng.choice(WORDS, size=700))
-            line = json.dumps({"text": text, "meta": {"pile_set_name": "generated"}}) + "\n"
+            line = (json.dumps({"text": text, "meta": {"pile_set_name": "generated"}}) + "\n").encode()
             f.write(line)
-            written += len(line.encode())
+            written += len(line)
+        if f is not raw:
+            f.close()
 
 
-def test_a_large_corpus_prepares_in_bounded_memory(tmp_path):
+@pytest.mark.parametrize("name", ["big.jsonl", "big.jsonl.zst"])
+def test_a_large_corpus_prepares_in_bounded_memory(tmp_path, name):
+    if name.endswith(".zst"):
+        pytest.importorskip("zstandard", reason="the data extra's zstandard reads .jsonl.zst")
     tok_file = make_tokenizer(tmp_path / "tokenizer.json", [" ".join(WORDS)] * 50)
-    corpus = tmp_path / "big.jsonl"
+    corpus = tmp_path / name
     _corpus(corpus, CORPUS_MB)
     out = tmp_path / "out"
     # the measuring process runs the command as its child: RUSAGE_CHILDREN is then the largest
@@ -49,8 +62,6 @@ def test_a_large_corpus_prepares_in_bounded_memory(tmp_path):
     peak_mib = int(done.stdout.strip().splitlines()[-1]) / 1024
     index = json.loads((out / "index.json").read_text())
     size_mib = corpus.stat().st_size / 2**20
-    print(
-        f"prepared {size_mib:.0f} MiB of JSON lines ({index['tokens']}) with peak RSS {peak_mib:.0f} MiB per process"
-    )
+    print(f"prepared {size_mib:.0f} MiB of {name} ({index['tokens']}) with peak RSS {peak_mib:.0f} MiB per process")
     assert index["inputs"][0]["bytes"] == corpus.stat().st_size and index["tokens"]["train"] > 0
     assert peak_mib < BOUND_MIB, f"peak resident memory {peak_mib:.0f} MiB per process, bound {BOUND_MIB} MiB"

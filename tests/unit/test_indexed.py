@@ -66,7 +66,7 @@ def test_damaged_or_foreign_pairs_are_refused(tmp_path):
     with pytest.raises(HierConfigError, match="truncated"):
         indexed.IndexedTokens(prefix)
     idx.write_bytes(bytes(head))
-    with pytest.raises(HierConfigError, match="'data split'.*no held-out split"):
+    with pytest.raises(HierConfigError, match="'data.split'.*no held-out documents.*set data.split=969,30,1"):
         indexed.IndexedTokens(prefix, "val")
     with pytest.raises(HierConfigError, match="no index.json there.*Megatron"):
         data.open_tokens(str(tmp_path / "missing"))

@@ -115,10 +115,12 @@ def test_refusals_name_the_input_and_the_fix(tmp_path, corpus):
         prepare_stream.prepare([jsonl], str(tmp_path / "o"), tokenizer=bare)
     pq = tmp_path / "x.parquet"
     pq.write_bytes(b"PAR1")
-    with pytest.raises(HierConfigError, match="x.parquet.*pyarrow"):
+    with pytest.raises(HierConfigError, match="x.parquet.*not a parquet file"):
         prepare_stream.prepare([jsonl, pq], str(tmp_path / "o"), tokenizer=tok_file)
-    with pytest.raises(HierConfigError, match="zstd -d"):
-        prepare_stream.prepare([tmp_path / "p.jsonl.zst"], str(tmp_path / "o"))
+    with pytest.raises(HierConfigError, match="p.jsonl.bz2.*bunzip2"):
+        prepare_stream.prepare([tmp_path / "p.jsonl.bz2"], str(tmp_path / "o"))
+    with pytest.raises(HierConfigError, match="p.zst.*NAME.jsonl.zst"):
+        prepare_stream.prepare([tmp_path / "p.zst"], str(tmp_path / "o"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": \n')
     with pytest.raises(HierConfigError, match="bad.jsonl:2.*not a JSON line"):

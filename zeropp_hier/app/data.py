@@ -46,6 +46,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
@@ -57,6 +58,7 @@ from ..core.errors import HierConfigError
 from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 
 if TYPE_CHECKING:
+    from .blend import BlendedTokens
     from .indexed import IndexedTokens
 
 # the standard library's sources without its test suites and installed packages
@@ -69,12 +71,26 @@ def byte_tokens(text: bytes) -> np.ndarray:
 
 
 def _input_files(inputs: Sequence[str], pattern: str | None) -> list[Path]:
+    """The files named, a directory's read recursively: those matching ``pattern``, else
+    ``DEFAULT_GLOBS`` (text, JSON lines plain or compressed, parquet, Arrow); what a directory
+    holds besides is named on stderr, never skipped silently."""
+    from .documents import DEFAULT_GLOBS
+
     files: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = (f for pat in ([pattern] if pattern else ["*.txt", "*.jsonl"]) for f in p.rglob(pat))
-            files += sorted((f for f in found if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
+            globs = [pattern] if pattern else list(DEFAULT_GLOBS)
+            chosen = {f for pat in globs for f in p.rglob(pat) if f.is_file()}
+            files += sorted(chosen, key=lambda f: f.relative_to(p).as_posix())
+            skipped = sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file() and f not in chosen)
+            if skipped:
+                shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+                print(
+                    f"data prepare: {item}: skipped {len(skipped)} file(s) not matching {globs}: {shown} "
+                    "(--glob PATTERN reads others)",
+                    file=sys.stderr,
+                )
         elif p.is_file():
             files.append(p)
         else:
@@ -132,10 +148,22 @@ def prepare(
     files = list(files)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from .documents import single_text
+
+    cut = single_text(files)  # one .txt file alone: cut in a train and a val document
     split_of = ["val" if i % HELD_OUT_EVERY == 0 else "train" for i in range(len(files))]
+    if cut is not None:
+        split_of = ["train", "val"]
+
+    def documents() -> Iterable[tuple[bytes, str]]:
+        if cut is None:
+            return ((f.read_bytes(), sp) for f, sp in zip(files, split_of))
+        raw = files[0].read_bytes()
+        return iter([(raw[:cut], "train"), (raw[cut:], "val")])
+
     tok = None
     if tokenizer == "bpe":  # trained on the training split only: the held-out text stays unseen
-        train_docs = (_text(f.read_bytes()) + "\n" for f, sp in zip(files, split_of) if sp == "train")
+        train_docs = (_text(raw) + "\n" for raw, sp in documents() if sp == "train")
         tok = train_bpe(train_docs, vocab_size)  # type: ignore[arg-type]
     vocab = BYTE_VOCAB if tok is None else tok.get_vocab_size()
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
@@ -146,8 +174,7 @@ def prepare(
     tmp = {s: out / f"{s}.bin.tmp" for s in SPLITS}
     handles = {s: open(tmp[s], "wb") for s in SPLITS}
     try:
-        for path, split in zip(files, split_of):
-            raw = path.read_bytes()
+        for raw, split in documents():
             text_bytes += len(raw) if split == "train" else 0
             if tok is None:
                 toks = byte_tokens(raw + b"\n")
@@ -235,14 +262,25 @@ class TokenData:
         return np.asarray(self.tokens[start : start + seq_len + 1], dtype=np.int64)
 
 
-def open_tokens(path: str, split: str = "train"):
-    """The token source at ``path``: a prepared directory (``TokenData``) or a Megatron / GPT-NeoX
+def open_tokens(path: str, split: str = "train", data_split: str | None = None, seed: int = 0):
+    """The token source at ``path``: a prepared directory (``TokenData``), a Megatron / GPT-NeoX
     ``PREFIX.bin`` + ``PREFIX.idx`` pair, read in place ([Note: indexed dataset format] in
-    indexed.py)."""
+    indexed.py), or a blend of pairs, ``W1 PREFIX1 W2 PREFIX2 ...``; ``data_split``: Megatron's
+    ``--split`` of the pairs ([Note: blends and splits] in blend.py)."""
+    from .blend import BlendedTokens, is_blend
     from .indexed import IndexedTokens, prefix_of
 
+    if is_blend(path):
+        return BlendedTokens(path, split, data_split, seed)
     if not Path(path).is_dir() and prefix_of(path) is not None:
-        return IndexedTokens(path, split)
+        return IndexedTokens(path, split, data_split)
+    if data_split is not None:
+        raise HierConfigError(
+            "data.split",
+            data_split,
+            f"{path} is a prepared directory, already split (every {HELD_OUT_EVERY}th document is val): "
+            "set data.split=null, or name Megatron pairs",
+        )
     return TokenData(path, split)
 
 
@@ -251,7 +289,13 @@ class Loader:
     (i = step * accumulation + micro), a pure function of (seed, i, rank)."""
 
     def __init__(
-        self, data: TokenData | IndexedTokens, seq_len: int, micro_batch: int, rank: int, world: int, seed: int = 0
+        self,
+        data: TokenData | IndexedTokens | BlendedTokens,
+        seq_len: int,
+        micro_batch: int,
+        rank: int,
+        world: int,
+        seed: int = 0,
     ):
         self.data, self.seq_len, self.micro, self.rank, self.world, self.seed = (
             data,
@@ -284,6 +328,8 @@ class Loader:
         return list(range(first, first + self.micro))
 
     def sample_ids(self, i: int) -> list[int]:
+        if getattr(self.data, "shuffles_itself", False):  # a blend orders its own samples
+            return self.positions(i)
         return [int(self._permutation(g // self.n)[g % self.n]) for g in self.positions(i)]
 
     def batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,14 +359,18 @@ class Loader:
 def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     ap = argparse.ArgumentParser(
         prog=prog,
-        description="Prepare token files for the job from text or JSON-lines files: byte level, a BPE tokenizer "
-        "trained here, or an existing Hugging Face tokenizer.json.",
+        description="Prepare token files for the job from text, JSON-lines (also .jsonl.zst / .jsonl.gz), parquet "
+        "or Arrow files: byte level, a BPE tokenizer trained here, or an existing Hugging Face tokenizer.json.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="tokenize local text or JSON lines into DIR/{train,val}.bin + DIR/index.json")
     p.add_argument("inputs", nargs="*", help="text files or directories (read recursively, see --glob)")
     p.add_argument("--stdlib", action="store_true", help="the Python standard library's own sources (no download)")
-    p.add_argument("--glob", default=None, help="file pattern inside directories (default: *.txt and *.jsonl)")
+    p.add_argument(
+        "--glob",
+        default=None,
+        help="file pattern inside directories (default: .txt, .jsonl[.zst|.gz], .parquet, .arrow)",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--tokenizer",
@@ -335,6 +385,8 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
     a = ap.parse_args(argv)
     if a.stdlib == bool(a.inputs):
         ap.error("name input files/directories or --stdlib (one of them)")
+    from .documents import kind_of
+
     if a.stdlib:
         files, source = stdlib_files(), "python standard library"
     else:
@@ -343,11 +395,7 @@ def main(argv: list[str] | None = None, prog: str = "zeropp-hier data") -> int:
         ap.error("--tokenizer bpe needs --vocab-size N (e.g. 4096)")
     # today's path: byte level or a BPE trained here, on .txt files, in this process; anything
     # else (a tokenizer.json, JSON lines, several processes) streams ([Note: streaming prepare])
-    if a.tokenizer == "bpe" or (
-        a.tokenizer == "byte"
-        and a.workers == 1
-        and not any(f.suffix.lower() in (".jsonl", ".json", ".ndjson") for f in files)
-    ):
+    if a.tokenizer == "bpe" or (a.tokenizer == "byte" and a.workers == 1 and all(kind_of(f) == "txt" for f in files)):
         for flag, value, default in (("--eos", a.eos, None), ("--text-field", a.text_field, "text")):
             if value != default:
                 ap.error(

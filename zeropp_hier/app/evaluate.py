@@ -24,7 +24,7 @@ def val_loader(spec: JobSpec, rank: int, world: int) -> Loader | None:
     if not spec.eval_every:
         return None
     assert spec.data_path is not None  # JobSpec.check: eval_every needs data
-    val = open_tokens(spec.data_path, "val")  # a Megatron pair refuses: it has no val split
+    val = open_tokens(spec.data_path, "val", spec.data_split, spec.seed)  # a pair without data.split refuses
     if val.samples(spec.model.seq_len) < 1:
         raise HierConfigError(
             "eval_every",

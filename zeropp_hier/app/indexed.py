@@ -27,7 +27,9 @@ boundaries exactly as in Megatron's GPT dataset when the corpus was prepared wit
 converted or copied: both files are memory-mapped, and opening one reads only the header and
 the last sequence's pointer, so a 300-billion-token Pile opens in milliseconds on every rank.
 The pair has no vocabulary size (set ``model.vocab_size``, e.g. 50432 for GPT-NeoX-20B's
-tokenizer) and no held-out split; each batch is checked against the vocabulary
+tokenizer) and no held-out split of its own: ``data.split`` cuts it by document as Megatron's
+``--split`` does, and ``data.path`` may blend several pairs by weight ([Note: blends and splits]
+in blend.py); each batch is checked against the vocabulary
 (``limit_vocab``), so an id the model cannot embed stops the job naming the file instead of
 failing inside the embedding.
 """
@@ -87,20 +89,25 @@ class IndexedTokens:
     """A Megatron pair as the job's token source: the interface of ``data.TokenData`` (``count``,
     ``vocab_size``, ``index``, ``samples``, ``sample``) over ``PREFIX.bin``, memory-mapped."""
 
-    def __init__(self, path: str, split: str = "train"):
+    def __init__(self, path: str, split: str = "train", data_split: str | None = None):
+        from .blend import SPLIT_NAMES, parse_split, split_bounds
+
         prefix = prefix_of(path)
         if prefix is None:
             raise HierConfigError(
                 "data.path", path, "no PREFIX.bin + PREFIX.idx pair there: name the prefix preprocess_data.py wrote"
             )
-        if split != "train":
+        if split not in SPLIT_NAMES:
+            raise HierConfigError("data split", split, f"use one of {list(SPLIT_NAMES)}")
+        if split != "train" and data_split is None:
             raise HierConfigError(
-                "data split",
-                split,
-                f"{prefix}.bin/.idx is one stream with no held-out split: evaluate on a second pair "
-                "or a prepared directory",
+                "data.split",
+                None,
+                f"{prefix}.bin/.idx has no held-out documents without a split: set data.split=969,30,1 "
+                "(Megatron's --split: train,val,test parts, by document) to evaluate on its val part",
             )
-        self.prefix = prefix
+        parts = parse_split(data_split) if data_split is not None else None
+        self.prefix, self.split = prefix, split
         idx, binf = Path(prefix + ".idx"), Path(prefix + ".bin")
         with open(idx, "rb") as f:
             head = f.read(_HEADER.size)
@@ -138,18 +145,27 @@ class IndexedTokens:
                 f"holds {binf.stat().st_size} bytes, its index ends the last sequence at byte {end}: "
                 "the pair does not match (copy both files again)",
             )
-        self.count = end // self.dtype.itemsize
-        self.tokens = np.memmap(binf, dtype=self.dtype, mode="r", shape=(self.count,)) if self.count else np.zeros(0)
+        first, stop = 0, end // self.dtype.itemsize  # the split's sequences, as one token range
+        if parts is not None:
+            bounds = split_bounds(parts, int(n_seq))
+            a, b = bounds[SPLIT_NAMES.index(split)], bounds[SPLIT_NAMES.index(split) + 1]
+            first = int(pointers[a]) // self.dtype.itemsize if a < n_seq else stop
+            stop = int(pointers[b]) // self.dtype.itemsize if b < n_seq else stop
+            self.sequences_range = (a, b)
+        self.count = stop - first
+        tokens = np.memmap(binf, dtype=self.dtype, mode="r", shape=(end // self.dtype.itemsize,)) if end else None
+        self.tokens = tokens[first:stop] if tokens is not None else np.zeros(0, self.dtype)
         self.vocab_size: int | None = None  # not recorded in the pair: the model's (limit_vocab)
         self._limit: int | None = None
         self.index = {
             "format": "megatron-mmap",
             "prefix": prefix,
             "dtype": self.dtype.name,
-            "tokens": {"train": self.count},
+            "tokens": {split: self.count},
             "sequences": self.sequences,
             "documents": {"train": self.documents},
-            "sha256": fingerprint(prefix),
+            "split": data_split,
+            "sha256": fingerprint(prefix) if data_split is None else _with_split(fingerprint(prefix), data_split),
         }
 
     def limit_vocab(self, vocab: int) -> None:
@@ -172,6 +188,11 @@ class IndexedTokens:
                 "tokenizer's size (50432 for GPT-NeoX-20B's)",
             )
         return out
+
+
+def _with_split(digest: str, data_split: str) -> str:
+    # another split trains on other documents: a resume must see the difference
+    return hashlib.sha256(f"{digest}:split:{data_split}".encode()).hexdigest()
 
 
 def fingerprint(prefix: str) -> str:

@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..core.errors import HierConfigError
-from .documents import Piece, Reader
+from .documents import Piece, Reader, single_text
 from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 
 TASK_BYTES = 1 << 20  # text per task: large enough to amortise a task's round trip
@@ -134,12 +134,15 @@ def load_tokenizer_file(path: str):
 # -- the main side ---------------------------------------------------------------------------------
 
 
-def _tasks(readers: Iterable[Reader], held_out_every: int) -> Iterator[list[tuple[bytes, bool, int]]]:
+def _tasks(readers: list[Reader], held_out_every: int) -> Iterator[list[tuple[bytes, bool, int]]]:
     doc, task, size = 0, [], 0
+    # one .txt file alone is two documents, train then val ([Note: single text file] in documents.py)
+    cut = len(readers) == 1 and readers[0].split_at is not None
     for reader in readers:
         piece: Piece
         for piece in reader:
-            task.append((piece.data, piece.last, 1 if doc % held_out_every == 0 else 0))
+            held_out = doc == 1 if cut else doc % held_out_every == 0
+            task.append((piece.data, piece.last, 1 if held_out else 0))
             size += len(piece.data)
             doc += piece.last
             if size >= TASK_BYTES or len(task) >= TASK_PIECES:
@@ -158,13 +161,14 @@ def prepare(
     text_field: str = "text",
     eos: str | None = None,
 ) -> dict:
-    """Tokenize ``files`` (.txt / .jsonl) into ``out_dir`` with ``tokenizer`` ("byte" or the
-    path of a ``tokenizer.json``) on ``workers`` processes ([Note: streaming prepare]);
-    returns the index."""
+    """Tokenize ``files`` (.txt, .jsonl plain or compressed, parquet, Arrow: documents.py) into
+    ``out_dir`` with ``tokenizer`` ("byte" or the path of a ``tokenizer.json``) on ``workers``
+    processes ([Note: streaming prepare]); returns the index."""
     if not isinstance(workers, int) or not 1 <= workers <= 1024:
         raise HierConfigError("--workers", workers, "give a number of processes from 1 to 1024")
     files = list(files)
-    readers = [Reader(f, text_field) for f in files]  # refuses unreadable kinds before any work
+    cut = single_text(files)
+    readers = [Reader(f, text_field, cut) for f in files]  # refuses unreadable kinds before any work
     out = Path(out_dir)
     info: dict
     if tokenizer == "byte":

@@ -44,6 +44,7 @@ from .recipe import write_ds_config
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
 
 if TYPE_CHECKING:
+    from .blend import BlendedTokens
     from .indexed import IndexedTokens
 
 # -- engine and step loop (the job, the benchmarks and the tests) ------------------------------
@@ -162,9 +163,9 @@ class Run:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         m = spec.model
         self.loader: Loader | None = None
-        self.tokens: TokenData | IndexedTokens | None = None
+        self.tokens: TokenData | IndexedTokens | BlendedTokens | None = None
         if spec.data_path is not None:
-            self.tokens = open_tokens(spec.data_path)
+            self.tokens = open_tokens(spec.data_path, "train", spec.data_split, spec.seed)
             if hasattr(self.tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
                 self.tokens.limit_vocab(m.vocab)
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
@@ -291,7 +292,9 @@ class _Checkpoints:
 def _data_sha(spec: JobSpec) -> str | None:
     """The token files' hash (a resume checks it); read before the model is built, so that a
     wrong path costs nothing."""
-    return None if spec.data_path is None else open_tokens(spec.data_path).index.get("sha256")
+    if spec.data_path is None:
+        return None
+    return open_tokens(spec.data_path, "train", spec.data_split).index.get("sha256")
 
 
 def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Reporter) -> tuple[int, Any]:

@@ -153,6 +153,7 @@ class JobSpec:
     model: ModelSpec = field(default_factory=ModelSpec)  # default: the tiny size
     activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
     data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
+    data_split: str | None = None  # Megatron pairs only: train,val,test parts by document (app/blend.py)
     save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/resume.py
     checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
     resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
@@ -370,7 +371,8 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
         return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
     from .data import open_tokens  # numpy and torch: only when there are token files to read
 
-    vocab, where = open_tokens(spec.data_path).vocab_size, f"the tokenizer of {spec.data_path}"
+    vocab = open_tokens(spec.data_path, "train", spec.data_split).vocab_size
+    where = f"the tokenizer of {spec.data_path}"
     if vocab is None:  # a Megatron pair does not record its tokenizer's size
         if m.vocab_size is None:
             raise HierConfigError(

@@ -56,7 +56,14 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     if d["kind"] == "tokens":
         if not path:
             raise HierConfigError("data.path", path, "name the directory `zeropp-hier data prepare --out DIR` wrote")
-        path = os.path.abspath(path)  # every rank, and summary.json, see the same directory
+        from .blend import is_blend, parse_blend
+
+        if is_blend(path):  # Megatron's `W1 PREFIX1 W2 PREFIX2 ...`: the weights as given, the prefixes absolute
+            words = path.split()
+            parse_blend(path)  # refused here, naming the field, if it is not weights and prefixes
+            path = " ".join(w if i % 2 == 0 else os.path.abspath(w) for i, w in enumerate(words))
+        else:
+            path = os.path.abspath(path)  # every rank, and summary.json, see the same directory
     return JobSpec(
         preset=cfg["preset"]["name"],
         compression=cfg["compression"]["spec"],
@@ -66,6 +73,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         model=ModelSpec(**m),
         activation_checkpointing=cfg["activation_checkpointing"],
         data_path=path,
+        data_split=None if d.get("split") is None else str(d["split"]),
         topology=t["section"],
         local_world=t["local_ranks"],
         regather=cfg["regather"],
