@@ -34,6 +34,7 @@ from benchmarks.compare_planner import predictions
 from benchmarks.compare_report import summarize
 from zeropp_hier.core.vocab import TIERS
 from zeropp_hier.files import write_json_atomic
+from zeropp_hier.tools.compare_runs import ds_quantizer_problem
 
 # [Note: headers per packet]
 # A tx counter counts each skb's length, one Ethernet (14), IPv4 (20) and TCP header (20, plus 12
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
         return 2
     shape = f"{args.nodes}x{args.gpus_per_node}x{args.gcds_per_gpu}"
     out = args.out or f"benchmarks/results/wire_links_{shape}.json"
-    spec, plan = cluster_and_plan(args, compare.stock_quantization_problem())
+    spec, plan = cluster_and_plan(args, ds_quantizer_problem())
     t0 = time.time()
 
     packets: dict = {}  # run label -> packets per link class over its measured steps
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
         "link view (and payload view) and the planner, links unshaped",
         "command": "python -m benchmarks.wire_links " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": vars(args),
-        "stock_quantization_problem": compare.stock_quantization_problem(),
+        "stock_quantization_problem": ds_quantizer_problem(),
         "topology": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},
         "shape": plan["shape"],
         "params": plan["params"],
