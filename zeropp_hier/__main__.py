@@ -70,6 +70,12 @@ def _data(rest: list[str]) -> int:
     return data.main(rest, prog="zeropp-hier data")
 
 
+# checkpoint commands run here, before the checkpoint tool's own parser (which lists them in --help)
+CHECKPOINT_TOOLS = {
+    "export-hf": "a Hugging Face model directory (safetensors + config.json) from a tag: CKPT/TAG --out DIR"
+}
+
+
 def _checkpoint(rest: list[str]) -> int:
     if rest and rest[0] == "export-hf":
         from .tools import export_hf
@@ -81,7 +87,7 @@ def _checkpoint(rest: list[str]) -> int:
         return 2
     from .deepspeed import checkpoint
 
-    return checkpoint.main(rest, prog="zeropp-hier checkpoint")
+    return checkpoint.main(rest, prog="zeropp-hier checkpoint", others=CHECKPOINT_TOOLS)
 
 
 def checkpoint_dir_problem(rest: list[str]) -> str | None:

@@ -53,7 +53,8 @@ import contextlib
 import json
 import os
 import shutil
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Mapping
 
 import torch.distributed as dist
 
@@ -431,12 +432,18 @@ def add_trust_pickles(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") -> int:
+def main(
+    argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint", others: Mapping[str, str] | None = None
+) -> int:
     """``zeropp-hier checkpoint verify DIR [--tag T]`` / ``to-universal SRC OUT [--tag T]``
     (``universal`` is the same as ``to-universal``). Checkpoint files are read tensors-only
     unless ``--trust-pickles``."""
     ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    # commands of a higher layer (the command line runs them before this parser: export-hf needs
+    # the app's model classes), listed here so that --help names every checkpoint command
+    for name, text in (others or {}).items():
+        sub.add_parser(name, help=text, add_help=False)
     v = sub.add_parser("verify", help="check every file of a tag against its manifest; list unfinished saves")
     v.add_argument("dir")
     v.add_argument("--tag", default=None)
@@ -449,6 +456,9 @@ def main(argv=None, prog: str = "python -m zeropp_hier.deepspeed.checkpoint") ->
     for p in (v, u):
         add_trust_pickles(p)
     a = ap.parse_args(argv)
+    if a.cmd in (others or {}):
+        print(f"{prog} {a.cmd}: run it as zeropp-hier checkpoint {a.cmd}", file=sys.stderr)
+        return 2
     try:
         if a.cmd == "verify":
             for path, what in leftovers(a.dir):
