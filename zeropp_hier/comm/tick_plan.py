@@ -49,6 +49,7 @@ Fill and drain: a piece of ``C`` chunks over ``H`` sub-hops takes ``C + H - 1`` 
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, NamedTuple, Sequence
 
 from ..core.topology import Topology, normalize_axes
@@ -170,6 +171,14 @@ def exchange_blocks(members: int, step: int) -> list[int]:
     return [j for j in range(members) if j >> step & 1]
 
 
+def exchange_block_count(members: int, step: int) -> int:
+    """``len(exchange_blocks(members, step))`` in O(1): the schedule is computed for peers at
+    start-up ([Note: tick agreement]), where a list of every member per step would grow with
+    the world."""
+    period, half = 1 << (step + 1), 1 << step
+    return (members // period) * half + max(0, members % period - half)
+
+
 Unit = list[tuple[int, int, int]]  # (member index, rows sent, rows received), matched whole
 
 
@@ -192,7 +201,7 @@ def step_units(members: int, me: int, kind: str, mode: str, step: int) -> list[U
         rows = min(k, n - k)
         to, frm = (i - k) % n, (i + k) % n
     else:  # send to i + k, receive from i - k
-        rows = len(exchange_blocks(n, step))
+        rows = exchange_block_count(n, step)
         to, frm = (i + k) % n, (i - k) % n
     return [[(to, rows, rows)]] if to == frm else [[(to, rows, 0), (frm, 0, rows)]]
 
@@ -233,6 +242,31 @@ def sub_hops(sizes: Sequence[int], steps: str = AUTO, kind: str = GATHER) -> lis
     return [(h, k) for h, n in enumerate(sizes) for k in range(step_count(n, step_mode(n, steps, kind)))]
 
 
+def place_in_group(topo: Topology, rank: int, axes: Sequence[str]) -> int:
+    """``rank``'s index in ``topo.peers(rank, axes)`` (row-major over ``axes``), in O(1)."""
+    c = topo.coord(rank)._asdict()
+    place = 0
+    for a in normalize_axes(axes):
+        place = place * topo.axis_size(a) + c[a]
+    return place
+
+
+def hop_group(topo: Topology, rank: int, axes: Sequence[str]) -> tuple[int, ...]:
+    """``topo.peers(rank, axes)``, shared by every rank of the group: the start-up check computes
+    the sequences of a rank's peers, most of which share its hop groups ([Note: tick agreement])."""
+    axes = normalize_axes(axes)
+    c = topo.coord(rank)._asdict()
+    return _group(topo, axes, tuple(c[a] for a in ("node", "gpu", "gcd") if a not in axes))
+
+
+@functools.lru_cache(maxsize=64)
+def _group(topo: Topology, axes: tuple[str, ...], fixed: tuple[int, ...]) -> tuple[int, ...]:
+    others = [a for a in ("node", "gpu", "gcd") if a not in axes]
+    c = dict(zip(others, fixed))
+    c.update(dict.fromkeys(axes, 0))
+    return topo.peers(topo.rank_of((c["node"], c["gpu"], c["gcd"])), axes)
+
+
 def rank_sequence(
     topo: Topology,
     rank: int,
@@ -246,7 +280,8 @@ def rank_sequence(
     the order they are posted ([Note: ticks]); ``steps``: "auto" (the planner's rule), "direct"
     or "log" ([Note: log-step hops]); at most ``bound`` ops per grouped call ([Note: bounded
     calls])."""
-    groups = [topo.peers(rank, normalize_axes(axes)) for axes in hops]
+    groups = [hop_group(topo, rank, axes) for axes in hops]
+    places = [place_in_group(topo, rank, axes) for axes in hops]
     modes = [step_mode(len(g), steps, kind) for g in groups]
     subs = sub_hops([len(g) for g in groups], steps, kind)
     out: list[Transfer] = []
@@ -255,7 +290,7 @@ def rank_sequence(
         for slot in slots:
             h, k = subs[slot.hop]
             g = groups[h]
-            for u in step_units(len(g), g.index(rank), kind, modes[h], k):
+            for u in step_units(len(g), places[h], kind, modes[h], k):
                 units.append([(g[j], s, r) for j, s, r in u])
         calls = pack_calls([unit_ops(u) for u in units], bound)
         out += [Transfer(t, p, s, r, c) for u, c in zip(units, calls) for p, s, r in u]

@@ -43,13 +43,13 @@ from ..core.plan import CommPlan, Hop
 from ..core.topology import Topology
 from ..core.vocab import AXES
 from . import tick_plan
-from .agree import agree_local, digest
 from .busy import Several
 from .collectives import Wire
 from .executor import CommExecutor, Done, Job, JobOrderError, Move
 from .failures import as_timedelta, collective_guard, slowest_tier
 from .issue import backend_for
 from .stats import CommStats
+from .tick_agree import TickScheduleError, agree_schedule  # noqa: F401 - the mode's start-up check
 
 R = TypeVar("R")
 
@@ -444,50 +444,6 @@ def plan_pieces(plan: CommPlan, backward: Sequence[Hop]) -> dict[str, list[tuple
         if any(h in backward for h in hops):
             out[f"backward from {','.join(axes)}"] = [h.axes for h in hops]
     return out
-
-
-class TickScheduleError(RuntimeError):
-    """A peer's tick schedule is not the one this rank expects of it ([Note: ticks])."""
-
-
-def agree_schedule(
-    topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int, steps: str = tick_plan.AUTO
-) -> str:
-    """Collective on the world, before any tick: every rank's sequence of (tick, peer, rows out,
-    rows in) over ``pieces`` agreed by digest ([Note: ticks]). Each rank recomputes the
-    sequences of the ranks it exchanges with (the members of its hop groups), checks that each
-    of its own transfers is matched by its peer's, and compares their digests with the ones
-    they sent; then every rank learns every verdict (``agree_local``), so a difference stops
-    every rank with ``HierRankError`` naming the ranks that found it. Returns one digest of all
-    ranks' sequences. Cost: the peers' sequences, O(peers x transfers per rank)."""
-    hop_axes = {axes for hops in pieces.values() for axes in hops}
-    near = sorted({p for axes in hop_axes for p in topo.peers(rank, axes)} | {rank})
-    expected: dict[int, list] = {q: [] for q in near}
-    for name, hops in pieces.items():
-        kind = tick_plan.EXCHANGE if name == "reduce" else tick_plan.GATHER
-        seqs = {q: tick_plan.rank_sequence(topo, q, hops, kind, chunks, steps) for q in near}
-        bad = tick_plan.unmatched(seqs, only=rank)
-        if bad:  # the pure schedule itself is wrong: a bug, the same on every rank
-            raise AssertionError(f"zeropp_hier internal: the {name} tick schedule is not matched: {bad[:3]}")
-        for q in near:
-            expected[q] += [(name, *x) for x in seqs[q]]
-    want = {q: digest(expected[q]) for q in near}
-    got: list = [want[rank]]
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        got = [None] * dist.get_world_size()
-        dist.all_gather_object(got, want[rank])
-
-    def check() -> None:
-        wrong = [q for q in near if got[q] != want[q]]
-        if wrong:
-            raise TickScheduleError(
-                f'the tick schedule (overlap "ticks") of ranks {wrong} is not the one rank {rank} computed for '
-                f"them (pipeline.chunks = {chunks}, hops {pieces}): every rank must run the same zeropp_hier "
-                "config, topology and code; no tick was issued"
-            )
-
-    agree_local("tick schedule", check)
-    return digest(got)
 
 
 __all__ = [
