@@ -34,6 +34,7 @@ from . import (
     models,
     monitor,
     monitor_run,
+    pretrained,
     report,
     resume,
     resume_rules,
@@ -51,16 +52,25 @@ if TYPE_CHECKING:
 
 
 def build_engine(
-    config: dict, model_cfg: Any = GPTConfig(), seed: int = 0, checkpointing: str = "none", init=("normal", "normal")
+    config: dict,
+    model_cfg: Any = GPTConfig(),
+    seed: int = 0,
+    checkpointing: str = "none",
+    init=("normal", "normal"),
+    init_from: str | None = None,
 ):
     """An engine for ``model_cfg``: a ``ModelSpec`` is built sharded under ZeRO-3
     ([Note: building a model sharded] in models.py); a ``GPTConfig`` whole, as the tests of
     the hand-written GPT always did. ``checkpointing``: activation checkpointing per block
     ("none", "torch", "deepspeed"). ``init``: the GPT-NeoX schemes (init_method,
-    output_layer_init_method) of ``app/init_schemes.py``."""
+    output_layer_init_method) of ``app/init_schemes.py``. ``init_from``: a Hugging Face model
+    directory whose weights replace the initial ones (``app/pretrained.py``)."""
     if isinstance(model_cfg, ModelSpec):
         model = models.build(model_cfg, config, seed=seed)
-        init_schemes.apply(model, model_cfg.hidden, model_cfg.layers, init[0], init[1], seed)
+        if init_from is not None:  # each rank reads its own partitions ([Note: pretrained weights in])
+            pretrained.load_into(model, init_from)
+        else:
+            init_schemes.apply(model, model_cfg.hidden, model_cfg.layers, init[0], init[1], seed)
     else:
         torch.manual_seed(seed)
         model = GPT(model_cfg)
@@ -171,7 +181,7 @@ class Run:
             self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = spec.ds_config(ds_overrides, world=self.world)
         init = (spec.init_method, spec.output_layer_init_method)
-        self.engine = build_engine(self.config, m, spec.seed, spec.activation_checkpointing, init)
+        self.engine = build_engine(self.config, m, spec.seed, spec.activation_checkpointing, init, spec.init_from)
         self.runtime = getattr(self.engine, "hier_runtime", None)
         self.hier = self.runtime is not None
         self.tokens_per_step = self.world * spec.micro_batch * m.seq_len * self.engine.gradient_accumulation_steps()

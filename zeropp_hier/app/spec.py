@@ -183,6 +183,7 @@ class JobSpec:
     deepspeed_config: str | None = None  # the user's DeepSpeed JSON, merged in (app/user_config.py)
     deepspeed: dict = field(default_factory=dict)  # the user's DeepSpeed keys (+deepspeed.KEY=value), merged last
     seed: int = 0  # the model's initial weights and the data order
+    init_from: str | None = None  # a Hugging Face model directory: the initial weights (app/pretrained.py)
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
@@ -366,6 +367,10 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
     data's tokenizer's size (the prepared directory's index.json), or 256 for synthetic batches
     (which draw from the model's own vocabulary, so any size serves them); a model whose
     vocabulary is smaller than the data's is refused."""
+    if spec.init_from is not None:  # the model checked against the directory's config.json
+        from .pretrained import with_pretrained_model
+
+        spec = with_pretrained_model(spec)
     m = spec.model
     if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
         return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))

@@ -83,6 +83,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         lr=cfg["lr"],
         warmup_steps=cfg["warmup_steps"],
         seed=cfg["seed"],
+        init_from=os.path.abspath(cfg["init_from"]) if cfg.get("init_from") else None,
         out_dir=out_dir,
         memory_gb=cfg["memory_gb"],
         progress=cfg["progress"],
