@@ -95,3 +95,15 @@ def _refusal(spec):
     except HierConfigError as e:
         return str(e)
     return "no error"
+
+
+def test_a_resume_loads_its_checkpoint_and_reads_no_weights(world4, tmp_path):
+    path = str(tmp_path / "hf")
+    _hf_model(seed=11).save_pretrained(path)
+    first = world4.run(rank_main, _job(tmp_path, "run", init_from=path, save_every=2))[0]
+    os.remove(os.path.join(path, "model.safetensors"))  # a chain's next link must not need them
+    spec = _job(tmp_path, "run", steps=3, init_from=path, save_every=2, resume="latest")
+    again = world4.run(rank_main, spec)[0]
+    assert len(first["losses"]) == 2 and len(again["losses"]) == 1  # step 2 only: continued, not restarted
+    refused = world4.run(_refusal, _job(tmp_path, "fresh", init_from=path))  # a fresh run does read them
+    assert all("no weights in it" in r for r in refused), refused

@@ -28,7 +28,9 @@ models.CausalLM); transformers 4's ``embed_out`` is read as 5's ``lm_head``; the
 checkpoints carry (attention masks, rotary frequencies) are skipped; a weight the model has and
 the files lack, or one the files have and the model does not know, stops the load naming it.
 A GPT-NeoX scheme (init_method small_init, ...) is not drawn under ``init_from``: the file's
-weights replace every parameter.
+weights replace every parameter. In a bf16 or fp16 job the partitions are in that dtype, so the
+optimizer's fp32 master copy starts from the file's values rounded to it (as DeepSpeed's own
+``from_pretrained`` under ZeRO-3 does); a resumed run loads its checkpoint and reads no file here.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import gc
 import os
 import resource
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import deepspeed
@@ -398,6 +399,8 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     overrides: dict = {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else {}
     if mrun.dir != spec.out_dir:
         overrides |= monitor_run.ds_paths(monitor.ds_sections(spec.monitor, spec.out_dir), mrun)
+    if plan is not None and spec.init_from is not None:  # the checkpoint's weights replace them: not read
+        spec = replace(spec, init_from=None)
     run = Run(spec, overrides or None)
     rep = report.Reporter(spec, rank == 0, mrun.dir, append=mrun.continued)
     if where:
