@@ -468,7 +468,7 @@ def disagree_run(rank_map: list, odd_rank: int) -> dict:
     topo = Topology.for_world(dist.get_world_size(), 2, 2, rank_map)
     plan = make_plan("frontier", parse_section({"enabled": True, "preset": "frontier"}).compression, topo)
     pieces = plan_pieces(plan, gather.backward_hops(plan, all_levels=False))
-    same = agree_schedule(topo, rank, pieces, 3)  # alike everywhere: passes, one digest
+    same = agree_schedule(topo, rank, pieces, 3).digest  # alike everywhere: passes, one digest
     try:
         agree_schedule(topo, rank, pieces, 4 if rank == odd_rank else 3)
     except Exception as e:  # noqa: BLE001 - handed to the test

@@ -21,7 +21,7 @@ def _pieces(preset, topo):
 @pytest.mark.parametrize("rank", [0, 37_123, 75_263])
 def test_one_ranks_check_at_9408_nodes_is_bounded_by_its_peers(preset, rank):
     pieces = _pieces(preset, FRONTIER)
-    problems, computed = tick_agree.own_transfers_matched(FRONTIER, rank, pieces, 8, tick_plan.AUTO)
+    problems, computed, peers = tick_agree.own_transfers_matched(FRONTIER, rank, pieces, 8, tick_plan.AUTO)
     assert problems == []
     own = {
         name: tick_plan.rank_sequence(
@@ -32,6 +32,8 @@ def test_one_ranks_check_at_9408_nodes_is_bounded_by_its_peers(preset, rank):
     # the rank's own sequences and one per actual peer of each piece, nothing for the rest of a group
     bound = sum(len(seq) * (1 + len({x.peer for x in seq})) for seq in own.values())
     assert computed <= bound
+    # the peers the connection warm-up opens: those of the own sequences, at most 40 ([Note: log-step hops])
+    assert set(peers) == {x.peer for seq in own.values() for x in seq} - {rank} and len(peers) <= 40
     assert computed <= 40_000  # about 17-20 thousand (tuples) at 8 chunks: a few MB, under a second
     # the old check recomputed every member of the rank's hop groups: the node hop alone is 9,408 ranks
     members = {p for hops in pieces.values() for axes in hops for p in FRONTIER.peers(rank, axes)}

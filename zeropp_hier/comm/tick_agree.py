@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,14 @@ from . import tick_plan
 from .agree import agree_local, digest
 
 DIGEST_BITS = 60  # fits an int64 with room for its negation
+
+
+class Agreement(NamedTuple):
+    """What the start-up check returns: the agreed digest (hex, the same on every rank) and this
+    rank's distinct tick peers, which the connection warm-up opens (comm/tick_connect.py)."""
+
+    digest: str
+    peers: tuple[int, ...]
 
 
 class TickScheduleError(RuntimeError):
@@ -69,20 +77,22 @@ def inputs_digest(topo: Topology, pieces: Mapping[str, Sequence[tuple[str, ...]]
 
 def own_transfers_matched(
     topo: Topology, rank: int, pieces: Mapping[str, Sequence[tuple[str, ...]]], chunks: int, steps: str
-) -> tuple[list[str], int]:
+) -> tuple[list[str], int, tuple[int, ...]]:
     """Pure: this rank's transfers of every piece checked against its actual peers' sequences.
-    Returns (problems, sequence items computed)."""
+    Returns (problems, sequence items computed, this rank's distinct peers ascending)."""
     problems: list[str] = []
     computed = 0
+    peers: set[int] = set()
     for name, hops in pieces.items():
         kind = tick_plan.EXCHANGE if name == "reduce" else tick_plan.GATHER
         mine = tick_plan.rank_sequence(topo, rank, hops, kind, chunks, steps)
         seqs = {rank: mine}
+        peers.update(x.peer for x in mine)
         for q in sorted({x.peer for x in mine}):
             seqs[q] = tick_plan.rank_sequence(topo, q, hops, kind, chunks, steps)
         computed += sum(len(s) for s in seqs.values())
         problems += [f"{name}: {b}" for b in tick_plan.unmatched(seqs, only=rank)[:3]]
-    return problems, computed
+    return problems, computed, tuple(sorted(peers - {rank}))
 
 
 def _device() -> torch.device:
@@ -94,13 +104,13 @@ def _device() -> torch.device:
 
 def agree_schedule(
     topo: Topology, rank: int, pieces: dict[str, list[tuple[str, ...]]], chunks: int, steps: str = tick_plan.AUTO
-) -> str:
+) -> Agreement:
     """Collective on the world, before any tick ([Note: tick agreement]): the schedule's inputs
     agreed by one all-reduce and this rank's own transfers checked by symmetry. Returns the
-    agreed digest (hex), the same on every rank; on a difference every rank raises
+    agreed digest (hex), the same on every rank, and this rank's tick peers; on a difference every rank raises
     ``HierRankError`` naming the ranks that differ, and no tick is issued."""
     d = inputs_digest(topo, pieces, chunks, steps)
-    problems, _ = own_transfers_matched(topo, rank, pieces, chunks, steps)
+    problems, _, peers = own_transfers_matched(topo, rank, pieces, chunks, steps)
     agreed = not problems
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor([int(bool(problems)), d, -d], dtype=torch.int64, device=_device())
@@ -111,7 +121,7 @@ def agree_schedule(
             _name_the_ranks(rank, d, problems, chunks, pieces)
     elif problems:
         raise AssertionError(f"zeropp_hier internal: the tick schedule is not matched: {problems}")
-    return f"{d:0{DIGEST_BITS // 4}x}"
+    return Agreement(f"{d:0{DIGEST_BITS // 4}x}", peers)
 
 
 def _name_the_ranks(rank: int, d: int, problems: list[str], chunks: int, pieces: Mapping[str, object]) -> None:
@@ -138,4 +148,4 @@ def _name_the_ranks(rank: int, d: int, problems: list[str], chunks: int, pieces:
     )
 
 
-__all__ = ["TickScheduleError", "agree_schedule", "inputs_digest", "own_transfers_matched"]
+__all__ = ["Agreement", "TickScheduleError", "agree_schedule", "inputs_digest", "own_transfers_matched"]

@@ -137,12 +137,16 @@ class HierRuntime:
         self.tick_group = None
         transport = None
         if self.issue_mode.ticks:
+            from ..comm.tick_connect import connect_peers
             from ..comm.ticks import TickTransport, agree_schedule, plan_pieces
 
             self.tick_group = build_tick_group(topo, cfg.collective_timeout_s)
             steps = cfg.pipeline.hop_steps
             transport = TickTransport(self.tick_group, rank, topo, self.stats, cfg.collective_timeout_s, steps)
-            agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), self.chunks, steps)
+            agreed = agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), self.chunks, steps)
+            # each tick peer's connection opened now, under its own bound, not inside the first
+            # node tick ([Note: connections before the first step] in comm/tick_connect.py)
+            connect_peers(self.tick_group, rank, topo, agreed.peers, cfg.collective_timeout_s, self.comm_device)
         self.executor = executor_for(
             self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s, transport=transport
         )
