@@ -79,8 +79,8 @@ def model_config(a: dict) -> ModelSpec:
 
 def prepare_data(path: str) -> dict:
     """The stdlib corpus as the job's token files (``zeropp-hier data prepare --stdlib``), once."""
-    from zeropp_hier.app import data
-    from zeropp_hier.app.data import stdlib_files
+    from zeropp_hier.app.data import tokens as data
+    from zeropp_hier.app.data.tokens import stdlib_files
 
     index = os.path.join(path, "index.json")
     if not os.path.exists(index):
@@ -112,7 +112,7 @@ def _held_out_loss(state: dict, a: dict, rank: int, world: int) -> float:
     import torch
 
     from zeropp_hier.app import models
-    from zeropp_hier.app.data import Loader, TokenData
+    from zeropp_hier.app.data.tokens import Loader, TokenData
 
     spec = model_config(a)
     model = models.build(spec, {})
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         args.data = os.path.abspath(os.path.join(args.out_dir, "stdlib_tokens"))
         index = prepare_data(args.data)
     else:
-        from zeropp_hier.app.data import TokenData
+        from zeropp_hier.app.data.tokens import TokenData
 
         args.data = os.path.abspath(args.data)
         index = TokenData(args.data).index  # a clear error when it is not a prepared directory

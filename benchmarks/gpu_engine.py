@@ -90,7 +90,7 @@ def _batch(engine, model_cfg, step: int):
     sync-debug windows: it is the input, not the engine's work)."""
     import torch
 
-    from zeropp_hier.app.data import synthetic_batch
+    from zeropp_hier.app.data.tokens import synthetic_batch
 
     x, y = synthetic_batch(model_cfg, engine.train_micro_batch_size_per_gpu(), step, torch.distributed.get_rank())
     return x.to(engine.device), y.to(engine.device)

@@ -25,8 +25,8 @@ import os
 import numpy as np
 import pytest
 
-from zeropp_hier.app import prepare_stream
-from zeropp_hier.app.data import open_tokens
+from zeropp_hier.app.data import prepare_stream
+from zeropp_hier.app.data.tokens import open_tokens
 from zeropp_hier.app.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec

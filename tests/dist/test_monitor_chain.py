@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.app import data
-from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
 from zeropp_hier.app.monitor import MonitorSpec
 from zeropp_hier.app.run import rank_main
 

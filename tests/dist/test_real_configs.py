@@ -289,7 +289,7 @@ def no_optimizer_and_args_keyword(cfg_path: str) -> dict:
     import torch
 
     import zeropp_hier
-    from zeropp_hier.app.data import synthetic_batch
+    from zeropp_hier.app.data.tokens import synthetic_batch
     from zeropp_hier.app.gpt import GPT, GPTConfig
     from zeropp_hier.deepspeed.partition import HierOffload
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.dist.ranks_resume_world import Capture, rank_main_logged
-from zeropp_hier.app import data, io_cost, resume, resume_rules
-from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app import io_cost, resume, resume_rules
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec, ModelSpec, with_data_vocab
 from zeropp_hier.deepspeed import checkpoint

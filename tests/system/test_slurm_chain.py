@@ -40,8 +40,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zeropp_hier.app import chain, data
-from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app import chain
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
 from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import free_port
 

@@ -189,7 +189,8 @@ def _texts(tmp_path, sizes):
 
 
 def test_val_batches_are_sharded_over_ranks_and_the_same_at_every_evaluation(tmp_path):
-    from zeropp_hier.app import data, evaluate
+    from zeropp_hier.app import evaluate
+    from zeropp_hier.app.data import tokens as data
 
     data.prepare(_texts(tmp_path, [4000] + [500] * 19), str(tmp_path / "d"))  # file 0 is the val split
     spec = JobSpec(data_path=str(tmp_path / "d"), eval_every=1, micro_batch=2, model=ModelSpec(seq_len=32))
@@ -204,7 +205,8 @@ def test_val_batches_are_sharded_over_ranks_and_the_same_at_every_evaluation(tmp
 
 
 def test_a_val_split_too_small_for_one_sample_is_refused_naming_eval_every(tmp_path):
-    from zeropp_hier.app import data, evaluate
+    from zeropp_hier.app import evaluate
+    from zeropp_hier.app.data import tokens as data
 
     data.prepare(_texts(tmp_path, [10] + [500] * 19), str(tmp_path / "d"))
     spec = JobSpec(data_path=str(tmp_path / "d"), eval_every=5, model=ModelSpec(seq_len=32))

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import HierConfigError
-from .data import Loader, open_tokens
+from .data.tokens import Loader, open_tokens
 from .spec import JobSpec
 
 

@@ -40,14 +40,14 @@ from . import (
     resume,
     resume_rules,
 )
-from .data import Loader, TokenData, open_tokens, synthetic_batch
+from .data.tokens import Loader, TokenData, open_tokens, synthetic_batch
 from .gpt import GPT, GPTConfig
 from .recipe import write_ds_config
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
 
 if TYPE_CHECKING:
-    from .blend import BlendedTokens
-    from .indexed import IndexedTokens
+    from .data.blend import BlendedTokens
+    from .data.indexed import IndexedTokens
 
 # -- engine and step loop (the job, the benchmarks and the tests) ------------------------------
 

@@ -153,7 +153,7 @@ class JobSpec:
     model: ModelSpec = field(default_factory=ModelSpec)  # default: the tiny size
     activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
     data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
-    data_split: str | None = None  # Megatron pairs only: train,val,test parts by document (app/blend.py)
+    data_split: str | None = None  # Megatron pairs only: train,val,test parts by document (app/data/blend.py)
     save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/resume.py
     checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
     resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
@@ -374,7 +374,7 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
     m = spec.model
     if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
         return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
-    from .data import open_tokens  # numpy and torch: only when there are token files to read
+    from .data.tokens import open_tokens  # numpy and torch: only when there are token files to read
 
     vocab = open_tokens(spec.data_path, "train", spec.data_split).vocab_size
     where = f"the tokenizer of {spec.data_path}"

@@ -56,7 +56,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     if d["kind"] == "tokens":
         if not path:
             raise HierConfigError("data.path", path, "name the directory `zeropp-hier data prepare --out DIR` wrote")
-        from .blend import is_blend, parse_blend
+        from .data.blend import is_blend, parse_blend
 
         if is_blend(path):  # Megatron's `W1 PREFIX1 W2 PREFIX2 ...`: the weights as given, the prefixes absolute
             words = path.split()

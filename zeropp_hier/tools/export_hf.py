@@ -186,7 +186,7 @@ def export_hf(
         torch_dtype = getattr(torch, DTYPES[dtype])
         config.dtype = torch_dtype
         if tokenizer is not None:  # generation stops at the tokenizer's EOS, not GPTNeoXConfig's default id 2
-            from ..app.prepare_stream import eos_of
+            from ..app.data.prepare_stream import eos_of
 
             try:
                 config.eos_token_id = config.bos_token_id = eos_of(tokenizer)[1]  # GPT-NeoX-20B: both 0

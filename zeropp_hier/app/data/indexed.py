@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.errors import HierConfigError
+from ...core.errors import HierConfigError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

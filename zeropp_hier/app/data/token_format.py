@@ -1,6 +1,6 @@
-"""The prepared-data directory's format, named once: what ``data prepare`` writes (app/data.py for
-one process, app/prepare_stream.py for several) and what the loader reads ([Note: token files]
-in app/data.py)."""
+"""The prepared-data directory's format, named once: what ``data prepare`` writes (app/data/tokens.py for
+one process, app/data/prepare_stream.py for several) and what the loader reads ([Note: token files]
+in app/data/tokens.py)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..core.errors import HierConfigError
+from ...core.errors import HierConfigError
 from .documents import Piece, Reader, single_text
 from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 

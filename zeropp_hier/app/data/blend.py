@@ -41,7 +41,7 @@ import re
 import numpy as np
 import torch
 
-from ..core.errors import HierConfigError
+from ...core.errors import HierConfigError
 from .indexed import IndexedTokens
 
 SPLIT_NAMES = ("train", "val", "test")

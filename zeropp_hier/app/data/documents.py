@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Iterator, NamedTuple, Sequence
 
-from ..core.errors import HierConfigError
+from ...core.errors import HierConfigError
 from .token_format import HELD_OUT_EVERY
 
 TXT_PIECE = 8 << 20  # bytes of a .txt document tokenized at once (cut at a newline)

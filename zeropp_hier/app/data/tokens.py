@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 import numpy as np
 import torch
 
-from ..core.errors import HierConfigError
+from ...core.errors import HierConfigError
 from .token_format import FORMAT, HELD_OUT_EVERY, SPLITS, TOKENIZER_FILE, VERSION, hash_file
 
 if TYPE_CHECKING:
