@@ -17,7 +17,7 @@ import os
 import sys
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.model.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld

@@ -221,7 +221,7 @@ def build_plan(args: argparse.Namespace, spec: ClusterSpec, quant_problem: str |
     plan = {
         "shape": args.shape,
         "model": planner_model(model),  # the planner's view (planner_inputs)
-        "model_spec": dataclasses.asdict(model),  # what the ranks build (zeropp_hier.app.models)
+        "model_spec": dataclasses.asdict(model),  # what the ranks build (zeropp_hier.app.model.models)
         "params": params_of(args.shape),
         "micro_batch": args.micro_batch,
         "regather": True,

@@ -70,7 +70,7 @@ def add_device_time(model, device_ms: float) -> None:
             time.sleep(2 * wait_s)
             return grad
 
-    from zeropp_hier.app.models import blocks
+    from zeropp_hier.app.model.models import blocks
 
     _wait_after = _device_time_hook(DeviceTime.apply)
     for blk in blocks(model.module if hasattr(model, "module") else model):

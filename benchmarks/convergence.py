@@ -111,8 +111,8 @@ def _held_out_loss(state: dict, a: dict, rank: int, world: int) -> float:
     model (built whole: no DeepSpeed), ``eval_batches`` micro-batches per rank."""
     import torch
 
-    from zeropp_hier.app import models
     from zeropp_hier.app.data.tokens import Loader, TokenData
+    from zeropp_hier.app.model import models
 
     spec = model_config(a)
     model = models.build(spec, {})

@@ -119,7 +119,7 @@ def recorded_step(engine, x, y, rec: SyncRecorder, cuda: bool = True):
 
 def rank_run(configs: dict, steps: int, model_kw: dict) -> dict:
     """On every rank: train each config on the GPU, steps under sync-debug "warn"."""
-    from zeropp_hier.app.gpt import GPTConfig
+    from zeropp_hier.app.model.gpt import GPTConfig
 
     model_cfg = GPTConfig(**model_kw)
     # no try: a failure on one rank must fail the world at once (its peers would wait)
@@ -164,7 +164,7 @@ def rank_error_pass(configs: dict, steps: int, model_kw: dict) -> dict:
     import torch
 
     from zeropp_hier.app import run as app_run
-    from zeropp_hier.app.gpt import GPTConfig
+    from zeropp_hier.app.model.gpt import GPTConfig
 
     model_cfg = GPTConfig(**model_kw)
     out = {}

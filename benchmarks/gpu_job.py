@@ -29,7 +29,7 @@ Timing: each step's seconds as the job records them (``metrics.jsonl``: host tim
 which ends with the loss read back, so the device's work is in it); the first ``--warmup`` steps
 are left out (allocations, NCCL's first calls, kernel selection). Per configuration: mean step
 time over the timed steps, tokens/s, model TFLOP/s per GCD and MFU from it ([Note: model FLOPs]
-in zeropp_hier/app/flops.py; MFU against the device's dense bf16 peak), the peak memory the job
+in zeropp_hier/app/model/flops.py; MFU against the device's dense bf16 peak), the peak memory the job
 records. Then ours/stock per metric, the overhead per step (ours / stock - 1) against the 3%
 target, and the largest relative difference of the per-step losses (the exact preset is expected
 to give stock's numbers; the tolerance is the repo's parity tests': 1e-5 in fp32, 2e-2 in bf16).
@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from zeropp_hier.app import flops
+from zeropp_hier.app.model import flops
 from zeropp_hier.app.spec import n_params
 from zeropp_hier.app.train import spec_from_overrides
 from zeropp_hier.files import write_json_atomic

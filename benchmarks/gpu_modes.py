@@ -100,7 +100,7 @@ def tick_refusal(overlap: bool | str, device_type: str) -> str | None:
 def rank_modes(configs: dict, steps: int, model_kw: dict, device: str) -> dict:
     """On every rank: train each config from the same seed and data; per step its loss, serial
     wait and time, and on CUDA the sync records of forward, backward and step."""
-    from zeropp_hier.app.gpt import GPTConfig
+    from zeropp_hier.app.model.gpt import GPTConfig
 
     model_cfg = GPTConfig(**model_kw)
     # no try around the runs: a failure on one rank must fail the world at once

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple, Sequence
 
-from zeropp_hier.app.flops import PEAK_BF16_TFLOPS, by_device_name, peak_tflops
+from zeropp_hier.app.model.flops import PEAK_BF16_TFLOPS, by_device_name, peak_tflops
 from zeropp_hier.comm.gather import column_ranges, slot_align
 from zeropp_hier.comm.reduce import column_chunks
 from zeropp_hier.core.plan import STREAM_CHUNK_ELEMS, CommPlan, Hop, make_plan
@@ -57,7 +57,7 @@ from zeropp_hier.core.topology import Topology
 from zeropp_hier.planner.clusters import frontier
 
 # HBM bandwidth per device that one rank drives, TB/s, by a substring of the device name (as
-# app/flops.py keys its peaks; the NVL key before its prefix, first match wins). NVIDIA H100 SXM5
+# app/model/flops.py keys its peaks; the NVL key before its prefix, first match wins). NVIDIA H100 SXM5
 # 3.35 TB/s (H100 data sheet; "H100 80GB HBM3" is the SXM5's name); H200 SXM and NVL 4.8 TB/s
 # (H200 data sheet). AMD MI250X 3.2 TB/s per package of two GCDs (MI250X data sheet), 1.6 per
 # GCD, each GCD one device to ROCm.
@@ -71,7 +71,7 @@ SOURCES = {
     "H100_peak": "NVIDIA H100 data sheet: H100 SXM5 989 TFLOP/s dense bf16 (1979 with sparsity)",
     "H200_hbm": "NVIDIA H200 data sheet: H200 SXM and NVL 4.8 TB/s",
     "H200_peak": "NVIDIA H200 data sheet: H200 SXM 989, NVL 835.5 TFLOP/s dense bf16",
-    "peaks_table": "zeropp_hier/app/flops.py PEAK_BF16_TFLOPS",
+    "peaks_table": "zeropp_hier/app/model/flops.py PEAK_BF16_TFLOPS",
 }
 # where a later session changes the planner's rate (the value there today: ``frontier().quant_rate``)
 PLANNER_FILE = "zeropp_hier/planner/clusters.py"

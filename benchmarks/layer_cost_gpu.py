@@ -64,12 +64,12 @@ ASSUMPTIONS = (
 
 
 def build_layer(hidden: int, heads: int, intermediate: int, tokens: int, dev):
-    """One GPT-NeoX layer (the 20B's config with this shape, as app/models.py builds it) in bf16
+    """One GPT-NeoX layer (the 20B's config with this shape, as app/model/models.py builds it) in bf16
     on ``dev``, and its rotary embedding for ``tokens`` positions."""
     import torch
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer, GPTNeoXRotaryEmbedding
 
-    from zeropp_hier.app.models import neox_config
+    from zeropp_hier.app.model.models import neox_config
     from zeropp_hier.app.spec import MODELS
 
     spec = replace(MODELS["neox_20b"], hidden=hidden, heads=heads, intermediate=intermediate, seq_len=tokens)

@@ -1,4 +1,4 @@
-"""The benchmark's GPT shapes: the job's GPT-NeoX (``zeropp_hier.app.models``) in sizes that 16
+"""The benchmark's GPT shapes: the job's GPT-NeoX (``zeropp_hier.app.model.models``) in sizes that 16
 CPU ranks on two cores can still train, differing in the three things that move the byte and
 time balance between tiers: hidden size (bytes per gather and per gradient bucket), depth (how
 many gathers per step, each paying latency and block padding) and vocabulary (the one large

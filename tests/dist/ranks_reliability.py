@@ -268,7 +268,7 @@ def initialize_bad_configs(configs: list) -> dict:
     time. Records the error class and field per config, the process-group count before and after,
     and whether the world still answers a collective afterwards (nobody left inside one)."""
     import zeropp_hier
-    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.app.model.gpt import GPT, GPTConfig
     from zeropp_hier.core.errors import HierConfigError
 
     groups_before = _process_groups()

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.model.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core import layout
 
@@ -111,7 +111,7 @@ def init_parity(steps: int) -> dict:
     import deepspeed
 
     import zeropp_hier
-    from zeropp_hier.app.gpt import GPT
+    from zeropp_hier.app.model.gpt import GPT
 
     out = {}
     for name, cfg, init, initialize in (

@@ -27,7 +27,7 @@ import pytest
 
 from zeropp_hier.app.data import prepare_stream
 from zeropp_hier.app.data.tokens import open_tokens
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.model.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.tools import export_hf

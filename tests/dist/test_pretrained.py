@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from zeropp_hier.app.data.tokens import synthetic_batch
-from zeropp_hier.app.models import ModelSpec, neox_config
+from zeropp_hier.app.model.models import ModelSpec, neox_config
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError

@@ -8,7 +8,7 @@ import pytest
 from benchmarks import compare_rank
 from benchmarks.compare_planner import planner_inputs
 from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
-from zeropp_hier.app import models
+from zeropp_hier.app.model import models
 from zeropp_hier.app.spec import JobSpec, n_params
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import layer_cost as lc
 from benchmarks import layer_cost_gpu
-from zeropp_hier.app.flops import PEAK_BF16_TFLOPS
+from zeropp_hier.app.model.flops import PEAK_BF16_TFLOPS
 from zeropp_hier.app.spec import MODELS, block_params
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.planner import clusters

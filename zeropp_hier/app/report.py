@@ -20,7 +20,8 @@ from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
 from ..planner.tables import fmt_bytes
-from . import chart, flops, monitor
+from . import chart, monitor
+from .model import flops
 from .spec import JobSpec
 
 ARCH_NAMES = {"neox": "GPT-NeoX", "gpt": "GPT"}
@@ -210,7 +211,7 @@ def summary(
         "tokens_per_s": tokens_per_step * len(history) / elapsed,
         "seconds": elapsed,
         "kernels": kernels,
-        # [Note: model FLOPs] in app/flops.py: 6 N + 12 L h s per token, recomputation not counted
+        # [Note: model FLOPs] in app/model/flops.py: 6 N + 12 L h s per token, recomputation not counted
         "flops_per_token": flops_per_token,
         "device": device_name or "cpu",
         "tflops_per_gcd": flops.tflops_per_gcd(flops_per_token, tokens_per_step * len(history), elapsed, world),

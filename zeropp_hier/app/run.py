@@ -26,22 +26,10 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import (
-    deadline,
-    evaluate,
-    flops,
-    init_schemes,
-    io_cost,
-    models,
-    monitor,
-    monitor_run,
-    pretrained,
-    report,
-    resume,
-    resume_rules,
-)
+from . import deadline, evaluate, io_cost, monitor, monitor_run, report, resume, resume_rules
 from .data.tokens import Loader, TokenData, open_tokens, synthetic_batch
-from .gpt import GPT, GPTConfig
+from .model import flops, init_schemes, models, pretrained
+from .model.gpt import GPT, GPTConfig
 from .recipe import write_ds_config
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
 
@@ -64,8 +52,8 @@ def build_engine(
     ([Note: building a model sharded] in models.py); a ``GPTConfig`` whole, as the tests of
     the hand-written GPT always did. ``checkpointing``: activation checkpointing per block
     ("none", "torch", "deepspeed"). ``init``: the GPT-NeoX schemes (init_method,
-    output_layer_init_method) of ``app/init_schemes.py``. ``init_from``: a Hugging Face model
-    directory whose weights replace the initial ones (``app/pretrained.py``)."""
+    output_layer_init_method) of ``app/model/init_schemes.py``. ``init_from``: a Hugging Face model
+    directory whose weights replace the initial ones (``app/model/pretrained.py``)."""
     if isinstance(model_cfg, ModelSpec):
         model = models.build(model_cfg, config, seed=seed)
         if init_from is not None:  # each rank reads its own partitions ([Note: pretrained weights in])
@@ -162,7 +150,7 @@ def peak_memory_bytes(device) -> int:
 
 class Run:
     """One rank's job, built: the data (checked before the model is built: a wrong path costs
-    nothing), the engine for ``spec.model`` under the preset (built sharded, ``app/models.py``)
+    nothing), the engine for ``spec.model`` under the preset (built sharded, ``app/model/models.py``)
     and the per-step metrics. ``rank_main`` drives it with the job's reporting, resume and
     checkpoints; the benchmarks (``benchmarks/compare_rank.py``, ``benchmarks/convergence.py``)
     with their own hooks, so that what they measure is what the job runs.

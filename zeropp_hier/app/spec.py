@@ -171,7 +171,7 @@ class JobSpec:
     # so a resume on fewer ranks (a chain link on fewer nodes) trains the same batches; None: grad_accum's
     global_batch: int | None = None
     clip: float = 0.0  # DeepSpeed's gradient_clipping (global norm; 0: none)
-    # initial weights (app/init_schemes.py): GPT-NeoX's init_method / output_layer_init_method names
+    # initial weights (app/model/init_schemes.py): GPT-NeoX's init_method / output_layer_init_method names
     init_method: str = "normal"  # normal (transformers' N(0, 0.02)) | small_init
     output_layer_init_method: str = "normal"  # normal | wang_init (attention dense, MLP dense_4h_to_h)
     # AdamW (DeepSpeed's "Adam" with torch_adam: torch.optim.AdamW); torch's defaults but eps
@@ -183,7 +183,7 @@ class JobSpec:
     deepspeed_config: str | None = None  # the user's DeepSpeed JSON, merged in (app/user_config.py)
     deepspeed: dict = field(default_factory=dict)  # the user's DeepSpeed keys (+deepspeed.KEY=value), merged last
     seed: int = 0  # the model's initial weights and the data order
-    init_from: str | None = None  # a Hugging Face model directory: the initial weights (app/pretrained.py)
+    init_from: str | None = None  # a Hugging Face model directory: the initial weights (app/model/pretrained.py)
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
@@ -231,7 +231,7 @@ class JobSpec:
                     self.grad_accum,
                     "global_batch sets the accumulation: give grad_accum=1 with it (a recipe's grad_accum counts too)",
                 )
-        from .init_schemes import check as check_init
+        from .model.init_schemes import check as check_init
 
         check_init(self.init_method, self.output_layer_init_method, self.model.arch)
         if not (isinstance(self.clip, (int, float)) and self.clip >= 0):
@@ -368,7 +368,7 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
     (which draw from the model's own vocabulary, so any size serves them); a model whose
     vocabulary is smaller than the data's is refused."""
     if spec.init_from is not None:  # the model checked against the directory's config.json
-        from .pretrained import with_pretrained_model
+        from .model.pretrained import with_pretrained_model
 
         spec = with_pretrained_model(spec)
     m = spec.model

@@ -5,7 +5,7 @@ directory (``config.json`` + safetensors) that ``GPTNeoXForCausalLM.from_pretrai
 The weights are DeepSpeed's consolidated fp32 master weights of the tag (``zero_to_fp32``'s
 reconstruction, run by ``checkpoint.to_fp32``: the tag is verified against its manifest first
 and every file is read tensors-only, so the export runs no code from the checkpoint). The job
-wraps the Hugging Face model as ``CausalLM.lm`` (app/models.py), so the engine's names carry an
+wraps the Hugging Face model as ``CausalLM.lm`` (app/model/models.py), so the engine's names carry an
 ``lm.`` prefix that is dropped here. The model's shape is the job's own record of its
 ``ModelSpec`` (saved with every checkpoint the job writes, app/resume.py), turned into the same
 ``GPTNeoXConfig`` the job built the model from (``models.neox_config``), with ``use_cache`` on
@@ -57,7 +57,7 @@ def model_spec(ckpt_dir: str, tag: str):
     """The ``ModelSpec`` the job recorded in the tag (rank 0's model states file, read
     tensors-only)."""
     from ..app import resume
-    from ..app.models import ModelSpec
+    from ..app.model.models import ModelSpec
     from ..core.errors import HierConfigError
 
     job = resume._job_state(os.path.join(ckpt_dir, tag), None)  # the files were verified by to_fp32
@@ -162,7 +162,7 @@ def export_hf(
     what was written."""
     import torch
 
-    from ..app.models import neox_config
+    from ..app.model.models import neox_config
     from ..core.errors import HierConfigError
     from ..deepspeed import checkpoint
 

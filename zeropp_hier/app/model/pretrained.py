@@ -40,8 +40,8 @@ import os
 from dataclasses import replace
 from typing import Any, Iterator
 
-from ..core.errors import HierConfigError
-from .spec import MODELS, JobSpec, ModelSpec
+from ...core.errors import HierConfigError
+from ..spec import MODELS, JobSpec, ModelSpec
 
 FIELD = "init_from"
 CONFIG = "config.json"
@@ -314,7 +314,7 @@ def load_into(model, path: str) -> dict[str, int]:
 
 
 def _runtime(params):
-    from ..deepspeed.partition import runtime_of
+    from ...deepspeed.partition import runtime_of
 
     for p in params:
         owner = runtime_of(p)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from ..core.errors import HierConfigError
+from ...core.errors import HierConfigError
 
 INIT_METHODS = ("normal", "small_init")
 OUTPUT_LAYER_INIT_METHODS = ("normal", "wang_init")

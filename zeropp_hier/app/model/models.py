@@ -13,7 +13,7 @@ call runs with ``deepspeed.zero.Init`` rebound to ``zeropp_hier.Init`` (for that
 initialisation already go through the hierarchy and the parameters are bound to its runtime.
 ``tests/dist/test_models.py`` measures the peak against the model's size.
 
-The hand-written GPT (``zeropp_hier.app.gpt``) stays for tests that need a model
+The hand-written GPT (``zeropp_hier.app.model.gpt``) stays for tests that need a model
 without ``transformers`` (``arch: gpt``).
 """
 
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 
 import zeropp_hier
 
-from ..core.config import hier_config_from_ds
-from ..core.errors import HierConfigError
+from ...core.config import hier_config_from_ds
+from ...core.errors import HierConfigError
+from ..spec import CHECKPOINTING, Checkpointing, ModelSpec
 from .gpt import GPT, GPTConfig
-from .spec import CHECKPOINTING, Checkpointing, ModelSpec
 
 if TYPE_CHECKING:  # transformers is imported only when a NeoX model is built
     from transformers import PreTrainedModel
@@ -136,7 +136,7 @@ def build(spec: ModelSpec, ds_config: dict, seed: int = 0, hier_runtime=None) ->
         keep = HfDeepSpeedConfig(ds_config)  # transformers sees ZeRO-3 while it is alive
         ctx = contextlib.nullcontext()
         if _hier_init_applies(ds_config):
-            from ..deepspeed.engine import _rebound
+            from ...deepspeed.engine import _rebound
 
             ctx = _rebound(deepspeed.zero, "Init", _hier_init(hier_runtime))
     with ctx:
