@@ -16,8 +16,8 @@ import shutil
 import tempfile
 import time
 
-from zeropp_hier.app import io_cost
 from zeropp_hier.app import run as app_run
+from zeropp_hier.app.longrun import io_cost
 from zeropp_hier.app.spec import ModelSpec, ds_config, n_params
 from zeropp_hier.deepspeed import checkpoint, universal_shared
 from zeropp_hier.launch.world import LocalWorld

@@ -1,5 +1,5 @@
 """A run longer than its allocation, on the real one-node Slurm ([Note: chained jobs] in
-zeropp_hier/app/chain.py, [Note: saving before the wall clock ends] in app/deadline.py): the CPU
+zeropp_hier/app/longrun/chain.py, [Note: saving before the wall clock ends] in app/longrun/deadline.py): the CPU
 batch script, given checkpoint_dir= and steps=, chains itself through several allocations with
 a time limit of 6 minutes; each of the first three links gets Slurm's warning signal once its
 ranks train, forwards it to srun, and every rank saves at the same step and exits 0; the next link
@@ -40,9 +40,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zeropp_hier.app import chain
 from zeropp_hier.app.data import tokens as data
 from zeropp_hier.app.data.tokens import stdlib_files
+from zeropp_hier.app.longrun import chain
 from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import free_port
 

@@ -1,10 +1,10 @@
-"""One run in the monitor across the links of a chain (app/chain.py) or any resume: where the
+"""One run in the monitor across the links of a chain (app/longrun/chain.py) or any resume: where the
 run's ``metrics.jsonl``, TensorBoard and csv directories and wandb files are, its wandb id, and
 how a resumed job continues them.
 
 [Note: one run in the monitor]
 A fresh job writes its monitors under its own run directory (``out_dir``) and picks a wandb run
-id. Both go into every checkpoint it saves (the job's client state, app/resume.py), so a job that
+id. Both go into every checkpoint it saves (the job's client state, app/longrun/resume.py), so a job that
 resumes (a chain's next link, or ``resume=`` by hand) writes into the *same* files, not into its
 own run directory: ``metrics.jsonl`` is continued, DeepSpeed's TensorBoard and csv monitors write
 into the same directories (TensorBoard reads every event file of a directory as one run) and

@@ -2,7 +2,7 @@
 (torch.distributed already initialised; ``app/launch.py`` starts the ranks).
 
 ``Run`` is the job built on this rank; ``rank_main`` drives it with the job's reporting
-(``app/report.py``), resume and checkpoints (``app/resume.py``). The engine building and the step
+(``app/report.py``), resume and checkpoints (``app/longrun/resume.py``). The engine building and the step
 loop below are shared with the benchmarks and the tests, so that all of them exercise the code
 path the job runs. The model is a ``ModelSpec`` (the job's GPT-NeoX sizes) or the hand-written
 GPT's ``GPTConfig``.
@@ -26,8 +26,9 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import deadline, evaluate, io_cost, monitor, monitor_run, report, resume, resume_rules
+from . import evaluate, monitor, monitor_run, report
 from .data.tokens import Loader, TokenData, open_tokens, synthetic_batch
+from .longrun import deadline, io_cost, resume, resume_rules
 from .model import flops, init_schemes, models, pretrained
 from .model.gpt import GPT, GPTConfig
 from .recipe import write_ds_config

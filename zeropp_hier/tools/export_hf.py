@@ -7,7 +7,7 @@ reconstruction, run by ``checkpoint.to_fp32``: the tag is verified against its m
 and every file is read tensors-only, so the export runs no code from the checkpoint). The job
 wraps the Hugging Face model as ``CausalLM.lm`` (app/model/models.py), so the engine's names carry an
 ``lm.`` prefix that is dropped here. The model's shape is the job's own record of its
-``ModelSpec`` (saved with every checkpoint the job writes, app/resume.py), turned into the same
+``ModelSpec`` (saved with every checkpoint the job writes, app/longrun/resume.py), turned into the same
 ``GPTNeoXConfig`` the job built the model from (``models.neox_config``), with ``use_cache`` on
 for generation. Before anything is written, the names and shapes are checked against a
 ``GPTNeoXForCausalLM`` of that config built on the meta device (no memory): a missing,
@@ -56,7 +56,7 @@ def locate(path: str, tag: str | None = None) -> tuple[str, str | None]:
 def model_spec(ckpt_dir: str, tag: str):
     """The ``ModelSpec`` the job recorded in the tag (rank 0's model states file, read
     tensors-only)."""
-    from ..app import resume
+    from ..app.longrun import resume
     from ..app.model.models import ModelSpec
     from ..core.errors import HierConfigError
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Literal
 
-from ..core.errors import HierConfigError
-from .spec import JobSpec
+from ...core.errors import HierConfigError
+from ..spec import JobSpec
 
 Mode = Literal["native", "universal"]
 

@@ -22,7 +22,7 @@ could record its end counts as failed at the step its successor finds.
 The links' records are ``chain.jsonl`` in the checkpoint directory (one JSON object a line:
 ``job``, ``start_step``, then ``end_step``, ``exit``, ``config_error``), so a chain can be read
 afterwards and a resubmission by hand continues it. A link that saves early because the
-allocation ends (app/deadline.py) exits 0 and the next link resumes from that save.
+allocation ends (app/longrun/deadline.py) exits 0 and the next link resumes from that save.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 RECORDS = "chain.jsonl"
 RUN, DONE, STOP = 0, 10, 11  # exit statuses of ``start`` and ``end`` for the batch script
-_STEP_TAG = re.compile(r"^step(\d+)$")  # app/resume.py's tag_for
+_STEP_TAG = re.compile(r"^step(\d+)$")  # app/longrun/resume.py's tag_for
 _CONFIG_ERROR = re.compile(r"zeropp_hier config error at '([^']+)': .*")
 
 
@@ -52,8 +52,8 @@ class Link:
 def newest_step(ckpt_dir: str) -> tuple[int, str | None]:
     """(step, tag) of the checkpoint ``latest`` names when it is complete (has a manifest);
     (0, None) when there is none."""
-    from ..core.errors import HierCheckpointError
-    from ..deepspeed.checkpoint_files import read_manifest, resolve_tag
+    from ...core.errors import HierCheckpointError
+    from ...deepspeed.checkpoint_files import read_manifest, resolve_tag
 
     try:
         tag = resolve_tag(ckpt_dir, None)
@@ -141,7 +141,7 @@ def _job_output(job: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.app.chain", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m zeropp_hier.app.longrun.chain", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("start", "end"):
         p = sub.add_parser(name)

@@ -324,7 +324,7 @@ def for_job(
     estimate = SaveEstimate(checkpoint_bytes_per_rank(params, world))
     quiet = None
     if executor is not None:
-        from ..comm.boundary import quiesce
+        from ...comm.boundary import quiesce
 
         quiet = lambda: quiesce(executor, "the agreed time-limit check")  # noqa: E731
     return JobWatch(Deadline(allocation_end(), estimate, flag=flag), ckpt_dir, device, quiet)

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from ..core.errors import HierConfigError
-from ..deepspeed import safe_load, universal_shared
-from ..deepspeed.checkpoint_files import (
+from ...core.errors import HierConfigError
+from ...deepspeed import safe_load, universal_shared
+from ...deepspeed.checkpoint_files import (
     MANIFEST,
     check_files,
     file_digest,
@@ -62,9 +62,9 @@ from ..deepspeed.checkpoint_files import (
     read_manifest,
     resolve_tag,
 )
-from ..deepspeed.engine import HierEngine
+from ...deepspeed.engine import HierEngine
+from ..spec import JobSpec
 from . import resume_rules
-from .spec import JobSpec
 
 KEY = "zeropp_hier_job"
 

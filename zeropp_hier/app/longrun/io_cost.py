@@ -1,6 +1,6 @@
 """What a checkpoint's file I/O cost, as lines for the job's log: each save's bytes per rank,
 seconds and rate, and a universal conversion's bytes and seconds. Pure: sizes and seconds in,
-text out (the job measures them, app/run.py and app/resume.py)."""
+text out (the job measures them, app/run.py and app/longrun/resume.py)."""
 
 from __future__ import annotations
 
