@@ -6,7 +6,7 @@ Its token perplexity equals the job's own evaluation of the same text (within 1%
 far closer).
 
 [Note: the same quantity twice]
-The job's evaluation (app/evaluate.py) is the mean next-token loss over the val split's samples:
+The job's evaluation (app/monitoring/evaluate.py) is the mean next-token loss over the val split's samples:
 windows of seq_len + 1 tokens of the val stream at a stride of seq_len, so the stream's first
 token is context only and every later token up to n x seq_len is predicted once, from the
 tokens before it in its own window. lm_eval's rolling log-likelihood of one document predicts

@@ -19,7 +19,7 @@ out the same (measured: every loss and the final fp32 weights bit-equal to the u
 job's), so the chain is held to 1e-6 like the rest. A model whose sums regroup would need the
 1e-5 of the project's other world-size-change tests.
 
-The chain is one run in the monitor ([Note: one run in the monitor] in app/monitor_run.py): one
+The chain is one run in the monitor ([Note: one run in the monitor] in app/monitoring/monitor_run.py): one
 metrics.jsonl, and, with the monitors on (csv always; tensorboard and wandb where the test extra
 installed them), one TensorBoard run and one wandb id over the links, each step once.
 
@@ -231,7 +231,7 @@ def test_a_chain_of_allocations_equals_one_uninterrupted_job(slurm, tmp_path):
     assert "the run is done" in outs[links[-1].job], outs[links[-1].job][-2000:]
 
     # one metrics.jsonl for the run, in the first link's directory, which every later link continues
-    # ([Note: one run in the monitor] in app/monitor_run.py): one row per step, whichever link trained it
+    # ([Note: one run in the monitor] in app/monitoring/monitor_run.py): one row per step, whichever link trained it
     assert all(_losses(work, lk.job) == {} for lk in links[1:]), [lk.job for lk in links]
     metrics = work / "outputs" / f"slurm-{links[0].job}.0" / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]

@@ -20,8 +20,8 @@ from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
 from ..planner.tables import fmt_bytes
-from . import chart, monitor
 from .model import flops
+from .monitoring import chart, monitor
 from .spec import JobSpec
 
 ARCH_NAMES = {"neox": "GPT-NeoX", "gpt": "GPT"}
@@ -43,7 +43,7 @@ def log_to_stdout() -> None:
 
 class Reporter:
     """Rank 0's output: a progress bar, one line per step, metrics.jsonl (in ``metrics_dir``,
-    default the run directory; ``append``: continue a resumed run's file, app/monitor_run.py)."""
+    default the run directory; ``append``: continue a resumed run's file, app/monitoring/monitor_run.py)."""
 
     def __init__(self, spec: JobSpec, enabled: bool, metrics_dir: str | None = None, append: bool = False):
         self.enabled = enabled

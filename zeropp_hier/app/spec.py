@@ -18,8 +18,8 @@ from ..core import vocab
 from ..core.config import TopologySpec
 from ..core.errors import HierConfigError
 from ..core.policy import Compression
-from . import monitor
-from .monitor import MonitorSpec
+from .monitoring import monitor
+from .monitoring.monitor import MonitorSpec
 
 # the section's presets (core/vocab.py) and "stock": DeepSpeed's own ZeRO-3, without our section
 Preset = Literal[vocab.Preset, "stock"]
@@ -188,7 +188,7 @@ class JobSpec:
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
-    # monitoring and evaluation (app/monitor.py, app/evaluate.py)
+    # monitoring and evaluation (app/monitoring/monitor.py, app/monitoring/evaluate.py)
     log_every: int = 1  # DeepSpeed's monitors get the step's scalars every N steps
     monitor: MonitorSpec = field(default_factory=MonitorSpec)  # which of DeepSpeed's monitors are on
     eval_every: int = 0  # val loss every N steps (0: never; needs data_path, whose val split it reads)

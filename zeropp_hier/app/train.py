@@ -13,7 +13,7 @@ Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run
 directory). Rank 0 writes ``metrics.jsonl`` (one line per step) and ``summary.json`` into the
 Hydra run directory (a resumed run continues the first job's ``metrics.jsonl`` and monitors:
-[Note: one run in the monitor] in app/monitor_run.py).
+[Note: one run in the monitor] in app/monitoring/monitor_run.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..core.errors import HierConfigError
 from ..launch.world import WorldError
 from .launch import launch
 from .longrun.chain import config_error_in
-from .monitor import MonitorSpec
+from .monitoring.monitor import MonitorSpec
 from .spec import JobSpec, ModelSpec, recipe_fields
 
 

@@ -266,7 +266,7 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
 def render_png(result: Mapping[str, Any], steps: Mapping[str, Sequence[Mapping[str, Any]]]) -> bytes:
     """PNG bytes of three panels: tokens/s per preset, bytes per tier per step, and every step's
     time (``steps``: {preset: metrics rows}) with the warm-up shaded."""
-    from matplotlib.figure import Figure  # no pyplot: no display, no global state (as app/chart.py)
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state (as app/monitoring/chart.py)
 
     rows = result["runs"]
     names = [r["preset"] for r in rows]

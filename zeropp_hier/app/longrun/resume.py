@@ -121,7 +121,7 @@ class Plan:
     saved_world: int
     convert: bool = False  # the universal conversion is still to be made (``plan`` makes it, every rank a share)
     conversion: universal_shared.Conversion | None = None  # what that conversion did, once made
-    # the tag's step and its run in the monitor (app/monitor_run.py): read with the record, for
+    # the tag's step and its run in the monitor (app/monitoring/monitor_run.py): read with the record, for
     # the monitors, which are set up before the engine loads the tag
     step: int = field(default=0, compare=False)
     monitor: dict | None = field(default=None, compare=False)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..core.errors import HierConfigError
-from .data.tokens import Loader, open_tokens
-from .spec import JobSpec
+from ...core.errors import HierConfigError
+from ..data.tokens import Loader, open_tokens
+from ..spec import JobSpec
 
 
 def val_loader(spec: JobSpec, rank: int, world: int) -> Loader | None:

@@ -42,7 +42,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..files import write_atomic
+from ...files import write_atomic
 
 METRICS = "metrics.jsonl"
 _ID_CHARS = string.ascii_lowercase + string.digits  # what wandb's own generate_id uses

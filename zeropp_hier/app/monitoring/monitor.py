@@ -5,7 +5,7 @@ grad norm, bytes per phase and the ETA to each step's row and hands the scalars 
 ``engine.monitor`` every ``log_every`` steps (DeepSpeed's wandb monitor apart: ``_detach_wandb``).
 ``begin_wandb`` and ``StepMonitor.close`` give each job its wandb session (offline by default),
 finished at the job's end; the jobs of one run (a chain's links) resume one wandb run by its id
-([Note: one run in the monitor] in app/monitor_run.py).
+([Note: one run in the monitor] in app/monitoring/monitor_run.py).
 
 DeepSpeed's ``MonitorMaster`` (the engine's ``monitor``) writes on global rank 0 only and is a
 no-op elsewhere, so every rank may call ``write_events``. No torch at import: ``spec.py`` reads
@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..core.errors import HierConfigError
-from ..core.vocab import TIERS
+from ...core.errors import HierConfigError
+from ...core.vocab import TIERS
 
 # our name -> (DeepSpeed's config section, the package its writer imports; None: standard library)
 BACKENDS: dict[str, tuple[str, str | None]] = {

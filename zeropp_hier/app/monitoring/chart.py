@@ -11,7 +11,7 @@ import io
 import os
 from typing import Sequence
 
-from ..files import write_atomic
+from ...files import write_atomic
 
 
 def render(rows: Sequence[dict], title: str = "") -> bytes:
