@@ -51,7 +51,7 @@ def build_engine(
     init_from: str | None = None,
 ):
     """An engine for ``model_cfg``: a ``ModelSpec`` is built sharded under ZeRO-3
-    ([Note: building a model sharded] in models.py); a ``GPTConfig`` whole, as the tests of
+    ([Note: building a model sharded] in app/model/models.py); a ``GPTConfig`` whole, as the tests of
     the hand-written GPT always did. ``checkpointing``: activation checkpointing per block
     ("none", "torch", "deepspeed"). ``init``: the GPT-NeoX schemes (init_method,
     output_layer_init_method) of ``app/model/init_schemes.py``. ``init_from``: a Hugging Face model

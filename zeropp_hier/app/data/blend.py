@@ -19,7 +19,7 @@ Followed from Megatron-LM (``megatron/core/datasets``: ``utils.get_blend_from_li
   with the largest ``w_d x max(i, 1) - taken_d`` (the first on ties), whose next sample it is,
   so every prefix of the blended order holds each pair within one sample of its share.
 - Each pair's samples are its own ``seq_len + 1`` windows over its split's tokens ([Note: sample
-  order] in data.py), taken in a permutation of that pair seeded by (seed, pair, pass over the
+  order] in tokens.py), taken in a permutation of that pair seeded by (seed, pair, pass over the
   pair), as Megatron's per-dataset shuffle index; a pair whose share exceeds its samples is
   read again in a new order (Megatron's epochs of a dataset). The blended order is not shuffled
   again, as in Megatron: the loader's position g is blended sample ``g mod S``, S the sum of the

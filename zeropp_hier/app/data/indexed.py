@@ -21,7 +21,7 @@ integer dtype. ``PREFIX.idx``, little-endian:
              for multimodal data, which a token reader does not need)
 
 The job reads ``PREFIX.bin`` as the flat token stream it already reads from ``train.bin``
-([Note: token files] in data.py): every sequence in file order, so samples cross document
+([Note: token files] in tokens.py): every sequence in file order, so samples cross document
 boundaries exactly as in Megatron's GPT dataset when the corpus was prepared with
 ``--append-eod`` (the end-of-document token separates documents in the stream). Nothing is
 converted or copied: both files are memory-mapped, and opening one reads only the header and

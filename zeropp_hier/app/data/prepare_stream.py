@@ -2,7 +2,7 @@
 Face ``tokenizer.json`` (or byte level), on several processes, in bounded memory.
 
 [Note: streaming prepare]
-The output is the prepared directory the job already reads ([Note: token files] in data.py):
+The output is the prepared directory the job already reads ([Note: token files] in tokens.py):
 ``train.bin``, ``val.bin``, ``index.json``, and ``tokenizer.json`` (a copy of the one given).
 Documents (one per JSON line, one per ``.txt`` file: documents.py) are numbered across the
 inputs in order; every 20th (``HELD_OUT_EVERY``, number 0, 20, 40, ...) goes to ``val``, as

@@ -5,7 +5,7 @@ at another number of ranks.
 [Note: what a job checkpoint holds]
 The engine's checkpoint holds the model, the optimizer (fp32 master weights and Adam moments)
 and the learning-rate scheduler. The job adds, as DeepSpeed client state: the number of steps
-done, the data position (the next global sample, [Note: sample order] in data.py), the RNG state
+done, the data position (the next global sample, [Note: sample order] in app/data/tokens.py), the RNG state
 of rank 0 (torch, CUDA, Python's ``random``) and a record of its settings
 (``resume_rules.record``: world, micro-batch, preset, dtype, seed, model, the token files'
 sha256). Every rank of the job draws the same numbers (one seed; the data order is a function of

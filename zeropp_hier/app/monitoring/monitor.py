@@ -8,7 +8,7 @@ finished at the job's end; the jobs of one run (a chain's links) resume one wand
 ([Note: one run in the monitor] in app/monitoring/monitor_run.py).
 
 DeepSpeed's ``MonitorMaster`` (the engine's ``monitor``) writes on global rank 0 only and is a
-no-op elsewhere, so every rank may call ``write_events``. No torch at import: ``spec.py`` reads
+no-op elsewhere, so every rank may call ``write_events``. No torch at import: ``app/spec.py`` reads
 the settings and sections from here.
 """
 
