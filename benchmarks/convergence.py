@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS
+from benchmarks.compare.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS
 from zeropp_hier.app.spec import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld

@@ -133,7 +133,7 @@ def _import_benchmarks(module: str):
 
 def _cluster(rest: list[str]) -> int:
     if rest and rest[0] == "compare":
-        return _import_benchmarks("benchmarks.compare").main(rest[1:])
+        return _import_benchmarks("benchmarks.compare.run").main(rest[1:])
     return _import_benchmarks("benchmarks.cluster.__main__").main(rest)
 
 

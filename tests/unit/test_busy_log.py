@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from benchmarks.linkuse import busy_summary
+from benchmarks.compare.linkuse import busy_summary
 from zeropp_hier.comm.executor import CommExecutor
 from zeropp_hier.comm.job import Move
 

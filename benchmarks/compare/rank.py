@@ -1,6 +1,6 @@
-"""What every rank runs for ``benchmarks/compare.py`` (inside the emulated cluster).
+"""What every rank runs for ``benchmarks/compare/run.py`` (inside the emulated cluster).
 
-    python -m benchmarks.compare_rank '<json plan>'
+    python -m benchmarks.compare.rank '<json plan>'
 
 Every configuration is the training job's own code (``zeropp_hier.app.run.Run``: the job's
 config, the model shape built sharded, its step loop and metrics), stock DeepSpeed as the job's
@@ -141,7 +141,7 @@ def run_one(name: str, cfg: dict, plan: dict, label: str, marks: bool = True) ->
     import zeropp_hier
     from benchmarks.cluster import rankside
     from benchmarks.cluster.rankside import peak_rss_bytes, peak_rss_reset
-    from benchmarks.linkuse import busy_summary
+    from benchmarks.compare.linkuse import busy_summary
     from zeropp_hier.app.run import Run
 
     mark = rankside.mark if marks else (lambda _label: None)

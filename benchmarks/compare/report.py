@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks import linkuse
 from benchmarks.cluster.spec import ClusterSpec
-from benchmarks.compare_variants import ORDER, VARIANTS, issue_mode_label
-from benchmarks.shapes import DEFAULT_SHAPE
+from benchmarks.compare import linkuse
+from benchmarks.compare.shapes import DEFAULT_SHAPE
+from benchmarks.compare.variants import ORDER, VARIANTS, issue_mode_label
 
 
 def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) -> dict:
     """Per configuration and phase: median step time (slowest rank per step), wire and
     comm_stats bytes per step, peak RSS; with ``links`` ({run label: {"ns/if": tx bytes}}) the
     bytes per step on every shaped link direction, and the executor's busy fractions where
-    the ranks sent them ([Note: link use] in benchmarks/linkuse.py)."""
+    the ranks sent them ([Note: link use] in benchmarks/compare/linkuse.py)."""
     tokens = plan["world"] * plan["micro_batch"] * plan["model"]["seq_len"]
     out: dict = {}
     for res in results:

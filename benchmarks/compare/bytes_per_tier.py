@@ -1,6 +1,6 @@
 """Bytes per tier per step for each preset, counted by ``comm_stats`` (exact, machine-independent).
 
-    python -m benchmarks.bytes_per_tier [--steps 4] [--out benchmarks/results/bytes_per_tier.json]
+    python -m benchmarks.compare.bytes_per_tier [--steps 4] [--out benchmarks/results/bytes_per_tier.json]
 
 Runs the demo GPT on 8 local CPU ranks (2 nodes x 2 GPUs x 2 GCDs) under zero3, zeropp and
 frontier (each with its default compression, and frontier also uncompressed), with DeepSpeed's

@@ -1,7 +1,7 @@
 """What crosses each link: ``comm_stats``' link view against the emulated cluster's wire counters.
 
-    sudo python -m benchmarks.wire_links --nodes 8 --gpus-per-node 1   # 8 x 1 x 2, 16 ranks
-    sudo python -m benchmarks.wire_links --nodes 2 --gpus-per-node 4   # 2 x 4 x 2, 16 ranks
+    sudo python -m benchmarks.compare.wire_links --nodes 8 --gpus-per-node 1   # 8 x 1 x 2, 16 ranks
+    sudo python -m benchmarks.compare.wire_links --nodes 2 --gpus-per-node 4   # 2 x 4 x 2, 16 ranks
 
 Trains the benchmark's GPT shape under each preset (``--configs``, default zeropp and frontier)
 with the links unshaped (bytes do not depend on the rates, and the run is shortest), in the
@@ -25,13 +25,13 @@ import os
 import sys
 import time
 
-from benchmarks import compare
 from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec, wire_bytes
-from benchmarks.compare_planner import predictions
-from benchmarks.compare_report import summarize
+from benchmarks.compare import run as compare
+from benchmarks.compare.planner import predictions
+from benchmarks.compare.report import summarize
 from zeropp_hier.core.vocab import TIERS
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.tools.compare_runs import ds_quantizer_problem
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     with Cluster(spec):
         netns.unshape(spec)
-        results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark)
+        results, wire = run_marked(spec, ["-m", "benchmarks.compare.rank", json.dumps(plan)], on_mark=on_mark)
     summary = summarize(results, wire, plan)["unshaped"]
     pred = planner_bytes(plan, summary)
     rows = {}
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     doc = {
         "what": "bytes per link class and step, summed over ranks: interface counters against comm_stats' "
         "link view (and payload view) and the planner, links unshaped",
-        "command": "python -m benchmarks.wire_links " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.compare.wire_links " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": vars(args),
         "stock_quantization_problem": ds_quantizer_problem(),
         "topology": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gcds_per_gpu": args.gcds_per_gpu},

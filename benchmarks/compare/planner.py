@@ -3,7 +3,7 @@
 scheduled step of each (``predictions``). Pure: it reads a run's plan and measurements (a live
 run's, or a recorded JSON's, as the planner tests do) and starts nothing.
 
-    python -m benchmarks.compare_planner benchmarks/results/compare_link_bound_gpu_mode.json
+    python -m benchmarks.compare.planner benchmarks/results/compare_link_bound_gpu_mode.json
 
 prints a recorded file's predictions re-run now (``table``): the "scheduled s (error)" of
 docs/benchmarks.md, and each tier's hop seconds beside the measured busy seconds."""
@@ -16,8 +16,8 @@ import json
 import re
 import statistics
 
-from benchmarks.compare_variants import UNRECORDED_PRESET_COMPRESSION
-from benchmarks.linkuse import tier_of_lane
+from benchmarks.compare.linkuse import tier_of_lane
+from benchmarks.compare.variants import UNRECORDED_PRESET_COMPRESSION
 from zeropp_hier import planner as P
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, one_tier_hops
 from zeropp_hier.core.config import parse_section
@@ -253,7 +253,7 @@ def table(rec: dict) -> list[str]:
     """Each configuration of a recorded file: its issue mode, measured median step, the
     scheduled step re-run now and its error (docs/benchmarks.md's "scheduled s (error)"), and per
     tier the planner's hop seconds beside the measured busy seconds per step (mean over ranks;
-    [Note: link use] in benchmarks/linkuse.py)."""
+    [Note: link use] in benchmarks/compare/linkuse.py)."""
     pred = recorded_predictions(rec)
     lines = [
         "| configuration | issue mode | step s | scheduled s (error) "
@@ -282,8 +282,8 @@ def table(rec: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m benchmarks.compare_planner FILE...``: ``table`` for each recorded result file."""
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.compare_planner", description=table.__doc__)
+    """``python -m benchmarks.compare.planner FILE...``: ``table`` for each recorded result file."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.compare.planner", description=table.__doc__)
     ap.add_argument("files", nargs="+", help="result JSONs written by benchmarks.compare")
     args = ap.parse_args(argv)
     for path in args.files:

@@ -1,13 +1,13 @@
 """The configurations the comparison benchmark can run, as data: stock DeepSpeed's two, our three
 presets and ``auto`` (``ORDER``, the default set ``DEFAULT``), and the named variants
 (``VARIANTS``) that ``--configs`` picks for one question each (overlap, kept levels, pipelined
-hops, gradient schemes, the tick mode). A configuration is what ``benchmarks/compare_rank.py``
+hops, gradient schemes, the tick mode). A configuration is what ``benchmarks/compare/rank.py``
 builds: ``kind`` stock or ours, and for ours the preset and the ``zeropp_hier`` section's
 overrides. ``in_issue_mode`` sets ours to the issue mode of a run ([Note: benchmark issue mode])."""
 
 from __future__ import annotations
 
-from benchmarks.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
+from benchmarks.compare.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS, INT8_GCD_NODE8
 
 ORDER = ["ds-zero3", "ds-zeropp", "zero3", "zeropp", "frontier", "auto"]
 DEFAULT = ORDER[:5]

@@ -6,9 +6,9 @@
 
 Builds the emulated cluster (benchmarks/cluster: 2 nodes x 2 packages x 2 GCDs, tbf links in
 Frontier's per-GCD ratios), probes each tier, then trains the same GPT-NeoX shape
-(``--shape``, benchmarks/shapes.py; fp32, DeepSpeed prefetch and reuse distance 0 so that
+(``--shape``, benchmarks/compare/shapes.py; fp32, DeepSpeed prefetch and reuse distance 0 so that
 backward re-gathers as for a large model) through the training job's own code
-(benchmarks/compare_rank.py) under every configuration in one 8-rank world, round after round
+(benchmarks/compare/rank.py) under every configuration in one 8-rank world, round after round
 in a rotating order (ours in ``--issue-mode``: by default ``gpu``, one issuing thread as
 NCCL/RCCL run it, [Note: benchmark issue mode] in compare_variants.py), and finally one pass
 with the links unshaped (the CPU-bound part of each step). Reports median step time, tokens/s,
@@ -32,14 +32,15 @@ import statistics
 import sys
 import time
 
-from benchmarks import linkuse
 from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
 from benchmarks.cluster.runner import Cluster
 from benchmarks.cluster.spec import ClusterSpec
-from benchmarks.compare_planner import compute_estimate, predictions, preset_compression
-from benchmarks.compare_report import add_link_use, bar_chart, link_uses, regime_check, report, summarize
-from benchmarks.compare_variants import (
+from benchmarks.compare import linkuse
+from benchmarks.compare.planner import compute_estimate, predictions, preset_compression
+from benchmarks.compare.report import add_link_use, bar_chart, link_uses, regime_check, report, summarize
+from benchmarks.compare.shapes import DEFAULT_SHAPE, SHAPES, planner_model
+from benchmarks.compare.variants import (
     DEFAULT,
     ISSUE_MODES,
     ORDER,
@@ -48,7 +49,6 @@ from benchmarks.compare_variants import (
     in_issue_mode,
     issue_mode_label,
 )
-from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.tools.compare_runs import ds_quantizer_problem  # the compare job asks the same
@@ -108,7 +108,7 @@ def parse_args(argv) -> argparse.Namespace:
         default="cpu-bound",
         help="cpu-bound: the links at --node-mbit; link-bound: rates from a short unshaped "
         "calibration, so that the unshaped step is at most --link-share of the slowest preset's "
-        "shaped step ([Note: link-bound calibration] in benchmarks/linkuse.py)",
+        "shaped step ([Note: link-bound calibration] in benchmarks/compare/linkuse.py)",
     )
     ap.add_argument(
         "--link-share",
@@ -121,7 +121,7 @@ def parse_args(argv) -> argparse.Namespace:
         "--shape",
         choices=list(SHAPES),
         default=DEFAULT_SHAPE,
-        help="the GPT-NeoX shape every configuration trains (benchmarks/shapes.py)",
+        help="the GPT-NeoX shape every configuration trains (benchmarks/compare/shapes.py)",
     )
     ap.add_argument("--no-unshaped", action="store_true", help="skip the unshaped (CPU-bound) pass")
     ap.add_argument(
@@ -216,7 +216,7 @@ def spec_maker(args: argparse.Namespace):
 
 
 def build_plan(args: argparse.Namespace, spec: ClusterSpec, quant_problem: str | None) -> dict:
-    """What every rank runs (``benchmarks/compare_rank.py``) and the result file records."""
+    """What every rank runs (``benchmarks/compare/rank.py``) and the result file records."""
     model = SHAPES[args.shape]
     plan = {
         "shape": args.shape,
@@ -328,7 +328,7 @@ def measure(args: argparse.Namespace, plan: dict, spec_at, spec: ClusterSpec, t_
                 flush=True,
             )
         probe = None if args.no_probe else run_probe(spec)
-        results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark, log=log)
+        results, wire = run_marked(spec, ["-m", "benchmarks.compare.rank", json.dumps(plan)], on_mark=on_mark, log=log)
     return spec, probe, results, wire, links, regime
 
 
@@ -407,14 +407,14 @@ def record(
 
 
 def calibrate(spec: ClusterSpec, plan: dict, share: float, on_mark, links: dict, log) -> dict:
-    """The link-bound regime's rates ([Note: link-bound calibration] in benchmarks/linkuse.py):
+    """The link-bound regime's rates ([Note: link-bound calibration] in benchmarks/compare/linkuse.py):
     one unshaped step (after the warm-up) of each of our presets in the plan (of every
     configuration when it has none of ours), its bytes on every link, and the node rate that
     keeps the largest unshaped step within ``share`` of the slowest preset's link bound."""
     ours = {n: c for n, c in plan["configs"].items() if c["kind"] == "ours"} or plan["configs"]
     cal_plan = {**plan, "configs": ours, "phases": [{"name": "unshaped", "rounds": 1, "steps": 1}]}
     results, wire = run_marked(
-        spec, ["-m", "benchmarks.compare_rank", json.dumps(cal_plan)], on_mark=on_mark, port=29513, log=log
+        spec, ["-m", "benchmarks.compare.rank", json.dumps(cal_plan)], on_mark=on_mark, port=29513, log=log
     )
     unshaped = summarize(results, wire, cal_plan, links)["unshaped"]
     derived = linkuse.link_bound_rate(
