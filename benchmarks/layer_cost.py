@@ -280,5 +280,5 @@ def planner_line(rate: float, device: str) -> str:
     """The line of ``frontier()`` in planner/clusters.py a later session would change."""
     return (
         f"{PLANNER_FILE}: frontier(): quant_rate={frontier().quant_rate:.0e},  ->  "
-        f"quant_rate={rate:.2e},  # benchmarks/layer_cost_gpu.py on {device}, scaled by HBM to an MI250X GCD"
+        f"quant_rate={rate:.2e},  # benchmarks/gpu/layer_cost.py on {device}, scaled by HBM to an MI250X GCD"
     )

@@ -3,9 +3,9 @@ ZeRO-3, our engine's exact ZeRO-3 (``preset=zero3 compression=none``) beside sto
 ZeRO-3 (``preset=stock``), same seed, same steps, each in a process of its own so that each has
 the whole GPU. Target: our per-step overhead at world size 1 within 3% of stock.
 
-    python -m benchmarks.gpu_job [--device cuda] [--size auto] [--steps 12] [--warmup 4]
+    python -m benchmarks.gpu.job [--device cuda] [--size auto] [--steps 12] [--warmup 4]
         [--timeout 300] [--repeats 1] [--out benchmarks/results/gpu_job.json] [--work DIR]
-    python -m benchmarks.gpu_job --device cpu     # the same path on CPU (gloo), the tiny model
+    python -m benchmarks.gpu.job --device cpu     # the same path on CPU (gloo), the tiny model
 
 Settings: the GPU recipe (``recipe=neox1_4b``: bf16, activation checkpointing per block with
 torch's checkpoint, DeepSpeed's prefetch on with one block per bucket, AdamW, clipping, cosine

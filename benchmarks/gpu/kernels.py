@@ -1,6 +1,6 @@
 """Throughput of the GPU quantization kernels beside a device-to-device copy, on one GPU.
 
-    python -m benchmarks.kernels_gpu [--sizes 16M,64M,256M] [--block-size 256] [--parts 4]
+    python -m benchmarks.gpu.kernels [--sizes 16M,64M,256M] [--block-size 256] [--parts 4]
                                      [--dtypes float32,bfloat16] [--out benchmarks/results/gpu_kernels.json]
 
 For each size n, input dtype, and int8/int4 it times quantize (x [n] -> payload), dequantize
@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from zeropp_hier.files import write_json_atomic
 
-from .kernels import _parse_size
+from ..kernels import _parse_size
 
 
 def device_sync(dev) -> None:
@@ -137,9 +137,9 @@ def run(args) -> dict:
     from zeropp_hier import quant
 
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/kernels_gpu.py: no GPU visible to torch")
+        raise SystemExit("benchmarks/gpu/kernels.py: no GPU visible to torch")
     if quant.backend("cuda") not in ("cuda", "hip"):
-        raise SystemExit("benchmarks/kernels_gpu.py: the GPU kernels are not built (zeropp_hier._C without GPU code)")
+        raise SystemExit("benchmarks/gpu/kernels.py: the GPU kernels are not built (zeropp_hier._C without GPU code)")
     dev = torch.device("cuda")
     B, K = args.block_size, args.parts
     rows = []

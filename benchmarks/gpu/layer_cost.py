@@ -1,10 +1,10 @@
 """What compression costs beside compute, for one transformer layer on one GPU.
 
-    python -m benchmarks.layer_cost_gpu [--device cuda] [--hidden 6144] [--tokens 2048] [--heads 64]
+    python -m benchmarks.gpu.layer_cost [--device cuda] [--hidden 6144] [--tokens 2048] [--heads 64]
                                         [--nodes 48] [--chunks 8] [--iters 5] [--reps 3]
                                         [--out benchmarks/results/gpu_layer_cost.json]
-    python -m benchmarks.layer_cost_gpu --profile    # the fused requantize only, once per case (for ncu)
-    python -m benchmarks.layer_cost_gpu --device cpu --hidden 128 --heads 2 --tokens 32   # a check
+    python -m benchmarks.gpu.layer_cost --profile    # the fused requantize only, once per case (for ncu)
+    python -m benchmarks.gpu.layer_cost --device cpu --hidden 128 --heads 2 --tokens 32   # a check
 
 The default shape is one GPT-NeoX-20B layer (hidden 6144, 64 heads, MLP 4 x hidden, 2048 tokens
 of one sample). It times, on one device:
@@ -25,7 +25,7 @@ of one sample). It times, on one device:
 * kernels: quantize, dequantize, dequantize_sum and dequantize_sum_requantize on their own, bf16,
   int8 and int4, k = 2, 4 and ``--nodes`` parts (the group sizes of the gcd, gpu and node
   stages), on as many elements as the gathered layer (a sum's k parts together), each beside a
-  device copy moving as many bytes (as benchmarks/kernels_gpu.py).
+  device copy moving as many bytes (as benchmarks/gpu/kernels.py).
 
 Times are CUDA-event times of ``--iters`` back-to-back calls after a warm-up, the median over
 ``--reps`` (``time.perf_counter`` on the CPU). The JSON holds every time; the ratio (compression
@@ -49,8 +49,8 @@ from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.planner.clusters import frontier
 
-from . import layer_cost as lc
-from .kernels_gpu import device_sync, measure_ops, time_fn
+from .. import layer_cost as lc
+from .kernels import device_sync, measure_ops, time_fn
 
 ASSUMPTIONS = (
     "kernel times scaled by HBM bandwidth (this device / MI250X GCD 1.6 TB/s): right for memory-bound "
@@ -234,10 +234,10 @@ def _check_kernels(dev) -> str:
 
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise SystemExit("benchmarks/layer_cost_gpu.py: no GPU visible to torch (use --device cpu)")
+            raise SystemExit("benchmarks/gpu/layer_cost.py: no GPU visible to torch (use --device cpu)")
         if quant.backend(dev) not in ("cuda", "hip"):
             raise SystemExit(
-                "benchmarks/layer_cost_gpu.py: the GPU kernels are not built (python setup.py build_ext --inplace)"
+                "benchmarks/gpu/layer_cost.py: the GPU kernels are not built (python setup.py build_ext --inplace)"
             )
     return quant.kernel_info(dev)
 

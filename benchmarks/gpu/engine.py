@@ -1,6 +1,6 @@
 """The engine on CUDA tensors: several ranks sharing one GPU, beside stock DeepSpeed ZeRO-3.
 
-    python -m benchmarks.gpu_engine [--ranks 8] [--steps 6] [--out benchmarks/results/gpu_engine.json]
+    python -m benchmarks.gpu.engine [--ranks 8] [--steps 6] [--out benchmarks/results/gpu_engine.json]
 
 NCCL refuses two ranks of one communicator on one device, so the ranks talk through gloo, whose
 collectives accept CUDA tensors (it stages them through host memory on its own threads). What
@@ -261,7 +261,7 @@ def main(argv=None) -> None:
     from zeropp_hier.launch.world import LocalWorld, WorldError
 
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gpu_engine.py: no GPU visible to torch")
+        raise SystemExit("benchmarks/gpu/engine.py: no GPU visible to torch")
     model_kw = dict(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=4)
     cfgs = configs_for(args.gpus_per_node, args.gcds_per_gpu)
     env = {"OMP_NUM_THREADS": "1"}

@@ -1,6 +1,6 @@
 """The issue modes side by side: one lane, serial, inline and ticks on the same world and data.
 
-    python -m benchmarks.gpu_modes [--device cuda|cpu] [--ranks 8] [--steps 6]
+    python -m benchmarks.gpu.modes [--device cuda|cpu] [--ranks 8] [--steps 6]
                                    [--out benchmarks/results/gpu_modes.json]
 
 ``frontier`` (its default compression) and ``frontier_exact`` (compression none), fp32, each under
@@ -18,7 +18,7 @@ training thread, or another: the executor's lane). An event's ``synchronize`` (t
 itself) is not a call sync-debug mode reports; ``serial_wait_s`` is what measures it.
 
 ``--device cuda`` (default): the ranks share GPU 0 through gloo with CUDA tensors, as
-benchmarks/gpu_engine.py; gloo sends point-to-point only from host memory, so the tick mode is
+benchmarks/gpu/engine.py; gloo sends point-to-point only from host memory, so the tick mode is
 refused there at start-up (``check_tick_device``, the check the runtime makes) and its row holds
 the refusal's text. ``--device cpu``: CPU ranks and tensors over gloo, where ticks run and the
 serial mode has nothing to wait for (a gloo collective on CPU tensors has ended when its call
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from zeropp_hier.files import write_json_atomic
 
-from .gpu_engine import SyncRecorder, _batch, recorded_step
+from .engine import SyncRecorder, _batch, recorded_step
 
 # the section's ``overlap`` value of each mode; one lane is the reference
 MODES: dict[str, bool | str] = {"one_lane": "one_lane", "serial": "serial", "inline": False, "ticks": "ticks"}
@@ -241,7 +241,7 @@ def main(argv=None) -> None:
 
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gpu_modes.py: no GPU visible to torch (--device cpu runs on CPU ranks)")
+        raise SystemExit("benchmarks/gpu/modes.py: no GPU visible to torch (--device cpu runs on CPU ranks)")
     gpus = 1 if cuda else 0
     model_kw = MODEL_KW[args.device]
     report: dict = {
