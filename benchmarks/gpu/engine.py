@@ -254,7 +254,7 @@ def main(argv=None) -> None:
     p.add_argument("--gcds-per-gpu", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--timeout", type=float, default=300)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gpu_engine.json"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "gpu_engine.json"))
     args = p.parse_args(argv)
     import torch
 

@@ -56,7 +56,7 @@ from zeropp_hier.app.spec import n_params
 from zeropp_hier.app.train import spec_from_overrides
 from zeropp_hier.files import write_json_atomic
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GB = 1e9
 TARGET = 0.03  # our per-step overhead at world size 1, as a share of stock's step
 MARGIN = 0.25  # of the device's memory left free by the size choice (see the docstring)

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from zeropp_hier.files import write_json_atomic
 
-from ..kernels import _parse_size
+from ..cpu.kernels import _parse_size
 
 
 def device_sync(dev) -> None:
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gpu_kernels.json"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "gpu_kernels.json"))
     args = p.parse_args(argv)
     print(_HEADER)
     print("-" * len(_HEADER))

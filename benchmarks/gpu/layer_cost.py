@@ -16,7 +16,7 @@ of one sample). It times, on one device:
   available against pure GEMM time.
 * compression: every quantization kernel one rank of the ``frontier`` preset runs for that
   layer per step at Frontier's shape (``--nodes`` x 4 GPUs x 2 GCDs), derived from the plan the
-  runtime builds ([Note: kernels of one layer] in benchmarks/layer_cost.py: the forward gather
+  runtime builds ([Note: kernels of one layer] in benchmarks/cpu/layer_cost.py: the forward gather
   quantizes the rank's 1/W share of the bf16 weights at the node hop and dequantizes the whole
   layer, the backward re-gather dequantizes the whole layer again from the int8 kept copy, and
   each of the gradient stages gcd int8, gpu int4, node int8 quantizes its fp32 buffer and sums
@@ -49,7 +49,7 @@ from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.planner.clusters import frontier
 
-from .. import layer_cost as lc
+from ..cpu import layer_cost as lc
 from .kernels import device_sync, measure_ops, time_fn
 
 ASSUMPTIONS = (
@@ -449,7 +449,7 @@ def main(argv=None) -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="only the fused requantize, once per case (for ncu)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gpu_layer_cost.json"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "gpu_layer_cost.json"))
     args = p.parse_args(argv)
     if args.profile:
         profile(args)

@@ -194,11 +194,11 @@ def test_recorded_runs_agree_with_the_planner_that_uses_the_same_model():
 
 
 def test_the_hierarchys_case_on_frontier_as_docs_state_it():
-    """docs/design.md#what-crosses-the-network, from benchmarks/wire_frontier.py: at 48 nodes a
+    """docs/design.md#what-crosses-the-network, from benchmarks/cpu/wire_frontier.py: at 48 nodes a
     flat ring's forward gather leaves each node with 383 shards against frontier's node hop's
     376; frontier's network gradients are int8 against zeropp's int4; the payload view counts
     zeropp's forward gather about 8x too high; frontier pays 2 network latency steps per pass."""
-    from benchmarks.wire_frontier import node_uplink_bytes
+    from benchmarks.cpu.wire_frontier import node_uplink_bytes
     from zeropp_hier.planner.cost import bytes_per_elem
 
     rows = node_uplink_bytes(48, 20e9)

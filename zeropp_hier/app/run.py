@@ -154,7 +154,7 @@ class Run:
     """One rank's job, built: the data (checked before the model is built: a wrong path costs
     nothing), the engine for ``spec.model`` under the preset (built sharded, ``app/model/models.py``)
     and the per-step metrics. ``rank_main`` drives it with the job's reporting, resume and
-    checkpoints; the benchmarks (``benchmarks/compare/rank.py``, ``benchmarks/convergence.py``)
+    checkpoints; the benchmarks (``benchmarks/compare/rank.py``, ``benchmarks/cpu/convergence.py``)
     with their own hooks, so that what they measure is what the job runs.
     ``ds_overrides``: see ``spec.ds_config``. Collective: every rank builds it."""
 

@@ -1,6 +1,6 @@
 """Throughput of the CPU quantization kernels beside the PyTorch reference and a memory copy.
 
-    python -m benchmarks.kernels [--sizes 1M,4M,16M,64M] [--block-size 256] [--parts 4]
+    python -m benchmarks.cpu.kernels [--sizes 1M,4M,16M,64M] [--block-size 256] [--parts 4]
                                  [--dtype float32] [--out benchmarks/results/kernels.json]
 
 For each size n and for int8 and int4 it times, in one process:
@@ -76,7 +76,7 @@ def run(args) -> dict:
 
     if quant.backend("cpu") != "cpu-ext":
         raise SystemExit(
-            "benchmarks/kernels.py: the compiled CPU kernels are not available; "
+            "benchmarks/cpu/kernels.py: the compiled CPU kernels are not available; "
             "build them with `pip install --no-build-isolation -e .`"
         )
     dtype = getattr(torch, args.dtype)
@@ -202,7 +202,7 @@ def main(argv=None) -> None:
     p.add_argument("--ref-reps", type=int, default=5)
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement, at most")
     p.add_argument("--cold-alloc", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kernels.json"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "kernels.json"))
     args = p.parse_args(argv)
     if not args.cold_alloc and any(os.environ.get(k) != v for k, v in _WARM_ENV.items()):
         # glibc reads these at start-up only: re-execute with them set.

@@ -1,7 +1,7 @@
 """Convergence on real text: does the model still learn when the collectives are compressed?
 
-    python -m benchmarks.convergence                    # ~25 min on 2 CPU cores
-    python -m benchmarks.convergence --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
+    python -m benchmarks.cpu.convergence                    # ~25 min on 2 CPU cores
+    python -m benchmarks.cpu.convergence --steps 60 --configs "stock ZeRO-3" frontier   # a quick look
 
 Every configuration is the training job itself (``zeropp_hier.app.run.Run``: the job's
 config, its GPT-NeoX built sharded, its data loader, step loop and metrics), on 8 local CPU

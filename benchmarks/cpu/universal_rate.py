@@ -5,7 +5,7 @@ resume on half the ranks does) and by one process (``checkpoint.to_universal``, 
 ``zeropp-hier checkpoint to-universal`` does). Prints the job's conversion line and one line for
 the single process, with bytes and seconds.
 
-    python -m benchmarks.universal_rate [--hidden 1024] [--layers 8] [--dir DIR]
+    python -m benchmarks.cpu.universal_rate [--hidden 1024] [--layers 8] [--dir DIR]
 """
 
 from __future__ import annotations

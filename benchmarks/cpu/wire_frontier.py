@@ -2,7 +2,7 @@
 step on Frontier, by phase, as the planner's link model counts it ([Note: bytes per link] in
 zeropp_hier/core/wire.py) and as the payload view would (every collective sent direct).
 
-    python -m benchmarks.wire_frontier            # 20B GPT, 48 and 1,024 nodes (printed)
+    python -m benchmarks.cpu.wire_frontier            # 20B GPT, 48 and 1,024 nodes (printed)
 
 Pure: the planner only, no measurement. ``zeropp``'s collectives run one lane (RCCL rings for
 its flat gather), ``frontier``'s in ticks (point-to-point, direct), as ``overlap: true``
