@@ -200,7 +200,7 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
             continue
         cfg = plan["configs"].get(n, {})
         mode = schedule_mode(cfg)
-        prefetch = cfg.get("prefetch", True)  # compare_rank.ds_overrides
+        prefetch = cfg.get("prefetch", True)  # rank.ds_overrides
         wl_n = wl if prefetch else dataclasses.replace(wl, kept_at_turn=0.0)
         cl_n = dataclasses.replace(cl, issue_mode=mode)
         p = (

@@ -10,7 +10,7 @@ Frontier's per-GCD ratios), probes each tier, then trains the same GPT-NeoX shap
 backward re-gathers as for a large model) through the training job's own code
 (benchmarks/compare/rank.py) under every configuration in one 8-rank world, round after round
 in a rotating order (ours in ``--issue-mode``: by default ``gpu``, one issuing thread as
-NCCL/RCCL run it, [Note: benchmark issue mode] in compare_variants.py), and finally one pass
+NCCL/RCCL run it, [Note: benchmark issue mode] in variants.py), and finally one pass
 with the links unshaped (the CPU-bound part of each step). Reports median step time, tokens/s,
 wire bytes per tier per step from the interface counters (the same for stock DeepSpeed and for
 us) beside ``comm_stats`` for ours, peak RSS per rank, ratios, and the planner's predictions,
@@ -18,8 +18,8 @@ every table naming the issue mode; writes JSON and a PNG bar chart. The cluster 
 torn down at the end, on error and on signals.
 
 This module is the runner (the command line, the cluster, the calibration and the probe); the
-configurations are data in ``compare_variants``, the planner beside the measurements is
-``compare_planner`` and the summary, tables and chart are ``compare_report``.
+configurations are data in ``variants``, the planner beside the measurements is
+``planner`` and the summary, tables and chart are ``report``.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def parse_args(argv) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="emulate device compute: each transformer block waits this long in forward and twice "
-        "that in backward with the CPU free ([Note: device-time compute] in compare_rank.py)",
+        "that in backward with the CPU free ([Note: device-time compute] in rank.py)",
     )
     ap.add_argument(
         "--issue-mode",
@@ -236,7 +236,7 @@ def build_plan(args: argparse.Namespace, spec: ClusterSpec, quant_problem: str |
         "topology": {"gpus_per_node": spec.gpus_per_node, "gcds_per_gpu": spec.gcds_per_gpu},
         "issue_mode": args.issue_mode,  # [Note: benchmark issue mode]
         # the chunks of the tick mode where a configuration leaves them out (the planner models
-        # what ran, not a later default: benchmarks/compare_planner.tick_chunks)
+        # what ran, not a later default: benchmarks/compare/planner.tick_chunks)
         "tick_chunks": DEFAULT_TICK_CHUNKS,
         "configs": {
             n: in_issue_mode(c, args.issue_mode)

@@ -5,7 +5,7 @@
 
 Trains the benchmark's GPT shape under each preset (``--configs``, default zeropp and frontier)
 with the links unshaped (bytes do not depend on the rates, and the run is shortest), in the
-benchmark's ``gpu`` issue mode ([Note: benchmark issue mode] in compare_variants.py), and records
+benchmark's ``gpu`` issue mode ([Note: benchmark issue mode] in variants.py), and records
 per link class and step, summed over ranks: the interface counters ([Note: wire bytes] in
 cluster/spec.py), ``comm_stats``' link view (``link_bytes``, [Note: bytes per link] in
 core/wire.py), its payload view (``bytes``, [Note: byte accounting] in comm/stats.py) and the

@@ -1,4 +1,4 @@
-"""The arithmetic of ``layer_cost_gpu.py``: which quantization kernels the ``frontier`` preset
+"""The arithmetic of ``benchmarks/gpu/layer_cost.py``: which quantization kernels the ``frontier`` preset
 runs for one transformer layer on one rank, on how many elements, and the constants that scale
 a measurement on an NVIDIA GPU to one MI250X GCD. Pure (no torch is touched; the partition
 helpers are the runtime's own, imported from ``comm``).

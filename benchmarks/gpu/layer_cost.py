@@ -206,7 +206,7 @@ def _empty_cache(dev) -> None:
 
 def time_kernels(n: int, ks: list[int], block: int, dev, iters: int, reps: int) -> list[dict]:
     """The four ops on their own, bf16, int8 and int4, a sum's k parts together n elements
-    (``kernels_gpu.measure_ops``: each beside a device copy moving the same bytes)."""
+    (``kernels.measure_ops``: each beside a device copy moving the same bytes)."""
     import torch
 
     x = torch.randn(n, device=dev).to(torch.bfloat16)

@@ -44,7 +44,7 @@ REFERENCE = "one_lane"
 PRESETS = {"frontier": None, "frontier_exact": "none"}  # name -> frontier's compression (None: its default)
 PACKAGES = ("zeropp_hier", "deepspeed")
 MODEL_KW = {
-    "cuda": dict(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=4),  # gpu_engine's
+    "cuda": dict(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=4),  # engine's
     "cpu": dict(vocab_size=128, seq_len=16, d_model=32, n_heads=2, n_layers=2),  # toy size
 }
 
