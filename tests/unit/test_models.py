@@ -9,7 +9,7 @@ import yaml
 from zeropp_hier.app.model import models
 from zeropp_hier.app.spec import MODELS, ModelSpec, n_params
 
-CONFIGS = Path(models.__file__).parent / "configs" / "model"
+CONFIGS = Path(models.__file__).parents[1] / "configs" / "model"
 
 
 def test_every_named_size_has_its_yaml_and_they_agree():
