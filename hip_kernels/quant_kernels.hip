@@ -17,7 +17,7 @@
 // The kernels are memory-bound, so what matters is bytes in flight per SM and wide accesses.
 // The first version staged every value in shared memory, reduced with a __syncthreads() per
 // step and loaded/stored one element per thread: on an H100 quantize reached 15-18% of a
-// device-to-device copy's bandwidth and the fused requantize 5-10% (benchmarks/kernels_gpu.py).
+// device-to-device copy's bandwidth and the fused requantize 5-10% (benchmarks/gpu/kernels.py).
 // Now: 16-byte loads (dwordx4 on CDNA2, LDG.128 on Hopper), the block's chunks held in
 // registers between the absmax and the quantize pass when they fit (blocks up to 512 values
 // of the input, 256 for the fused requantize, whose sums need registers of their own; larger

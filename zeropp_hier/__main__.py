@@ -3,7 +3,7 @@ Each subcommand hands the rest of its command line, unchanged, to the tool that 
 so ``zeropp-hier <subcommand> --help`` shows that tool's own options.
 
     zeropp-hier train [Hydra overrides]          the main job (zeropp_hier.app.train); -m sweeps
-    zeropp-hier data prepare --stdlib --out D    tokenize text into token files for train (zeropp_hier.app.data)
+    zeropp-hier data prepare --stdlib --out D    tokenize text into token files for train (zeropp_hier.app.data.tokens)
     zeropp-hier plan --params 20B --nodes 48     predicted step of every layout (zeropp_hier.planner)
     zeropp-hier probe --out probe.json           time each tier in the current world (one process per rank)
     zeropp-hier report multirun/<date>/<time>    one table for a sweep (zeropp_hier.tools.sweep_report)
@@ -65,7 +65,7 @@ def _report(rest: list[str]) -> int:
 
 
 def _data(rest: list[str]) -> int:
-    from .app import data
+    from .app.data import tokens as data
 
     return data.main(rest, prog="zeropp-hier data")
 
@@ -133,7 +133,7 @@ def _import_benchmarks(module: str):
 
 def _cluster(rest: list[str]) -> int:
     if rest and rest[0] == "compare":
-        return _import_benchmarks("benchmarks.compare").main(rest[1:])
+        return _import_benchmarks("benchmarks.compare.run").main(rest[1:])
     return _import_benchmarks("benchmarks.cluster.__main__").main(rest)
 
 

@@ -182,7 +182,7 @@ class ClusterSpec:
         return out
 
     def shaped_egress(self) -> list[Egress]:
-        """Every shaped link direction ([Note: link use] in benchmarks/linkuse.py): both ends of
+        """Every shaped link direction ([Note: link use] in benchmarks/compare/linkuse.py): both ends of
         every veth, and each package's lo (one tbf for both directions)."""
         out = []
         for lk in self.links():

@@ -65,7 +65,7 @@ zh_show_env() {
   echo "---"
 }
 
-# -- chained jobs ([Note: chained jobs] in zeropp_hier/app/chain.py) --------------------------------
+# -- chained jobs ([Note: chained jobs] in zeropp_hier/app/longrun/chain.py) --------------------------------
 # A job given checkpoint_dir= and steps= is one link of a chain: it asks the chain whether to run
 # (done / stopped / resume / fresh), submits its successor with a dependency on itself, runs, and
 # records how it ended. Without those two overrides (or with ZH_CHAIN=0) the job runs once.
@@ -106,17 +106,17 @@ zh_chain_start() {
   ZH_EXTRA=()
   [[ -n "$ZH_USER_SAVE_EVERY" ]] || ZH_EXTRA+=("save_every=$ZH_CHAIN_STEPS")
   if zh_render; then
-    zh_run "${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID"
+    zh_run "${ZH_PY[@]}" -m zeropp_hier.app.longrun.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID"
     return 0
   fi
   local rc=0 resume
-  resume=$("${ZH_PY[@]}" -m zeropp_hier.app.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" \
+  resume=$("${ZH_PY[@]}" -m zeropp_hier.app.longrun.chain start --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" \
     --job "$SLURM_JOB_ID") || rc=$?
   case "$rc" in
     0) [[ -n "$ZH_USER_RESUME" || -z "$resume" ]] || ZH_EXTRA+=("$resume") ;; # the user's resume= stands
     10) echo "chain: done, nothing to run"; exit 0 ;;
     11) echo "chain: stopped"; exit 1 ;;
-    *) zh_die "the chain's helper (python -m zeropp_hier.app.chain start) failed (exit $rc)" ;;
+    *) zh_die "the chain's helper (python -m zeropp_hier.app.longrun.chain start) failed (exit $rc)" ;;
   esac
 }
 
@@ -154,7 +154,7 @@ zh_id_to_pattern() {
 zh_chain_end() {
   local rc=$1 next=0
   zh_render && return 0
-  "${ZH_PY[@]}" -m zeropp_hier.app.chain end --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID" \
+  "${ZH_PY[@]}" -m zeropp_hier.app.longrun.chain end --dir "$ZH_CHAIN_DIR" --steps "$ZH_CHAIN_STEPS" --job "$SLURM_JOB_ID" \
     --exit "$rc" || next=$?
   if [[ "$next" != 0 && -n "${ZH_NEXT:-}" ]]; then
     scancel "$ZH_NEXT" && echo "chain: cancelled job $ZH_NEXT: nothing left for it to do"
@@ -163,7 +163,7 @@ zh_chain_end() {
 
 # Run srun so that the batch shell can forward Slurm's warning signal to it (#SBATCH
 # --signal=B:USR1@<s> reaches the batch shell only; srun passes USR1 on to every task, whose
-# handler (zeropp_hier.app.deadline) makes all ranks save at the next step boundary).
+# handler (zeropp_hier.app.longrun.deadline) makes all ranks save at the next step boundary).
 zh_srun_forwarding_usr1() {
   if zh_render; then
     zh_run "$@"

@@ -56,8 +56,8 @@ if want probe; then
   ZEROPP_HIER_TEST_DROP_SYNC=1 timeout 300 "$PY" -m pytest tests/gpu/test_probe_timing.py -v -rA -p no:cacheprovider -k agrees 2>&1 | tail -n 40
 fi
 if want layer; then
-  section "benchmarks.layer_cost_gpu: one 20B layer's compression kernels beside its compute"
-  timeout 240 "$PY" -m benchmarks.layer_cost_gpu --out "$OUT/gpu_layer_cost.json" 2>&1 | tail -n 80
+  section "benchmarks.gpu.layer_cost: one 20B layer's compression kernels beside its compute"
+  timeout 240 "$PY" -m benchmarks.gpu.layer_cost --out "$OUT/gpu_layer_cost.json" 2>&1 | tail -n 80
 fi
 if want profile; then
   section "ncu: the fused requantize at the gcd stage's chunk (what bounds it)"
@@ -66,17 +66,17 @@ if want profile; then
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats \
     --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes.sum \
-    "$PY" -m benchmarks.layer_cost_gpu --profile --out /tmp/layer_profile.json >"$OUT/ncu_fused.txt" 2>&1
+    "$PY" -m benchmarks.gpu.layer_cost --profile --out /tmp/layer_profile.json >"$OUT/ncu_fused.txt" 2>&1
   grep -E "PartsSumSource|Throughput|Occupancy|Registers Per|Duration|Stall|pipe_xu|inst_executed|dram__bytes|Issued Warp" "$OUT/ncu_fused.txt" | head -n 80
 fi
 if want job1; then
-  section "benchmarks.gpu_job: the job at world size 1, our exact ZeRO-3 beside stock"
-  timeout 560 "$PY" -m benchmarks.gpu_job --out "$OUT/gpu_job.json" --work /tmp/gpu_job_runs 2>&1 | tail -n 40
+  section "benchmarks.gpu.job: the job at world size 1, our exact ZeRO-3 beside stock"
+  timeout 560 "$PY" -m benchmarks.gpu.job --out "$OUT/gpu_job.json" --work /tmp/gpu_job_runs 2>&1 | tail -n 40
 fi
 if want modes; then
-  section "benchmarks.gpu_modes: the issue modes on 8 ranks sharing the GPU"
+  section "benchmarks.gpu.modes: the issue modes on 8 ranks sharing the GPU"
   # the ticks rows hold the package's refusal (gloo sends point-to-point from host memory only)
-  timeout 300 "$PY" -m benchmarks.gpu_modes --out "$OUT/gpu_modes.json" 2>&1 | grep -v "^\[W" | tail -n 40
+  timeout 300 "$PY" -m benchmarks.gpu.modes --out "$OUT/gpu_modes.json" 2>&1 | grep -v "^\[W" | tail -n 40
 fi
 if want tests; then
   section "gloo collectives on CUDA tensors"
@@ -86,12 +86,12 @@ if want tests; then
   timeout 420 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -rs "${ran_probe[@]}" 2>&1 | tail -n 40
 fi
 if want kernels; then
-  section "benchmarks.kernels_gpu"
-  timeout 600 "$PY" -m benchmarks.kernels_gpu --out "$OUT/gpu_kernels.json"
+  section "benchmarks.gpu.kernels"
+  timeout 600 "$PY" -m benchmarks.gpu.kernels --out "$OUT/gpu_kernels.json"
 fi
 if want engine; then
-  section "benchmarks.gpu_engine"
-  timeout 900 "$PY" -m benchmarks.gpu_engine --out "$OUT/gpu_engine.json" 2>&1 | grep -v "^\[W" | tail -n 150
+  section "benchmarks.gpu.engine"
+  timeout 900 "$PY" -m benchmarks.gpu.engine --out "$OUT/gpu_engine.json" 2>&1 | grep -v "^\[W" | tail -n 150
 fi
 if want job; then
   section "main job, one rank, NCCL"

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.data import synthetic_batch
+from zeropp_hier.app.data.tokens import synthetic_batch
 from zeropp_hier.comm import gather
-from zeropp_hier.comm.executor import Move
+from zeropp_hier.comm.job import Move
 
 WAIT_S = 120.0
 S = 8  # elements per rank

@@ -12,7 +12,7 @@ import time
 
 import torch.distributed as dist
 
-from zeropp_hier.app import deadline as dl
+from zeropp_hier.app.longrun import deadline as dl
 
 MAX_STEPS = 50
 

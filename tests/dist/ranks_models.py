@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gc
 
-from zeropp_hier.app import models
 from zeropp_hier.app import run as app_run
+from zeropp_hier.app.model import models
 from zeropp_hier.app.spec import ModelSpec
 
 

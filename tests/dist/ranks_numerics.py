@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.data import synthetic_batch
-from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.data.tokens import synthetic_batch
+from zeropp_hier.app.model.gpt import GPTConfig
 
 INJECT_PARAM = "blocks.0.fc.weight"
 

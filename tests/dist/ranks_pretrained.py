@@ -4,7 +4,7 @@ ranks as the job's step loss is."""
 
 import torch
 
-from zeropp_hier.app.data import synthetic_batch
+from zeropp_hier.app.data.tokens import synthetic_batch
 
 
 class FirstBatchLoss:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.data import synthetic_batch
+from zeropp_hier.app.data.tokens import synthetic_batch
 
 # -- dead and stuck ranks -------------------------------------------------------------------------
 
@@ -268,7 +268,7 @@ def initialize_bad_configs(configs: list) -> dict:
     time. Records the error class and field per config, the process-group count before and after,
     and whether the world still answers a collective afterwards (nobody left inside one)."""
     import zeropp_hier
-    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.app.model.gpt import GPT, GPTConfig
     from zeropp_hier.core.errors import HierConfigError
 
     groups_before = _process_groups()

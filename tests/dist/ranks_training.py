@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.model.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core import layout
 
@@ -50,7 +50,7 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
     shards_after_load = len(rt.shards)
     # one forward rebuilds the kept shards from the loaded weights
     c = second.module.config
-    from zeropp_hier.app.data import synthetic_batch
+    from zeropp_hier.app.data.tokens import synthetic_batch
 
     x, y = synthetic_batch(c, second.train_micro_batch_size_per_gpu(), 0, dist.get_rank())
     with torch.no_grad():
@@ -111,7 +111,7 @@ def init_parity(steps: int) -> dict:
     import deepspeed
 
     import zeropp_hier
-    from zeropp_hier.app.gpt import GPT
+    from zeropp_hier.app.model.gpt import GPT
 
     out = {}
     for name, cfg, init, initialize in (
@@ -143,7 +143,7 @@ def modified_weights(steps: int) -> dict:
     next steps must see the new weights (stock vs frontier)."""
     import deepspeed
 
-    from zeropp_hier.app.data import synthetic_batch
+    from zeropp_hier.app.data.tokens import synthetic_batch
 
     out = {}
     for name, cfg in (("stock", ds_config(None)), ("hier", ds_config("frontier", compression="none"))):

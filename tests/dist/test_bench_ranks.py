@@ -1,4 +1,4 @@
-"""The comparison benchmark's per-rank code (benchmarks/compare_rank.py) outside the emulated
+"""The comparison benchmark's per-rank code (benchmarks/compare/rank.py) outside the emulated
 cluster: every configuration trains through the job's code (``zeropp_hier.app.run.Run``), and
 stock DeepSpeed trains the identical model on identical data (a fair comparison): stock ZeRO-3,
 stock ZeRO++ (hpZ) and our ``zero3`` without compression give the same losses."""
@@ -6,8 +6,8 @@ stock ZeRO++ (hpZ) and our ``zero3`` without compression give the same losses.""
 import dataclasses
 import math
 
-from benchmarks import compare_rank
-from benchmarks.shapes import planner_model
+from benchmarks.compare import rank as compare_rank
+from benchmarks.compare.shapes import planner_model
 from zeropp_hier.app.spec import ModelSpec
 
 from ..helpers import assert_losses_close

@@ -1,4 +1,4 @@
-"""Save in time, agreed ([Note: saving before the wall clock ends] in zeropp_hier/app/deadline.py):
+"""Save in time, agreed ([Note: saving before the wall clock ends] in zeropp_hier/app/longrun/deadline.py):
 a signal to one rank only, or one rank's clock, makes every rank of a real gloo world stop at
 the same step (one all-reduce of the flags at each step boundary)."""
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.model.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError

@@ -15,7 +15,7 @@ def frozen_run(cfgs, steps):
 
     import zeropp_hier
     from zeropp_hier.app import run as app_run
-    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.app.model.gpt import GPT, GPTConfig
 
     out = {}
     for name, cfg in cfgs.items():

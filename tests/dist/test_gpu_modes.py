@@ -1,4 +1,4 @@
-"""The issue modes' benchmark (benchmarks/gpu_modes.py) on CPU ranks, the code path the GPU run
+"""The issue modes' benchmark (benchmarks/gpu/modes.py) on CPU ranks, the code path the GPU run
 takes: on 8 real gloo ranks (2 nodes x 2 GPUs x 2 GCDs) one lane, serial, inline and ticks train
 frontier (its default compression) and frontier exact to the same losses and weights bit for bit,
 whatever their chunks; the serial mode's wait is reported per step (0 here: a gloo collective on
@@ -7,7 +7,7 @@ mode's refusal for gloo with CUDA tensors is what the benchmark records as that 
 (tests/dist/test_ticks_engine.py holds ticks against one lane in more shapes; this adds serial
 and inline, through the benchmark's own rank code.)"""
 
-from benchmarks import gpu_modes
+from benchmarks.gpu import modes as gpu_modes
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 
 STEPS = 2

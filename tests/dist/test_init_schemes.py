@@ -1,4 +1,4 @@
-"""GPT-NeoX's init schemes on a model partitioned while it is built (app/init_schemes.py): each
+"""GPT-NeoX's init schemes on a model partitioned while it is built (app/model/init_schemes.py): each
 weight is drawn whole on rank 0 and scattered, so 4 ranks under the hierarchy hold exactly the
 weights one process draws for the same seed (tests/unit/test_init_schemes.py checks their
 statistics against the formulas)."""
@@ -11,7 +11,7 @@ SPEC = ModelSpec(vocab_size=128, seq_len=16, hidden=64, heads=4, layers=3, inter
 def built_and_redrawn(spec, config):
     import deepspeed
 
-    from zeropp_hier.app import init_schemes, models
+    from zeropp_hier.app.model import init_schemes, models
 
     model = models.build(spec, config, seed=5)
     n = init_schemes.apply(model, spec.hidden, spec.layers, "small_init", "wang_init", seed=5)
@@ -23,7 +23,7 @@ def built_and_redrawn(spec, config):
 
 
 def test_sharded_build_draws_the_weights_one_process_draws(world4):
-    from zeropp_hier.app import init_schemes, models
+    from zeropp_hier.app.model import init_schemes, models
 
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2)
     whole = models.build(SPEC, {"zero_optimization": {"stage": 0}}, seed=5)

@@ -6,7 +6,7 @@ Its token perplexity equals the job's own evaluation of the same text (within 1%
 far closer).
 
 [Note: the same quantity twice]
-The job's evaluation (app/evaluate.py) is the mean next-token loss over the val split's samples:
+The job's evaluation (app/monitoring/evaluate.py) is the mean next-token loss over the val split's samples:
 windows of seq_len + 1 tokens of the val stream at a stride of seq_len, so the stream's first
 token is context only and every later token up to n x seq_len is predicted once, from the
 tokens before it in its own window. lm_eval's rolling log-likelihood of one document predicts
@@ -25,9 +25,9 @@ import os
 import numpy as np
 import pytest
 
-from zeropp_hier.app import prepare_stream
-from zeropp_hier.app.data import open_tokens
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.data import prepare_stream
+from zeropp_hier.app.data.tokens import open_tokens
+from zeropp_hier.app.model.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.tools import export_hf

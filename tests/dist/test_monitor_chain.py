@@ -1,5 +1,5 @@
 """A run of three jobs, as a chain's links run it ([Note: one run in the monitor] in
-zeropp_hier/app/monitor_run.py), is one run in the monitor: real ranks (4, one simulated node of
+zeropp_hier/app/monitoring/monitor_run.py), is one run in the monitor: real ranks (4, one simulated node of
 2 GPUs x 2 GCDs), ``zeropp_hier.app.run.rank_main`` three times with ``resume=latest``, each job
 in its own run directory as Hydra gives each link one.
 
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.app import data
-from zeropp_hier.app.data import stdlib_files
-from zeropp_hier.app.monitor import MonitorSpec
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
+from zeropp_hier.app.monitoring.monitor import MonitorSpec
 from zeropp_hier.app.run import rank_main
 
 from ..helpers import data_job_spec

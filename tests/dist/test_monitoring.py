@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.app import data
-from zeropp_hier.app.data import stdlib_files
-from zeropp_hier.app.monitor import WANDB_PROJECT, MonitorSpec
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
+from zeropp_hier.app.monitoring.monitor import WANDB_PROJECT, MonitorSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError

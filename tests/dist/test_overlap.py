@@ -167,7 +167,7 @@ def test_backward_window_submits_gradient_buckets_before_later_layers_gathers(wo
     """[Note: backward window]: six blocks, a prefetch of about three and as many parameters live,
     so that backward gathers again once DeepSpeed's trace is complete (without the live limit its
     prefetch runs on into the backward's part of the trace and keeps every layer gathered)."""
-    from zeropp_hier.app.gpt import GPTConfig
+    from zeropp_hier.app.model.gpt import GPTConfig
 
     cfgs = {"deep": _cfg(prefetch=True, layers=3), "window": _cfg(prefetch=True, layers=3, backward_ahead=1)}
     for cfg in cfgs.values():  # as the benchmark: at most the prefetch live, or nothing is released

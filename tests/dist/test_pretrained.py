@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from zeropp_hier.app.data import synthetic_batch
-from zeropp_hier.app.models import ModelSpec, neox_config
+from zeropp_hier.app.data.tokens import synthetic_batch
+from zeropp_hier.app.model.models import ModelSpec, neox_config
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError

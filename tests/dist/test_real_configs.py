@@ -187,7 +187,7 @@ def refusals(victim_rank_groups):
     import torch.distributed as dist
 
     import zeropp_hier
-    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.app.model.gpt import GPT, GPTConfig
 
     out = {}
     cfg = _cfg("frontier")
@@ -289,8 +289,8 @@ def no_optimizer_and_args_keyword(cfg_path: str) -> dict:
     import torch
 
     import zeropp_hier
-    from zeropp_hier.app.data import synthetic_batch
-    from zeropp_hier.app.gpt import GPT, GPTConfig
+    from zeropp_hier.app.data.tokens import synthetic_batch
+    from zeropp_hier.app.model.gpt import GPT, GPTConfig
     from zeropp_hier.deepspeed.partition import HierOffload
 
     out = {}

@@ -4,8 +4,8 @@ frontier preset, real token data, through ``zeropp_hier.app.run.rank_main``)."""
 
 import pytest
 
-from zeropp_hier.app import data
-from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 

@@ -1,5 +1,5 @@
 """The job (``zeropp_hier.app.run.rank_main``) saved at one world size and resumed at another
-([Note: resuming at another world size] in app/resume.py): 8 ranks (2x2x2) -> 4 ranks (1x2x2)
+([Note: resuming at another world size] in app/longrun/resume.py): 8 ranks (2x2x2) -> 4 ranks (1x2x2)
 and 4 ranks -> 8 ranks in another shape (1x2x4), through the universal format the job converts
 to itself.
 
@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.dist.ranks_resume_world import Capture, rank_main_logged
-from zeropp_hier.app import data, io_cost, resume, resume_rules
-from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
+from zeropp_hier.app.longrun import io_cost, resume, resume_rules
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec, ModelSpec, with_data_vocab
 from zeropp_hier.deepspeed import checkpoint

@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from zeropp_hier.app import data, indexed, prepare_stream
-from zeropp_hier.app.data import HELD_OUT_EVERY
-from zeropp_hier.app.models import ModelSpec
+from zeropp_hier.app.data import indexed, prepare_stream
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import HELD_OUT_EVERY
+from zeropp_hier.app.model.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 

@@ -1,10 +1,10 @@
 """The engine on CUDA tensors: 8 ranks (2 nodes x 2 packages x 2 GCDs) sharing one GPU through
-gloo, beside stock DeepSpeed ZeRO-3 on the same GPU (benchmarks/gpu_engine.py says what this
+gloo, beside stock DeepSpeed ZeRO-3 on the same GPU (benchmarks/gpu/engine.py says what this
 proves and what it does not: no NCCL, no link speeds)."""
 
 import pytest
 
-from benchmarks.gpu_engine import compare, configs_for, rank_run
+from benchmarks.gpu.engine import compare, configs_for, rank_run
 from zeropp_hier.launch.world import LocalWorld
 
 STEPS = 4

@@ -6,9 +6,9 @@ whether A's work is done."""
 
 import torch
 
-from zeropp_hier.comm.executor import Move
 from zeropp_hier.comm.executors import executor_for
 from zeropp_hier.comm.issue import resolve_issue_mode
+from zeropp_hier.comm.job import Move
 
 CYCLES = 200_000_000  # ~0.1 s of device time
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_job.py end to end on CPU (``--device cpu``): the main job started twice at world
+"""benchmarks/gpu/job.py end to end on CPU (``--device cpu``): the main job started twice at world
 size 1 on gloo, stock DeepSpeed ZeRO-3 and our exact ZeRO-3, with the GPU recipe at the tiny size;
 the same code path the GPU run takes, so that the GPU run cannot fail on what runs here."""
 
@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 
-from benchmarks import gpu_job as G
+from benchmarks.gpu import job as G
 
 from .processes import ROOT, cpu_env
 
@@ -16,7 +16,7 @@ STEPS, WARMUP = 4, 1
 
 def test_cpu_mode_trains_both_configurations_and_writes_the_comparison(tmp_path):
     out = tmp_path / "gpu_job.json"
-    cmd = [sys.executable, "-m", "benchmarks.gpu_job", "--device", "cpu", "--steps", str(STEPS)]
+    cmd = [sys.executable, "-m", "benchmarks.gpu.job", "--device", "cpu", "--steps", str(STEPS)]
     cmd += ["--warmup", str(WARMUP), "--timeout", "240", "--out", str(out), "--work", str(tmp_path / "runs")]
     p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -1,5 +1,5 @@
 """A run longer than its allocation, on the real one-node Slurm ([Note: chained jobs] in
-zeropp_hier/app/chain.py, [Note: saving before the wall clock ends] in app/deadline.py): the CPU
+zeropp_hier/app/longrun/chain.py, [Note: saving before the wall clock ends] in app/longrun/deadline.py): the CPU
 batch script, given checkpoint_dir= and steps=, chains itself through several allocations with
 a time limit of 6 minutes; each of the first three links gets Slurm's warning signal once its
 ranks train, forwards it to srun, and every rank saves at the same step and exits 0; the next link
@@ -19,7 +19,7 @@ out the same (measured: every loss and the final fp32 weights bit-equal to the u
 job's), so the chain is held to 1e-6 like the rest. A model whose sums regroup would need the
 1e-5 of the project's other world-size-change tests.
 
-The chain is one run in the monitor ([Note: one run in the monitor] in app/monitor_run.py): one
+The chain is one run in the monitor ([Note: one run in the monitor] in app/monitoring/monitor_run.py): one
 metrics.jsonl, and, with the monitors on (csv always; tensorboard and wandb where the test extra
 installed them), one TensorBoard run and one wandb id over the links, each step once.
 
@@ -40,8 +40,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zeropp_hier.app import chain, data
-from zeropp_hier.app.data import stdlib_files
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import stdlib_files
+from zeropp_hier.app.longrun import chain
 from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import free_port
 
@@ -230,7 +231,7 @@ def test_a_chain_of_allocations_equals_one_uninterrupted_job(slurm, tmp_path):
     assert "the run is done" in outs[links[-1].job], outs[links[-1].job][-2000:]
 
     # one metrics.jsonl for the run, in the first link's directory, which every later link continues
-    # ([Note: one run in the monitor] in app/monitor_run.py): one row per step, whichever link trained it
+    # ([Note: one run in the monitor] in app/monitoring/monitor_run.py): one row per step, whichever link trained it
     assert all(_losses(work, lk.job) == {} for lk in links[1:]), [lk.job for lk in links]
     metrics = work / "outputs" / f"slurm-{links[0].job}.0" / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]

@@ -1,5 +1,5 @@
 """``comm_stats``' link view against live interface counters ([Note: bytes per link] in
-zeropp_hier/core/wire.py): benchmarks/wire_links.py on an emulated 2 x 1 x 2 cluster (4 ranks,
+zeropp_hier/core/wire.py): benchmarks/compare/wire_links.py on an emulated 2 x 1 x 2 cluster (4 ranks,
 links unshaped, one measured step of zeropp and frontier; about 30 s on 2 idle cores). The
 recorded 16-rank runs are re-checked in tests/unit/test_wire.py."""
 
@@ -21,7 +21,7 @@ needs_root = pytest.mark.skipif(
 @needs_root
 def test_link_view_matches_live_wire_counters_and_the_payload_view_does_not(tmp_path):
     out = tmp_path / "wire.json"
-    cmd = [sys.executable, "-m", "benchmarks.wire_links", "--nodes", "2", "--gpus-per-node", "1"]
+    cmd = [sys.executable, "-m", "benchmarks.compare.wire_links", "--nodes", "2", "--gpus-per-node", "1"]
     cmd += ["--steps", "1", "--prefix", "ztwire", "--out", str(out)]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

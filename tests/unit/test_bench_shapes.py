@@ -1,14 +1,14 @@
-"""The benchmark's GPT-NeoX shapes (benchmarks/shapes.py), what the comparison's ranks build from
+"""The benchmark's GPT-NeoX shapes (benchmarks/compare/shapes.py), what the comparison's ranks build from
 a plan, and the job's config overrides the benchmarks pass (``JobSpec.ds_config``)."""
 
 import dataclasses
 
 import pytest
 
-from benchmarks import compare_rank
-from benchmarks.compare_planner import planner_inputs
-from benchmarks.shapes import DEFAULT_SHAPE, SHAPES, planner_model
-from zeropp_hier.app import models
+from benchmarks.compare import rank as compare_rank
+from benchmarks.compare.planner import planner_inputs
+from benchmarks.compare.shapes import DEFAULT_SHAPE, SHAPES, planner_model
+from zeropp_hier.app.model import models
 from zeropp_hier.app.spec import JobSpec, n_params
 
 

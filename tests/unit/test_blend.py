@@ -1,4 +1,4 @@
-"""Megatron / GPT-NeoX blends and splits of ``.bin``/``.idx`` pairs (zeropp_hier.app.blend):
+"""Megatron / GPT-NeoX blends and splits of ``.bin``/``.idx`` pairs (zeropp_hier.app.data.blend):
 the split boundaries, the largest-deficit blending order (checked against a plain transcription
 of Megatron's rule written here), each pair read in its split and its own shuffled order, and
 refusals that name the field."""
@@ -6,8 +6,8 @@ refusals that name the field."""
 import numpy as np
 import pytest
 
-from zeropp_hier.app import blend, indexed
-from zeropp_hier.app.data import Loader, open_tokens
+from zeropp_hier.app.data import blend, indexed
+from zeropp_hier.app.data.tokens import Loader, open_tokens
 from zeropp_hier.core.errors import HierConfigError
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from zeropp_hier.comm.boundary import HierBoundaryError, check_alone, quiesce
-from zeropp_hier.comm.executor import CommExecutor, Move
+from zeropp_hier.comm.executor import CommExecutor
+from zeropp_hier.comm.job import Move
 
 CPU = torch.device("cpu")
 WAIT_S = 20.0

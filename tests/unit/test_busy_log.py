@@ -7,8 +7,9 @@ import threading
 import pytest
 import torch
 
-from benchmarks.linkuse import busy_summary
-from zeropp_hier.comm.executor import CommExecutor, Move
+from benchmarks.compare.linkuse import busy_summary
+from zeropp_hier.comm.executor import CommExecutor
+from zeropp_hier.comm.job import Move
 
 CPU = torch.device("cpu")
 WAIT_S = 20.0

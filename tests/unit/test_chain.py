@@ -1,4 +1,4 @@
-"""Chained jobs, the decisions ([Note: chained jobs] in app/chain.py): when a link runs, resumes
+"""Chained jobs, the decisions ([Note: chained jobs] in app/longrun/chain.py): when a link runs, resumes
 or starts fresh, and when the chain is done or stops; run through the CLI the batch scripts call,
 on checkpoint directories committed by the package's own commit."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from zeropp_hier.app import chain
-from zeropp_hier.app.resume_rules import decide, record
+from zeropp_hier.app.longrun import chain
+from zeropp_hier.app.longrun.resume_rules import decide, record
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError
 from zeropp_hier.deepspeed.checkpoint_files import TMP_PREFIX, commit

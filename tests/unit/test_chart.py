@@ -1,11 +1,11 @@
-"""The job's end-of-run chart (app/chart.py): a real PNG from metrics rows, written atomically."""
+"""The job's end-of-run chart (app/monitoring/chart.py): a real PNG from metrics rows, written atomically."""
 
 import os
 import struct
 
 import pytest
 
-from zeropp_hier.app import chart
+from zeropp_hier.app.monitoring import chart
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,5 +1,5 @@
 """``benchmarks.compare --issue-mode`` ([Note: benchmark issue mode] in
-benchmarks/compare_variants.py): what each configuration of ours runs with in each mode, that the
+benchmarks/compare/variants.py): what each configuration of ours runs with in each mode, that the
 plan records the mode, that every table and the chart name it, that a recorded file without it
 renders as lanes and says so, and that the planner beside the run models each configuration's
 mode. Pure: no cluster is built."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compare
-from benchmarks.compare_planner import (
+from benchmarks.compare import run as compare
+from benchmarks.compare.planner import (
     _candidate,
     as_recorded,
     compute_estimate,
@@ -21,8 +21,8 @@ from benchmarks.compare_planner import (
     recorded_predictions,
     schedule_mode,
 )
-from benchmarks.compare_report import report
-from benchmarks.compare_variants import configs, in_issue_mode, issue_mode_label
+from benchmarks.compare.report import report
+from benchmarks.compare.variants import configs, in_issue_mode, issue_mode_label
 from zeropp_hier import planner as P
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 
@@ -125,7 +125,7 @@ def test_every_table_names_the_gpu_mode_and_the_planner_models_each_configuratio
 
 def test_the_chart_title_names_the_mode(tmp_path):
     # matplotlib is one of the package's dependencies (pyproject.toml): no skip
-    from benchmarks.compare_report import bar_chart
+    from benchmarks.compare.report import bar_chart
 
     rec, _ = _recorded("compare_link_bound_share15.json")
     out = tmp_path / "c.png"

@@ -1,4 +1,4 @@
-"""Token files and the loader (zeropp_hier.app.data): disjoint across ranks, identical across
+"""Token files and the loader (zeropp_hier.app.data.tokens): disjoint across ranks, identical across
 runs, resuming at the exact sample; refusals name the field."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from zeropp_hier.app import data
-from zeropp_hier.app.data import HELD_OUT_EVERY, stdlib_files
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import HELD_OUT_EVERY, stdlib_files
 
 
 @pytest.fixture(scope="module")

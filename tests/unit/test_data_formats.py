@@ -1,4 +1,4 @@
-"""Data as users have it (zeropp_hier.app.documents, data._input_files): the same documents as
+"""Data as users have it (zeropp_hier.app.data.documents, data._input_files): the same documents as
 plain JSON lines, ``.jsonl.zst``, ``.jsonl.gz``, parquet and a Hugging Face ``save_to_disk``
 Arrow file give identical token files; a directory's default glob reads them and names what it
 skipped; one ``.txt`` file alone is split into train and val."""
@@ -8,8 +8,9 @@ import gzip
 import numpy as np
 import pytest
 
-from zeropp_hier.app import data, documents, prepare_stream
-from zeropp_hier.app.data import HELD_OUT_EVERY
+from zeropp_hier.app.data import documents, prepare_stream
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import HELD_OUT_EVERY
 from zeropp_hier.core.errors import HierConfigError
 
 from .test_prepare_stream import _docs, make_tokenizer, write_jsonl

@@ -1,4 +1,4 @@
-"""Save in time, the pure parts ([Note: saving before the wall clock ends] in app/deadline.py):
+"""Save in time, the pure parts ([Note: saving before the wall clock ends] in app/longrun/deadline.py):
 Slurm's end time read from real squeue/scontrol output (tests/data/slurm_time/, sources in its
 README), the save estimate, and each rank's own flags. The agreement across ranks is in
 tests/dist/test_deadline_agreement.py."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.app import deadline as dl
+from zeropp_hier.app.longrun import deadline as dl
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm_time"
 UTC = dt.timezone.utc  # the capture's time zone (README)

@@ -12,9 +12,8 @@ from zeropp_hier.comm.executor import (
     CommExecutor,
     ExecutorBrokenError,
     ExecutorTimeoutError,
-    JobOrderError,
-    Move,
 )
+from zeropp_hier.comm.job import JobOrderError, Move
 
 CPU = torch.device("cpu")
 WAIT_S = 20.0

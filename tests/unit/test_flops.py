@@ -1,11 +1,11 @@
-"""Model FLOPs, TFLOP/s per GCD and MFU (zeropp_hier.app.flops): the formula against torch's own
+"""Model FLOPs, TFLOP/s per GCD and MFU (zeropp_hier.app.model.flops): the formula against torch's own
 FLOP counter on a real GPT-NeoX, and the peaks by device name."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from zeropp_hier.app import flops, models
+from zeropp_hier.app.model import flops, models
 from zeropp_hier.app.spec import MODELS, ModelSpec, input_embedding_params, n_params
 
 

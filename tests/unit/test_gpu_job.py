@@ -1,4 +1,4 @@
-"""benchmarks/gpu_job.py's pure parts: the Pythia ladder as the job builds it, the size choice
+"""benchmarks/gpu/job.py's pure parts: the Pythia ladder as the job builds it, the size choice
 by the job's own memory check, the timed metrics and the comparison with stock. No ranks start
 (tests/system/test_gpu_job.py runs the benchmark end to end on CPU)."""
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks import gpu_job as G
+from benchmarks.gpu import job as G
 from zeropp_hier.app.spec import n_params
 from zeropp_hier.app.train import spec_from_overrides
 

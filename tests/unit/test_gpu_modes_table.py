@@ -1,11 +1,11 @@
-"""The issue modes' benchmark (benchmarks/gpu_modes.py) reduces the ranks' results to its table:
+"""The issue modes' benchmark (benchmarks/gpu/modes.py) reduces the ranks' results to its table:
 loss and weight differences against one lane, serial wait and step time per step, and the sync
 counts of all ranks by phase, package and thread (the CUDA-only part, fed here by hand), and a
 refused mode's row is its refusal. Pure; tests/dist/test_gpu_modes.py runs the ranks on CPU."""
 
 import torch
 
-from benchmarks.gpu_modes import compare, table_lines
+from benchmarks.gpu.modes import compare, table_lines
 
 STEPS = 3
 

@@ -1,4 +1,4 @@
-"""Megatron / GPT-NeoX indexed datasets read in place (zeropp_hier.app.indexed): a pair written
+"""Megatron / GPT-NeoX indexed datasets read in place (zeropp_hier.app.data.indexed): a pair written
 in the format is the same token stream as a prepared directory; damaged or foreign pairs are
 refused naming the file."""
 
@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from zeropp_hier.app import data, indexed
+from zeropp_hier.app.data import indexed
+from zeropp_hier.app.data import tokens as data
 from zeropp_hier.app.spec import JobSpec, ModelSpec, with_data_vocab
 from zeropp_hier.core.errors import HierConfigError
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-from zeropp_hier.comm.executor import CommExecutor, Move
+from zeropp_hier.comm.executor import CommExecutor
+from zeropp_hier.comm.job import Move
 from zeropp_hier.deepspeed.inflight import BackwardWindow, GatherHandle, Layer, LayerRegistry
 
 

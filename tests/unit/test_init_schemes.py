@@ -1,4 +1,4 @@
-"""GPT-NeoX's small_init / wang_init (app/init_schemes.py, [Note: GPT-NeoX's init schemes]): the
+"""GPT-NeoX's small_init / wang_init (app/model/init_schemes.py, [Note: GPT-NeoX's init schemes]): the
 weights of a model built whole have the standard deviations of GPT-NeoX's formulas
 (megatron/model/init_functions.py), the recipes that publish them set them, and a scheme the
 model cannot take is refused naming the field. No ranks start (the sharded build: tests/dist/
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from zeropp_hier.app import init_schemes, models
+from zeropp_hier.app.model import init_schemes, models
 from zeropp_hier.app.spec import JobSpec, ModelSpec
 from zeropp_hier.app.train import spec_from_overrides
 from zeropp_hier.core.errors import HierConfigError

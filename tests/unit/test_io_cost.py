@@ -1,7 +1,7 @@
-"""The cost lines of the job's log (zeropp_hier.app.io_cost): a save's bytes per rank, total,
+"""The cost lines of the job's log (zeropp_hier.app.longrun.io_cost): a save's bytes per rank, total,
 seconds and rate, and a universal conversion's bytes and seconds, computed from the numbers given."""
 
-from zeropp_hier.app.io_cost import bytes_by_rank, conversion_line, rate_gbps, save_line
+from zeropp_hier.app.longrun.io_cost import bytes_by_rank, conversion_line, rate_gbps, save_line
 
 # a ZeRO-3 save of 2 ranks as DeepSpeed names its files, and the recovery script rank 0 writes
 SIZES = {

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from zeropp_hier.comm.executor import Move
 from zeropp_hier.comm.executors import executor_for
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS, backend_for, default_chunks, one_tier_hops, resolve_issue_mode
+from zeropp_hier.comm.job import Move
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.errors import HierConfigError
 

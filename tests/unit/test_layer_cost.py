@@ -1,4 +1,4 @@
-"""The arithmetic of benchmarks/layer_cost_gpu.py (benchmarks/layer_cost.py: the kernels the
+"""The arithmetic of benchmarks/gpu/layer_cost.py (benchmarks/cpu/layer_cost.py: the kernels the
 frontier preset runs for one layer, the MI250X scaling, the planner's rate) and a run of the
 benchmark itself on the CPU at a toy size."""
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from benchmarks import layer_cost as lc
-from benchmarks import layer_cost_gpu
-from zeropp_hier.app.flops import PEAK_BF16_TFLOPS
+from benchmarks.cpu import layer_cost as lc
+from benchmarks.gpu import layer_cost as layer_cost_gpu
+from zeropp_hier.app.model.flops import PEAK_BF16_TFLOPS
 from zeropp_hier.app.spec import MODELS, block_params
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.planner import clusters

@@ -24,8 +24,8 @@ PURE = [
     "zeropp_hier.planner.schedule",
     "zeropp_hier.planner.tables",
     "zeropp_hier.tools.sweep_report",
-    "zeropp_hier.app.documents",
-    "zeropp_hier.app.indexed",
+    "zeropp_hier.app.data.documents",
+    "zeropp_hier.app.data.indexed",
 ]
 
 CHILD = r"""

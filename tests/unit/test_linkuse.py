@@ -1,10 +1,10 @@
-"""benchmarks/linkuse.py: busy intervals, link utilisation, the ideal step and the link-bound
+"""benchmarks/compare/linkuse.py: busy intervals, link utilisation, the ideal step and the link-bound
 rate ([Note: link use], [Note: link-bound calibration])."""
 
 import pytest
 
 from benchmarks.cluster.spec import ClusterSpec
-from benchmarks.linkuse import (
+from benchmarks.compare.linkuse import (
     LinkUse,
     busy_fractions,
     busy_summary,
@@ -135,7 +135,7 @@ def test_shaped_egress_covers_every_tbf_with_its_rate():
 
 
 def test_probe_sizes_shrink_with_the_node_rate_within_bounds():
-    from benchmarks.compare import DEFAULT_NODE_MBIT, probe_sizes
+    from benchmarks.compare.run import DEFAULT_NODE_MBIT, probe_sizes
 
     assert probe_sizes(DEFAULT_NODE_MBIT) == "16384,1048576"
     assert probe_sizes(100.0) == "16384,1048576"
@@ -145,7 +145,7 @@ def test_probe_sizes_shrink_with_the_node_rate_within_bounds():
 
 
 def test_regime_check_is_the_unshaped_step_over_the_slowest_presets_shaped_step():
-    from benchmarks.compare_report import regime_check
+    from benchmarks.compare.report import regime_check
 
     summary = {
         "shaped": {"zeropp": {"median_step_s": 30.0}, "frontier": {"median_step_s": 20.0}},

@@ -102,7 +102,7 @@ def test_the_frontier_20b_run_fits_with_auto_topology():
 
 @pytest.mark.parametrize("preset", ["stock", "zero3", "frontier", "auto"])
 def test_need_bytes_is_what_the_check_compares_with_the_budget(preset):
-    """``need_bytes`` (what benchmarks/gpu_job.py sizes its model by) is the check's own figure:
+    """``need_bytes`` (what benchmarks/gpu/job.py sizes its model by) is the check's own figure:
     a budget just above it passes the check, one just below it is refused."""
     spec = JobSpec(
         preset=preset, model=MODELS["neox_1_4b"], micro_batch=1, dtype="bf16", activation_checkpointing="torch"

@@ -1,4 +1,4 @@
-"""The job's named model sizes (zeropp_hier.app.models): the YAML group equals the typed table,
+"""The job's named model sizes (zeropp_hier.app.model.models): the YAML group equals the typed table,
 the parameter arithmetic equals the built model, the published shapes are what the papers say."""
 
 from pathlib import Path
@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zeropp_hier.app import models
+from zeropp_hier.app.model import models
 from zeropp_hier.app.spec import MODELS, ModelSpec, n_params
 
-CONFIGS = Path(models.__file__).parent / "configs" / "model"
+CONFIGS = Path(models.__file__).parents[1] / "configs" / "model"
 
 
 def test_every_named_size_has_its_yaml_and_they_agree():

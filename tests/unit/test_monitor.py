@@ -1,4 +1,4 @@
-"""The pure parts of the job's monitoring and evaluation settings (app/monitor.py): the ETA, the
+"""The pure parts of the job's monitoring and evaluation settings (app/monitoring/monitor.py): the ETA, the
 scalar names, DeepSpeed's monitor sections (parsed by DeepSpeed's own config model), the checks
 of the settings and the Hydra keys that set them."""
 
@@ -10,8 +10,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from zeropp_hier.app import monitor, report
-from zeropp_hier.app.monitor import MonitorSpec
+from zeropp_hier.app import report
+from zeropp_hier.app.monitoring import monitor
+from zeropp_hier.app.monitoring.monitor import MonitorSpec
 from zeropp_hier.app.spec import JobSpec, ModelSpec
 from zeropp_hier.app.train import spec_from_config
 from zeropp_hier.core.vocab import TIERS
@@ -189,7 +190,8 @@ def _texts(tmp_path, sizes):
 
 
 def test_val_batches_are_sharded_over_ranks_and_the_same_at_every_evaluation(tmp_path):
-    from zeropp_hier.app import data, evaluate
+    from zeropp_hier.app.data import tokens as data
+    from zeropp_hier.app.monitoring import evaluate
 
     data.prepare(_texts(tmp_path, [4000] + [500] * 19), str(tmp_path / "d"))  # file 0 is the val split
     spec = JobSpec(data_path=str(tmp_path / "d"), eval_every=1, micro_batch=2, model=ModelSpec(seq_len=32))
@@ -204,7 +206,8 @@ def test_val_batches_are_sharded_over_ranks_and_the_same_at_every_evaluation(tmp
 
 
 def test_a_val_split_too_small_for_one_sample_is_refused_naming_eval_every(tmp_path):
-    from zeropp_hier.app import data, evaluate
+    from zeropp_hier.app.data import tokens as data
+    from zeropp_hier.app.monitoring import evaluate
 
     data.prepare(_texts(tmp_path, [10] + [500] * 19), str(tmp_path / "d"))
     spec = JobSpec(data_path=str(tmp_path / "d"), eval_every=5, model=ModelSpec(seq_len=32))

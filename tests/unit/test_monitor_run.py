@@ -1,4 +1,4 @@
-"""One run in the monitor across a chain's jobs (app/monitor_run.py), its pure parts and file
+"""One run in the monitor across a chain's jobs (app/monitoring/monitor_run.py), its pure parts and file
 operations: which directory and wandb id a job takes, how the run's metrics.jsonl and csv files
 are cut back to the resumed step, and the wandb environment that resumes the run by its id. The
 jobs themselves: tests/dist/test_monitor_chain.py."""
@@ -8,9 +8,9 @@ import json
 import re
 from pathlib import Path
 
-from zeropp_hier.app import monitor, monitor_run
-from zeropp_hier.app.monitor import MonitorSpec
-from zeropp_hier.app.monitor_run import MonitorRun
+from zeropp_hier.app.monitoring import monitor, monitor_run
+from zeropp_hier.app.monitoring.monitor import MonitorSpec
+from zeropp_hier.app.monitoring.monitor_run import MonitorRun
 
 
 def test_a_fresh_job_writes_in_its_own_directory_with_a_new_wandb_id(tmp_path):

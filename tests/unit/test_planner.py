@@ -1,5 +1,5 @@
 """The planner: pure checks of its traffic model and memory rules, its predictions against the
-measurements recorded by benchmarks/compare.py on the emulated cluster (tests/data/emulated_cluster/),
+measurements recorded by benchmarks/compare/run.py on the emulated cluster (tests/data/emulated_cluster/),
 and the `plan` command for a 20B GPT on 48 Frontier nodes."""
 
 import io
@@ -10,7 +10,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from benchmarks.compare_planner import planner_inputs
+from benchmarks.compare.planner import planner_inputs
 from zeropp_hier import planner as P
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology

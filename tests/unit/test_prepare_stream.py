@@ -1,4 +1,4 @@
-"""``zeropp-hier data prepare`` on the user's corpus (zeropp_hier.app.prepare_stream, documents):
+"""``zeropp-hier data prepare`` on the user's corpus (zeropp_hier.app.data.prepare_stream, documents):
 JSON lines tokenized with a given tokenizer.json, EOS between documents, the held-out split,
 byte level identical to today's path, streaming hashes, and refusals that name the input."""
 
@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from zeropp_hier.app import data, documents, prepare_stream
-from zeropp_hier.app.data import HELD_OUT_EVERY, stdlib_files
+from zeropp_hier.app.data import documents, prepare_stream
+from zeropp_hier.app.data import tokens as data
+from zeropp_hier.app.data.tokens import HELD_OUT_EVERY, stdlib_files
 from zeropp_hier.core.errors import HierConfigError
 
 WORDS = ["alpha", "beta", "gamma", "frontier", "node", "gcd", "über", "é", "zero", "stage", "the", "of"]

@@ -1,4 +1,4 @@
-"""``init_from``'s pure parts (app/pretrained.py): which flat range and which rows of each weight
+"""``init_from``'s pure parts (app/model/pretrained.py): which flat range and which rows of each weight
 a rank reads (DeepSpeed's primary partitioning), bounded at 9,408 Frontier nodes; the job's model
 against a directory's config.json as transformers writes it; the refusals, each naming the field."""
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from zeropp_hier.app import pretrained
-from zeropp_hier.app.models import neox_config
+from zeropp_hier.app.model import pretrained
+from zeropp_hier.app.model.models import neox_config
 from zeropp_hier.app.spec import MODELS, JobSpec, ModelSpec, with_data_vocab
 from zeropp_hier.core.errors import HierConfigError
 

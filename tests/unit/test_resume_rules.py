@@ -1,10 +1,10 @@
-"""What a resume may change (zeropp_hier.app.resume_rules): the same world loads natively,
+"""What a resume may change (zeropp_hier.app.longrun.resume_rules): the same world loads natively,
 another world goes through the universal format, and what cannot carry over is refused with
 the field, the value and the fix."""
 
 import pytest
 
-from zeropp_hier.app.resume_rules import decide, record, universal_dir
+from zeropp_hier.app.longrun.resume_rules import decide, record, universal_dir
 from zeropp_hier.app.spec import JobSpec, ModelSpec
 
 SHA = "ab" * 32

@@ -132,7 +132,7 @@ def test_the_schedule_predicts_the_recorded_link_bound_runs(recorded):
     import statistics
     from pathlib import Path
 
-    from benchmarks.compare_planner import compute_estimate, predictions
+    from benchmarks.compare.planner import compute_estimate, predictions
 
     rec = json.loads((Path(__file__).parents[2] / "benchmarks" / "results" / recorded).read_text())
     shaped = rec["summary"]["shaped"]

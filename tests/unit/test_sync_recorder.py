@@ -1,10 +1,10 @@
-"""The sync attribution the GPU lane relies on (benchmarks/gpu_engine.py): torch's sync-debug
+"""The sync attribution the GPU lane relies on (benchmarks/gpu/engine.py): torch's sync-debug
 warnings are recorded with the phase and the innermost frame of this package or DeepSpeed;
 other warnings pass through untouched. Runs without a GPU: the warning is raised by hand."""
 
 import warnings
 
-from benchmarks.gpu_engine import SyncRecorder
+from benchmarks.gpu.engine import SyncRecorder
 
 
 def _sync_from_this_package():
@@ -36,7 +36,7 @@ def test_sync_warnings_are_recorded_by_phase_and_origin_and_others_pass_through(
 
 
 def test_sync_records_split_by_phase_package_and_thread():
-    from benchmarks.gpu_modes import package_of, split_syncs
+    from benchmarks.gpu.modes import package_of, split_syncs
 
     records = [
         {"phase": "forward", "thread": "MainThread", "origin": "zeropp_hier/comm/gather.py:10 (f)"},

@@ -1,7 +1,7 @@
 """Bytes per link ([Note: bytes per link] in zeropp_hier/core/wire.py): the messages a rank sends
 per algorithm, ``comm_stats``' link view beside its payload view, the planner's closed form
 against a walk over every rank's messages, the cost at Frontier's full size, and the recorded
-runs on the emulated cluster (benchmarks/wire_links.py) re-checked against the model. Pure: no
+runs on the emulated cluster (benchmarks/compare/wire_links.py) re-checked against the model. Pure: no
 cluster is built here."""
 
 import json
@@ -144,14 +144,14 @@ def test_one_ranks_link_view_at_frontiers_full_size_is_bounded():
 def _recorded():
     files = sorted(RESULTS.glob("wire_links_*.json"))
     if not files:
-        pytest.skip("no benchmarks/results/wire_links_*.json recorded (needs root: benchmarks/wire_links.py)")
+        pytest.skip("no benchmarks/results/wire_links_*.json recorded (needs root: benchmarks/compare/wire_links.py)")
     return [(f.name, json.loads(f.read_text())) for f in files]
 
 
 def test_recorded_link_view_is_within_5_percent_of_the_wire_counters():
-    """The runs of benchmarks/wire_links.py (each file names its command): comm_stats' link view
+    """The runs of benchmarks/compare/wire_links.py (each file names its command): comm_stats' link view
     against the emulated cluster's interface counters less one header per packet ([Note: headers
-    per packet] in benchmarks/wire_links.py), per link class with traffic; and the payload view,
+    per packet] in benchmarks/compare/wire_links.py), per link class with traffic; and the payload view,
     which is not within it for zeropp's flat gather at 8 x 1 x 2."""
     recorded = _recorded()
     shapes = {(d["topology"]["nodes"], d["topology"]["gpus_per_node"]) for _, d in recorded}
@@ -176,7 +176,7 @@ def test_recorded_runs_agree_with_the_planner_that_uses_the_same_model():
     recomputed now) are those recorded, and comm_stats' link view of the run is within 1% of
     them (the planner counts the model as one gather per pass, without per-tensor block
     slots)."""
-    from benchmarks import wire_links
+    from benchmarks.compare import wire_links
 
     for name, d in _recorded():
         topo = d["topology"]
@@ -194,11 +194,11 @@ def test_recorded_runs_agree_with_the_planner_that_uses_the_same_model():
 
 
 def test_the_hierarchys_case_on_frontier_as_docs_state_it():
-    """docs/design.md#what-crosses-the-network, from benchmarks/wire_frontier.py: at 48 nodes a
+    """docs/design.md#what-crosses-the-network, from benchmarks/cpu/wire_frontier.py: at 48 nodes a
     flat ring's forward gather leaves each node with 383 shards against frontier's node hop's
     376; frontier's network gradients are int8 against zeropp's int4; the payload view counts
     zeropp's forward gather about 8x too high; frontier pays 2 network latency steps per pass."""
-    from benchmarks.wire_frontier import node_uplink_bytes
+    from benchmarks.cpu.wire_frontier import node_uplink_bytes
     from zeropp_hier.planner.cost import bytes_per_elem
 
     rows = node_uplink_bytes(48, 20e9)

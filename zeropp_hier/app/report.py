@@ -20,7 +20,8 @@ from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
 from ..planner.tables import fmt_bytes
-from . import chart, flops, monitor
+from .model import flops
+from .monitoring import chart, monitor
 from .spec import JobSpec
 
 ARCH_NAMES = {"neox": "GPT-NeoX", "gpt": "GPT"}
@@ -42,7 +43,7 @@ def log_to_stdout() -> None:
 
 class Reporter:
     """Rank 0's output: a progress bar, one line per step, metrics.jsonl (in ``metrics_dir``,
-    default the run directory; ``append``: continue a resumed run's file, app/monitor_run.py)."""
+    default the run directory; ``append``: continue a resumed run's file, app/monitoring/monitor_run.py)."""
 
     def __init__(self, spec: JobSpec, enabled: bool, metrics_dir: str | None = None, append: bool = False):
         self.enabled = enabled
@@ -210,7 +211,7 @@ def summary(
         "tokens_per_s": tokens_per_step * len(history) / elapsed,
         "seconds": elapsed,
         "kernels": kernels,
-        # [Note: model FLOPs] in app/flops.py: 6 N + 12 L h s per token, recomputation not counted
+        # [Note: model FLOPs] in app/model/flops.py: 6 N + 12 L h s per token, recomputation not counted
         "flops_per_token": flops_per_token,
         "device": device_name or "cpu",
         "tflops_per_gcd": flops.tflops_per_gcd(flops_per_token, tokens_per_step * len(history), elapsed, world),

@@ -2,7 +2,7 @@
 (torch.distributed already initialised; ``app/launch.py`` starts the ranks).
 
 ``Run`` is the job built on this rank; ``rank_main`` drives it with the job's reporting
-(``app/report.py``), resume and checkpoints (``app/resume.py``). The engine building and the step
+(``app/report.py``), resume and checkpoints (``app/longrun/resume.py``). The engine building and the step
 loop below are shared with the benchmarks and the tests, so that all of them exercise the code
 path the job runs. The model is a ``ModelSpec`` (the job's GPT-NeoX sizes) or the hand-written
 GPT's ``GPTConfig``.
@@ -26,28 +26,18 @@ import zeropp_hier
 from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
-from . import (
-    deadline,
-    evaluate,
-    flops,
-    init_schemes,
-    io_cost,
-    models,
-    monitor,
-    monitor_run,
-    pretrained,
-    report,
-    resume,
-    resume_rules,
-)
-from .data import Loader, TokenData, open_tokens, synthetic_batch
-from .gpt import GPT, GPTConfig
+from . import report
+from .data.tokens import Loader, TokenData, open_tokens, synthetic_batch
+from .longrun import deadline, io_cost, resume, resume_rules
+from .model import flops, init_schemes, models, pretrained
+from .model.gpt import GPT, GPTConfig
+from .monitoring import evaluate, monitor, monitor_run
 from .recipe import write_ds_config
 from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
 
 if TYPE_CHECKING:
-    from .blend import BlendedTokens
-    from .indexed import IndexedTokens
+    from .data.blend import BlendedTokens
+    from .data.indexed import IndexedTokens
 
 # -- engine and step loop (the job, the benchmarks and the tests) ------------------------------
 
@@ -61,11 +51,11 @@ def build_engine(
     init_from: str | None = None,
 ):
     """An engine for ``model_cfg``: a ``ModelSpec`` is built sharded under ZeRO-3
-    ([Note: building a model sharded] in models.py); a ``GPTConfig`` whole, as the tests of
+    ([Note: building a model sharded] in app/model/models.py); a ``GPTConfig`` whole, as the tests of
     the hand-written GPT always did. ``checkpointing``: activation checkpointing per block
     ("none", "torch", "deepspeed"). ``init``: the GPT-NeoX schemes (init_method,
-    output_layer_init_method) of ``app/init_schemes.py``. ``init_from``: a Hugging Face model
-    directory whose weights replace the initial ones (``app/pretrained.py``)."""
+    output_layer_init_method) of ``app/model/init_schemes.py``. ``init_from``: a Hugging Face model
+    directory whose weights replace the initial ones (``app/model/pretrained.py``)."""
     if isinstance(model_cfg, ModelSpec):
         model = models.build(model_cfg, config, seed=seed)
         if init_from is not None:  # each rank reads its own partitions ([Note: pretrained weights in])
@@ -162,9 +152,9 @@ def peak_memory_bytes(device) -> int:
 
 class Run:
     """One rank's job, built: the data (checked before the model is built: a wrong path costs
-    nothing), the engine for ``spec.model`` under the preset (built sharded, ``app/models.py``)
+    nothing), the engine for ``spec.model`` under the preset (built sharded, ``app/model/models.py``)
     and the per-step metrics. ``rank_main`` drives it with the job's reporting, resume and
-    checkpoints; the benchmarks (``benchmarks/compare_rank.py``, ``benchmarks/convergence.py``)
+    checkpoints; the benchmarks (``benchmarks/compare/rank.py``, ``benchmarks/cpu/convergence.py``)
     with their own hooks, so that what they measure is what the job runs.
     ``ds_overrides``: see ``spec.ds_config``. Collective: every rank builds it."""
 

@@ -18,8 +18,8 @@ from ..core import vocab
 from ..core.config import TopologySpec
 from ..core.errors import HierConfigError
 from ..core.policy import Compression
-from . import monitor
-from .monitor import MonitorSpec
+from .monitoring import monitor
+from .monitoring.monitor import MonitorSpec
 
 # the section's presets (core/vocab.py) and "stock": DeepSpeed's own ZeRO-3, without our section
 Preset = Literal[vocab.Preset, "stock"]
@@ -153,8 +153,8 @@ class JobSpec:
     model: ModelSpec = field(default_factory=ModelSpec)  # default: the tiny size
     activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
     data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
-    data_split: str | None = None  # Megatron pairs only: train,val,test parts by document (app/blend.py)
-    save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/resume.py
+    data_split: str | None = None  # Megatron pairs only: train,val,test parts by document (app/data/blend.py)
+    save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/longrun/resume.py
     checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
     resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`
     # the "topology" value of the zeropp_hier section ("auto", or a dict)
@@ -171,7 +171,7 @@ class JobSpec:
     # so a resume on fewer ranks (a chain link on fewer nodes) trains the same batches; None: grad_accum's
     global_batch: int | None = None
     clip: float = 0.0  # DeepSpeed's gradient_clipping (global norm; 0: none)
-    # initial weights (app/init_schemes.py): GPT-NeoX's init_method / output_layer_init_method names
+    # initial weights (app/model/init_schemes.py): GPT-NeoX's init_method / output_layer_init_method names
     init_method: str = "normal"  # normal (transformers' N(0, 0.02)) | small_init
     output_layer_init_method: str = "normal"  # normal | wang_init (attention dense, MLP dense_4h_to_h)
     # AdamW (DeepSpeed's "Adam" with torch_adam: torch.optim.AdamW); torch's defaults but eps
@@ -183,12 +183,12 @@ class JobSpec:
     deepspeed_config: str | None = None  # the user's DeepSpeed JSON, merged in (app/user_config.py)
     deepspeed: dict = field(default_factory=dict)  # the user's DeepSpeed keys (+deepspeed.KEY=value), merged last
     seed: int = 0  # the model's initial weights and the data order
-    init_from: str | None = None  # a Hugging Face model directory: the initial weights (app/pretrained.py)
+    init_from: str | None = None  # a Hugging Face model directory: the initial weights (app/model/pretrained.py)
     out_dir: str | None = None  # rank 0 writes metrics.jsonl and summary.json here
     memory_gb: float | None = None  # memory per rank the layout must fit in; None: the device's (memory_check.py)
     progress: Progress = "auto"  # progress bar: auto (only on a terminal), on, off
     label: dict = field(default_factory=dict)  # copied into summary.json (e.g. sweep overrides)
-    # monitoring and evaluation (app/monitor.py, app/evaluate.py)
+    # monitoring and evaluation (app/monitoring/monitor.py, app/monitoring/evaluate.py)
     log_every: int = 1  # DeepSpeed's monitors get the step's scalars every N steps
     monitor: MonitorSpec = field(default_factory=MonitorSpec)  # which of DeepSpeed's monitors are on
     eval_every: int = 0  # val loss every N steps (0: never; needs data_path, whose val split it reads)
@@ -231,7 +231,7 @@ class JobSpec:
                     self.grad_accum,
                     "global_batch sets the accumulation: give grad_accum=1 with it (a recipe's grad_accum counts too)",
                 )
-        from .init_schemes import check as check_init
+        from .model.init_schemes import check as check_init
 
         check_init(self.init_method, self.output_layer_init_method, self.model.arch)
         if not (isinstance(self.clip, (int, float)) and self.clip >= 0):
@@ -368,13 +368,13 @@ def with_data_vocab(spec: JobSpec) -> JobSpec:
     (which draw from the model's own vocabulary, so any size serves them); a model whose
     vocabulary is smaller than the data's is refused."""
     if spec.init_from is not None:  # the model checked against the directory's config.json
-        from .pretrained import with_pretrained_model
+        from .model.pretrained import with_pretrained_model
 
         spec = with_pretrained_model(spec)
     m = spec.model
     if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
         return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
-    from .data import open_tokens  # numpy and torch: only when there are token files to read
+    from .data.tokens import open_tokens  # numpy and torch: only when there are token files to read
 
     vocab = open_tokens(spec.data_path, "train", spec.data_split).vocab_size
     where = f"the tokenizer of {spec.data_path}"

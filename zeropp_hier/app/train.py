@@ -13,7 +13,7 @@ Without a launcher it starts ``topology.local_ranks`` ranks itself; under ``srun
 ``torchrun`` every process is one rank (use ``launcher=srun`` so that all ranks share one run
 directory). Rank 0 writes ``metrics.jsonl`` (one line per step) and ``summary.json`` into the
 Hydra run directory (a resumed run continues the first job's ``metrics.jsonl`` and monitors:
-[Note: one run in the monitor] in app/monitor_run.py).
+[Note: one run in the monitor] in app/monitoring/monitor_run.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import HierConfigError
 from ..launch.world import WorldError
-from .chain import config_error_in
 from .launch import launch
-from .monitor import MonitorSpec
+from .longrun.chain import config_error_in
+from .monitoring.monitor import MonitorSpec
 from .spec import JobSpec, ModelSpec, recipe_fields
 
 
@@ -56,7 +56,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
     if d["kind"] == "tokens":
         if not path:
             raise HierConfigError("data.path", path, "name the directory `zeropp-hier data prepare --out DIR` wrote")
-        from .blend import is_blend, parse_blend
+        from .data.blend import is_blend, parse_blend
 
         if is_blend(path):  # Megatron's `W1 PREFIX1 W2 PREFIX2 ...`: the weights as given, the prefixes absolute
             words = path.split()
@@ -100,9 +100,9 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
 def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
-    from .deadline import watch_signal_early
+    from .longrun.deadline import watch_signal_early
 
-    watch_signal_early()  # Slurm's warning may come before the engine exists (app/deadline.py)
+    watch_signal_early()  # Slurm's warning may come before the engine exists (app/longrun/deadline.py)
     hc = HydraConfig.get()
     plain = cast(dict, OmegaConf.to_container(cfg, resolve=True))  # a DictConfig becomes a dict
     # HydraConfig.get() is typed as the HydraConf dataclass but is a DictConfig at run time
@@ -113,7 +113,7 @@ def main(cfg: DictConfig) -> float:
         # [Note: a user's error in one line] Hydra reports an exception as a traceback ending in
         # "Set the environment variable HYDRA_FULL_ERROR=1"; a user's configuration error is one
         # line naming the key, the values and the fix (every rank under srun prints the same; the
-        # chain reads it, app/chain.py), and a non-zero exit (SystemExit passes through Hydra).
+        # chain reads it, app/longrun/chain.py), and a non-zero exit (SystemExit passes through Hydra).
         print(str(e), file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except WorldError as e:  # the ranks this process spawned refused it: the same one line

@@ -13,7 +13,7 @@ On the CPU both ends are host ``time.perf_counter()`` readings (the clock
 (timing events, recorded without a host wait); ``intervals`` resolves them later, once, against
 a reference event taken when recording started, so the hot path never waits on the device.
 Recording is off by default and costs nothing then: the benchmark turns it on around its
-measured steps (benchmarks/linkuse.py turns the intervals into busy fractions).
+measured steps (benchmarks/compare/linkuse.py turns the intervals into busy fractions).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from ..core.plan import CommPlan, Hop
 from ..core.policy import QUANTIZED
 from .collectives import Encoded
 from .context import CommContext
-from .executor import Job, Move
+from .job import Job, Move
 
 Buffer = torch.Tensor | Encoded  # a gather buffer, plain or in a quantized wire format
 R = TypeVar("R")  # what a bucket's ``finish`` makes of its gathered buffer

@@ -27,7 +27,7 @@ import torch
 from ..core import layout
 from ..core.policy import QUANTIZED
 from .context import CommContext
-from .executor import Done, Job, Move
+from .job import Done, Job, Move
 
 
 def row_pad(ctx: CommContext) -> int:

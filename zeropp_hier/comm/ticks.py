@@ -45,9 +45,10 @@ from ..core.vocab import AXES
 from . import tick_plan
 from .busy import Several
 from .collectives import Wire
-from .executor import CommExecutor, Done, Job, JobOrderError, Move
+from .executor import CommExecutor
 from .failures import as_timedelta, collective_guard, slowest_tier
 from .issue import backend_for
+from .job import Done, Job, JobOrderError, Move
 from .stats import CommStats
 from .tick_agree import TickScheduleError, agree_schedule  # noqa: F401 - the mode's start-up check
 

@@ -70,7 +70,7 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   ``auto`` weighs the same busiest-link bound ([Note: busiest-link bound] in
 #   planner/pipeline.py) and has int8 on both hops as its candidate for links where the package
 #   links do not bind.
-# - int8 on the node hop: accuracy, measured (benchmarks/convergence.py,
+# - int8 on the node hop: accuracy, measured (benchmarks/cpu/convergence.py,
 #   docs/benchmarks.md#convergence-on-real-text). Every setting with int4 gradients on the node
 #   hop ended 1.1-1.6% above stock's loss at two seeds, with or without error feedback, at
 #   block 64, with int8 or int4 on the gpu hop; int8 there with int4 on the gpu hop ended

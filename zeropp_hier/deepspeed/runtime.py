@@ -25,7 +25,6 @@ from ..comm import gather
 from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
-from ..comm.executor import Job
 from ..comm.executors import executor_for
 from ..comm.groups import build_hop_groups, build_tick_group
 from ..comm.issue import (
@@ -36,6 +35,7 @@ from ..comm.issue import (
     one_tier_hops,
     resolve_issue_mode,
 )
+from ..comm.job import Job
 from ..comm.numerics import Numerics
 from ..comm.stats import CommStats
 from ..core import layout, levels

@@ -2,7 +2,7 @@
 once, each rank its own share ([Note: a conversion in shares]).
 
 [Note: a conversion in shares]
-A job resumed at another world size loads DeepSpeed's universal format (app/resume.py). One
+A job resumed at another world size loads DeepSpeed's universal format (app/longrun/resume.py). One
 process converting a 20B checkpoint reads and writes hundreds of GB while the other ranks wait
 in a collective, so the conversion would be bounded by the collective timeout. Here every rank
 does 1/world of each phase of ``ds_to_universal``'s ZeRO-3 path, and the ranks meet only between

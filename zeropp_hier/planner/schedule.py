@@ -54,7 +54,7 @@ hops, and ran 31.1 s where this schedules 35.3 s (in today's
 benchmarks/results/compare_link_bound_gpu_mode.json 48.7 s against 53.4 s). All but one of ``zeropp``'s hops
 join a whole node or the world (one ring or all-to-all), which brings its ranks back in step:
 there the one lane is 1-10% off, with the probe's per-tier rates (``python -m
-benchmarks.compare_planner`` prints each tier's hop seconds beside the measured busy seconds).
+benchmarks.compare.planner`` prints each tier's hop seconds beside the measured busy seconds).
 How far ranks drift depends on how the links serve flows that arrive apart (TCP, the queues,
 the hosts' scheduling), which these inputs do not give.
 

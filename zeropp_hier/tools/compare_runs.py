@@ -22,7 +22,7 @@ published ones; writes ``compare.json`` and ``compare.png`` into DIR.
 - tokens/s: the tokens of the measured steps over the sum of their step times (``metrics.jsonl``'s
   "seconds": one optimizer step, timed by ``train_steps``), not the wall clock between steps,
   which also holds rank 0's writing. TFLOP/s per GCD from it, as the job computes it
-  ([Note: model FLOPs] in app/flops.py).
+  ([Note: model FLOPs] in app/model/flops.py).
 - bytes per tier: what rank 0 sent per step over each tier, all phases, counted by the section.
   Stock ZeRO-3 is DeepSpeed's own engine without the section: it has no per-tier counters (its
   collectives run flat over all ranks), so its cells are empty ("—"), never 0.
@@ -43,7 +43,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..app import flops
+from ..app.model import flops
 from ..core.vocab import TIERS
 from ..files import write_atomic, write_json_atomic
 from ..planner.tables import fmt_bytes, table
@@ -266,7 +266,7 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
 def render_png(result: Mapping[str, Any], steps: Mapping[str, Sequence[Mapping[str, Any]]]) -> bytes:
     """PNG bytes of three panels: tokens/s per preset, bytes per tier per step, and every step's
     time (``steps``: {preset: metrics rows}) with the warm-up shaded."""
-    from matplotlib.figure import Figure  # no pyplot: no display, no global state (as app/chart.py)
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state (as app/monitoring/chart.py)
 
     rows = result["runs"]
     names = [r["preset"] for r in rows]

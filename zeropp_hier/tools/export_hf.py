@@ -5,9 +5,9 @@ directory (``config.json`` + safetensors) that ``GPTNeoXForCausalLM.from_pretrai
 The weights are DeepSpeed's consolidated fp32 master weights of the tag (``zero_to_fp32``'s
 reconstruction, run by ``checkpoint.to_fp32``: the tag is verified against its manifest first
 and every file is read tensors-only, so the export runs no code from the checkpoint). The job
-wraps the Hugging Face model as ``CausalLM.lm`` (app/models.py), so the engine's names carry an
+wraps the Hugging Face model as ``CausalLM.lm`` (app/model/models.py), so the engine's names carry an
 ``lm.`` prefix that is dropped here. The model's shape is the job's own record of its
-``ModelSpec`` (saved with every checkpoint the job writes, app/resume.py), turned into the same
+``ModelSpec`` (saved with every checkpoint the job writes, app/longrun/resume.py), turned into the same
 ``GPTNeoXConfig`` the job built the model from (``models.neox_config``), with ``use_cache`` on
 for generation. Before anything is written, the names and shapes are checked against a
 ``GPTNeoXForCausalLM`` of that config built on the meta device (no memory): a missing,
@@ -56,8 +56,8 @@ def locate(path: str, tag: str | None = None) -> tuple[str, str | None]:
 def model_spec(ckpt_dir: str, tag: str):
     """The ``ModelSpec`` the job recorded in the tag (rank 0's model states file, read
     tensors-only)."""
-    from ..app import resume
-    from ..app.models import ModelSpec
+    from ..app.longrun import resume
+    from ..app.model.models import ModelSpec
     from ..core.errors import HierConfigError
 
     job = resume._job_state(os.path.join(ckpt_dir, tag), None)  # the files were verified by to_fp32
@@ -162,7 +162,7 @@ def export_hf(
     what was written."""
     import torch
 
-    from ..app.models import neox_config
+    from ..app.model.models import neox_config
     from ..core.errors import HierConfigError
     from ..deepspeed import checkpoint
 
@@ -186,7 +186,7 @@ def export_hf(
         torch_dtype = getattr(torch, DTYPES[dtype])
         config.dtype = torch_dtype
         if tokenizer is not None:  # generation stops at the tokenizer's EOS, not GPTNeoXConfig's default id 2
-            from ..app.prepare_stream import eos_of
+            from ..app.data.prepare_stream import eos_of
 
             try:
                 config.eos_token_id = config.bos_token_id = eos_of(tokenizer)[1]  # GPT-NeoX-20B: both 0

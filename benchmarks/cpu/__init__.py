@@ -1,0 +1,15 @@
+"""The project's own measurements and arithmetic on one machine's CPUs (no root, no GPU); their
+figures are the ones docs/benchmarks.md quotes.
+
+- kernels (``python -m benchmarks.cpu.kernels``): the CPU quantization kernels' throughput beside
+  the PyTorch reference and a memory copy; ``benchmarks/results/kernels.json``.
+- convergence (``python -m benchmarks.cpu.convergence``): the job on real text under each
+  compression scheme, held-out loss against stock ZeRO-3; ``benchmarks/results/convergence*.json``
+  and ``convergence.png``.
+- universal_rate (``python -m benchmarks.cpu.universal_rate``): the universal conversion's bytes
+  and seconds, in shares and in one process (printed).
+- wire_frontier (``python -m benchmarks.cpu.wire_frontier``): each node's uplink bytes per step on
+  Frontier under zeropp and frontier, by phase, from the planner's link model (printed).
+- layer_cost: which kernels the frontier preset runs for one layer and the GPU-to-GCD scaling,
+  pure arithmetic that benchmarks/gpu/layer_cost.py measures against.
+"""

@@ -1,0 +1,15 @@
+"""The GPU checks: what the package does on one GPU, the tools a user with a GPU node runs to
+check the claims (all of them from scripts/gpu/check.sh, whose log lands in
+``benchmarks/results/gpu_check_log_*.txt``).
+
+- job (``python -m benchmarks.gpu.job``): the main job at world size 1, our exact ZeRO-3 beside
+  stock; ``benchmarks/results/gpu_job*_summary.json``.
+- engine (``python -m benchmarks.gpu.engine``): the engine's step on 8 ranks sharing the GPU beside
+  stock DeepSpeed; ``benchmarks/results/gpu_engine.json``.
+- modes (``python -m benchmarks.gpu.modes``): the issue modes on 8 ranks sharing the GPU;
+  ``gpu_modes.json``.
+- kernels (``python -m benchmarks.gpu.kernels``): the GPU quantization kernels' throughput beside a
+  device-to-device copy; ``benchmarks/results/gpu_kernels.json``.
+- layer_cost (``python -m benchmarks.gpu.layer_cost``): one 20B layer's compression kernels beside
+  its compute, scaled to one MI250X GCD by benchmarks/cpu/layer_cost.py; ``gpu_layer_cost.json``.
+"""
