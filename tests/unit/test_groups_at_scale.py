@@ -30,8 +30,9 @@ from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.policy import CompressionConfig
 from zeropp_hier.core.topology import Topology
 
-rank, nodes, gpus, gcds = (int(a) for a in sys.argv[1:5])
-topo = Topology(nodes, gpus, gcds)
+rank, nodes, gpus, gcds, reverse = (int(a) for a in sys.argv[1:6])
+world = nodes * gpus * gcds
+topo = Topology(nodes, gpus, gcds, tuple(reversed(range(world))) if reverse else None)
 # every hop of every preset, each kept level included: the union a job of any preset may build
 axes_sets = []
 for preset in ("zero3", "zeropp", "frontier"):
@@ -39,13 +40,21 @@ for preset in ("zero3", "zeropp", "frontier"):
     hops = [*plan.forward, *plan.reduce, *(h for _, level in plan.by_level for h in level)]
     axes_sets += [h.axes for h in hops]
 dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=topo.world_size)
+calls = []
+real_new_group = dist.new_group
+def counted(*args, **kwargs):  # records, then creates the group for real (fake backend)
+    ranks = kwargs["ranks"]
+    calls.append([len(ranks), bool(kwargs.get("use_local_synchronization")), rank in ranks])
+    return real_new_group(*args, **kwargs)
+dist.new_group = counted
 groups = build_hop_groups(topo, axes_sets, rank)
-out = {}
+out = {"_calls": calls}
 for axes, hg in groups.items():
     torch_ranks = dist.get_process_group_ranks(hg.group)
     out["+".join(axes)] = {
-        "peers": list(hg.peers),
-        "torch_ranks": torch_ranks,
+        "peers": list(hg.peers) if len(hg.peers) <= 4096 else [],
+        "peer_count": len(hg.peers),
+        "torch_ranks": torch_ranks if len(torch_ranks) <= 4096 else [],
         "group_size": hg.group.size(),
         "my_group_rank": hg.group.rank(),
     }
@@ -55,10 +64,10 @@ print(json.dumps(out))
 """
 
 
-def _view(rank: int) -> dict:
+def _view(rank: int, nodes: int = NODES, reverse: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rank), str(NODES), str(GPUS), str(GCDS)],
+        [sys.executable, "-c", CHILD, str(rank), str(nodes), str(GPUS), str(GCDS), str(int(reverse))],
         capture_output=True,
         text=True,
         env=env,
@@ -84,6 +93,7 @@ def test_hop_groups_of_a_frontier_sized_world(rank):
 
     view = _view(rank)
     asked = view.pop("_asked")
+    view.pop("_calls")
     topo = Topology(NODES, GPUS, GCDS)
     # every hop every preset takes is built (none spans a single rank at this size)
     assert sorted(view) == asked
@@ -117,3 +127,32 @@ def test_group_plans_partition_the_world():
         assert len(plan) == WORLD // topo.axes_size(axes)
         for members in plan:
             assert sorted(members) == _expected(members[0], axes)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_group_construction_at_all_of_frontier_is_one_call_per_group_of_the_world(reverse):
+    """[Note: groups at scale]: at 9,408 nodes x 4 x 2 a rank enters ``new_group`` once per
+    group of the world (every rank must), gets its own five groups right, and computes the node
+    group's orders without a quadratic search (a reversed rank map makes block order differ
+    from torch's order)."""
+    from zeropp_hier.core.topology import Topology
+
+    nodes = 9408
+    world = nodes * GPUS * GCDS
+    rank = 75_261  # near the end of the 75,264 ranks
+    view = _view(rank, nodes, reverse)
+    calls = view.pop("_calls")
+    asked = view.pop("_asked")
+    topo = Topology(nodes, GPUS, GCDS, tuple(reversed(range(world))) if reverse else None)
+    assert sorted(view) == asked and len(asked) == 5
+    # every group of every hop, in the one order: the count is the world's, not this rank's
+    assert (
+        len(calls) == sum(world // topo.axes_size(tuple(n.split("+"))) for n in asked) == 65_865
+    )  # the union of every preset
+    assert sum(member for _, _, member in calls) == 5 and not any(local for _, local, _ in calls)
+    for name, g in view.items():
+        axes = tuple(name.split("+"))
+        assert g["group_size"] == g["peer_count"] == topo.axes_size(axes), name
+        if g["peers"]:
+            assert g["peers"] == list(topo.peers(rank, axes)) and g["torch_ranks"] == sorted(g["peers"])
+            assert g["my_group_rank"] == sorted(g["peers"]).index(rank)

@@ -1,7 +1,20 @@
 """Process groups for the hops of a plan: the only module that creates groups.
 
-One function, ``build_hop_groups``, creates every group every rank needs, in the same order on
-every rank (``torch.distributed.new_group`` must be entered by all ranks for every group).
+One function, ``build_hop_groups``, creates the groups a rank needs.
+
+[Note: groups at scale]
+``torch.distributed.new_group`` is entered by every rank for every group, members or not, in the
+same order; so a rank makes one call per group of the world: 56,456 for the `frontier` hops at
+Frontier's 9,408 nodes x 4 x 2 (1.4 s of one core and 240 MB on PyTorch's fake backend,
+tests/unit/test_groups_at_scale.py), 296 at 48 nodes. On gloo and on NCCL/RCCL without a bound
+device a non-member's call returns at once. With the device bound to the default group (as the
+launcher does on GPUs, so that groups are split from it), PyTorch makes each non-member call a
+no-colour ``ncclCommSplit`` of the world, a collective: cheap at 48 nodes, a start-up cost that
+grows with the world at thousands of nodes (not measured: no GPU). Creating each rank's own
+groups only (``use_local_synchronization``) would end the loop but cannot be used as is: the
+split is a collective of the whole parent, and a group re-created in one process (``auto``'s
+probe, then the engine) gets the same hashed name and meets its predecessor's stale rendezvous
+keys (seen as gloo "Connection refused" on 8 ranks).
 """
 
 from __future__ import annotations
@@ -36,18 +49,19 @@ def build_hop_groups(
         if axes not in wanted and topo.axes_size(axes) > 1:
             wanted.append(axes)
     out: dict[tuple[str, ...], HopGroup] = {}
-    for axes in wanted:  # same order on every rank
+    for axes in wanted:  # same order on every rank ([Note: groups at scale])
         for members in topo.group_plan(axes):
-            pg = dist.new_group(ranks=sorted(members), timeout=as_timedelta(setup_timeout(timeout_s)))
+            torch_order = sorted(members)
+            pg = dist.new_group(ranks=torch_order, timeout=as_timedelta(setup_timeout(timeout_s)))
             if rank in members:
                 if timeout_s is not None:
                     set_group_timeout(pg, timeout_s)
-                torch_order = sorted(members)
-                if list(torch_order) == list(members):
+                if torch_order == list(members):
                     peer_from_torch = torch_from_peer = None
                 else:
-                    peer_from_torch = torch.tensor([torch_order.index(r) for r in members])
-                    torch_from_peer = torch.tensor([members.index(r) for r in torch_order])
+                    # O(n log n): the node group holds every node at Frontier's size
+                    torch_from_peer = torch.argsort(torch.tensor(members))  # torch's i-th member's block
+                    peer_from_torch = torch.argsort(torch_from_peer)  # block i's place in torch's order
                 out[axes] = HopGroup(axes, pg, members, peer_from_torch, torch_from_peer, timeout_s)
     return out
 
