@@ -33,6 +33,7 @@ DeepSpeed's prefetch in program order, the same on every rank.
 from __future__ import annotations
 
 import contextlib
+import functools
 from concurrent.futures import Future
 from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence, TypeVar
 
@@ -59,6 +60,15 @@ TICK_LANE = ("ticks",)  # the executor's one slot name for a tick
 
 class _End(NamedTuple):
     value: Any
+
+
+@functools.lru_cache(maxsize=256)
+def _device_index(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An index tensor of ``values`` on ``device``, made once per (values, device): a log-step
+    exchange reads the same blocks at every call, and a list moved to a GPU inside a tick is a
+    copy from pageable memory that synchronises the host ([Note: no host traffic in the hot
+    path] in core/layout.py). A few hops x log2(members) steps: bounded, small."""
+    return torch.tensor(values, dtype=torch.long, device=device)
 
 
 class HopRun:
@@ -100,14 +110,13 @@ class HopRun:
             rows = min(k, self.n - k)
             out, got = buf[:rows], buf[k : k + rows]
         else:
-            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=buf.device)
-            out = buf.index_select(0, idx)
+            out = buf.index_select(0, _device_index(tuple(tick_plan.exchange_blocks(self.n, step)), buf.device))
             got = self._recv = torch.empty_like(out)
         return [[(peers[j], out if s else None, got if r else None) for j, s, r in u] for u in units]
 
     def after(self, step: int) -> None:
         if self._recv is not None:
-            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=self.buf.device)
+            idx = _device_index(tuple(tick_plan.exchange_blocks(self.n, step)), self.buf.device)
             self.buf.index_copy_(0, idx, self._recv)
             self._recv = None
 
@@ -118,7 +127,7 @@ class HopRun:
         if self.wire.kind == tick_plan.GATHER:  # member m's block is at position m - i
             return torch.roll(self.buf, i, 0)
         # position j holds the block from member i - j
-        return self.buf.index_select(0, torch.tensor([(i - m) % n for m in range(n)], device=self.buf.device))
+        return self.buf.index_select(0, _device_index(tuple((i - m) % n for m in range(n)), self.buf.device))
 
 
 class TickTransport:
