@@ -170,6 +170,29 @@ class TickTransport:
     def start(self, wire: Wire) -> HopRun:
         return HopRun(wire, self.rank, self.steps)
 
+    def post(self, wires: Sequence[Wire], batches: Sequence[list[dist.P2POp]]) -> None:
+        """The network part of a tick: its grouped calls, each waited for before the next (the
+        only part that a stand-in replaces to time the rest: benchmarks/gpu/tick_work.py)."""
+        axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
+        with collective_guard(
+            rank=self.rank,
+            phase=wires[0].phase if wires else "tick",
+            tier=slowest_tier(self.topo, axes),
+            axes=axes,
+            peers=sorted({p for w in wires for p in w.hg.peers}),
+            timeout_s=self.timeout_s,
+        ):
+            for ops in batches:
+                if not ops:
+                    continue
+                # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
+                # stream wait (a timeout argument would make the host wait instead), and the
+                # group's own timeout bounds the transfer
+                timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
+                self.calls += 1
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait() if timeout is None else work.wait(timeout)
+
     def run(self, tick: int, runs: Sequence[tuple[HopRun, int]]) -> list[torch.Tensor | None]:
         """Sub-hop ``step`` of each run; the received rows of each run whose last step this was
         (as the hop group's collective returns them), None for the others."""
@@ -190,26 +213,7 @@ class TickTransport:
                 if got is not None and got.numel():
                     batches[call].append(dist.P2POp(dist.irecv, got, peer, self.group, slot))
                 moved.append((peer, _nbytes(out), _nbytes(got)))
-        wires = [hop.wire for hop, _ in runs]
-        axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
-        with collective_guard(
-            rank=self.rank,
-            phase=wires[0].phase if wires else "tick",
-            tier=slowest_tier(self.topo, axes),
-            axes=axes,
-            peers=sorted({p for w in wires for p in w.hg.peers}),
-            timeout_s=self.timeout_s,
-        ):
-            for ops in batches:
-                if not ops:
-                    continue
-                # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
-                # stream wait (a timeout argument would make the host wait instead), and the
-                # group's own timeout bounds the transfer
-                timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
-                self.calls += 1
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait() if timeout is None else work.wait(timeout)
+        self.post([hop.wire for hop, _ in runs], batches)
         results: list[torch.Tensor | None] = []
         for (hop, step), messages in zip(runs, sent):
             hop.after(step)
