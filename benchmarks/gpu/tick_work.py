@@ -331,7 +331,9 @@ def measure(layer: Layer, reps: int) -> dict[str, dict[str, Any]]:
         device = host
         if dev.type == "cuda":
             rate = sleep_rate(dev)
-            cycles = int(rate * max(1e-3, 2 * max(stretches, default=0.0)))
+            # twice the longest host stretch, at least 1 ms; at most 0.25 s (a longer stretch is
+            # the host's bound anyway, and its gaps then count as device time: an upper bound)
+            cycles = int(rate * min(0.25, max(1e-3, 2 * max(stretches, default=0.0))))
             device = []
             for _ in range(reps):
                 clock = _Clock(dev, cycles)
