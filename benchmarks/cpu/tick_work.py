@@ -71,6 +71,21 @@ def layer_ticks(
     }
 
 
+def plan_chunks(nodes: int, model: str = "neox_20b") -> int:
+    """The chunk count ``zeropp-hier plan`` shows for the ``frontier`` configuration of ``model``
+    (``app.spec.MODELS``) on Frontier at ``nodes`` nodes: the planner's own choice
+    (``planner.ranking.predict`` with ``pipeline.chunks`` left to it). The runtime runs
+    ``DEFAULT_TICK_CHUNKS`` unless ``pipeline.chunks`` says otherwise."""
+    from zeropp_hier import planner
+    from zeropp_hier.app.spec import MODELS, n_params
+    from zeropp_hier.planner.candidates import Candidate, compression_for
+
+    spec = MODELS[model]
+    wl = planner.gpt_workload(n_params(spec), spec.layers, spec.hidden, spec.seq_len, 1)
+    cand = Candidate("frontier", False, "frontier", compression_for("frontier"))
+    return planner.predict(cand, planner.frontier(nodes), wl).chunks
+
+
 def payload_bytes(numel: int, bits: int, block: int) -> int:
     """Bytes of one quantized payload of ``numel`` elements: data and one fp32 scale per block."""
     return numel * bits // 8 + 4 * -(-numel // block)

@@ -1,20 +1,20 @@
 """The tick mode's local work on one rank's device tensors: host time of the issuing thread per
 tick beside the device time of the kernels it launched.
 
-    python -m benchmarks.gpu.tick_work [--device cuda] [--hidden 6144] [--nodes 48] [--chunks 8]
+    python -m benchmarks.gpu.tick_work [--device cuda] [--hidden 6144] [--nodes 48] [--chunks 8|plan]
                                        [--rank 0] [--reps 3] [--out benchmarks/results/gpu_tick_work.json]
     python -m benchmarks.gpu.tick_work --device cpu --hidden 64 --out /tmp/tick_work.json   # a check
 
 One rank of the ``frontier`` preset at Frontier's shape (``--nodes`` x 4 GPUs x 2 GCDs), the
 runtime's own plan, default compression and chunk count (``pipeline.chunks`` as the tick mode
-defaults it), for one GPT-NeoX layer (hidden 6144: GPT-NeoX-20B) laid out as
-``benchmarks/cpu/layer_cost.py`` derives its per-rank share ([Note: tick work of one layer] in
-benchmarks/cpu/tick_work.py). It runs the rank's real tick-mode work for that layer: the
-runtime's gather jobs (``comm.gather.chunk_jobs``, ending in ``finish_bucket``: decode, the kept
-copies, the values) for the forward gather and the backward re-gather from the kept copy, and
-the gradient jobs of ``comm.reduce.submit_reduce_scatter`` for the gradient reduce, each piece
-driven by ``comm.ticks.tick_job`` through a ``TickTransport`` whose network part (``post``) is
-replaced by a local stand-in.
+defaults it; ``--chunks plan``: the count ``zeropp-hier plan`` chooses), for one GPT-NeoX layer
+(hidden 6144: GPT-NeoX-20B) laid out as ``benchmarks/cpu/layer_cost.py`` derives its per-rank
+share ([Note: tick work of one layer] in benchmarks/cpu/tick_work.py). It runs the rank's real
+tick-mode work for that layer: the runtime's gather jobs (``comm.gather.chunk_jobs``, ending in
+``finish_bucket``: decode, the kept copies, the values) for the forward gather and the backward
+re-gather from the kept copy, and the gradient jobs of ``comm.reduce.submit_reduce_scatter`` for
+the gradient reduce, each piece driven by ``comm.ticks.tick_job`` through a ``TickTransport``
+whose network part (``post``) is replaced by a local stand-in.
 
 The stand-in does no transfer. It fills each receive buffer of a tick with a valid payload of
 the right size and dtype: a copy of what this rank sends in the same slot (the encoded bytes of
@@ -366,15 +366,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=48)
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument(
-        "--chunks", type=int, default=DEFAULT_TICK_CHUNKS, help="pipeline.chunks (the tick mode's default)"
+        "--chunks",
+        default=str(DEFAULT_TICK_CHUNKS),
+        help="pipeline.chunks: a count (default: the tick mode's own), or 'plan': the count zeropp-hier plan "
+        "chooses for frontier with GPT-NeoX-20B at --nodes",
     )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
+    plan_chunks = tw.plan_chunks(args.nodes)
+    if args.chunks == "plan":
+        args.chunks, source = plan_chunks, "zeropp-hier plan's choice for frontier, GPT-NeoX-20B"
+    elif args.chunks.isdigit() and int(args.chunks) >= 1:
+        args.chunks = int(args.chunks)
+        source = "the tick mode's default" if args.chunks == DEFAULT_TICK_CHUNKS else "given"
+    else:
+        ap.error(f"--chunks {args.chunks!r}: use a positive count or 'plan'")
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here; use --device cpu for the check at toy size")
     if dev.type == "cuda":
+        if dev.index is None:  # "cuda": the current device, named by its index (set_device needs one)
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
     intermediate = args.intermediate or 4 * args.hidden
     layer = Layer(dev, args.hidden, intermediate, args.nodes, args.rank, args.chunks)
@@ -397,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         "layer_params": sum(layer.numels),
         "share_elems": layer.width,
         "pipeline_chunks": args.chunks,
+        "chunks_source": source,
+        "chunks_runtime_default": DEFAULT_TICK_CHUNKS,
+        "chunks_plan": plan_chunks,
         "reps": args.reps,
         "phases": phases,
         "expected": {
@@ -410,7 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         "(kernels back to back); on a CPU the host time is both",
     }
     write_json_atomic(args.out, result)
-    print(f"{name}: one frontier rank at {args.nodes}x4x2, hidden {args.hidden}, share {layer.width} elements")
+    print(
+        f"{name}: one frontier rank at {args.nodes}x4x2, hidden {args.hidden}, share {layer.width} elements, "
+        f"{args.chunks} chunks ({source})"
+    )
     for line in tw.table(phases):
         print(line)
     print(f"wrote {args.out}")

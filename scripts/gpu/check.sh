@@ -6,7 +6,7 @@
 # Steps, with their wall time on one H100 (estimates where a step has not run there yet):
 #   probe    the link probe's timing on NCCL, with and without the synchronisation  (~1 min)
 #   layer    one 20B layer's compression kernels beside its compute                   (~1 min)
-#   tickwork the tick mode's local work per tick (host vs device) at the 20B layer's chunks (~1 min)
+#   tickwork the tick mode's local work per tick (host vs device), 20B layer, two chunk counts (~2 min)
 #   profile  ncu on the fused requantize                                               (~1 min)
 #   job1     the main job at world size 1, ours beside stock DeepSpeed ZeRO-3          (~3 min)
 #   modes    the issue modes on 8 ranks sharing the GPU                                (~2 min)
@@ -62,7 +62,9 @@ if want layer; then
 fi
 if want tickwork; then
   section "benchmarks.gpu.tick_work: the tick mode's local work per tick, host beside device, one 20B layer"
+  # at the tick mode's default chunk count, then at the one zeropp-hier plan chooses
   timeout 240 "$PY" -m benchmarks.gpu.tick_work --out "$OUT/gpu_tick_work.json" 2>&1 | tail -n 20
+  timeout 240 "$PY" -m benchmarks.gpu.tick_work --chunks plan --out "$OUT/gpu_tick_work_plan.json" 2>&1 | tail -n 20
 fi
 if want profile; then
   section "ncu: the fused requantize at the gcd stage's chunk (what bounds it)"

@@ -21,6 +21,7 @@ def test_cpu_run_ticks_and_bytes_are_the_schedules_and_the_plans(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert (r["device"], r["topology"], r["preset"], r["pipeline_chunks"]) == ("cpu", [48, 4, 2], "frontier", 8)
+    assert r["chunks_source"] == "the tick mode's default" and r["chunks_plan"] == tw.plan_chunks(48)
 
     # the share is layer_cost's, and the expectations are the pure schedule's and plan's
     topo = Topology(48, 4, 2)

@@ -7,7 +7,9 @@ import pytest
 
 from benchmarks.cpu import layer_cost as lc
 from benchmarks.cpu import tick_work as tw
-from zeropp_hier.app.spec import MODELS
+from zeropp_hier import planner
+from zeropp_hier.app.spec import MODELS, n_params
+from zeropp_hier.core.config import MAX_PIPELINE_CHUNKS
 from zeropp_hier.core.topology import Topology
 
 FRONTIER = Topology(48, 4, 2)
@@ -75,3 +77,15 @@ def test_summary_per_tick_and_which_side_bounds():
     row = {"ticks": 4, "grouped_calls": 5, "host_ms_per_tick": 1.5, "device_ms_per_tick": None}
     lines = tw.table({"grad_reduce": {**row, "host_over_device": None, "bytes_encoded": 2e6, "bytes_decoded": 0}})
     assert lines[1].split()[:4] == ["grad_reduce", "4", "5", "1.500"] and "2.00" in lines[1]
+
+
+def test_plan_chunks_is_the_planners_choice_for_frontier_at_48_nodes():
+    n = tw.plan_chunks(48)
+    assert 1 <= n <= MAX_PIPELINE_CHUNKS
+    # the frontier row of the planner's ranking for the same workload carries the same count
+    spec = NEOX_20B
+    wl = planner.gpt_workload(n_params(spec), spec.layers, spec.hidden, spec.seq_len, 1)
+    rows = {p.candidate.name: p for p in planner.rank(planner.frontier(48), wl)}
+    assert rows["frontier"].chunks == n
+    _, plan, width = _layer()
+    assert tw.layer_ticks(plan, FRONTIER, width, n)["forward_gather"] == n + 8 - 1
