@@ -141,14 +141,18 @@ def table(phases: Mapping[str, Mapping[str, object]]) -> list[str]:
     def num(x: object, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 
+    def syncs(x: object) -> str:  # host syncs recorded (CUDA only), "-" where not checked
+        return "-" if not isinstance(x, dict) else str(sum(x.values()))
+
     lines = [
         f"{'phase':<16} {'ticks':>5} {'calls':>5} {'host ms/tick':>12} {'device ms/tick':>14} {'host/dev':>8} "
-        f"{'MB encoded':>10} {'MB decoded':>10}"
+        f"{'MB encoded':>10} {'MB decoded':>10} {'syncs':>5}"
     ]
     for name, p in phases.items():
         lines.append(
             f"{name:<16} {p['ticks']:>5} {p['grouped_calls']:>5} {num(p['host_ms_per_tick'], '.3f'):>12} "
             f"{num(p['device_ms_per_tick'], '.3f'):>14} {num(p['host_over_device'], '.2f'):>8} "
             f"{int(p['bytes_encoded']) / 1e6:>10.2f} {int(p['bytes_decoded']) / 1e6:>10.2f}"  # type: ignore[call-overload]
+            f" {syncs(p.get('host_syncs')):>5}"
         )
     return lines

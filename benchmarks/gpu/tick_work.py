@@ -39,6 +39,9 @@ quantization calls of the first (untimed) run and must equal the plan's
 counted: the error sample every 16th collective (no numerics hooks here) and the gradients'
 packing into rows, done on the caller before the piece is submitted. Process groups are torch's
 ``fake`` backend, for group construction only: nothing is sent.
+
+A warm run of each piece under ``torch.cuda.set_sync_debug_mode("warn")`` records every host
+synchronisation the local work makes, by origin (``host_syncs``; expected: none).
 """
 
 from __future__ import annotations
@@ -321,6 +324,21 @@ def measure(layer: Layer, reps: int) -> dict[str, dict[str, Any]]:
         if phase == "forward_gather":
             layer.kept = [k for k in value.kept]  # chunk_jobs' last value: the bucket's Gathered
         device_sync(dev)
+        syncs = None
+        if dev.type == "cuda":  # a warm run under sync-debug "warn": every host sync, by origin
+            import torch
+
+            from .engine import SyncRecorder
+
+            with SyncRecorder() as rec:
+                rec.phase = phase
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    run_piece(layer, phase, None)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = rec.summary()
+            device_sync(dev)
         host: list[float] = []
         stretches: list[float] = []
         for _ in range(reps):
@@ -352,6 +370,8 @@ def measure(layer: Layer, reps: int) -> dict[str, dict[str, Any]]:
             "bytes_encoded": counts["encoded"],
             "bytes_decoded": counts["decoded"],
             "wire_payload_bytes": {t: b for t, b in payload.items() if b},
+            # host synchronisations in a warm run, by origin (None: not a CUDA device, not checked)
+            "host_syncs": syncs,
         }
     return out
 

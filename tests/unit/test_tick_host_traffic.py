@@ -37,3 +37,16 @@ def test_log_exchange_makes_no_index_tensor_once_warm(monkeypatch):
     monkeypatch.setattr(torch, "tensor", counting)
     _exchange_hop(6, 2)
     assert made == [], f"index tensors made inside the ticks: {made}"
+
+
+def test_index_tensors_one_rank_keeps_at_9408_nodes_are_bounded():
+    # the one hop that runs a log-step exchange at Frontier's full size: the node stage of the
+    # gradient reduce over 9,408 members (above 256: [Note: log-step hops]); every other hop is
+    # direct and makes no index tensor. One rank keeps each step's blocks and its receive order.
+    n = 9408
+    mode = tick_plan.step_mode(n, tick_plan.AUTO, tick_plan.EXCHANGE)
+    steps = tick_plan.step_count(n, mode)
+    assert (mode, steps) == (tick_plan.LOG, 14)
+    elems = sum(tick_plan.exchange_block_count(n, s) for s in range(steps)) + n
+    assert steps + 1 <= 256  # within the cache's size: no index is made twice
+    assert elems * 8 < 1 << 20, elems  # under 1 MiB of int64 on the device

@@ -77,6 +77,9 @@ def test_summary_per_tick_and_which_side_bounds():
     row = {"ticks": 4, "grouped_calls": 5, "host_ms_per_tick": 1.5, "device_ms_per_tick": None}
     lines = tw.table({"grad_reduce": {**row, "host_over_device": None, "bytes_encoded": 2e6, "bytes_decoded": 0}})
     assert lines[1].split()[:4] == ["grad_reduce", "4", "5", "1.500"] and "2.00" in lines[1]
+    assert lines[1].split()[-1] == "-"  # host syncs not checked (no CUDA)
+    synced = {**row, "host_over_device": None, "bytes_encoded": 0, "bytes_decoded": 0, "host_syncs": {"a": 2, "b": 1}}
+    assert tw.table({"forward_gather": synced})[1].split()[-1] == "3"
 
 
 def test_plan_chunks_is_the_planners_choice_for_frontier_at_48_nodes():
