@@ -90,6 +90,7 @@ class _Clock:
         self.cuda = dev.type == "cuda"
         self.sleep_cycles = sleep_cycles
         self.host = 0.0
+        self.segments: list[float] = []  # host seconds of each stretch
         self.pairs: list[tuple[Any, Any]] = []
         self._t0 = 0.0
         self._ev: Any = None
@@ -105,6 +106,7 @@ class _Clock:
     def end(self) -> float:
         dt = time.perf_counter() - self._t0
         self.host += dt
+        self.segments.append(dt)
         if self.cuda:
             ev = self.torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -265,15 +267,15 @@ class Layer:
         return jobs, [h.axes for h in hops], "gather"
 
 
-def run_piece(layer: Layer, phase: str, clock: _Clock | None) -> tuple[Any, int, list[float]]:
-    """One piece of ``phase`` in ticks: (its value, ticks, host seconds of each stretch)."""
+def run_piece(layer: Layer, phase: str, clock: _Clock | None) -> tuple[Any, int]:
+    """One piece of ``phase`` in ticks: (its value, ticks); the stretches' times in ``clock``."""
     from zeropp_hier.comm.ticks import tick_job
 
     jobs, lanes, kind = layer.jobs(phase)
     transport = layer.transport
     transport.clock = clock
     driver = tick_job(transport, jobs, [tuple(lanes)] * len(jobs), kind=kind)
-    ticks, stretches = 0, []  # type: tuple[int, list[float]]
+    ticks = 0
     try:
         while True:
             if clock is not None:
@@ -282,12 +284,12 @@ def run_piece(layer: Layer, phase: str, clock: _Clock | None) -> tuple[Any, int,
                 next(driver)
             finally:
                 if clock is not None:
-                    stretches.append(clock.end())
+                    clock.end()
             ticks += 1
     except StopIteration as stop:
         value = stop.value
     transport.clock = None
-    return value, ticks, stretches
+    return value, ticks
 
 
 def sleep_rate(dev: Any) -> float:
@@ -318,7 +320,7 @@ def measure(layer: Layer, reps: int) -> dict[str, dict[str, Any]]:
         layer.stats.reset()
         calls0 = layer.transport.calls
         with counting_quant(counts):
-            value, ticks, _ = run_piece(layer, phase, None)
+            value, ticks = run_piece(layer, phase, None)
         calls = layer.transport.calls - calls0
         payload = layer.stats.snapshot()["bytes"][phase]
         if phase == "forward_gather":
@@ -343,9 +345,10 @@ def measure(layer: Layer, reps: int) -> dict[str, dict[str, Any]]:
         stretches: list[float] = []
         for _ in range(reps):
             clock = _Clock(dev)
-            _, _, stretches = run_piece(layer, phase, clock)
+            run_piece(layer, phase, clock)
             device_sync(dev)
             host.append(clock.host)
+            stretches = clock.segments
         device = host
         if dev.type == "cuda":
             rate = sleep_rate(dev)
