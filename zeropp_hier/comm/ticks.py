@@ -237,6 +237,18 @@ def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def record_carry(carry: Sequence[torch.Tensor]) -> None:
+    """The tensors a chunk's hop reads that were made on another stream (a ``Move``'s carry: the
+    gradient rows packed on the caller's stream, kept copies), recorded on the stream the tick
+    driver runs on (the tick lane's, current inside ``CommExecutor._step``), as a lane records
+    them on its own (``_record_carry`` in comm/job.py). Without it the caching allocator may
+    hand their memory to the caller's stream as soon as the job drops them, while this
+    stream's kernels that read them are still queued."""
+    for t in carry:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
+
+
 def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire | _End:
     """Send ``got`` (the received rows of the job's previous transfer; None to start it) and run
     the job to its next transfer, which must follow a ``Move`` on ``lanes[index]``; or to its
@@ -255,6 +267,7 @@ def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire 
             f"zeropp_hier internal: a job declared hop {want!r} for its transfer {index} but moved to "
             f"{getattr(move, 'lane', move)!r}"
         )
+    record_carry(move.carry)
     wire = next(job)
     if not isinstance(wire, Wire):
         raise JobOrderError(f"zeropp_hier internal: a job yielded {wire!r} where its hop's transfer was due")
