@@ -12,4 +12,7 @@ check the claims (all of them from scripts/gpu/check.sh, whose log lands in
   device-to-device copy; ``benchmarks/results/gpu_kernels.json``.
 - layer_cost (``python -m benchmarks.gpu.layer_cost``): one 20B layer's compression kernels beside
   its compute, scaled to one MI250X GCD by benchmarks/cpu/layer_cost.py; ``gpu_layer_cost.json``.
+- tick_work (``python -m benchmarks.gpu.tick_work``): the tick mode's local work per tick on one
+  rank's device tensors, host time beside device time, for one 20B layer at 48 x 4 x 2, the
+  network replaced by a local stand-in; ``benchmarks/results/gpu_tick_work.json``.
 """

@@ -6,14 +6,15 @@
 # Steps, with their wall time on one H100 (estimates where a step has not run there yet):
 #   probe    the link probe's timing on NCCL, with and without the synchronisation  (~1 min)
 #   layer    one 20B layer's compression kernels beside its compute                   (~1 min)
+#   tickwork the tick mode's local work per tick (host vs device), 20B layer, two chunk counts (~2 min)
 #   profile  ncu on the fused requantize                                               (~1 min)
 #   job1     the main job at world size 1, ours beside stock DeepSpeed ZeRO-3          (~3 min)
 #   modes    the issue modes on 8 ranks sharing the GPU                                (~2 min)
 #   tests    the gpu test lane (kernels, the engine beside stock, probe, serial lane)  (~1.5 min)
 #   kernels  the kernel bandwidth benchmark; engine: the engine benchmark; job: the job on one
 #            rank (NCCL) and on 8 (gloo)                                               (~1 min each)
-# With no step named: probe layer profile job1 modes tests (too long for one call of the lent
-# machine: split it in two, e.g. "probe layer profile job1" and "modes tests").
+# With no step named: probe layer tickwork profile job1 modes tests (too long for one call of the
+# lent machine: split it in two, e.g. "probe layer tickwork profile job1" and "modes tests").
 # Missing Python packages are installed from wheels in .whl/ (scripts/gpu/wheels.sh makes them).
 # Everything kept lands in $OUT as at most 8 files (what the device tool brings back).
 set -uo pipefail
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(probe layer profile job1 modes tests)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(probe layer tickwork profile job1 modes tests)
 LOG="$OUT/log_$(IFS=_; echo "${steps[*]}").txt"
 want() { for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 section() { echo; echo "===== $* ($(date +%T))"; }
@@ -58,6 +59,12 @@ fi
 if want layer; then
   section "benchmarks.gpu.layer_cost: one 20B layer's compression kernels beside its compute"
   timeout 240 "$PY" -m benchmarks.gpu.layer_cost --out "$OUT/gpu_layer_cost.json" 2>&1 | tail -n 80
+fi
+if want tickwork; then
+  section "benchmarks.gpu.tick_work: the tick mode's local work per tick, host beside device, one 20B layer"
+  # at the tick mode's default chunk count, then at the one zeropp-hier plan chooses
+  timeout 240 "$PY" -m benchmarks.gpu.tick_work --out "$OUT/gpu_tick_work.json" 2>&1 | tail -n 20
+  timeout 240 "$PY" -m benchmarks.gpu.tick_work --chunks plan --out "$OUT/gpu_tick_work_plan.json" 2>&1 | tail -n 20
 fi
 if want profile; then
   section "ncu: the fused requantize at the gcd stage's chunk (what bounds it)"

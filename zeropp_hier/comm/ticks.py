@@ -33,6 +33,7 @@ DeepSpeed's prefetch in program order, the same on every rank.
 from __future__ import annotations
 
 import contextlib
+import functools
 from concurrent.futures import Future
 from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence, TypeVar
 
@@ -59,6 +60,15 @@ TICK_LANE = ("ticks",)  # the executor's one slot name for a tick
 
 class _End(NamedTuple):
     value: Any
+
+
+@functools.lru_cache(maxsize=256)
+def _device_index(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An index tensor of ``values`` on ``device``, made once per (values, device): a log-step
+    exchange reads the same blocks at every call, and a list moved to a GPU inside a tick is a
+    copy from pageable memory that synchronises the host ([Note: no host traffic in the hot
+    path] in core/layout.py). A few hops x log2(members) steps: bounded, small."""
+    return torch.tensor(values, dtype=torch.long, device=device)
 
 
 class HopRun:
@@ -100,14 +110,13 @@ class HopRun:
             rows = min(k, self.n - k)
             out, got = buf[:rows], buf[k : k + rows]
         else:
-            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=buf.device)
-            out = buf.index_select(0, idx)
+            out = buf.index_select(0, _device_index(tuple(tick_plan.exchange_blocks(self.n, step)), buf.device))
             got = self._recv = torch.empty_like(out)
         return [[(peers[j], out if s else None, got if r else None) for j, s, r in u] for u in units]
 
     def after(self, step: int) -> None:
         if self._recv is not None:
-            idx = torch.tensor(tick_plan.exchange_blocks(self.n, step), device=self.buf.device)
+            idx = _device_index(tuple(tick_plan.exchange_blocks(self.n, step)), self.buf.device)
             self.buf.index_copy_(0, idx, self._recv)
             self._recv = None
 
@@ -118,7 +127,7 @@ class HopRun:
         if self.wire.kind == tick_plan.GATHER:  # member m's block is at position m - i
             return torch.roll(self.buf, i, 0)
         # position j holds the block from member i - j
-        return self.buf.index_select(0, torch.tensor([(i - m) % n for m in range(n)], device=self.buf.device))
+        return self.buf.index_select(0, _device_index(tuple((i - m) % n for m in range(n)), self.buf.device))
 
 
 class TickTransport:
@@ -161,6 +170,29 @@ class TickTransport:
     def start(self, wire: Wire) -> HopRun:
         return HopRun(wire, self.rank, self.steps)
 
+    def post(self, wires: Sequence[Wire], batches: Sequence[list[dist.P2POp]]) -> None:
+        """The network part of a tick: its grouped calls, each waited for before the next (the
+        only part that a stand-in replaces to time the rest: benchmarks/gpu/tick_work.py)."""
+        axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
+        with collective_guard(
+            rank=self.rank,
+            phase=wires[0].phase if wires else "tick",
+            tier=slowest_tier(self.topo, axes),
+            axes=axes,
+            peers=sorted({p for w in wires for p in w.hg.peers}),
+            timeout_s=self.timeout_s,
+        ):
+            for ops in batches:
+                if not ops:
+                    continue
+                # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
+                # stream wait (a timeout argument would make the host wait instead), and the
+                # group's own timeout bounds the transfer
+                timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
+                self.calls += 1
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait() if timeout is None else work.wait(timeout)
+
     def run(self, tick: int, runs: Sequence[tuple[HopRun, int]]) -> list[torch.Tensor | None]:
         """Sub-hop ``step`` of each run; the received rows of each run whose last step this was
         (as the hop group's collective returns them), None for the others."""
@@ -181,26 +213,7 @@ class TickTransport:
                 if got is not None and got.numel():
                     batches[call].append(dist.P2POp(dist.irecv, got, peer, self.group, slot))
                 moved.append((peer, _nbytes(out), _nbytes(got)))
-        wires = [hop.wire for hop, _ in runs]
-        axes = tuple(a for a in AXES if any(a in w.hg.axes for w in wires))
-        with collective_guard(
-            rank=self.rank,
-            phase=wires[0].phase if wires else "tick",
-            tier=slowest_tier(self.topo, axes),
-            axes=axes,
-            peers=sorted({p for w in wires for p in w.hg.peers}),
-            timeout_s=self.timeout_s,
-        ):
-            for ops in batches:
-                if not ops:
-                    continue
-                # on gloo the wait is the host's, bounded here; on NCCL/RCCL ``wait()`` makes the
-                # stream wait (a timeout argument would make the host wait instead), and the
-                # group's own timeout bounds the transfer
-                timeout = as_timedelta(self.timeout_s) if self._on_host(ops[0].tensor) else None
-                self.calls += 1
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait() if timeout is None else work.wait(timeout)
+        self.post([hop.wire for hop, _ in runs], batches)
         results: list[torch.Tensor | None] = []
         for (hop, step), messages in zip(runs, sent):
             hop.after(step)
@@ -224,6 +237,18 @@ def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def record_carry(carry: Sequence[torch.Tensor]) -> None:
+    """The tensors a chunk's hop reads that were made on another stream (a ``Move``'s carry: the
+    gradient rows packed on the caller's stream, kept copies), recorded on the stream the tick
+    driver runs on (the tick lane's, current inside ``CommExecutor._step``), as a lane records
+    them on its own (``_record_carry`` in comm/job.py). Without it the caching allocator may
+    hand their memory to the caller's stream as soon as the job drops them, while this
+    stream's kernels that read them are still queued."""
+    for t in carry:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
+
+
 def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire | _End:
     """Send ``got`` (the received rows of the job's previous transfer; None to start it) and run
     the job to its next transfer, which must follow a ``Move`` on ``lanes[index]``; or to its
@@ -242,6 +267,7 @@ def _to_wire(job: Job, lanes: Sequence[Hashable], index: int, got: Any) -> Wire 
             f"zeropp_hier internal: a job declared hop {want!r} for its transfer {index} but moved to "
             f"{getattr(move, 'lane', move)!r}"
         )
+    record_carry(move.carry)
     wire = next(job)
     if not isinstance(wire, Wire):
         raise JobOrderError(f"zeropp_hier internal: a job yielded {wire!r} where its hop's transfer was due")
