@@ -250,6 +250,9 @@ def _rank_on_this_rank(
                 "link_bound_s": p.link_bound_s,
                 "chunks": p.chunks,
                 "issue_mode": p.mode,
+                # bytes per step on each tier, whole cluster, as the wire carries them ([Note: bytes
+                # per link] in core/wire.py): why a candidate with fewer hops can still lose
+                "tier_bytes": dict(p.tier_bytes),
                 "fits": p.memory.fits,
                 "memory_gb": p.memory.total / 1e9,
             }
@@ -262,8 +265,8 @@ def _rank_on_this_rank(
     ]
     lines += [
         f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p):9.3f} s  "
-        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, chunks {p.chunks}, "
-        f"{p.mode})  "
+        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, network "
+        f"{p.tier_bytes.get('node', 0.0) / 1e6:.3g} MB/step, chunks {p.chunks}, {p.mode})  "
         f"{'fits' if p.memory.fits else 'does not fit'}{'  <- chosen' if p is best else ''}"
         for p in preds
     ]
