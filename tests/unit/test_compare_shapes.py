@@ -104,6 +104,6 @@ def test_the_recorded_runs_summarise_as_measured(shape):
         assert row["load_1min"]  # recorded beside every run
     for phase in ("shaped", "unshaped"):
         assert r["auto"][phase]["chosen"] in r["auto"][phase]["predicted_s"]
-    for name, b in compare_shapes.byte_rows(rec).items():
+    for b in compare_shapes.byte_rows(rec).values():
         for t, total in b["link_total"].items():
             assert sum(b["link"][p][t] for p in compare_shapes.PHASES) <= total * (1 + 1e-9)
