@@ -336,6 +336,10 @@ def measure(args: argparse.Namespace, plan: dict, spec_at, spec: ClusterSpec, t_
                 flush=True,
             )
         probe = None if args.no_probe else run_probe(spec)
+        if probe is not None and any(c.get("preset") == "auto" for c in plan["configs"].values()):
+            # [Note: auto on the benchmark's probe] in compare_rank.py
+            plan["auto_probe_file"] = args.out.removesuffix(".json") + ".probe.json"
+            write_json_atomic(plan["auto_probe_file"], probe)
         results, wire = run_marked(spec, ["-m", "benchmarks.compare_rank", json.dumps(plan)], on_mark=on_mark, log=log)
     return spec, probe, results, wire, links, regime
 

@@ -107,3 +107,18 @@ def test_the_recorded_runs_summarise_as_measured(shape):
     for b in compare_shapes.byte_rows(rec).values():
         for t, total in b["link_total"].items():
             assert sum(b["link"][p][t] for p in compare_shapes.PHASES) <= total * (1 + 1e-9)
+
+
+def test_auto_reads_the_drivers_probe_only_in_the_shaped_phase():
+    """[Note: auto on the benchmark's probe]: shaped, ``auto`` ranks on the driver's probe file and
+    is built unshaped; unshaped, it probes the links itself; other configurations are untouched."""
+    from benchmarks.compare_rank import auto_on_probe, ds_overrides
+    from zeropp_hier.core.config import parse_section
+
+    auto, plan = {"kind": "ours", "preset": "auto", "overlap": "gpu"}, {"auto_probe_file": "p.json"}
+    shaped = auto_on_probe(auto, plan, True)
+    section = ds_overrides(shaped, {})["zeropp_hier"]
+    assert parse_section({"enabled": True, "preset": "auto", **section}).auto.probe_file == "p.json"
+    assert auto_on_probe(auto, plan, False) == auto and auto_on_probe(auto, {}, True) == auto
+    zpp = {"kind": "ours", "preset": "zeropp"}
+    assert auto_on_probe(zpp, plan, True) == zpp
