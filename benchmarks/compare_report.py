@@ -40,6 +40,7 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                     "seconds": auto["seconds"],
                     "runner_up": auto["runner_up"],
                     "rates_gbps": auto["rates_gbps"],
+                    "chunks": auto.get("chunks"),
                     # what it predicted for each candidate, and what it ranks on
                     "ranks": auto.get("ranks"),
                     "ranking": [

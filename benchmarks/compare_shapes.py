@@ -95,6 +95,7 @@ def _auto(d: dict | None) -> dict | None:
     return {
         "chosen": a["chosen"],
         "ranks": a.get("ranks"),
+        "chunks": a.get("chunks"),
         "predicted_s": {c["name"]: c.get("predicted_pipelined_s") for c in a.get("ranking", [])},
     }
 
@@ -144,6 +145,10 @@ def rows(rec: dict) -> dict:
             "shaped": _faster(shaped, ("zeropp", "frontier")),
             "unshaped": _faster(unshaped, ("zeropp", "frontier")),
         },
+        "steps": {
+            "shaped": {n: d["median_step_s"] for n, d in shaped.items()},
+            "unshaped": {n: d["median_step_s"] for n, d in unshaped.items()},
+        },
     }
 
 
@@ -159,7 +164,7 @@ def byte_rows(rec: dict, phase: str = "unshaped") -> dict:
     collectives). The unshaped pass by default: the same bytes, and no tbf drops to retransmit."""
     out = {}
     for name, d in rec["summary"].get(phase, {}).items():
-        if "phase_link_stats_per_step" not in d:
+        if "phase_link_stats_per_step" not in d or name == "auto":  # auto: its choice's bytes
             continue
         out[name] = {
             "payload": {p: d["phase_stats_per_step"][p] for p in PHASES},
@@ -203,19 +208,20 @@ def markdown(summary: dict) -> list[str]:
             )
     lines += [
         "",
-        "| shape | links | faster of `zeropp`, `frontier` | `auto` chose | right |",
-        "|---|---|---|---|---|",
+        "| shape | links | `zeropp` s | `frontier` s | `auto` chose | `auto` s | `auto` / best fixed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for shape, s in summary.items():
-        for phase, label in (
-            ("shaped", f"binding (node {s['node_mbit']:g} Mbit/s per GCD)"),
-            ("unshaped", "unshaped"),
-        ):
-            a = s["auto"][phase]
-            chosen = a["chosen"] if a else None
-            fast = s["faster"][phase]
-            ok = "-" if chosen is None or fast is None else ("yes" if chosen == fast else "no")
-            lines.append(f"| {shape} | {label} | `{fast}` | `{chosen}` | {ok} |")
+        binding = f"binding (node {s['node_mbit']:g} Mbit/s per GCD)"
+        for phase, label in (("shaped", binding), ("unshaped", "unshaped")):
+            a, steps = s["auto"][phase], s["steps"][phase]
+            chosen = f"`{a['chosen']}`" + (f", {a['chunks']} chunks" if a and a.get("chunks") else "") if a else "-"
+            fixed = [steps[n] for n in ("zeropp", "frontier") if n in steps]
+            ratio = steps["auto"] / min(fixed) if "auto" in steps and fixed else None
+            lines.append(
+                f"| {shape} | {label} | {_num(steps.get('zeropp'))} | {_num(steps.get('frontier'))} | {chosen} | "
+                f"{_num(steps.get('auto'))} | {_num(ratio, '.3f')} |"
+            )
     lines += [
         "",
         "| shape | configuration | phase | payload view MB node / gpu / gcd | link view MB node / gpu / gcd |",

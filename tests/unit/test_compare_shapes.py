@@ -84,8 +84,8 @@ def test_rows_ratios_auto_and_right_or_wrong():
     assert z["busiest_link_util"] == pytest.approx(0.8) and z["load_1min"] == [3.0, 4.0]
     assert r["faster"] == {"shaped": "zeropp", "unshaped": "zeropp"}
     lines = compare_shapes.markdown({"8x1x2": {**r, "bytes": {}}})
-    assert "| 8x1x2 | binding (node 0.2 Mbit/s per GCD) | `zeropp` | `zeropp` | yes |" in lines
-    assert "| 8x1x2 | unshaped | `zeropp` | `frontier` | no |" in lines
+    assert "| 8x1x2 | binding (node 0.2 Mbit/s per GCD) | 10.00 | 12.50 | `zeropp` | 10.20 | 1.020 |" in lines
+    assert "| 8x1x2 | unshaped | 2.00 | 3.00 | `frontier` | 3.10 | 1.550 |" in lines
 
 
 @pytest.mark.parametrize("shape", [s for s, p in RECORDED.items() if p.exists()])
