@@ -1,6 +1,6 @@
 """Our presets at two node shapes of 16 ranks, links binding and unshaped, planner beside each.
 
-    sudo python -m benchmarks.compare_shapes                    # both shapes (~30 min on 2 cores)
+    sudo python -m benchmarks.compare_shapes                    # both shapes (~1 hour on 2 cores)
     sudo python -m benchmarks.compare_shapes --shapes 8x1x2     # one
     python -m benchmarks.compare_shapes --table-only            # the tables from the recorded files
 
