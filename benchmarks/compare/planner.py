@@ -202,7 +202,8 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         mode = schedule_mode(cfg)
         prefetch = cfg.get("prefetch", True)  # rank.ds_overrides
         wl_n = wl if prefetch else dataclasses.replace(wl, kept_at_turn=0.0)
-        cl_n = dataclasses.replace(cl, issue_mode=mode)
+        steps = cfg.get("pipeline", {}).get("hop_steps", "auto")  # [Note: log-step hops]
+        cl_n = dataclasses.replace(cl, issue_mode=mode, hop_steps=steps)
         p = (
             by[n]
             if n in by and cand == by[n].candidate and prefetch and mode == "lanes"
@@ -215,10 +216,10 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
             "gcd_bytes": p.tier_bytes["gcd"],
             "phase_s": p.phase_s,
         }
-        bound = P.predict(cand, tbf, wl_n).link_bound_s
+        bound = P.predict(cand, dataclasses.replace(tbf, hop_steps=steps), wl_n).link_bound_s
         ahead = cfg.get("pipeline", {}).get("backward_layers_ahead")
         win = window if prefetch else 0
-        laid = P.predict(cand, lanes, wl_n)
+        laid = P.predict(cand, dataclasses.replace(lanes, hop_steps=steps), wl_n)
         sched = S.for_prediction(
             laid, wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode, cluster=cl_n
         )

@@ -10,6 +10,7 @@ from benchmarks.cluster.spec import ClusterSpec
 from benchmarks.compare import linkuse
 from benchmarks.compare.shapes import DEFAULT_SHAPE
 from benchmarks.compare.variants import ORDER, VARIANTS, issue_mode_label
+from zeropp_hier.core.vocab import TIERS
 
 
 def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) -> dict:
@@ -39,6 +40,13 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                     "seconds": auto["seconds"],
                     "runner_up": auto["runner_up"],
                     "rates_gbps": auto["rates_gbps"],
+                    "chunks": auto.get("chunks"),
+                    # what it predicted for each candidate, and what it ranks on
+                    "ranks": auto.get("ranks"),
+                    "ranking": [
+                        {k: c.get(k) for k in ("name", "predicted_comm_s", "predicted_pipelined_s", "link_bound_s")}
+                        for c in auto.get("ranking", [])
+                    ],
                 }
             )
         w = wire[f"{res['label']} end"]
@@ -68,6 +76,13 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                         for t in ("gcd", "gpu", "node")
                     }
                 )
+            if "link_bytes" in per_rank[0]["stats"]:  # the link view per phase (issue 49 item 7)
+                d.setdefault("phase_link_stats", []).append(
+                    {
+                        p: {t: sum(r["stats"]["link_bytes"][p][t] for r in per_rank) / steps for t in TIERS}
+                        for p in per_rank[0]["stats"]["link_bytes"]
+                    }
+                )
             # per phase too: how much of the backward re-gathers (DeepSpeed's prefetch keeps the
             # last layers of the forward gathered into the backward where it reaches that far)
             d.setdefault("phase_stats", []).append(
@@ -95,6 +110,11 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                 first = d["phase_stats"][0]
                 d["phase_stats_per_step"] = {
                     p: {t: statistics.mean(x[p][t] for x in d["phase_stats"]) for t in first[p]} for p in first
+                }
+            if d.get("phase_link_stats"):
+                first = d["phase_link_stats"][0]
+                d["phase_link_stats_per_step"] = {
+                    p: {t: statistics.mean(x[p][t] for x in d["phase_link_stats"]) for t in first[p]} for p in first
                 }
             d["peak_rss_mb"] = max(d["peak_rss"]) / 2**20
             if d.get("links"):

@@ -130,7 +130,10 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--out", default="benchmarks/results/compare.json")
     ap.add_argument("--png", default="benchmarks/results/compare.png")
     ap.add_argument("--prefix", default="zhc")
-    ap.add_argument("--gpus-per-node", type=int, default=2, help="packages per node (Frontier: 4)")
+    ap.add_argument("--nodes", type=int, default=2, help="nodes of the emulated cluster")
+    ap.add_argument(
+        "--gpus-per-node", type=int, default=None, help="packages per node (default 2; Frontier and --fair: 4)"
+    )
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument(
         "--prefetch-bucket",
@@ -186,12 +189,13 @@ def parse_args(argv) -> argparse.Namespace:
     if args.node_mbit is None:
         args.node_mbit = DEFAULT_NODE_MBIT  # link-bound: the calibration's placeholder (unshaped)
     if args.fair:
-        args.gpus_per_node, args.dtype = 4, "bf16"
+        args.gpus_per_node, args.dtype = args.gpus_per_node or 4, "bf16"
         args.prefetch_bucket = args.prefetch_bucket or 12 * SHAPES[args.shape].hidden ** 2  # ~ one layer
         if args.reduce_bucket is None:
             args.reduce_bucket = args.prefetch_bucket
         if args.out == ap.get_default("out"):
             args.out, args.png = "benchmarks/results/compare_fair.json", "benchmarks/results/compare_fair.png"
+    args.gpus_per_node = args.gpus_per_node or 2
     if calibrating and args.out in (ap.get_default("out"), "benchmarks/results/compare_fair.json"):
         base = args.out.removesuffix(".json") + "_link_bound"
         args.out, args.png = base + ".json", base + ".png"
@@ -209,6 +213,7 @@ def spec_maker(args: argparse.Namespace):
             gpu_mbit=unit * r_gpu,
             gcd_mbit=unit * r_gcd,
             prefix=args.prefix,
+            nodes=args.nodes,
             gpus_per_node=args.gpus_per_node,
         )
 
@@ -294,7 +299,9 @@ def measure(args: argparse.Namespace, plan: dict, spec_at, spec: ClusterSpec, t_
     log = open(os.devnull, "w") if os.environ.get("QUIET") else sys.stderr
     links: dict = {}  # run label -> tx bytes per shaped link direction over its measured steps
     begun: dict = {}
-    regime: dict = {"name": args.regime}
+    # the machine's load (1/5/15-minute averages) at each run's first and last measured step:
+    # the host is shared, so a reader can judge each row's timing by it
+    regime: dict = {"name": args.regime, "loadavg": {}}
     with Cluster(spec):
 
         def on_mark(label, _bytes):
@@ -307,6 +314,7 @@ def measure(args: argparse.Namespace, plan: dict, spec_at, spec: ClusterSpec, t_
             elif label.endswith(" begin") or label.endswith(" end"):
                 # every link direction's counter ([Note: link use]); the ranks wait at the mark
                 run, _, what = label.rpartition(" ")
+                regime["loadavg"].setdefault(run, {})[what] = os.getloadavg()
                 tx = {f"{ns}/{ifname}": v for (ns, ifname), v in netns.egress_tx(spec).items()}
                 if what == "begin":
                     begun[run] = tx
@@ -328,6 +336,10 @@ def measure(args: argparse.Namespace, plan: dict, spec_at, spec: ClusterSpec, t_
                 flush=True,
             )
         probe = None if args.no_probe else run_probe(spec)
+        if probe is not None and any(c.get("preset") == "auto" for c in plan["configs"].values()):
+            # [Note: auto on the benchmark's probe] in compare/rank.py
+            plan["auto_probe_file"] = args.out.removesuffix(".json") + ".probe.json"
+            write_json_atomic(plan["auto_probe_file"], probe)
         results, wire = run_marked(spec, ["-m", "benchmarks.compare.rank", json.dumps(plan)], on_mark=on_mark, log=log)
     return spec, probe, results, wire, links, regime
 

@@ -100,6 +100,10 @@ VARIANTS = {
     # gloo's lanes with the tick mode's default 8 chunks: the default configuration's
     # "GPU mode within 10% of lanes" comparison in one run
     "frontier/lanes8": {"kind": "ours", "preset": "frontier", "overlap": "lanes", "pipeline": {"chunks": 8}},
+    # every tick hop in log steps, or every one direct ([Note: log-step hops] in comm/tick_plan.py):
+    # the default ("auto") against each forced way, at the issue mode's chunks
+    "frontier/log": {"kind": "ours", "preset": "frontier", "pipeline": {"hop_steps": "log"}},
+    "frontier/direct": {"kind": "ours", "preset": "frontier", "pipeline": {"hop_steps": "direct"}},
 }
 
 # [Note: benchmark issue mode]

@@ -59,6 +59,9 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
         assert rec["ranking"][0]["name"] == rec["chosen"] and rec["runner_up"] is not None
         # it says what it weighed ([Note: auto ranks communication])
         assert rec["ranks"].startswith("communication only"), rec["ranks"]
+        # and each candidate's bytes per tier, the why of a choice (the network's, printed)
+        assert all(set(c["tier_bytes"]) == {"gcd", "gpu", "node"} for c in rec["ranking"])
+        assert all(sum(c["tier_bytes"].values()) > 0 for c in rec["ranking"])
         # the engine runs the chosen preset's plan and its traffic follows
         assert all(r[name]["preset"] == rec["preset"] for r in res)
         assert all(r[name]["losses"][-1] < r[name]["losses"][0] * 1.5 for r in res)

@@ -60,11 +60,19 @@ if TYPE_CHECKING:
 # rate. Compute and host work (the optimizer step, the Python around each gather, the CPU's
 # copies on gloo) do not enter: the planner adds them alike to every candidate, and a candidate
 # whose extra (de)quantization and hops cost host time can lose where the links are fast and that
-# work binds. On the emulated cluster with unshaped links (CPU-bound) ``auto`` chose frontier,
-# 1.43x slower than zeropp there (issue 53); where the links bind it chose the faster preset.
-# So the choice is right where communication binds, and the record and the printed ranking say
-# what it weighed.
-RANKS = "communication only: compute and host work are not ranked"
+# work binds. Where the links bind ``auto`` chose the faster preset at both emulated shapes
+# (docs/benchmarks.md, "Two node shapes, links binding and unshaped").
+# Where they do not, the emulated cluster's step is 16 CPU ranks' Python, gloo copies and
+# quantization sharing 2 cores: frontier's ticks (many small transfers, a quantization per
+# tier) cost more host time there, and ``auto`` chose it though zeropp was faster. That regime
+# is outside auto's scope, by choice: on a GPU node each GCD has its own host cores and the
+# (de)quantization runs on the device, so a host term measured on these shared cores would
+# describe this machine, not the one ``auto`` is choosing for; and where the links are that
+# fast, communication is not what decides the step. The record and the printed ranking say so.
+RANKS = (
+    "communication only: compute and host work are not ranked; where they bind (links faster "
+    "than the host can feed, e.g. CPU ranks sharing cores) the ranking does not predict the step"
+)
 
 PROBE_REPS = 2
 # the larger probe message of a tier is cut to about this long a collective (links.measure_tiers)
@@ -250,6 +258,9 @@ def _rank_on_this_rank(
                 "link_bound_s": p.link_bound_s,
                 "chunks": p.chunks,
                 "issue_mode": p.mode,
+                # bytes per step on each tier, whole cluster, as the wire carries them ([Note: bytes
+                # per link] in core/wire.py): why a candidate with fewer hops can still lose
+                "tier_bytes": dict(p.tier_bytes),
                 "fits": p.memory.fits,
                 "memory_gb": p.memory.total / 1e9,
             }
@@ -262,8 +273,8 @@ def _rank_on_this_rank(
     ]
     lines += [
         f"[zeropp_hier]   {p.candidate.name:<18} {P.rank_key(p):9.3f} s  "
-        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, chunks {p.chunks}, "
-        f"{p.mode})  "
+        f"(busiest link {p.busiest_link or '-'} {p.link_bound_s:.3f} s, network "
+        f"{p.tier_bytes.get('node', 0.0) / 1e6:.3g} MB/step, chunks {p.chunks}, {p.mode})  "
         f"{'fits' if p.memory.fits else 'does not fit'}{'  <- chosen' if p is best else ''}"
         for p in preds
     ]
