@@ -13,4 +13,7 @@ the emulated cluster (needs root), a tool a user runs to check the claim.
   against the cluster's wire counters; ``benchmarks/results/wire_links_<n>x<p>x<g>.json``.
 - bytes_per_tier (``python -m benchmarks.compare.bytes_per_tier``): bytes per tier per step of
   each preset on 8 local CPU ranks, exact; ``benchmarks/results/bytes_per_tier.json``.
+- cross_shapes (``sudo python -m benchmarks.compare.cross_shapes``): one run at 8x1x2 and one at
+  2x4x2 in the GPU issue mode, links binding then unshaped, with the planner and ``auto`` beside
+  them; ``benchmarks/results/compare_shapes_<shape>.json``, ``compare_shapes.json`` and ``.md``.
 """
