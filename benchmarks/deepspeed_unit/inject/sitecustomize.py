@@ -91,6 +91,8 @@ def _section(world: int) -> dict:
     section = {"enabled": True, "preset": os.environ["ZEROPP_HIER_PEER_PRESET"], "topology": topology_for_world(world)}
     if os.environ.get("ZEROPP_HIER_PEER_COMPRESSION", "default") == "none":
         section["compression"] = "none"
+    if os.environ.get("ZEROPP_HIER_PEER_OVERLAP"):  # run.py --overlap gpu: the GPU's issue mode
+        section["overlap"] = os.environ["ZEROPP_HIER_PEER_OVERLAP"]
     return section
 
 
