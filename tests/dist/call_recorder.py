@@ -17,11 +17,12 @@ Two layers, so that no route is missed:
 
 Where the runtime's guard wraps a function ([Note: foreign collectives] in
 zeropp_hier/comm/foreign.py), the recorder wraps the real function under it: a call is recorded
-as it reaches torch, after the guard's drain. A call's interval starts when it is issued. It ends when the call returns if it ran
-synchronously, else when the last ``Work`` it returned is seen complete: ``Work.wait`` returned,
-or ``Work.is_completed`` answered True (both patched on the class, and both later than the true
-end, so intervals are if anything too long: an overlap is never hidden by them). A call whose
-works were never seen complete stays open, and the checker refuses it (tests/dist/overlaps.py).
+as it reaches torch, after the guard's drain. A call's interval starts when it is issued. It
+ends when the call returns if it ran synchronously, else when the last ``Work`` it returned is
+seen complete: ``Work.wait`` returned, or ``Work.is_completed`` answered True (both patched on
+the class, and both later than the true end, so intervals are if anything too long: an overlap
+is never hidden by them). A call whose works were never seen complete stays open, and the
+checker refuses it (tests/dist/overlaps.py).
 """
 
 from __future__ import annotations
@@ -224,7 +225,10 @@ class CallRecorder:
                 self._undo.append(lambda n=name, r=real: foreign.REAL.__setitem__(n, r))
                 continue
             sig = _signature(real)
-            wrappers[id(real)] = (real, self._wrap(name, real, lambda a, k, n=name, s=sig: self._group_arg(n, s, a, k)))
+            wrappers[id(real)] = (
+                real,
+                self._wrap(name, real, lambda a, k, n=name, s=sig: self._group_arg(n, s, a, k)),
+            )
         # every module attribute that is one of these functions: torch.distributed's own names and
         # any ``from torch.distributed import ...`` copy, in one pass over the loaded modules
         for mod in list(sys.modules.values()):

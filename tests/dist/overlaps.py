@@ -40,7 +40,9 @@ def check_calls(calls: Sequence[Call]) -> None:
                 "seen to complete: wait for its work (or record the wait) before checking overlaps"
             )
         if c.end < c.start:
-            raise OpenCallError(f"call {i} ({c.op} on {c.comm!r}) ends at {c.end:.6f}, before it starts at {c.start:.6f}")
+            raise OpenCallError(
+                f"call {i} ({c.op} on {c.comm!r}) ends at {c.end:.6f}, before it starts at {c.start:.6f}"
+            )
 
 
 def conflicts(calls: Sequence[Call]) -> list[tuple[Call, Call]]:

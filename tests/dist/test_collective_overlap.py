@@ -79,7 +79,9 @@ def test_no_collective_is_in_flight_beside_another_communicators(recorded, name)
 @pytest.fixture(scope="module")
 def undrained(world8, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("overlap_control"))
-    return world8.run(ranks_overlap.overlap_run, _configs(["frontier/ticks", "frontier/one_lane"]), root, False, MODEL, True)
+    return world8.run(
+        ranks_overlap.overlap_run, _configs(["frontier/ticks", "frontier/one_lane"]), root, False, MODEL, True
+    )
 
 
 @pytest.mark.parametrize("name", ["frontier/ticks", "frontier/one_lane"])
