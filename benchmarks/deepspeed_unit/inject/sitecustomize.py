@@ -171,7 +171,7 @@ def _wrap(ds) -> None:
             out = inner(*args, **kwargs)
         except Exception as e:
             if inject:
-                from zeropp_hier.errors import HierConfigError
+                from zeropp_hier import HierConfigError
 
                 if isinstance(e, HierConfigError) or (isinstance(e, RuntimeError) and "zeropp_hier" in str(e)):
                     _mark("refused", type=type(e).__name__, field=getattr(e, "field", None), msg=str(e)[:2000])
