@@ -40,6 +40,11 @@ CONFIGS = {  # name: (preset, compression)
     "zeropp-none": ("zeropp", "none"),
     "zeropp-default": ("zeropp", "default"),
 }
+# each injected configuration also with "overlap": "gpu" (the issue mode NCCL/RCCL run, on gloo
+# too: ticks for frontier, one lane for zeropp; zeropp_hier/comm/issue.py), named <config>-gpu;
+# ``--overlap gpu`` adds them to the run beside the default mode
+OVERLAP = {f"{name}-gpu": "gpu" for name in CONFIGS}
+CONFIGS.update({f"{name}-gpu": CONFIGS[name] for name in list(CONFIGS)})
 
 # Whole files left out, and why (kept in the result JSON).
 PRUNED_FILES = {
@@ -116,10 +121,13 @@ def env_for(config: str, work: str, results: str) -> dict:
     env.pop("ZEROPP_HIER_PEER_PRESET", None)
     env.pop("ZEROPP_HIER_PEER_COMPRESSION", None)
     env.pop("ZEROPP_HIER_PEER_COLLECT", None)
+    env.pop("ZEROPP_HIER_PEER_OVERLAP", None)
     if config != "stock":
         preset, compression = CONFIGS[config]
         env["ZEROPP_HIER_PEER_PRESET"] = preset
         env["ZEROPP_HIER_PEER_COMPRESSION"] = compression
+        if config in OVERLAP:
+            env["ZEROPP_HIER_PEER_OVERLAP"] = OVERLAP[config]
     return env
 
 
@@ -272,7 +280,7 @@ def summarise(selected, pruned, results: dict[str, dict[str, dict]], meta: dict)
     for config, recs in results.items():
         uncompressed = None
         if config != "stock" and CONFIGS[config][1] != "none":
-            uncompressed = results.get(f"{CONFIGS[config][0]}-none")
+            uncompressed = results.get(f"{CONFIGS[config][0]}-none" + ("-gpu" if config in OVERLAP else ""))
         groups = collections.defaultdict(list)
         for nodeid, rec in sorted(recs.items()):
             groups[classify(config, rec, uncompressed)].append(nodeid)
@@ -357,6 +365,12 @@ def main() -> None:
         default=0,
         help="at most this many tests of a file, spread over its parameters (0: all)",
     )
+    ap.add_argument(
+        "--overlap",
+        choices=["gpu"],
+        default=None,
+        help='also run every injected configuration with "overlap": "gpu" injected (<config>-gpu), after it',
+    )
     ap.add_argument("--out", default=RESULT_JSON)
     args = ap.parse_args()
     try:
@@ -384,6 +398,8 @@ def main() -> None:
     # Groups (';') run one after the other; inside a group, file by file, every config of the
     # group runs on a file before the next file (stock first), so results come early for all.
     groups = [[c for c in g.split(",") if c] for g in args.configs.split(";")]
+    if args.overlap:  # each injected configuration followed by its "-gpu" twin, file by file
+        groups = [[x for c in g for x in ([c] if c == "stock" or c in OVERLAP else [c, f"{c}-gpu"])] for g in groups]
     configs = [c for g in groups for c in g]
     for c in configs:
         if c != "stock" and c not in CONFIGS:
@@ -435,7 +451,10 @@ def main() -> None:
         "collected": len(tests),
         "pruned_by_reason": dict(collections.Counter(pruned.values())),
         "topology": "world 1 -> 1x1, 2 -> 1x1 (2 nodes), 4 -> 2x1 (2 nodes), 8 -> 2x2 (2 nodes)",
-        "injected_configs": {c: {"preset": p, "compression": z} for c, (p, z) in CONFIGS.items()},
+        "injected_configs": {
+            c: {"preset": p, "compression": z, **({"overlap": OVERLAP[c]} if c in OVERLAP else {})}
+            for c, (p, z) in CONFIGS.items()
+        },
     }
     summary = summarise(selected, pruned, results, meta)
     for config, e in summary["configs"].items():

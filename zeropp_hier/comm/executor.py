@@ -225,6 +225,10 @@ class CommExecutor:
                 self._idle.wait(left)
         return self.in_flight
 
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is one of this executor's lanes ([Note: foreign collectives])."""
+        return any(t is thread for _, t, _ in list(self._lanes.values()))
+
     def mark_broken(self, error: BaseException) -> None:
         """Break the executor (the first error wins): no collective is issued after this."""
         with self._lock:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-from ..comm import gather
+from ..comm import foreign, gather
 from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
@@ -150,6 +150,9 @@ class HierRuntime:
         self.executor = executor_for(
             self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s, transport=transport
         )
+        # collectives of the training thread (DeepSpeed's, the user's) drain the lanes first
+        # ([Note: foreign collectives] in comm/foreign.py)
+        foreign.install()
         self.numerics = Numerics(cfg.numerics, self.plan, topo, rank)
         self.phase = "other_gather"
         # ds_id -> its layer's name ([Note: a job per layer] in deepspeed/inflight.py)

@@ -91,6 +91,8 @@ def _section(world: int) -> dict:
     section = {"enabled": True, "preset": os.environ["ZEROPP_HIER_PEER_PRESET"], "topology": topology_for_world(world)}
     if os.environ.get("ZEROPP_HIER_PEER_COMPRESSION", "default") == "none":
         section["compression"] = "none"
+    if os.environ.get("ZEROPP_HIER_PEER_OVERLAP"):  # run.py --overlap gpu: the GPU's issue mode
+        section["overlap"] = os.environ["ZEROPP_HIER_PEER_OVERLAP"]
     return section
 
 
@@ -169,7 +171,7 @@ def _wrap(ds) -> None:
             out = inner(*args, **kwargs)
         except Exception as e:
             if inject:
-                from zeropp_hier.errors import HierConfigError
+                from zeropp_hier import HierConfigError
 
                 if isinstance(e, HierConfigError) or (isinstance(e, RuntimeError) and "zeropp_hier" in str(e)):
                     _mark("refused", type=type(e).__name__, field=getattr(e, "field", None), msg=str(e)[:2000])
