@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.app.data import synthetic_batch
+from zeropp_hier.app.data.tokens import synthetic_batch
 
 from .call_recorder import CallRecorder
 from .overlaps import OpenCallError, conflicts, describe

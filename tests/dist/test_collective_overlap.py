@@ -12,7 +12,7 @@ NCCL or RCCL kernels do concurrently on a GPU."""
 
 import pytest
 
-from zeropp_hier.app.gpt import GPTConfig
+from zeropp_hier.app.model.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
 
 from . import ranks_overlap
