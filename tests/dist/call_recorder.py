@@ -28,10 +28,8 @@ checker refuses it (tests/dist/overlaps.py).
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 import time
-from types import ModuleType
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -206,14 +204,8 @@ class CallRecorder:
             )
         # every module attribute that is one of these functions: torch.distributed's own names and
         # any ``from torch.distributed import ...`` copy, in one pass over the loaded modules
-        for mod in list(sys.modules.values()):
-            if not isinstance(mod, ModuleType):
-                continue
-            for attr, value in list(getattr(mod, "__dict__", {}).items()):
-                hit = wrappers.get(id(value))
-                if hit is not None and hit[0] is value:
-                    setattr(mod, attr, hit[1])
-                    self._undo.append(lambda m=mod, a=attr, r=value: setattr(m, a, r))
+        for mod, attr, value in foreign.rebind(wrappers):
+            self._undo.append(lambda m=mod, a=attr, r=value: setattr(m, a, r))
 
     def _install_methods(self) -> None:
         for name in GROUP_METHODS:

@@ -22,6 +22,7 @@ evaluated by both (eval_batches x ranks x micro_batch = n samples, each once).""
 import math
 import os
 
+import lm_eval  # noqa: E402 - the test extra installs it (zeropp-hier[eval])
 import numpy as np
 import pytest
 
@@ -33,8 +34,6 @@ from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.tools import export_hf
 
 from ..unit.test_prepare_stream import WORDS, make_tokenizer, write_jsonl
-
-lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness (the test extra) is not installed")
 
 WORLD, MICRO, SEQ, SAMPLES, STEPS = 4, 2, 32, 8, 6
 TASK = "zeropp_heldout"

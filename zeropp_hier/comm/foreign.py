@@ -118,13 +118,24 @@ def install() -> None:
                 continue
             REAL[name] = real
             wrappers[id(real)] = (real, _guard(name))
-        for mod in list(sys.modules.values()):
-            if not isinstance(mod, ModuleType):
-                continue
-            for attr, value in list(getattr(mod, "__dict__", {}).items()):
-                hit = wrappers.get(id(value))
-                if hit is not None and hit[0] is value:
-                    setattr(mod, attr, hit[1])
+        rebind(wrappers)
 
 
-__all__ = ["GUARDED", "REAL", "counts", "drain_for", "install"]
+def rebind(wrappers: dict[int, tuple[Callable, Callable]]) -> list[tuple[ModuleType, str, Callable]]:
+    """Replace, in every loaded module, each attribute that is one of the real functions of
+    ``wrappers`` (``id(real) -> (real, wrapper)``) by its wrapper: torch.distributed's own names
+    and every ``from torch.distributed import ...`` copy, in one pass. Returns (module, name,
+    real) of each replacement, so that a caller can undo it."""
+    done: list[tuple[ModuleType, str, Callable]] = []
+    for mod in list(sys.modules.values()):
+        if not isinstance(mod, ModuleType):
+            continue
+        for attr, value in list(getattr(mod, "__dict__", {}).items()):
+            hit = wrappers.get(id(value))
+            if hit is not None and hit[0] is value:
+                setattr(mod, attr, hit[1])
+                done.append((mod, attr, value))
+    return done
+
+
+__all__ = ["GUARDED", "REAL", "counts", "drain_for", "install", "rebind"]
