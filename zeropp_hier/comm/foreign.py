@@ -121,12 +121,14 @@ def install() -> None:
         rebind(wrappers)
 
 
-def rebind(wrappers: dict[int, tuple[Callable, Callable]]) -> list[tuple[ModuleType, str, Callable]]:
+def rebind(
+    wrappers: dict[int, tuple[Callable[..., object], Callable[..., object]]],
+) -> list[tuple[ModuleType, str, Callable[..., object]]]:
     """Replace, in every loaded module, each attribute that is one of the real functions of
     ``wrappers`` (``id(real) -> (real, wrapper)``) by its wrapper: torch.distributed's own names
     and every ``from torch.distributed import ...`` copy, in one pass. Returns (module, name,
     real) of each replacement, so that a caller can undo it."""
-    done: list[tuple[ModuleType, str, Callable]] = []
+    done: list[tuple[ModuleType, str, Callable[..., object]]] = []
     for mod in list(sys.modules.values()):
         if not isinstance(mod, ModuleType):
             continue
