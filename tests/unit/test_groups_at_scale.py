@@ -59,6 +59,8 @@ for axes, hg in groups.items():
         "my_group_rank": hg.group.rank(),
     }
 out["_asked"] = sorted({"+".join(a) for a in axes_sets})
+from zeropp_hier.comm.groups import creation_mode
+out["_mode"] = creation_mode()
 dist.destroy_process_group()
 print(json.dumps(out))
 """
@@ -94,6 +96,7 @@ def test_hop_groups_of_a_frontier_sized_world(rank):
     view = _view(rank)
     asked = view.pop("_asked")
     view.pop("_calls")
+    assert view.pop("_mode") == "per_group"  # the fake backend binds no device
     topo = Topology(NODES, GPUS, GCDS)
     # every hop every preset takes is built (none spans a single rank at this size)
     assert sorted(view) == asked
@@ -143,6 +146,7 @@ def test_group_construction_at_all_of_frontier_is_one_call_per_group_of_the_worl
     view = _view(rank, nodes, reverse)
     calls = view.pop("_calls")
     asked = view.pop("_asked")
+    view.pop("_mode")
     topo = Topology(nodes, GPUS, GCDS, tuple(reversed(range(world))) if reverse else None)
     assert sorted(view) == asked and len(asked) == 5
     # every group of every hop, in the one order: the count is the world's, not this rank's
@@ -156,3 +160,35 @@ def test_group_construction_at_all_of_frontier_is_one_call_per_group_of_the_worl
         if g["peers"]:
             assert g["peers"] == list(topo.peers(rank, axes)) and g["torch_ranks"] == sorted(g["peers"])
             assert g["my_group_rank"] == sorted(g["peers"]).index(rank)
+
+
+def test_split_creation_is_one_call_per_hop_axes_at_all_of_frontier():
+    """[Note: groups at scale]: where the device is bound (GPUs), one ``split_group`` per hop
+    axes, each carrying the whole partition, against one ``new_group`` per group of the world
+    elsewhere; both walk the same groups in the same order."""
+    from zeropp_hier.comm.groups import PER_GROUP, SPLIT, group_calls
+    from zeropp_hier.core.plan import make_plan
+    from zeropp_hier.core.policy import CompressionConfig
+    from zeropp_hier.core.topology import Topology
+
+    topo = Topology(9408, GPUS, GCDS)
+    axes_sets = []
+    for preset in ("zero3", "zeropp", "frontier"):
+        plan = make_plan(preset, CompressionConfig(), topo)
+        hops = [*plan.forward, *plan.reduce, *(h for _, level in plan.by_level for h in level)]
+        axes_sets += [h.axes for h in hops]
+    split = group_calls(topo, axes_sets, SPLIT)
+    per_group = group_calls(topo, axes_sets, PER_GROUP)
+    assert len(split) == 5 and len(per_group) == 65_865
+    assert [g for c in split for g in c.groups] == [c.groups[0] for c in per_group]
+    for call in split:  # each call a partition of the world: every rank in exactly one group
+        flat = sorted(r for members in call.groups for r in members)
+        assert flat == list(range(topo.world_size)), call.axes
+    with pytest.raises(ValueError, match="how"):
+        group_calls(topo, axes_sets, "local")
+
+
+def test_creation_mode_without_a_bound_device_is_one_call_per_group():
+    """gloo and the fake backend bind no device: torch cannot split there."""
+    view = _view(0, nodes=2)
+    assert view["_mode"] == "per_group"

@@ -3,23 +3,32 @@
 One function, ``build_hop_groups``, creates the groups a rank needs.
 
 [Note: groups at scale]
-``torch.distributed.new_group`` is entered by every rank for every group, members or not, in the
-same order; so a rank makes one call per group of the world: 56,456 for the `frontier` hops at
-Frontier's 9,408 nodes x 4 x 2 (1.4 s of one core and 240 MB on PyTorch's fake backend,
-tests/unit/test_groups_at_scale.py), 296 at 48 nodes. On gloo and on NCCL/RCCL without a bound
-device a non-member's call returns at once. With the device bound to the default group (as the
-launcher does on GPUs, so that groups are split from it), PyTorch makes each non-member call a
-no-colour ``ncclCommSplit`` of the world, a collective: cheap at 48 nodes, a start-up cost that
-grows with the world at thousands of nodes (not measured: no GPU). Creating each rank's own
-groups only (``use_local_synchronization``) would end the loop but cannot be used as is: the
-split is a collective of the whole parent, and a group re-created in one process (``auto``'s
+Every rank creates the same groups in the same order (``group_calls``, pure), in one of two ways:
+
+* split (``SPLIT``): where torch can split groups from the default one (a device bound to it, as
+  the launcher does on GPUs, and a backend that splits: NCCL, RCCL), one ``dist.split_group`` per
+  hop axes with every group of that partition: every rank is in exactly one, so each call is one
+  ``ncclCommSplit`` of the world with this rank's colour. 5 calls for every hop of every preset at
+  any size (tests/unit/test_groups_at_scale.py counts them at 9,408 nodes).
+* one call per group (``PER_GROUP``): everywhere else (gloo, the CPU), ``dist.new_group`` entered
+  by every rank for every group of the world, members or not: 65,865 calls for the union of every
+  preset's hops at Frontier's 9,408 nodes x 4 x 2 (56,456 for `frontier`'s; 1.4 s of one core on
+  PyTorch's fake backend), 296 at 48 nodes. A non-member's call returns at once on gloo.
+
+Why not ``new_group`` on GPUs: with a bound device, torch makes each of those calls a split of
+the default group, a collective of the whole world (the non-members' a no-colour split), so the
+loop would be 65,865 world-wide collectives at full scale. Why not each rank's own groups only
+(``use_local_synchronization``): on a bound device the split is still a collective of the whole
+parent, so the non-members' absence hangs it; and a group re-created in one process (``auto``'s
 probe, then the engine) gets the same hashed name and meets its predecessor's stale rendezvous
-keys (seen as gloo "Connection refused" on 8 ranks).
+keys (gloo "Connection refused" on 8 ranks). The split path has not run yet: no GPU machine with
+two or more devices has been lent to this project (docs/gpu.md); on the CPU torch cannot split (it needs an
+accelerator), so ``creation_mode`` takes one call per group there.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,29 +49,91 @@ class HopGroup(NamedTuple):
     timeout_s: float | None = None  # the group's collective timeout ([Note: failure detection])
 
 
-def build_hop_groups(
-    topo: Topology, axes_sets: Iterable[Iterable[str]], rank: int, timeout_s: float | None = None
-) -> dict[tuple[str, ...], HopGroup]:
-    wanted = []
+SPLIT = "split"
+PER_GROUP = "per_group"
+
+
+class GroupCall(NamedTuple):
+    """One group-creating call every rank makes: ``groups`` holds one group (``new_group``) or
+    every group of a partition (``split_group``), each in block (coordinate) order."""
+
+    axes: tuple[str, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+
+def wanted_axes(topo: Topology, axes_sets: Iterable[Iterable[str]]) -> list[tuple[str, ...]]:
+    """The distinct hop axes that span more than one rank, first-seen order."""
+    wanted: list[tuple[str, ...]] = []
     for axes in axes_sets:
         axes = normalize_axes(axes)
         if axes not in wanted and topo.axes_size(axes) > 1:
             wanted.append(axes)
+    return wanted
+
+
+def group_calls(topo: Topology, axes_sets: Iterable[Iterable[str]], how: str) -> list[GroupCall]:
+    """Every group-creating call of a rank, in the one order of every rank ([Note: groups at
+    scale]). Pure."""
+    if how not in (SPLIT, PER_GROUP):
+        raise ValueError(f"group_calls how = {how!r}: use {SPLIT!r} or {PER_GROUP!r}")
+    calls = []
+    for axes in wanted_axes(topo, axes_sets):
+        plan = topo.group_plan(axes)
+        if how == SPLIT:
+            calls.append(GroupCall(axes, plan))
+        else:
+            calls.extend(GroupCall(axes, (members,)) for members in plan)
+    return calls
+
+
+def creation_mode() -> str:
+    """``SPLIT`` where torch can split the default group (a bound device and a backend that
+    splits), else ``PER_GROUP``. The same on every rank: every rank binds its device, or none."""
+    default = dist.distributed_c10d._get_default_group()
+    device = default.bound_device_id
+    if device is None:
+        return PER_GROUP
+    try:
+        backend = default._get_backend(device)
+    except RuntimeError:
+        return PER_GROUP
+    return SPLIT if getattr(backend, "supports_splitting", False) else PER_GROUP
+
+
+def _hop_group(
+    axes: tuple[str, ...], pg: dist.ProcessGroup, members: Sequence[int], timeout_s: float | None
+) -> HopGroup:
+    if timeout_s is not None:
+        set_group_timeout(pg, timeout_s)
+    torch_order = sorted(members)
+    if torch_order == list(members):
+        return HopGroup(axes, pg, tuple(members), None, None, timeout_s)
+    # O(n log n): the node group holds every node at Frontier's size
+    torch_from_peer = torch.argsort(torch.tensor(members))  # torch's i-th member's block
+    peer_from_torch = torch.argsort(torch_from_peer)  # block i's place in torch's order
+    return HopGroup(axes, pg, tuple(members), peer_from_torch, torch_from_peer, timeout_s)
+
+
+def build_hop_groups(
+    topo: Topology, axes_sets: Iterable[Iterable[str]], rank: int, timeout_s: float | None = None
+) -> dict[tuple[str, ...], HopGroup]:
+    how = creation_mode()
+    setup = as_timedelta(setup_timeout(timeout_s))
     out: dict[tuple[str, ...], HopGroup] = {}
-    for axes in wanted:  # same order on every rank ([Note: groups at scale])
-        for members in topo.group_plan(axes):
-            torch_order = sorted(members)
-            pg = dist.new_group(ranks=torch_order, timeout=as_timedelta(setup_timeout(timeout_s)))
-            if rank in members:
-                if timeout_s is not None:
-                    set_group_timeout(pg, timeout_s)
-                if torch_order == list(members):
-                    peer_from_torch = torch_from_peer = None
-                else:
-                    # O(n log n): the node group holds every node at Frontier's size
-                    torch_from_peer = torch.argsort(torch.tensor(members))  # torch's i-th member's block
-                    peer_from_torch = torch.argsort(torch_from_peer)  # block i's place in torch's order
-                out[axes] = HopGroup(axes, pg, members, peer_from_torch, torch_from_peer, timeout_s)
+    for call in group_calls(topo, axes_sets, how):  # same order on every rank
+        if how == SPLIT:
+            mine = next(m for m in call.groups if rank in m)  # each rank is in one group of a partition
+            pg = dist.split_group(
+                split_ranks=[sorted(m) for m in call.groups], timeout=setup, group_desc="hop:" + "+".join(call.axes)
+            )
+            if pg is None:  # cannot happen for a partition; a torch that says otherwise is named
+                raise RuntimeError(f"split_group returned no group for rank {rank} on hop {call.axes}")
+            out[call.axes] = _hop_group(call.axes, pg, mine, timeout_s)
+            continue
+        (members,) = call.groups
+        pg = dist.new_group(ranks=sorted(members), timeout=setup)
+        if rank in members:
+            out[call.axes] = _hop_group(call.axes, pg, members, timeout_s)
     return out
 
 
