@@ -192,3 +192,34 @@ def test_creation_mode_without_a_bound_device_is_one_call_per_group():
     """gloo and the fake backend bind no device: torch cannot split there."""
     view = _view(0, nodes=2)
     assert view["_mode"] == "per_group"
+
+
+def test_a_split_partition_alive_is_shared_and_destroyed_with_its_last_user():
+    """torch names a split group by its members and refuses two live groups of one name: a
+    partition still alive is shared (a second hop with the same members, a second engine), and
+    destroyed once, with its last user; a group the registry never made is destroyed at once."""
+    from zeropp_hier.comm.groups import SharedGroups
+
+    made, destroyed = [], []
+
+    def make(tag):
+        def fn():
+            made.append(tag)
+            return object()
+
+        return fn
+
+    reg: SharedGroups[object] = SharedGroups()
+    a = reg.acquire(((0, 1), (2, 3)), make("a"))
+    b = reg.acquire(((0, 1), (2, 3)), make("b"))  # same members: no second split
+    c = reg.acquire(((0, 2), (1, 3)), make("c"))
+    assert a is b and a is not c and made == ["a", "c"] and len(reg) == 2
+    reg.release(a, destroyed.append)
+    assert destroyed == []  # one user left
+    reg.release(b, destroyed.append)
+    assert destroyed == [a] and len(reg) == 1
+    d = reg.acquire(((0, 1), (2, 3)), make("d"))  # released: made anew
+    assert d is not a and made == ["a", "c", "d"]
+    stranger = object()
+    reg.release(stranger, destroyed.append)
+    assert destroyed == [a, stranger]

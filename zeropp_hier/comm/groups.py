@@ -24,11 +24,17 @@ probe, then the engine) gets the same hashed name and meets its predecessor's st
 keys (gloo "Connection refused" on 8 ranks). The split path has not run yet: no GPU machine with
 two or more devices has been lent to this project (docs/gpu.md); on the CPU torch cannot split (it needs an
 accelerator), so ``creation_mode`` takes one call per group there.
+
+A split group is named by torch from its members alone, and two live groups may not share a
+name; so a partition split before and still alive (a second hop with the same members, as
+("node",) and ("node", "gpu") are with one package per node, or a second engine in the process)
+is not split again but shared, counted in ``SPLITS``, and destroyed when its last user releases it
+(``release_hop_groups``).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from typing import Callable, Generic, Hashable, Iterable, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -51,6 +57,44 @@ class HopGroup(NamedTuple):
 
 SPLIT = "split"
 PER_GROUP = "per_group"
+
+
+G = TypeVar("G")
+
+
+class SharedGroups(Generic[G]):
+    """Live groups by key with a count of users ([Note: groups at scale]): ``acquire`` makes a
+    group once per key while it is alive; ``release`` destroys it with its last user."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, list] = {}  # key -> [group, users]
+        self._key_of: dict[int, Hashable] = {}  # id(group) -> key
+
+    def acquire(self, key: Hashable, make: Callable[[], G]) -> G:
+        entry = self._by_key.get(key)
+        if entry is None:
+            entry = self._by_key[key] = [make(), 0]
+            self._key_of[id(entry[0])] = key
+        entry[1] += 1
+        return entry[0]
+
+    def release(self, group: G, destroy: Callable[[G], object]) -> None:
+        """One user fewer for ``group``; a group this registry never made is destroyed now."""
+        key = self._key_of.get(id(group))
+        if key is None:
+            destroy(group)
+            return
+        entry = self._by_key[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._by_key[key], self._key_of[id(group)]
+            destroy(group)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+SPLITS: SharedGroups[dist.ProcessGroup | None] = SharedGroups()  # this process's split hop groups
 
 
 class GroupCall(NamedTuple):
@@ -123,10 +167,11 @@ def build_hop_groups(
     for call in group_calls(topo, axes_sets, how):  # same order on every rank
         if how == SPLIT:
             mine = next(m for m in call.groups if rank in m)  # each rank is in one group of a partition
-            pg = dist.split_group(
-                split_ranks=[sorted(m) for m in call.groups], timeout=setup, group_desc="hop:" + "+".join(call.axes)
-            )
-            if pg is None:  # cannot happen for a partition; a torch that says otherwise is named
+            split_ranks = [sorted(m) for m in call.groups]
+            key = tuple(tuple(m) for m in split_ranks)
+            desc = "hop:" + "+".join(call.axes)
+            pg = SPLITS.acquire(key, lambda: dist.split_group(split_ranks=split_ranks, timeout=setup, group_desc=desc))
+            if not isinstance(pg, dist.ProcessGroup):  # a partition holds every rank: torch said otherwise
                 raise RuntimeError(f"split_group returned no group for rank {rank} on hop {call.axes}")
             out[call.axes] = _hop_group(call.axes, pg, mine, timeout_s)
             continue
@@ -135,6 +180,14 @@ def build_hop_groups(
         if rank in members:
             out[call.axes] = _hop_group(call.axes, pg, members, timeout_s)
     return out
+
+
+def release_hop_groups(groups: dict[tuple[str, ...], HopGroup]) -> None:
+    """Destroy the groups ``build_hop_groups`` made (a shared split group with its last user),
+    and empty ``groups`` in place."""
+    for hg in groups.values():
+        SPLITS.release(hg.group, dist.destroy_process_group)
+    groups.clear()
 
 
 def build_tick_group(topo: Topology, timeout_s: float | None = None) -> dist.ProcessGroup:

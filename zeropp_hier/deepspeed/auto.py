@@ -85,7 +85,7 @@ def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> 
         return _probe_file_rates(a.probe_file, rank), f"probe file {a.probe_file} (read by rank 0)"
     if a.tier_gbps is not None:
         return {t: (gbps * 1e9, 0.0) for t, gbps in a.tier_gbps}, "declared tier_gbps"
-    from ..comm.groups import build_hop_groups
+    from ..comm.groups import build_hop_groups, release_hop_groups
     from ..detect.links import measure_tiers
 
     groups = build_hop_groups(topo, [(t,) for t in TIERS if topo.axes_size((t,)) > 1], rank, cfg.collective_timeout_s)
@@ -93,8 +93,7 @@ def _rates(cfg: HierConfig, topo: Topology, rank: int, device: torch.device) -> 
         big = a.probe_kb * 1024
         measured = measure_tiers(groups, device, [big // 16, big], PROBE_REPS, target_s=PROBE_TARGET_S)
     finally:
-        for hg in groups.values():
-            dist.destroy_process_group(hg.group)
+        release_hop_groups(groups)
     used = max(int(s) for v in measured.values() for s in v["all_gather_s"]) // 1024 if measured else 0
     return {t: (v["bandwidth"], v["latency"]) for t, v in measured.items()}, (
         f"probed at initialize ({used} of {a.probe_kb} KB)"

@@ -26,7 +26,7 @@ from ..comm.agree import agree_same
 from ..comm.collectives import Encoded, HierCollectives
 from ..comm.context import CommContext
 from ..comm.executors import executor_for
-from ..comm.groups import build_hop_groups, build_tick_group
+from ..comm.groups import build_hop_groups, build_tick_group, release_hop_groups
 from ..comm.issue import (
     backend_for,
     check_tick_device,
@@ -187,14 +187,12 @@ class HierRuntime:
                 "exit (destroying them under a running collective could crash it). Exit this process."
             )
             return
-        for hg in self.groups.values():
-            dist.destroy_process_group(hg.group)
+        # emptied in place: HierCollectives holds the same dict, and the groups' transport
+        # threads end only when the last reference goes
+        release_hop_groups(self.groups)
         if self.tick_group is not None:
             dist.destroy_process_group(self.tick_group)
             self.tick_group = None
-        # clear the dict in place: HierCollectives holds the same one, and the groups' transport
-        # threads end only when the last reference goes
-        self.groups.clear()
 
     @classmethod
     def create(cls, cfg: HierConfig) -> HierRuntime:
