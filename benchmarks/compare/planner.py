@@ -229,6 +229,8 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         for c in laid.costs:
             hop_s[tier_of_lane(c.coll.axes)] += c.seconds
         row.update(
+            # messages per step and tier in the configuration's issue mode, whole cluster
+            link_messages=laid.tier_messages,
             scheduled_s=sched.step_s,
             schedule_only_s=sched.schedule_s,
             link_bound_s=bound,

@@ -288,7 +288,7 @@ def collective_cost(
         if kind in loads:
             tier_bytes[_tier_of(kind)] += summed(loads[kind].per_link, loads[kind].links)
     tier_bytes["gpu"] -= tier_bytes["node"]  # package-out bytes that stay inside the node
-    tier_messages = {t: 0 for t in TIERS}  # counted as tier_bytes is: comm_stats' link_messages
+    tier_messages: dict[str, int] = {t: 0 for t in TIERS}  # counted as tier_bytes is: comm_stats' link_messages
     for kind in ("gcd", "gpu_out", "node_out"):
         if kind in loads:
             tier_messages[_tier_of(kind)] += loads[kind].messages * loads[kind].links * calls

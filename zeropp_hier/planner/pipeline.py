@@ -68,13 +68,15 @@ def ticked_time(
     chunks: int,
     latency_s: Sequence[float] | None = None,
     links: Sequence[Sequence[tuple[str, float]]] = (),
+    frame_links: Sequence[Sequence[tuple[str, float]]] = (),
 ) -> float:
     """A job of hops taking ``hop_s`` seconds each (whole job; ``latency_s`` per collective) in
     ``chunks`` chunks run in ticks ([Note: pipelined hops]): ``chunks + len(hop_s) - 1`` ticks,
     tick ``t`` holding hop ``h`` of chunk ``t - h``, each as long as the longest of its hops
     (``hop_s[h] / chunks + latency_s[h]``) and at least the load of every link its hops share
     (``links[h]``: the hop's (link kind, seconds busy) for the whole job, [Note: shared links]
-    in schedule.py; a closed form, where the schedule fills the links flow by flow)."""
+    in schedule.py; a closed form, where the schedule fills the links flow by flow), each chunk's
+    messages' framing on them included (``frame_links[h]``: (link kind, seconds per chunk))."""
     if chunks < 1:
         raise ValueError(f"chunks = {chunks}: a job is cut into at least one chunk")
     lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
@@ -88,6 +90,8 @@ def ticked_time(
         for h in inside:
             for kind, sec in links[h] if h < len(links) else ():
                 load[kind] = load.get(kind, 0.0) + sec / chunks
+            for kind, sec in frame_links[h] if h < len(frame_links) else ():
+                load[kind] = load.get(kind, 0.0) + sec
         total += max(longest, max(load.values(), default=0.0))
     return float(total)
 
@@ -129,6 +133,8 @@ class PhaseJob(NamedTuple):
     # each hop's framing per collective on its busiest link, paid by every chunk as latency is
     # ([Note: per-message framing] in clusters.py); () : none
     frame_s: tuple[float, ...] = ()
+    # each hop's framing per collective and chunk on each link kind it uses
+    frame_links: tuple[tuple[tuple[str, float], ...], ...] = ()
 
     def fixed_s(self, ticks: bool = False) -> tuple[float, ...]:
         """Each hop's cost per chunk that chunking does not divide: its latency (in a tick, one
@@ -161,6 +167,7 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload, ticks: ClusterMode
                 tuple(c.flow_rate for c in cs),
                 tuple(c.step_latency_seconds / calls for c in cs),
                 tuple(c.frame_seconds / calls for c in cs),
+                tuple(tuple((k, sec / calls) for k, sec in c.frame_link_seconds.items()) for c in cs),
             )
         )
     return out
@@ -169,7 +176,7 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload, ticks: ClusterMode
 def _tick_job(phase: str, cs: Sequence[CollectiveCost], calls: int, cluster: ClusterModel) -> PhaseJob:
     """One job of ``phase`` in ticks: each hop as its sub-hops, each paying its rounds' alphas
     and its share of the hop's link time; quantization with the first ([Note: tick latency])."""
-    hop_s, lat, lanes, links, rates, frame = [], [], [], [], [], []
+    hop_s, lat, lanes, links, rates, frame, frame_links = [], [], [], [], [], [], []
     for c in cs:
         kind = "exchange" if c.coll.op != "all_gather" else "gather"
         alpha = cluster.tiers[c.coll.axes[0]].latency
@@ -182,9 +189,20 @@ def _tick_job(phase: str, cs: Sequence[CollectiveCost], calls: int, cluster: Clu
             links.append(tuple((k, sec / calls * sh.share) for k, sec in c.link_seconds.items()))
             rates.append(c.flow_rate)
             # a tick transfer is one message per receiver: a direct hop's n - 1, a log step's one
-            frame.append(c.frame_seconds / calls * sends(sh) / (n - 1) if n > 1 else 0.0)
+            fewer = sends(sh) / (n - 1) if n > 1 else 0.0
+            frame.append(c.frame_seconds / calls * fewer)
+            frame_links.append(tuple((k, sec / calls * fewer) for k, sec in c.frame_link_seconds.items()))
     return PhaseJob(
-        phase, tuple(hop_s), tuple(lat), calls, tuple(lanes), tuple(links), tuple(rates), tuple(lat), tuple(frame)
+        phase,
+        tuple(hop_s),
+        tuple(lat),
+        calls,
+        tuple(lanes),
+        tuple(links),
+        tuple(rates),
+        tuple(lat),
+        tuple(frame),
+        tuple(frame_links),
     )
 
 
@@ -192,7 +210,7 @@ def jobs_time(jobs: Sequence[PhaseJob], chunks: int, mode: str = "lanes") -> flo
     """The step's jobs one after another, each in ``chunks`` chunks as the issue mode runs them:
     pipelined on lanes ([Note: pipelined hops]), in ticks, or hop after hop on one lane."""
     if mode == "ticks":
-        return sum(j.calls * ticked_time(j.hop_s, chunks, j.fixed_s(ticks=True), j.links) for j in jobs)
+        return sum(j.calls * ticked_time(j.hop_s, chunks, j.fixed_s(ticks=True), j.links, j.frame_links) for j in jobs)
     if mode == "one_lane":
         return sum(j.calls * sequential_time(j.hop_s, [a * chunks for a in j.fixed_s()]) for j in jobs)
     return sum(j.calls * pipelined_time(j.hop_s, chunks, j.fixed_s()) for j in jobs)
