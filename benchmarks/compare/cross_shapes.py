@@ -14,7 +14,8 @@ run's own file is ``compare_shapes_<shape>.json`` (benchmarks.compare's format);
 the cross-shape summary ``compare_shapes.json`` and ``compare_shapes.md``: per configuration the
 step shaped and unshaped, the ratio to ``zeropp``, the busiest link's utilisation (its bytes per
 step over its shaped capacity times the step), the planner's scheduled step beside the measured
-one, what ``auto`` chose with the links binding and unshaped, the machine's load at each run, and
+one (the planner re-run now over the run's recorded inputs: [Note: predictions re-run]), what
+``auto`` chose with the links binding and unshaped, the machine's load at each run, and
 the bytes per phase, tier and link (``comm_stats``' payload and link views against the interface
 counters). ``rows``, ``byte_rows`` and ``markdown`` are pure (tests/unit/test_compare_shapes.py).
 """
@@ -100,12 +101,14 @@ def _auto(d: dict | None) -> dict | None:
     }
 
 
-def rows(rec: dict) -> dict:
+def rows(rec: dict, pred: dict | None = None) -> dict:
     """One shape's run (a ``benchmarks.compare`` record): per configuration the measured and the
     planner's step, ratios to ``BASE`` (measured and predicted), busiest link utilisation, the
-    unshaped step and auto's choices. ``auto``'s prediction is that of the preset it chose."""
+    unshaped step and auto's choices. ``auto``'s prediction is that of the preset it chose.
+    ``pred``: the planner's predictions to show (``benchmarks.compare.planner.predictions``'
+    rows); by default those the run recorded."""
     shaped, unshaped = rec["summary"]["shaped"], rec["summary"].get("unshaped", {})
-    pred = rec.get("predictions", {})
+    pred = rec.get("predictions", {}) if pred is None else pred
     out: dict = {}
     auto_shaped = _auto(shaped.get("auto"))
     for name, d in shaped.items():
@@ -187,9 +190,20 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+# [Note: predictions re-run]
+# The "predicted" columns of compare_shapes.md are the current planner re-run over each run's
+# recorded inputs (its plan, probe, unshaped steps and quantization rates:
+# ``planner.recorded_predictions``), not the predictions the run recorded when it ran; the
+# measurements are the run's. So a planner change shows in the table by ``--table-only`` alone,
+# and the table says which it is.
+PREDICTED_LABEL = "planner re-run now over the run's recorded inputs"
+
+
 def markdown(summary: dict) -> list[str]:
     """The tables of ``compare_shapes.md`` from ``summary`` (shape -> ``rows`` and ``byte_rows``)."""
     lines = [
+        f"Predicted columns: {PREDICTED_LABEL} ([Note: predictions re-run]); measured columns as recorded.",
+        "",
         "| shape | configuration | issue mode | step s | vs `zeropp` | predicted s (error) | predicted vs "
         "`zeropp` | busiest link util | unshaped step s | unshaped vs `zeropp` | load (1 min) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -238,12 +252,21 @@ def markdown(summary: dict) -> list[str]:
 
 
 def summarize_files(paths: dict[str, str]) -> dict:
-    """shape -> ``rows`` and ``byte_rows`` of each recorded run file."""
+    """shape -> ``rows`` (the planner re-run now: [Note: predictions re-run]) and ``byte_rows``
+    of each recorded run file."""
+    from benchmarks.compare.planner import recorded_predictions
+
     out = {}
     for shape, path in paths.items():
         with open(path) as f:
             rec = json.load(f)
-        out[shape] = {**rows(rec), "bytes": byte_rows(rec), "file": os.path.basename(path), "notes": rec["notes"]}
+        out[shape] = {
+            **rows(rec, recorded_predictions(rec)),
+            "predicted": PREDICTED_LABEL,
+            "bytes": byte_rows(rec),
+            "file": os.path.basename(path),
+            "notes": rec["notes"],
+        }
     return out
 
 

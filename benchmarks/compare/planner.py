@@ -216,10 +216,12 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
             "gcd_bytes": p.tier_bytes["gcd"],
             "phase_s": p.phase_s,
         }
-        bound = P.predict(cand, dataclasses.replace(tbf, hop_steps=steps), wl_n).link_bound_s
+        # in the configuration's issue mode: the messages (and their framing) are the mode's, a
+        # tick's direct transfers or a lane's rings ([Note: per-message framing] in planner/clusters.py)
+        bound = P.predict(cand, dataclasses.replace(tbf, issue_mode=mode, hop_steps=steps), wl_n).link_bound_s
         ahead = cfg.get("pipeline", {}).get("backward_layers_ahead")
         win = window if prefetch else 0
-        laid = P.predict(cand, dataclasses.replace(lanes, hop_steps=steps), wl_n)
+        laid = P.predict(cand, dataclasses.replace(lanes, issue_mode=mode, hop_steps=steps), wl_n)
         sched = S.for_prediction(
             laid, wl_n, win, compute_s, link_bound_s=bound, backward_window=ahead, mode=mode, cluster=cl_n
         )
@@ -227,6 +229,8 @@ def predictions(plan: dict, probe: dict | None, compute_s: float, quant_rate: fl
         for c in laid.costs:
             hop_s[tier_of_lane(c.coll.axes)] += c.seconds
         row.update(
+            # messages per step and tier in the configuration's issue mode, whole cluster
+            link_messages=laid.tier_messages,
             scheduled_s=sched.step_s,
             schedule_only_s=sched.schedule_s,
             link_bound_s=bound,

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from typing import Sequence
 
 from benchmarks.cluster import netns
 from benchmarks.cluster.driver import run_marked
@@ -79,6 +80,29 @@ def planner_bytes(plan: dict, names) -> dict:
     """The planner's bytes per link class and step, whole cluster, for each configuration."""
     pred = predictions(plan, None, 1.0, 1e9, list(names))
     return {n: {t: pred[n][f"{t}_bytes"] for t in TIERS} for n in names if n in pred}
+
+
+def message_overhead(records: Sequence[dict]) -> dict:
+    """The wire's bytes beyond the link view per message ``comm_stats`` counted, from recorded
+    runs of this module (their ``configs``): per (shape, configuration, link class) with
+    messages, and ``"all"``, over every message of every record: the planner's
+    ``EMULATED_MESSAGE_OVERHEAD`` ([Note: per-message framing] in zeropp_hier/planner/clusters.py).
+    The counters also carry DeepSpeed's own small collectives, which the link view leaves out."""
+    per: dict = {}
+    extra = msgs = 0.0
+    for rec in records:
+        shape = "x".join(str(rec["topology"][k]) for k in ("nodes", "gpus_per_node", "gcds_per_gpu"))
+        for name, row in rec["configs"].items():
+            for t in TIERS:
+                m = row["link_messages_per_step"][t]
+                if m <= 0:
+                    continue
+                e = row["wire_per_step"][t] - row["link_view_per_step"][t]
+                per[(shape, name, t)] = e / m
+                extra, msgs = extra + e, msgs + m
+    if msgs <= 0:
+        raise ValueError("wire_links.message_overhead: no recorded messages in the records given")
+    return {"all": extra / msgs, **per}
 
 
 def compare_row(wire: dict, links: dict) -> dict:

@@ -30,8 +30,12 @@ def test_package_links_carry_the_node_tier_and_bind_at_frontier_ratios():
     # the node hop's bytes also leave through the package links: a node-only collective loads them
     node_hop = next(k for k in p.costs if k.coll.axes == ("node",) and k.coll.phase == "forward_gather")
     assert node_hop.link_seconds["gpu_out"] > 0 and node_hop.link_seconds["node_out"] > 0
-    # the bound is the sum over collectives of each link's seconds, and no schedule beats it
-    gpu_out = sum(k.link_seconds.get("gpu_out", 0.0) for k in p.costs)
+    # the bound is the sum over collectives of each link's seconds, bytes and every chunk's
+    # messages' framing ([Note: per-message framing]), and no schedule beats it
+    gpu_out = sum(
+        k.link_seconds.get("gpu_out", 0.0) + k.frame_link_seconds.get("gpu_out", 0.0) * p.chunks for k in p.costs
+    )
+    assert sum(k.frame_link_seconds.get("gpu_out", 0.0) for k in p.costs) > 0
     assert p.link_s["gpu_out"] == pytest.approx(gpu_out)
     assert p.link_bound_s <= p.pipelined_comm_s <= p.comm_s
 
@@ -97,7 +101,7 @@ def test_chunks_follow_the_issue_mode():
     assert P.jobs_time(jobs, p.chunks, "ticks") < P.jobs_time(jobs, 1, "ticks")
     # one chunk in ticks is hop after hop, each hop paying one exchange step's latency, not a
     # ring's k - 1 ([Note: tick latency])
-    by_hand = sum(j.calls * (sum(j.hop_s) + sum(j.tick_latency_s)) for j in jobs)
+    by_hand = sum(j.calls * (sum(j.hop_s) + sum(j.tick_latency_s) + sum(j.frame_s)) for j in jobs)
     assert P.jobs_time(jobs, 1, "ticks") == pytest.approx(by_hand)
     assert P.jobs_time(jobs, 1, "ticks") < P.jobs_time(jobs, 1, "one_lane")
     assert p.mode == "ticks" and P.rank_key(p) == p.pipelined_comm_s >= p.link_bound_s

@@ -212,3 +212,63 @@ def test_the_hierarchys_case_on_frontier_as_docs_state_it():
     assert f["payload"] == f["link"]  # ticks are direct: the two views agree
     assert (z["latency_steps"], f["latency_steps"]) == (383 + 47, 2)
     assert sum(f["link"].values()) > sum(z["link"].values())  # more network bytes, fewer steps
+
+
+def test_the_framing_per_message_from_the_recorded_counters():
+    """[Note: per-message framing] in zeropp_hier/planner/clusters.py, from the recorded runs of
+    benchmarks/compare/wire_links.py (wire_links_8x1x2.json, wire_links_2x4x2.json): the
+    counters' bytes beyond the link view per counted message are the emulated cluster's
+    ``message_overhead_bytes`` over all messages, and within 15% of it on every link class with
+    traffic, for both presets at both shapes (366-473 bytes); Frontier's is 0."""
+    from benchmarks.compare.wire_links import message_overhead
+    from zeropp_hier.planner.clusters import EMULATED_MESSAGE_OVERHEAD
+
+    recorded = _recorded()
+    assert {f for f, _ in recorded} >= {"wire_links_8x1x2.json", "wire_links_2x4x2.json"}
+    per = message_overhead([d for _, d in recorded])
+    assert per.pop("all") == pytest.approx(EMULATED_MESSAGE_OVERHEAD, abs=0.5)
+    assert {(s, c) for s, c, _ in per} == {(s, c) for s in ("8x1x2", "2x4x2") for c in ("zeropp", "frontier")}
+    assert len(per) == 10  # node and gcd at 8 x 1 x 2, every class at 2 x 4 x 2
+    for where, v in per.items():
+        assert abs(v / EMULATED_MESSAGE_OVERHEAD - 1) <= 0.15, (where, v)
+    assert P.emulated().message_overhead_bytes == EMULATED_MESSAGE_OVERHEAD
+    assert P.frontier().message_overhead_bytes == 0.0
+    with pytest.raises(ValueError, match="no recorded messages"):
+        message_overhead([])
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "428", True])
+def test_a_bad_message_overhead_is_refused_with_the_field_the_value_and_the_fix(bad):
+    import dataclasses
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(f"ClusterModel.message_overhead_bytes = {bad!r}")) as e:
+        dataclasses.replace(P.emulated(), message_overhead_bytes=bad)
+    assert "finite number >= 0" in str(e.value) and "0 where the framing is not modelled" in str(e.value)
+
+
+def test_the_planner_counts_the_messages_comm_stats_counted():
+    """One count: the planner's messages per step and link class for each recorded run's plan
+    (core/wire.messages per collective, times its calls and chunks) against ``comm_stats``'
+    ``link_messages`` of the run. zeropp (one lane, no prefetch in these runs: one gather per
+    parameter group, [Note: collectives per pass] in planner/workload.py) to the message;
+    frontier's ticks at most 1.35x above: the planner cuts every gather into the 8 chunks, where a
+    layer norm's few blocks make fewer ([Note: chunked gathers] in comm/gather.py)."""
+    from benchmarks.compare import wire_links
+
+    for name, d in _recorded():
+        topo = d["topology"]
+        args = wire_links.parse_args(
+            ["--nodes", str(topo["nodes"]), "--gpus-per-node", str(topo["gpus_per_node"])]
+            + ["--gcds-per-gpu", str(topo["gcds_per_gpu"]), "--steps", str(d["steps"])]
+        )
+        _, plan = wire_links.cluster_and_plan(args, "not needed: no stock configuration")
+        assert not plan["prefetch_bucket"]
+        pred = wire_links.predictions(plan, None, 1.0, 1e9, list(d["configs"]))
+        for cfg, row in d["configs"].items():
+            counted, planned = row["link_messages_per_step"], pred[cfg]["link_messages"]
+            for tier in ("gcd", "gpu", "node"):
+                if cfg == "zeropp":
+                    assert planned[tier] == counted[tier], (name, cfg, tier)
+                else:
+                    assert counted[tier] <= planned[tier] <= 1.35 * counted[tier], (name, cfg, tier)

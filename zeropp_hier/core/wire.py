@@ -31,7 +31,10 @@ algorithm the library runs for the collective, not the collective's definition:
 NCCL's trees serve all-reduce only, which the library does not issue. ``comm_stats`` keeps the
 payload view beside this one ([Note: byte accounting] in comm/stats.py); the planner sums the
 same per-edge and per-pair amounts in closed form ([Note: link loads per tier] in
-planner/cost.py), and tests/unit/test_wire.py checks the two against each other.
+planner/cost.py), and tests/unit/test_wire.py checks the two against each other. The messages
+(``messages``) are counted by the same walk: ``comm_stats``' ``link_messages``, and the planner's
+count of what each link carries beyond the payload ([Note: per-message framing] in
+planner/clusters.py).
 """
 
 from __future__ import annotations
@@ -78,9 +81,10 @@ def edge_bytes(op: str, algorithm: Algorithm, k: int, block: float) -> float:
 def messages(algorithm: Algorithm, library: str, k: int) -> int:
     """Messages one rank sends to each receiver per collective over ``k`` ranks: a ring step is
     one message on NCCL/RCCL and two on gloo (``gloo/allgather.cc`` sends each step's shard in
-    two halves); direct, one. What a transport adds per message (gloo's 48-byte op preamble and
-    its send/receive-ready notices) is counted by the benchmark that compares with the wire,
-    not here."""
+    two halves); direct, one. ``comm_stats`` counts these (``link_messages``) and the planner
+    charges each its transport's framing (gloo's 48-byte op preambles, TCP/IP headers, ACKs:
+    ``ClusterModel.message_overhead_bytes``, [Note: per-message framing] in
+    planner/clusters.py); the bytes here are payload only."""
     if k < 2:
         return 0
     if algorithm == "direct":

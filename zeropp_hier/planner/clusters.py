@@ -5,6 +5,7 @@ and ``with_probed_tiers`` for rates that ``zeropp-hier probe`` measured. Pure da
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, TypedDict
 
@@ -58,8 +59,17 @@ class ClusterModel:
     # how the tick mode runs each hop (pipeline.hop_steps): "auto", "direct" or "log" ([Note:
     # log-step hops] in comm/tick_plan.py)
     hop_steps: str = "auto"
+    # bytes the transport puts on a link per message beside its payload ([Note: per-message
+    # framing]); 0: framing not modelled
+    message_overhead_bytes: float = 0.0
 
     def __post_init__(self):
+        ovh = self.message_overhead_bytes
+        if isinstance(ovh, bool) or not isinstance(ovh, (int, float)) or not math.isfinite(ovh) or ovh < 0:
+            raise ValueError(
+                f"ClusterModel.message_overhead_bytes = {ovh!r}: give the bytes a link carries per message "
+                "beside its payload, a finite number >= 0 (0 where the framing is not modelled)"
+            )
         if self.issue_mode not in (None, *ISSUE_MODES):
             raise ValueError(
                 f"ClusterModel.issue_mode = {self.issue_mode!r}: use one of {list(ISSUE_MODES)}, or None for "
@@ -103,7 +113,28 @@ def frontier(nodes: int = 48) -> ClusterModel:
         library="rccl",
         source="docs/design.md#hardware-tiers link rates; assumed: 70 TFLOP/s achieved per GCD (~37% of the "
         "MI250X GCD's 191.5 bf16 peak), alpha 5/10/20 us, no compute/communication overlap",
+        # RCCL's per-message cost is time (alpha), not link bytes: [Note: per-message framing]
+        message_overhead_bytes=0.0,
     )
+
+
+# [Note: per-message framing]
+# A link carries more than the payload: each message brings the transport's framing. On the
+# emulated cluster (gloo over TCP on veth links) that is gloo's three 48-byte op preambles per
+# message (benchmarks/compare/wire_links.py), the Ethernet/IP/TCP headers of its segments and the
+# receiver's ACKs. Interface counters against ``comm_stats``' link view over the same steps
+# (benchmarks/results/wire_links_8x1x2.json and wire_links_2x4x2.json, links unshaped) put the
+# excess at 366-473 bytes per message on every link class with traffic, for both presets, at
+# messages of 2.7-17 KB: about 4.5 packets per message whatever its size, so the excess goes
+# with the message count, not the bytes (a fit with a per-byte term finds that term ~0).
+# ``EMULATED_MESSAGE_OVERHEAD`` is the excess over every message of both files
+# (``wire_links.message_overhead``; tests/unit/test_wire.py re-derives it). The tbf shapes what
+# the interface carries, so the planner charges a link ``(bytes + messages x overhead) / rate``
+# ([Note: cost model] in cost.py), the messages counted by the model that counts the bytes
+# (core/wire.messages). Frontier: 0. Slingshot/libfabric framing per message (a few tens of
+# bytes against RCCL's chunks of hundreds of KB) is not modelled; RCCL's fixed cost per message
+# is time, which the tiers' alpha and the tick rounds already price.
+EMULATED_MESSAGE_OVERHEAD = 428.0
 
 
 # Exposed fractions per phase on the emulated cluster with DeepSpeed's prefetch on
@@ -121,13 +152,15 @@ def emulated(
     quant_rate: float = 2e7,
     device_flops: float = 1.5e9,
     exposed: Mapping[str, float] | None = None,
+    message_overhead_bytes: float = EMULATED_MESSAGE_OVERHEAD,
 ) -> ClusterModel:
     """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
     gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
     gpu tiers in ``zeropp-hier probe`` runs here (62-67% with other settings,
     docs/benchmarks.md#emulated-cluster-notes);
     probed tiers replace it. Compute on 2 shared CPU cores is a
-    measurement (``compute_s``) whenever one is available."""
+    measurement (``compute_s``) whenever one is available. ``message_overhead_bytes``: gloo's
+    and TCP's framing per message ([Note: per-message framing])."""
     bps = node_mbit * 1e6 / 8
     return ClusterModel(
         name=f"emulated {nodes}x{gpus_per_node}x{gcds_per_gpu} (node {node_mbit:g} Mbit/s per GCD)",
@@ -145,6 +178,7 @@ def emulated(
         source="tbf rates of benchmarks/cluster; gloo algorithms measured there"
         + ("; overlap as measured with prefetch on" if exposed else ""),
         exposed=dict(exposed or {}),
+        message_overhead_bytes=message_overhead_bytes,
     )
 
 

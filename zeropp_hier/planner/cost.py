@@ -19,7 +19,7 @@ three link settings": all within 7.6% of the measured step with it; one fraction
 left 15%), so it describes those runs; it is not a held-out validation. It changes predicted
 steps and can change the ranking between layouts whose time sits in different phases.
 A collective's time is
-``max over links (bytes on the link / (capacity * efficiency)) + latency * steps``:
+``max over links ((bytes + messages * overhead) on the link / (capacity * efficiency)) + latency * steps``:
 
 * links are the resources of the machine: the in-package link of each package (capacity
   gcds_per_gpu * gcd rate), each package's links to the rest of its node (out and in,
@@ -32,6 +32,11 @@ A collective's time is
   slow link once per enclosure and so is already frugal with node bytes; a direct exchange sends
   a copy per receiving rank. ``comm_stats``' link view counts the same
   messages per rank ([Note: bytes per link] in core/wire.py); its payload view does not.
+* the messages on each link are counted by the same model (``wire.messages``: a gloo ring step
+  is two messages, an NCCL/RCCL one; a direct exchange and a tick transfer one per peer), once
+  per call and chunk; ``overhead`` is the transport's framing per message
+  (``ClusterModel.message_overhead_bytes``, [Note: per-message framing] in clusters.py; 0 on
+  Frontier). Like latency it is paid again by every chunk (``PhaseJob.frame_s`` in pipeline.py).
 * quantized hops add (de)quantization time at the device's rate; payloads are counted at their
   packed size plus one fp32 scale per block.
 """
@@ -144,6 +149,7 @@ KINDS = ("gcd", "gpu_out", "gpu_in", "node_out", "node_in")
 class KindLoad(NamedTuple):
     per_link: float  # bytes on each link of this kind that the collective uses
     links: int  # links of this kind in the cluster that carry them
+    messages: int = 0  # messages on each such link ([Note: per-message framing] in clusters.py)
 
 
 def _tier_of(kind: str) -> str:
@@ -186,8 +192,10 @@ def link_loads(
 
     Each figure is summed as a walk over the messages would sum it (``summed``: the same
     addition repeated, not one multiplication), so the planner's figures match such a walk's to
-    the last bit and no printed figure moves at a rounding edge. tests/unit/test_planner.py
-    checks these against a walk over every pair of ranks."""
+    the last bit and no printed figure moves at a rounding edge. The messages on a link are its
+    edges (pairs) times each edge's messages (``wire.messages``, the count ``comm_stats``
+    keeps). tests/unit/test_planner.py and tests/unit/test_wire.py check these against a walk
+    over every pair of ranks."""
     if not topo.is_identity_map:
         raise ValueError("planner.link_loads: the planner's topologies place ranks in coordinate order (no rank_map)")
     nodes, per_node, per_pkg = topo.dims
@@ -202,6 +210,7 @@ def link_loads(
     packages = nodes * per_node
     # the per-message amounts are the runtime's (core/wire.py), summed here in closed form
     algorithm = wire.algorithm_of(coll.op, library, ticks)
+    per_edge = wire.messages(algorithm, library, k)  # messages per (sender, receiver) pair
     if algorithm == "direct":
         # ``x`` per ordered pair: a block per peer (all_to_all), the whole shard to each peer
         # (a tick's gather)
@@ -224,7 +233,7 @@ def link_loads(
     for kind in KINDS:
         tier = _tier_of(kind)
         if per_link[tier] > 0:
-            out[kind] = KindLoad(per_link[tier], links[tier])
+            out[kind] = KindLoad(per_link[tier], links[tier], count[tier] * per_edge)
     return out
 
 
@@ -249,6 +258,11 @@ class CollectiveCost(NamedTuple):
     # the fixed cost of one exchange step, all calls: what a tick pays for this hop, whose rows
     # go to every member at once in one grouped call ([Note: tick latency] in pipeline.py)
     step_latency_seconds: float = 0.0
+    # each link kind's seconds on the messages' framing, all calls, one chunk each ([Note:
+    # per-message framing] in clusters.py): paid again by every chunk, as latency is
+    frame_link_seconds: dict = {}
+    frame_seconds: float = 0.0  # the busiest link's part of ``seconds`` that is framing
+    tier_messages: dict = {}  # messages this collective puts on each tier, all calls, one chunk each
 
 
 def collective_cost(
@@ -259,14 +273,26 @@ def collective_cost(
     payload = coll.send_elems * bytes_per_elem(coll.scheme, width, block)
     loads = link_loads(coll, topo, cluster.library, payload, ticks)
     seconds = {kind: load.per_link / (capacity(cluster, kind) * cluster.efficiency) for kind, load in loads.items()}
-    worst = max(seconds.values(), default=0.0)
+    # (bytes + messages x overhead) / rate: the framing of every call's messages, one chunk each
+    frames = {
+        kind: load.messages * calls * cluster.message_overhead_bytes / (capacity(cluster, kind) * cluster.efficiency)
+        for kind, load in loads.items()
+    }
+    busy = {kind: sec + frames[kind] for kind, sec in seconds.items()}
+    worst = max(busy.values(), default=0.0)
     # the busiest link's tier; links of two tiers busy alike (to rounding): the faster tier
-    bottleneck = next((_tier_of(kd) for kd, sec in seconds.items() if sec >= worst * (1 - 1e-12)), coll.axes[0])
+    worst_kind = next((kd for kd, sec in busy.items() if sec >= worst * (1 - 1e-12)), None)
+    bottleneck = _tier_of(worst_kind) if worst_kind is not None else coll.axes[0]
     tier_bytes: dict[str, float] = {t: 0.0 for t in TIERS}
     for kind in ("gcd", "gpu_out", "node_out"):
         if kind in loads:
             tier_bytes[_tier_of(kind)] += summed(loads[kind].per_link, loads[kind].links)
     tier_bytes["gpu"] -= tier_bytes["node"]  # package-out bytes that stay inside the node
+    tier_messages: dict[str, int] = {t: 0 for t in TIERS}  # counted as tier_bytes is: comm_stats' link_messages
+    for kind in ("gcd", "gpu_out", "node_out"):
+        if kind in loads:
+            tier_messages[_tier_of(kind)] += loads[kind].messages * loads[kind].links * calls
+    tier_messages["gpu"] -= tier_messages["node"]
     k = topo.axes_size(coll.axes)
     steps = (2 if coll.op == "reduce_scatter" and cluster.library == "gloo" else 1) * (k - 1)
     # one collective per hop, payload and scales together ([Note: one collective per hop])
@@ -275,4 +301,18 @@ def collective_cost(
     # a hop's flows (one per rank) run at its busiest tier's per-GCD rate when alone
     flow = cluster.tiers[bottleneck].bandwidth * cluster.efficiency
     step_alpha = cluster.tiers[coll.axes[0]].latency * calls
-    return CollectiveCost(coll, worst + alpha + quant, bottleneck, tier_bytes, quant, alpha, seconds, flow, step_alpha)
+    frame = frames[worst_kind] if worst_kind is not None else 0.0
+    return CollectiveCost(
+        coll,
+        worst + alpha + quant,
+        bottleneck,
+        tier_bytes,
+        quant,
+        alpha,
+        seconds,
+        flow,
+        step_alpha,
+        frames,
+        frame,
+        tier_messages,
+    )

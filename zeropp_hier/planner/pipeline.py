@@ -10,7 +10,7 @@ from typing import NamedTuple, Sequence
 from ..core.config import MAX_PIPELINE_CHUNKS
 from .clusters import PHASES, ClusterModel
 from .cost import CollectiveCost
-from .tick_latency import sub_hops
+from .tick_latency import sends, sub_hops
 from .workload import Workload
 
 # [Note: pipelined hops]
@@ -68,13 +68,15 @@ def ticked_time(
     chunks: int,
     latency_s: Sequence[float] | None = None,
     links: Sequence[Sequence[tuple[str, float]]] = (),
+    frame_links: Sequence[Sequence[tuple[str, float]]] = (),
 ) -> float:
     """A job of hops taking ``hop_s`` seconds each (whole job; ``latency_s`` per collective) in
     ``chunks`` chunks run in ticks ([Note: pipelined hops]): ``chunks + len(hop_s) - 1`` ticks,
     tick ``t`` holding hop ``h`` of chunk ``t - h``, each as long as the longest of its hops
     (``hop_s[h] / chunks + latency_s[h]``) and at least the load of every link its hops share
     (``links[h]``: the hop's (link kind, seconds busy) for the whole job, [Note: shared links]
-    in schedule.py; a closed form, where the schedule fills the links flow by flow)."""
+    in schedule.py; a closed form, where the schedule fills the links flow by flow), each chunk's
+    messages' framing on them included (``frame_links[h]``: (link kind, seconds per chunk))."""
     if chunks < 1:
         raise ValueError(f"chunks = {chunks}: a job is cut into at least one chunk")
     lat = latency_s if latency_s is not None else [0.0] * len(hop_s)
@@ -88,6 +90,8 @@ def ticked_time(
         for h in inside:
             for kind, sec in links[h] if h < len(links) else ():
                 load[kind] = load.get(kind, 0.0) + sec / chunks
+            for kind, sec in frame_links[h] if h < len(frame_links) else ():
+                load[kind] = load.get(kind, 0.0) + sec
         total += max(longest, max(load.values(), default=0.0))
     return float(total)
 
@@ -126,6 +130,17 @@ class PhaseJob(NamedTuple):
     rates: tuple[float, ...] = ()
     # each hop's fixed cost in a tick, one exchange step ([Note: tick latency]); () : latency_s
     tick_latency_s: tuple[float, ...] = ()
+    # each hop's framing per collective on its busiest link, paid by every chunk as latency is
+    # ([Note: per-message framing] in clusters.py); () : none
+    frame_s: tuple[float, ...] = ()
+    # each hop's framing per collective and chunk on each link kind it uses
+    frame_links: tuple[tuple[tuple[str, float], ...], ...] = ()
+
+    def fixed_s(self, ticks: bool = False) -> tuple[float, ...]:
+        """Each hop's cost per chunk that chunking does not divide: its latency (in a tick, one
+        exchange step's) and its messages' framing."""
+        lat = self.tick_latency_s if ticks and self.tick_latency_s else self.latency_s
+        return tuple(a + f for a, f in zip(lat, self.frame_s or (0.0,) * len(lat)))
 
 
 def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload, ticks: ClusterModel | None = None) -> list[PhaseJob]:
@@ -144,13 +159,15 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload, ticks: ClusterMode
         out.append(
             PhaseJob(
                 phase,
-                tuple((c.seconds - c.latency_seconds) / calls for c in cs),
+                tuple((c.seconds - c.latency_seconds - c.frame_seconds) / calls for c in cs),
                 tuple(c.latency_seconds / calls for c in cs),
                 calls,
                 tuple(c.coll.axes for c in cs),
                 tuple(tuple((k, sec / calls) for k, sec in c.link_seconds.items()) for c in cs),
                 tuple(c.flow_rate for c in cs),
                 tuple(c.step_latency_seconds / calls for c in cs),
+                tuple(c.frame_seconds / calls for c in cs),
+                tuple(tuple((k, sec / calls) for k, sec in c.frame_link_seconds.items()) for c in cs),
             )
         )
     return out
@@ -159,11 +176,11 @@ def phase_jobs(costs: Sequence[CollectiveCost], wl: Workload, ticks: ClusterMode
 def _tick_job(phase: str, cs: Sequence[CollectiveCost], calls: int, cluster: ClusterModel) -> PhaseJob:
     """One job of ``phase`` in ticks: each hop as its sub-hops, each paying its rounds' alphas
     and its share of the hop's link time; quantization with the first ([Note: tick latency])."""
-    hop_s, lat, lanes, links, rates = [], [], [], [], []
+    hop_s, lat, lanes, links, rates, frame, frame_links = [], [], [], [], [], [], []
     for c in cs:
         kind = "exchange" if c.coll.op != "all_gather" else "gather"
         alpha = cluster.tiers[c.coll.axes[0]].latency
-        moving = (c.seconds - c.latency_seconds - c.quant_seconds) / calls
+        moving = (c.seconds - c.latency_seconds - c.quant_seconds - c.frame_seconds) / calls
         n = cluster.topology.axes_size(c.coll.axes)
         for i, sh in enumerate(sub_hops(n, kind, cluster.library, cluster.hop_steps)):
             hop_s.append(moving * sh.share + (c.quant_seconds / calls if i == 0 else 0.0))
@@ -171,17 +188,32 @@ def _tick_job(phase: str, cs: Sequence[CollectiveCost], calls: int, cluster: Clu
             lanes.append(c.coll.axes)
             links.append(tuple((k, sec / calls * sh.share) for k, sec in c.link_seconds.items()))
             rates.append(c.flow_rate)
-    return PhaseJob(phase, tuple(hop_s), tuple(lat), calls, tuple(lanes), tuple(links), tuple(rates), tuple(lat))
+            # a tick transfer is one message per receiver: a direct hop's n - 1, a log step's one
+            fewer = sends(sh) / (n - 1) if n > 1 else 0.0
+            frame.append(c.frame_seconds / calls * fewer)
+            frame_links.append(tuple((k, sec / calls * fewer) for k, sec in c.frame_link_seconds.items()))
+    return PhaseJob(
+        phase,
+        tuple(hop_s),
+        tuple(lat),
+        calls,
+        tuple(lanes),
+        tuple(links),
+        tuple(rates),
+        tuple(lat),
+        tuple(frame),
+        tuple(frame_links),
+    )
 
 
 def jobs_time(jobs: Sequence[PhaseJob], chunks: int, mode: str = "lanes") -> float:
     """The step's jobs one after another, each in ``chunks`` chunks as the issue mode runs them:
     pipelined on lanes ([Note: pipelined hops]), in ticks, or hop after hop on one lane."""
     if mode == "ticks":
-        return sum(j.calls * ticked_time(j.hop_s, chunks, j.tick_latency_s or j.latency_s, j.links) for j in jobs)
+        return sum(j.calls * ticked_time(j.hop_s, chunks, j.fixed_s(ticks=True), j.links, j.frame_links) for j in jobs)
     if mode == "one_lane":
-        return sum(j.calls * sequential_time(j.hop_s, [a * chunks for a in j.latency_s]) for j in jobs)
-    return sum(j.calls * pipelined_time(j.hop_s, chunks, j.latency_s) for j in jobs)
+        return sum(j.calls * sequential_time(j.hop_s, [a * chunks for a in j.fixed_s()]) for j in jobs)
+    return sum(j.calls * pipelined_time(j.hop_s, chunks, j.fixed_s()) for j in jobs)
 
 
 def choose_chunks(jobs: Sequence[PhaseJob], mode: str, max_chunks: int = MAX_PIPELINE_CHUNKS) -> int:

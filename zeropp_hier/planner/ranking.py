@@ -17,7 +17,7 @@ from .clusters import PHASES, ClusterModel
 from .cost import collective_cost, collectives
 from .memory_per_gcd import Memory, level_plan, memory
 from .pipeline import choose_chunks, jobs_time, phase_jobs
-from .tick_latency import exchange_factor
+from .tick_latency import exchange_factor, sends, sub_hops
 from .workload import Workload
 
 
@@ -39,6 +39,8 @@ class Prediction:
     chunks: int = 1
     pipelined_comm_s: float = 0.0
     mode: str = "lanes"  # the issue mode modelled (``issue_mode_of``)
+    # messages per step on each tier, whole cluster, every chunk (``comm_stats``' link_messages)
+    tier_messages: dict = field(default_factory=dict)
 
     @property
     def busiest_link(self) -> str:
@@ -123,6 +125,16 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
             extra = exchange_factor(n, cluster.hop_steps) - 1 if cc.coll.op != "all_gather" else 0.0
             for kind, sec in cc.link_seconds.items():
                 link_s[kind] += sec * extra
+    # every chunk's messages bring their framing ([Note: per-message framing] in clusters.py);
+    # a log-step hop sends fewer, larger messages: its sub-hops' sends over a direct hop's
+    tier_messages = dict.fromkeys(TIERS, 0.0)
+    for cc in costs:
+        n = topo.axes_size(cc.coll.axes)
+        fewer = _log_messages(n, cc.coll.op, cluster) if mode == "ticks" else 1.0
+        for kind, sec in cc.frame_link_seconds.items():
+            link_s[kind] = link_s.get(kind, 0.0) + sec * chunks * fewer
+        for t in TIERS:
+            tier_messages[t] += cc.tier_messages[t] * chunks * fewer
     pipelined = max(max(link_s.values(), default=0.0), jobs_time(jobs, chunks, mode))
     compute = cluster.compute_s if cluster.compute_s is not None else wl.flops_per_step / cluster.device_flops
     comm = sum(phase_s.values())
@@ -141,7 +153,17 @@ def predict(cand: Candidate, cluster: ClusterModel, wl: Workload) -> Prediction:
         chunks,
         pipelined,
         mode,
+        tier_messages,
     )
+
+
+def _log_messages(members: int, op: str, cluster: ClusterModel) -> float:
+    """A tick hop's messages per rank over a direct hop's ``members - 1``: 1 direct, fewer in
+    log steps (``tick_latency.sub_hops``' peers per sub-hop)."""
+    if members < 2:
+        return 1.0
+    kind = "exchange" if op != "all_gather" else "gather"
+    return sum(sends(h) for h in sub_hops(members, kind, cluster.library, cluster.hop_steps)) / (members - 1)
 
 
 def rank_key(p: Prediction) -> float:

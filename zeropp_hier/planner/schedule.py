@@ -420,16 +420,19 @@ def for_prediction(
         hops[job.phase] = [
             Hop(
                 lane,
-                t * job.calls,
+                # the framing of every call's messages in each chunk: time off the shared links'
+                # fair shares, paid per chunk ([Note: per-message framing] in clusters.py)
+                (t + f * pred.chunks) * job.calls,
                 a,
                 tuple((k, sec * job.calls) for k, sec in links) if shared_links else (),
                 rate if shared_links else 1.0,
             )
-            for lane, t, a, links, rate in zip(
+            for lane, t, a, f, links, rate in zip(
                 job.lanes,
                 job.hop_s,
                 # in ticks a hop pays one exchange step ([Note: tick latency] in pipeline.py)
                 job.tick_latency_s if mode == "ticks" and job.tick_latency_s else job.latency_s,
+                job.frame_s or (0.0,) * len(job.hop_s),
                 job.links,
                 job.rates,
             )

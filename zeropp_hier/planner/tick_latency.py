@@ -65,6 +65,12 @@ def sub_hops(members: int, kind: str, library: str, steps: str = tick_plan.AUTO)
     return out
 
 
+def sends(sub: SubHop) -> int:
+    """Messages a rank sends in a sub-hop: half its ops (every send of the tick's exchange
+    patterns has its receive), the count ``comm_stats`` keeps for a tick's transfers."""
+    return sub.ops // 2
+
+
 def exchange_factor(members: int, steps: str = tick_plan.AUTO) -> float:
     """Blocks a rank receives in an all-to-all in ticks over those of a direct one (1 direct;
     about ``(N/2) log2 N / (N - 1)`` in log steps)."""

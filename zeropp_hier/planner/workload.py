@@ -51,13 +51,15 @@ def gpt_workload(
     """A GPT as the planner sees it: 6 parameter groups per layer (ln1, qkv, proj, ln2, fc, out)
     plus embeddings and final norm; activations ~ 34*s*b*d*L bytes (2*s*b*d*L with checkpointing).
     ``prefetch_bucket``: DeepSpeed's ``stage3_prefetch_bucket_size`` (0: no prefetch), which
-    decides what backward need not gather again ([Note: the turn])."""
+    decides what backward need not gather again ([Note: the turn]) and how many collectives a
+    pass issues ([Note: collectives per pass])."""
     per_layer_act = (2 if activation_checkpointing else 34) * seq_len * micro_batch * d_model
     return Workload(
         params=params,
         tokens_per_gcd=seq_len * micro_batch,
         weight_bytes=weight_bytes,
-        gathers_per_pass=6 * layers + 3,
+        # [Note: collectives per pass]
+        gathers_per_pass=(layers + 3) if prefetch_bucket > 0 else 6 * layers + 3,
         largest_layer_params=max(4 * d_model * d_model, vocab * d_model),
         activation_bytes=per_layer_act * layers * weight_bytes / 2,
         layers=layers,
@@ -78,3 +80,18 @@ def gpt_workload(
 # bucket). With prefetch off (the job's ``regather``) nothing is held and backward gathers all.
 # The planner charges backward ``Workload.backward_share`` of the model; the schedule
 # ([Note: step schedule] in planner/schedule.py) runs backward's first layers without a gather.
+
+
+# [Note: collectives per pass]
+# ``gathers_per_pass`` counts the gather collectives of one pass: each pays its hops' latency and
+# its messages' framing ([Note: per-message framing] in clusters.py). Without prefetch DeepSpeed
+# fetches each module's parameters as the module runs: one call per parameter group, 6 per layer
+# plus the embedding, the final norm and the head (the recorded wire_links runs, prefetch off:
+# the messages ``comm_stats`` counted are the planner's exactly). With prefetch one DeepSpeed
+# call fetches several modules and the runtime makes one job per layer of it ([Note: a job per
+# layer] in deepspeed/inflight.py): at least one per layer and pass, plus the embedding, the final
+# norm and the head, which is what the planner counts. The recorded 8 x 1 x 2 and 2 x 4 x 2 runs
+# (base shape, prefetch 2.36M elements) issued 13 forward gathers per step where this counts 7
+# (``comm_stats``' message counts: 240 node messages per flat gather at 8 x 1 x 2, 60 at
+# 2 x 4 x 2, and 7 gradient buckets of 112 and 16): where DeepSpeed's prefetch splits a layer
+# over two calls the runtime issues more.
