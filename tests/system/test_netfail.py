@@ -32,12 +32,15 @@ from ..helpers import marked_processes
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK_SCRIPT = ["-m", "tests.system.netfail_rank"]  # run from the repository root, as a module
 SHAPE = dict(nodes=2, gpus_per_node=1, gcds_per_gpu=2)
-TIMEOUT_S = 20.0  # collective_timeout_s of these runs
+# collective_timeout_s of the uplink-down run, which waits it out on purpose: the shorter, the
+# sooner the test ends; 10 s is still 20 steps of this model (~0.5 s each; a few s on a loaded machine)
+TIMEOUT_S = 10.0
+LOSSY_TIMEOUT_S = 20.0  # the lossy run's: retransmissions may stall a collective, it must not time out
 # How long after the link goes down every rank must have ended: TIMEOUT_S, plus up to one step
 # before the wait that times out begins (~0.5 s; a few s on a loaded machine), plus the exit of
 # the rank that times out (interpreter and torch teardown: 3-9 s measured on a busy 2-core
 # machine) and of a rank behind it in a faster tier, which fails when that exit closes its
-# sockets. Measured: every rank ended 24-30 s after the link went down with TIMEOUT_S = 20.
+# sockets. Measured: every rank ended 24-30 s after the link went down with a timeout of 20 s.
 BOUND_S = TIMEOUT_S + 30.0
 LOSS_PCT = 10.0
 
@@ -56,9 +59,9 @@ def needs_root(test):
     return test
 
 
-def _config():
+def _config(timeout_s: float):
     cfg = ds_config("frontier", gpus_per_node=SHAPE["gpus_per_node"], gcds_per_gpu=SHAPE["gcds_per_gpu"])
-    cfg["zeropp_hier"]["collective_timeout_s"] = TIMEOUT_S
+    cfg["zeropp_hier"]["collective_timeout_s"] = timeout_s
     return cfg
 
 
@@ -133,7 +136,7 @@ def test_uplink_down_mid_step_fails_every_rank_with_named_tier_and_peers():
     spec = ClusterSpec.scaled(prefix=f"ztd{os.getpid() % 10000}", **SHAPE)
     topo = Topology(spec.nodes, spec.gpus_per_node, spec.gcds_per_gpu)
     mark = f"ZEROPP_NETFAIL_RUN={uuid.uuid4().hex}"
-    plan = {"config": _config(), "runs": ["down"], "steps": 3, "event_step": 1}
+    plan = {"config": _config(TIMEOUT_S), "runs": ["down"], "steps": 3, "event_step": 1}
     down = {}
 
     def on_event(label):
@@ -207,7 +210,7 @@ def test_lossy_uplink_slows_the_run_and_leaves_every_loss_unchanged():
 
     spec = ClusterSpec.scaled(prefix=f"ztl{os.getpid() % 10000}", **SHAPE)
     mark = f"ZEROPP_NETFAIL_RUN={uuid.uuid4().hex}"
-    plan = {"config": _config(), "runs": ["reference", "lossy"], "steps": 4}
+    plan = {"config": _config(LOSSY_TIMEOUT_S), "runs": ["reference", "lossy"], "steps": 4}
     retrans, seen = {}, {}
 
     def on_mark(label, _wire):
