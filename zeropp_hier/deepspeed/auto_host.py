@@ -1,0 +1,112 @@
+"""``auto``'s host probe: the issuing thread's seconds per collective call and per point-to-point
+op, and the device's quantize + dequantize rate, measured at initialize on the ranks themselves
+([Note: host term] in planner/host.py). Collective: every rank runs the same calls in the same
+order, from the training thread, on the default group.
+
+[Note: host probe]
+Three short bursts, each on every rank at once, so that ranks sharing cores (or a node's host)
+see each other as they will in the step; each figure is the slowest rank's (one all-reduce), so
+every rank ranks alike:
+
+1. ``HOST_REPS`` tiny all-gathers on the default group: seconds per collective call, as the one
+   lane issues them (on gloo the call also moves the bytes: the host's whole cost; on
+   NCCL/RCCL the host only enqueues, so the burst is timed without waiting for the device);
+2. ``HOST_REPS`` grouped point-to-point calls (``batch_isend_irecv``), each a send to the next
+   rank and a receive from the previous one: seconds per op, as a tick posts them;
+3. quantize + dequantize of ``QUANT_ELEMS`` elements on the device (after one untimed pass):
+   elements/s, the rate the link term charges (de)quantization at (cost.py).
+
+The world group is the one group every rank has before the runtime's exist; a collective over it
+spans more ranks than most hop groups, so on gloo (whose ring runs on the calling thread) the
+collective figure is an upper bound for the smaller groups. Cost: one warm-up call and
+``HOST_REPS`` calls of each kind plus one quantization pass; on the emulated cluster's 16 CPU
+ranks on 2 cores about 0.2 s, on a GPU node a few milliseconds (printed and recorded as
+``host.seconds``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..planner.host import HostRates
+
+HOST_REPS = 8
+TINY = 64  # elements per rank of the probe's messages: the per-op cost, not the bytes
+QUANT_ELEMS = 1 << 18
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _burst(fn, device: torch.device, reps: int, host_only: bool) -> float:
+    """Seconds per call of ``fn`` over ``reps`` calls after one warm-up, from a barrier; with
+    ``host_only`` the device is not waited for inside the burst (the host's enqueue time)."""
+    fn()
+    _sync(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+        if not host_only:
+            _sync(device)
+    t = time.perf_counter() - t0
+    _sync(device)
+    return t / reps
+
+
+def _quant_rate(device: torch.device) -> float:
+    from .. import quant
+
+    x = torch.randn(QUANT_ELEMS, device=device)
+    quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
+    _sync(device)
+    t0 = time.perf_counter()
+    quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
+    _sync(device)
+    return QUANT_ELEMS / max(time.perf_counter() - t0, 1e-9)
+
+
+def measure_host(device: torch.device, reps: int = HOST_REPS) -> tuple[HostRates, float, float]:
+    """([Note: host probe]) the slowest rank's seconds per collective and per point-to-point op,
+    the slowest rank's quantize + dequantize rate (elements/s), and the probe's own seconds.
+    Collective."""
+    t_start = time.perf_counter()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    host_only = device.type == "cuda"
+    coll_s = p2p_s = 0.0
+    if world > 1:
+        x = torch.ones(TINY, device=device)
+        y = torch.empty(TINY * world, device=device)
+        coll_s = _burst(lambda: dist.all_gather_into_tensor(y, x), device, reps, host_only)
+        send, got = torch.ones(TINY, device=device), torch.empty(TINY, device=device)
+        nxt, prev = (rank + 1) % world, (rank - 1) % world
+
+        def exchange() -> None:
+            ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, got, prev)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        p2p_s = _burst(exchange, device, reps, host_only) / 2
+    rate = _quant_rate(device)
+    # one all-reduce: the slowest rank's per-op times, and its quantization rate (as its negative)
+    t = torch.tensor([coll_s, p2p_s, -rate], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    coll_s, p2p_s, rate = float(t[0]), float(t[1]), -float(t[2])
+    took = time.perf_counter() - t_start
+    return HostRates(coll_s, p2p_s, f"measured at initialize ({took:.2f} s)"), rate, took
+
+
+def declared_host(values: tuple[tuple[str, float], ...]) -> tuple[HostRates, float]:
+    """``auto.host`` as declared (core/config.HOST_KEYS): the rates and the quantization rate."""
+    v = dict(values)
+    return HostRates(v["collective_us"] * 1e-6, v["p2p_op_us"] * 1e-6, "declared auto.host"), v[
+        "quant_melems_per_s"
+    ] * 1e6
+
+
+__all__ = ["HOST_REPS", "declared_host", "measure_host"]
