@@ -59,9 +59,11 @@ def compare_argv(
     configs: tuple[str, ...] = CONFIGS,
     unshaped_rounds: int | None = None,
     name: str = "compare_shapes",
+    prefix: str = "zms",
 ) -> list[str]:
     """benchmarks.compare's command line for one shape; ``unshaped_rounds``: only the unshaped
-    pass, that many rounds (``--unshaped-only``), written as ``<name>_<shape>.json``."""
+    pass, that many rounds (``--unshaped-only``), written as ``<name>_<shape>.json``; ``prefix``:
+    the emulated cluster's namespaces (another run on the machine may hold ``zms``)."""
     nodes, gpus = SHAPES[shape]
     base = os.path.join(out_dir, f"{name}_{shape}")
     common = list(COMMON)
@@ -79,7 +81,7 @@ def compare_argv(
         "--configs",
         ",".join(configs),
         "--prefix",
-        "zms",
+        prefix,
         "--out",
         base + ".json",
         "--png",
@@ -344,7 +346,7 @@ def run_unshaped(args, shapes: list[str]) -> int:
         from benchmarks.compare import run as compare
 
         for shape in shapes:
-            argv = compare_argv(shape, args.link_share, args.out_dir, configs, args.rounds, args.name)
+            argv = compare_argv(shape, args.link_share, args.out_dir, configs, args.rounds, args.name, args.prefix)
             rc = compare.main(argv)
             if rc:
                 return rc
@@ -376,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="with --unshaped-only: comma-separated")
     ap.add_argument("--rounds", type=int, default=1, help="with --unshaped-only: rounds of the unshaped pass")
     ap.add_argument("--name", default="compare_auto_unshaped", help="with --unshaped-only: the files' base name")
+    ap.add_argument("--prefix", default="zmu", help="with --unshaped-only: the emulated cluster's namespace prefix")
     args = ap.parse_args(argv)
     shapes = args.shapes.split(",")
     bad = [s for s in shapes if s not in SHAPES]

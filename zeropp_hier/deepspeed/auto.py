@@ -140,7 +140,7 @@ def _memory_per_gcd(device: torch.device, topo: Topology) -> float:
     return float(t)
 
 
-def _host(cfg: HierConfig, device: torch.device):
+def _host(cfg: HierConfig, topo: Topology, device: torch.device):
     """The host term's rates ([Note: host term] in planner/host.py): declared, measured now
     ([Note: host probe] in auto_host.py), or None where ``auto.host`` is false; the device's
     quantization rate (the constant of old where the host term is off); the probe's seconds."""
@@ -151,7 +151,7 @@ def _host(cfg: HierConfig, device: torch.device):
 
     if declared is not None:
         return (*declared_host(declared), 0.0)
-    return measure_host(device)
+    return measure_host(device, topo)
 
 
 def resolve(
@@ -172,7 +172,7 @@ def resolve(
     t0 = time.perf_counter()
     rates, source = _rates(cfg, topo, rank, device)
     memory = _memory_per_gcd(device, topo)
-    host, quant_rate, host_probe_s = _host(cfg, device)
+    host, quant_rate, host_probe_s = _host(cfg, topo, device)
     named = list(module.named_parameters())
     numel = [getattr(p, "ds_numel", p.numel()) for _, p in named]
     width = named[0][1].element_size() if named else 2

@@ -11,15 +11,17 @@ every rank ranks alike:
 1. ``HOST_REPS`` tiny all-gathers on the default group: seconds per collective call, as the one
    lane issues them (on gloo the call also moves the bytes: the host's whole cost; on
    NCCL/RCCL the host only enqueues, so the burst is timed without waiting for the device);
-2. ``HOST_REPS`` grouped point-to-point calls (``batch_isend_irecv``), each a send to the next
-   rank and a receive from the previous one: seconds per op, as a tick posts them;
+2. ``TICK_REPS`` tick streams of ``TICK_CHUNKS`` chunks of tiny gathers, one hop per tier of
+   more than one rank, driven by the tick mode's own driver and transport (``tick_job``,
+   ``TickTransport`` on the default group): seconds per point-to-point op as a tick posts them,
+   the driver's Python per slot and per tick included (the whole stream's time over its ops);
 3. quantize + dequantize of ``QUANT_ELEMS`` elements on the device (after one untimed pass):
    elements/s, the rate the link term charges (de)quantization at (cost.py).
 
 The world group is the one group every rank has before the runtime's exist; a collective over it
 spans more ranks than most hop groups, so on gloo (whose ring runs on the calling thread) the
 collective figure is an upper bound for the smaller groups. Cost: one warm-up call and
-``HOST_REPS`` calls of each kind plus one quantization pass; on the emulated cluster's 16 CPU
+``HOST_REPS`` collectives, ``TICK_REPS`` tick streams, one quantization pass; on the emulated cluster's 16 CPU
 ranks on 2 cores about 0.2 s, on a GPU node a few milliseconds (printed and recorded as
 ``host.seconds``).
 """
@@ -31,9 +33,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..core.topology import Topology
+from ..core.vocab import TIERS
 from ..planner.host import HostRates
 
 HOST_REPS = 8
+TICK_REPS = 2
+TICK_CHUNKS = 4
 TINY = 64  # elements per rank of the probe's messages: the per-op cost, not the bytes
 QUANT_ELEMS = 1 << 18
 
@@ -71,7 +77,37 @@ def _quant_rate(device: torch.device) -> float:
     return QUANT_ELEMS / max(time.perf_counter() - t0, 1e-9)
 
 
-def measure_host(device: torch.device, reps: int = HOST_REPS) -> tuple[HostRates, float, float]:
+def _tick_op_s(topo: Topology, rank: int, device: torch.device, host_only: bool) -> float:
+    """Seconds per point-to-point op of tick streams run by the tick mode's driver ([Note: host
+    probe], 2.): a hop per tier of more than one rank, on the default group."""
+    from ..comm.collectives import Wire
+    from ..comm.groups import HopGroup
+    from ..comm.job import Job, Move
+    from ..comm.stats import CommStats
+    from ..comm.ticks import TickTransport, tick_job
+
+    world = dist.group.WORLD
+    assert world is not None  # initialised: the caller ran collectives on it
+    hops = [HopGroup((t,), world, topo.peers(rank, (t,)), None, None) for t in TIERS if topo.axes_size((t,)) > 1]
+    transport = TickTransport(world, rank, topo, CommStats(topo, rank))
+    transport.log = []
+    x = torch.ones(TINY, device=device)
+
+    def chunk() -> Job[None]:
+        for hg in hops:
+            yield Move(hg.axes)
+            yield Wire("gather", hg, x, "other_gather")
+
+    def stream() -> None:
+        for _ in tick_job(transport, [chunk() for _ in range(TICK_CHUNKS)], [[hg.axes for hg in hops]] * TICK_CHUNKS):
+            pass  # each step of the driver is one tick, run here on this thread
+
+    seconds = _burst(stream, device, TICK_REPS, host_only)
+    ops = sum((out > 0) + (got > 0) for _, _, moved in transport.log for _, out, got in moved)
+    return seconds * (TICK_REPS + 1) / ops if ops else 0.0  # the log holds the warm-up stream too
+
+
+def measure_host(device: torch.device, topo: Topology, reps: int = HOST_REPS) -> tuple[HostRates, float, float]:
     """([Note: host probe]) the slowest rank's seconds per collective and per point-to-point op,
     the slowest rank's quantize + dequantize rate (elements/s), and the probe's own seconds.
     Collective."""
@@ -83,15 +119,7 @@ def measure_host(device: torch.device, reps: int = HOST_REPS) -> tuple[HostRates
         x = torch.ones(TINY, device=device)
         y = torch.empty(TINY * world, device=device)
         coll_s = _burst(lambda: dist.all_gather_into_tensor(y, x), device, reps, host_only)
-        send, got = torch.ones(TINY, device=device), torch.empty(TINY, device=device)
-        nxt, prev = (rank + 1) % world, (rank - 1) % world
-
-        def exchange() -> None:
-            ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, got, prev)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-
-        p2p_s = _burst(exchange, device, reps, host_only) / 2
+        p2p_s = _tick_op_s(topo, rank, device, host_only)
     rate = _quant_rate(device)
     # one all-reduce: the slowest rank's per-op times, and its quantization rate (as its negative)
     t = torch.tensor([coll_s, p2p_s, -rate], dtype=torch.float64, device=device)

@@ -16,14 +16,17 @@ Each costs the host a measured time (``HostRates``: seconds per collective call 
 point-to-point op, measured at initialize on the ranks themselves, all at once, the slowest
 rank's: deepspeed/auto_host.py), so ``host_s = collectives * collective_s + p2p_ops * p2p_op_s``.
 (De)quantization is not here: it is the device's work, already in the link term at the device's
-rate (cost.py), on the CPU measured with the host probe.
+rate (cost.py), which ``auto`` measures with the host probe. On gloo the link term's latency is
+the probe's small all-gathers, themselves partly host time: where the links are unshaped the two
+terms overlap in what they count, and the sum overstates a collective's cost.
 
 How the host's time meets the links' (``combine``) follows how the issue modes run
 (comm/issue.py, comm/executor.py, comm/ticks.py):
 
 * gloo: a collective and a tick's grouped call run on the calling host thread and return when
   the bytes have moved (``work.wait()`` waits on the host), so the thread's own work and the
-  transfers alternate: ``"sum"``;
+  transfers alternate: ``"sum"`` (gloo's lanes are a thread per hop group, but they share the
+  interpreter's lock and the cores, so their ops are counted as one thread's);
 * RCCL in one lane is serial: the thread issues a collective only after the previous one has
   completed on the device (a host wait), so again ``"sum"``;
 * NCCL/RCCL otherwise (ticks, NCCL's one lane): the thread enqueues and moves on (``wait()``
