@@ -223,3 +223,27 @@ def test_unshaped_summary_names_the_faster_fixed_preset_and_autos_prediction():
         argv[argv.index("--out") + 1] == "/tmp/x/name_2x4x2.json"
         and argv[argv.index("--configs") + 1] == "zeropp,auto"
     )
+
+
+def test_gloo_charges_a_collective_its_ring_steps_and_drops_the_link_latency():
+    # gloo runs a ring's k - 1 steps on the calling thread: zero3's world gather over 16 ranks is
+    # 15 steps, zeropp's node-level backward over 8 is 7; the probe timed a ring of ``ring_steps``
+    cl, wl = _cluster(), _wl()
+    p = P.predict(_cand("zero3"), dataclasses.replace(cl, issue_mode="one_lane"), wl)
+    work = P.host_work(p.costs, 1, "one_lane", cl, wl)
+    k = cl.topology.world_size
+    want = sum(
+        n * (2 if c.coll.op == "reduce_scatter" else 1) * (k - 1)
+        for c in p.costs
+        for n in [P.jobs_per_phase(wl)[c.coll.phase]]
+    )
+    assert work.collective_steps == want
+    rates = P.HostRates(0.015, 0.0, "probe", ring_steps=15)
+    assert P.host_seconds(work, rates) == pytest.approx(want * 0.001)
+    # a device library launches a collective in one call, whatever its group
+    assert P.host_seconds(work, rates._replace(ring_steps=0)) == pytest.approx(work.collectives * 0.015)
+    # on gloo the host term holds the fixed costs: the ranking prices the links without latency
+    by = {q.candidate.name: q for q in _ranked(cl, wl, rates)}
+    assert by["zero3"].latency_s == 0.0 and _ranked(cl, wl, None)[0].latency_s > 0.0
+    rccl = dataclasses.replace(cl, library="rccl")
+    assert all(q.latency_s > 0.0 for q in _ranked(rccl, wl, rates))

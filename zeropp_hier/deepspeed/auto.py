@@ -300,6 +300,7 @@ def _rank_on_this_rank(
         else {
             "collective_s": host.collective_s,
             "p2p_op_s": host.p2p_op_s,
+            "ring_steps": host.ring_steps,
             "quant_rate": quant_rate,
             "source": host.source,
             "seconds": host_probe_s,
@@ -334,7 +335,9 @@ def _rank_on_this_rank(
     host_s = (
         "host term off (auto.host false)"
         if host is None
-        else f"host {host.collective_s * 1e6:.4g} us per collective, {host.p2p_op_s * 1e6:.4g} us per "
+        else f"host {host.collective_s * 1e6:.4g} us per collective"
+        + (f" of {host.ring_steps} ring steps" if host.ring_steps else "")
+        + f", {host.p2p_op_s * 1e6:.4g} us per "
         f"point-to-point op, quantization {quant_rate / 1e6:.4g} M elem/s ({host.source})"
     )
     lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); {host_s}; predicted per step ({ranks}):"]

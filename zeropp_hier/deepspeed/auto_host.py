@@ -18,9 +18,10 @@ every rank ranks alike:
 3. quantize + dequantize of ``QUANT_ELEMS`` elements on the device (after one untimed pass):
    elements/s, the rate the link term charges (de)quantization at (cost.py).
 
-The world group is the one group every rank has before the runtime's exist; a collective over it
-spans more ranks than most hop groups, so on gloo (whose ring runs on the calling thread) the
-collective figure is an upper bound for the smaller groups. Cost: one warm-up call and
+The world group is the one group every rank has before the runtime's exist; on gloo, whose ring
+runs its steps on the calling thread, the figure is taken per ring step (``ring_steps``: the
+world less one) and a hop group of ``k`` ranks is charged ``k - 1`` of them; NCCL/RCCL launch a
+collective in one call whatever its group. Cost: one warm-up call and
 ``HOST_REPS`` collectives, ``TICK_REPS`` tick streams, one quantization pass; on the emulated cluster's 16 CPU
 ranks on 2 cores about 0.2 s, on a GPU node a few milliseconds (printed and recorded as
 ``host.seconds``).
@@ -126,7 +127,9 @@ def measure_host(device: torch.device, topo: Topology, reps: int = HOST_REPS) ->
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     coll_s, p2p_s, rate = float(t[0]), float(t[1]), -float(t[2])
     took = time.perf_counter() - t_start
-    return HostRates(coll_s, p2p_s, f"measured at initialize ({took:.2f} s)"), rate, took
+    # gloo runs the world's ring on the calling thread: world - 1 steps in the call timed
+    steps = world - 1 if dist.get_backend() == "gloo" else 0
+    return HostRates(coll_s, p2p_s, f"measured at initialize ({took:.2f} s)", steps), rate, took
 
 
 def declared_host(values: tuple[tuple[str, float], ...]) -> tuple[HostRates, float]:

@@ -32,7 +32,7 @@ from .clusters import (
     with_probed_tiers,
 )
 from .cost import Collective, CollectiveCost, collective_cost, collectives, link_loads
-from .host import HostRates, HostWork, combine_of, host_seconds, host_work, jobs_per_phase
+from .host import HostRates, HostWork, combine_of, host_seconds, host_work, jobs_per_phase, without_latency
 from .memory_per_gcd import CHUNK_STAGING_COPIES, Memory, fit_advice, level_plan, memory, pipeline_staging
 from .pipeline import (
     PhaseJob,
@@ -83,6 +83,7 @@ __all__ = [
     "host_work",
     "jobs_per_phase",
     "with_host",
+    "without_latency",
     "best_chunks",
     "choose_chunks",
     "collective_cost",

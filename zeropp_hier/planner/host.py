@@ -14,11 +14,15 @@ layer and pass, backward's held layers excepted, one per gradient bucket) and ev
 
 Each costs the host a measured time (``HostRates``: seconds per collective call and per
 point-to-point op, measured at initialize on the ranks themselves, all at once, the slowest
-rank's: deepspeed/auto_host.py), so ``host_s = collectives * collective_s + p2p_ops * p2p_op_s``.
+rank's: deepspeed/auto_host.py), so ``host_s = collectives * collective_s + p2p_ops * p2p_op_s``;
+on gloo, whose ring runs its steps on the calling thread, a collective over ``k`` ranks costs
+``k - 1`` steps at the probe's seconds per step (``collective_steps``).
 (De)quantization is not here: it is the device's work, already in the link term at the device's
-rate (cost.py), which ``auto`` measures with the host probe. On gloo the link term's latency is
-the probe's small all-gathers, themselves partly host time: where the links are unshaped the two
-terms overlap in what they count, and the sum overstates a collective's cost.
+rate (cost.py), which ``auto`` measures with the host probe. On gloo a collective's fixed cost
+per step is the calling thread's own work, which the host term measures on the ranks as they
+run; the link probe's intercept (a 2-point fit, which on shaped links is a token bucket's burst
+and TCP's window) would count it again, so there the link term is priced without latency
+(``without_latency``) and keeps the bytes and the (de)quantization.
 
 How the host's time meets the links' (``combine``) follows how the issue modes run
 (comm/issue.py, comm/executor.py, comm/ticks.py):
@@ -36,9 +40,10 @@ How the host's time meets the links' (``combine``) follows how the issue modes r
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import NamedTuple
 
-from .clusters import PHASES, ClusterModel
+from .clusters import PHASES, ClusterModel, TierLink
 from .tick_latency import sub_hops
 from .workload import Workload
 
@@ -51,6 +56,9 @@ class HostRates(NamedTuple):
     collective_s: float  # one collective call on a hop group, issued and (gloo) completed
     p2p_op_s: float  # one point-to-point op of a grouped call (a tick's send or receive)
     source: str = ""
+    # gloo: the ring steps of the collective ``collective_s`` timed (the probe's group size less
+    # one), whose messages the calling thread runs one by one; 0: one launch per collective
+    ring_steps: int = 0
 
 
 class HostWork(NamedTuple):
@@ -60,6 +68,7 @@ class HostWork(NamedTuple):
     p2p_ops: int
     ticks: int
     jobs: int
+    collective_steps: int = 0  # the collectives' ring steps (gloo's reduce-scatter: two rings)
 
 
 def jobs_per_phase(wl: Workload) -> dict[str, int]:
@@ -79,7 +88,7 @@ def host_work(costs, chunks: int, mode: str, cluster: ClusterModel, wl: Workload
     """The ops one step issues for a prediction's collectives (``Prediction.costs``) in ``chunks``
     chunks and issue mode ``mode`` ([Note: host term])."""
     jobs = jobs_per_phase(wl)
-    collectives = p2p = ticks = n_jobs = 0
+    collectives = p2p = ticks = n_jobs = steps = 0
     for phase in PHASES:
         hops = [c.coll for c in costs if c.coll.phase == phase]
         if not hops:
@@ -88,6 +97,9 @@ def host_work(costs, chunks: int, mode: str, cluster: ClusterModel, wl: Workload
         n_jobs += n
         if mode != "ticks":
             collectives += n * chunks * len(hops)
+            for coll in hops:  # as cost.py counts a collective's steps
+                k = cluster.topology.axes_size(coll.axes)
+                steps += n * chunks * (2 if coll.op == "reduce_scatter" and cluster.library == "gloo" else 1) * (k - 1)
             continue
         subs = 0
         ops = 0
@@ -99,12 +111,24 @@ def host_work(costs, chunks: int, mode: str, cluster: ClusterModel, wl: Workload
             ops += sum(s.ops for s in parts)
         p2p += n * chunks * ops
         ticks += n * (chunks + subs - 1)
-    return HostWork(collectives, p2p, ticks, n_jobs)
+    return HostWork(collectives, p2p, ticks, n_jobs, steps)
 
 
 def host_seconds(work: HostWork, rates: HostRates) -> float:
-    """The issuing thread's seconds per step at ``rates`` ([Note: host term])."""
-    return work.collectives * rates.collective_s + work.p2p_ops * rates.p2p_op_s
+    """The issuing thread's seconds per step at ``rates`` ([Note: host term]): on gloo each
+    collective costs its ring steps at the probe's seconds per step, elsewhere one call each."""
+    if rates.ring_steps:
+        coll = work.collective_steps * rates.collective_s / rates.ring_steps
+    else:
+        coll = work.collectives * rates.collective_s
+    return coll + work.p2p_ops * rates.p2p_op_s
+
+
+def without_latency(cluster: ClusterModel) -> ClusterModel:
+    """``cluster`` with no per-collective latency on its links: on gloo the host term's measured
+    seconds per ring step and per op are that cost, taken on the ranks as they run ([Note: host
+    term]), so the link term keeps the bytes and the (de)quantization alone."""
+    return replace(cluster, tiers={t: TierLink(v.bandwidth, 0.0) for t, v in cluster.tiers.items()})
 
 
 def combine_of(library: str, mode: str) -> str:
@@ -120,4 +144,14 @@ def combined(link_s: float, host_s: float, how: str) -> float:
     return link_s + host_s if how == "sum" else max(link_s, host_s)
 
 
-__all__ = ["COMBINE", "HostRates", "HostWork", "combine_of", "combined", "host_seconds", "host_work", "jobs_per_phase"]
+__all__ = [
+    "COMBINE",
+    "HostRates",
+    "HostWork",
+    "combine_of",
+    "combined",
+    "host_seconds",
+    "host_work",
+    "jobs_per_phase",
+    "without_latency",
+]

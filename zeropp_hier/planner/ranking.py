@@ -16,7 +16,7 @@ from ..core.vocab import TIERS
 from .candidates import Candidate, default_candidates
 from .clusters import PHASES, ClusterModel
 from .cost import collective_cost, collectives
-from .host import HostRates, HostWork, combine_of, combined, host_seconds, host_work
+from .host import HostRates, HostWork, combine_of, combined, host_seconds, host_work, without_latency
 from .memory_per_gcd import Memory, level_plan, memory
 from .pipeline import choose_chunks, jobs_time, phase_jobs
 from .tick_latency import exchange_factor
@@ -190,6 +190,8 @@ def rank_auto(
     ``clusters``: a cluster per candidate name (its issue mode resolved from the job's
     ``overlap``), in place of ``cluster``."""
     on = {c.name: (clusters or {}).get(c.name, cluster) for c in candidates}
+    if host is not None:  # on gloo the host term holds the per-step fixed costs ([Note: host term])
+        on = {n: without_latency(cl) if combine_of(cl.library, "ticks") == "sum" else cl for n, cl in on.items()}
     if host is None:
         preds = [predict(c, on[c.name], wl) for c in candidates]
     else:
