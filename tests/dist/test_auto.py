@@ -93,10 +93,11 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
     assert res[0]["frontier_rates"]["auto"]["source"] == "declared tier_gbps"
     assert res[0]["frontier_rates"]["auto"]["seconds"] < res[0]["probed"]["auto"]["seconds"]
     # slow links: a compressed layout with a kept copy (for this tiny model the planner prefers
-    # zeropp's flat int4 gradient stage on gloo); links so fast that quantizing costs more than
-    # it saves: no compression (zero3)
+    # zeropp's flat int4 gradient stage on gloo); Frontier's rates: this tiny model's bytes take
+    # microseconds, and the host's work decides ([Note: auto ranks communication and host work])
     assert res[0]["frontier_ratios"]["auto"]["preset"] in ("zeropp", "frontier")
-    assert res[0]["frontier_rates"]["auto"]["chosen"] == "zero3"
+    fast = res[0]["frontier_rates"]["auto"]["ranking"]
+    assert all(c["predicted_host_s"] > c["predicted_link_s"] for c in fast), fast
 
 
 def test_auto_refuses_a_compression_section_and_foreign_keys():
