@@ -247,3 +247,14 @@ def test_gloo_charges_a_collective_its_ring_steps_and_drops_the_link_latency():
     assert by["zero3"].latency_s == 0.0 and _ranked(cl, wl, None)[0].latency_s > 0.0
     rccl = dataclasses.replace(cl, library="rccl")
     assert all(q.latency_s > 0.0 for q in _ranked(rccl, wl, rates))
+
+
+def test_host_probe_memory_at_9408_nodes_is_bounded():
+    # [Scale] what the probe holds grows with the world (its all-gather's output): at Frontier's
+    # 9,408 nodes x 4 x 2 it stays under 32 MB of fp32 per rank
+    from zeropp_hier.core.topology import Topology
+    from zeropp_hier.deepspeed.auto_host import QUANT_ELEMS, TINY, probe_elements
+
+    big = probe_elements(Topology(9408, 4, 2))
+    assert TINY * 9408 * 8 < big < 8 * 2**20
+    assert probe_elements(Topology(2, 4, 2)) < QUANT_ELEMS + TINY * 200

@@ -45,6 +45,14 @@ TINY = 64  # elements per rank of the probe's messages: the per-op cost, not the
 QUANT_ELEMS = 1 << 18
 
 
+def probe_elements(topo: Topology) -> int:
+    """Most elements the host probe holds on one rank at once ([Note: host probe]): the world
+    all-gather's output (it grows with the world: 4.8 M at 9,408 nodes x 8 GCDs), the chunks' gather
+    buffers (a row per member of each hop), the quantization's input. Pure."""
+    hops = sum(topo.axes_size((t,)) for t in TIERS if topo.axes_size((t,)) > 1)
+    return TINY * (1 + topo.world_size) + TICK_CHUNKS * TINY * (1 + hops) + QUANT_ELEMS
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -140,4 +148,4 @@ def declared_host(values: tuple[tuple[str, float], ...]) -> tuple[HostRates, flo
     ] * 1e6
 
 
-__all__ = ["HOST_REPS", "declared_host", "measure_host"]
+__all__ = ["HOST_REPS", "declared_host", "measure_host", "probe_elements"]
