@@ -72,7 +72,12 @@ if TYPE_CHECKING:
 # sharing 2 cores, where ``frontier``'s ticks post many small transfers and the host binds; on a
 # GPU node the Python of one thread per GCD, which binds where the links are fast and the
 # pieces small. Compute does not enter: it is the same for every candidate. ``"host": false``
-# ranks communication alone, as before the host term.
+# ranks communication alone, as before the host term. The workload counts a job per layer and
+# pass and DeepSpeed's own gradient and prefetch buckets (the engine passes them), as the
+# runtime runs them. With the links unshaped on the emulated cluster it ranked every candidate in
+# one chunk and chose ``zero3`` three times of four, faster than both fixed presets; once, at
+# 2 x 4 x 2, ``frontier`` in one chunk, 1.36x ``zeropp`` (docs/benchmarks.md, "auto with its host
+# term"): the probe leaves a chunk's local work out ([Note: host probe]).
 RANKS = (
     "communication and host work: the links' time and the issuing thread's (collectives and "
     "point-to-point ops at measured per-op seconds), added where the thread waits for each transfer; "

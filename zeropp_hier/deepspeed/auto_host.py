@@ -21,10 +21,13 @@ every rank ranks alike:
 The world group is the one group every rank has before the runtime's exist; on gloo, whose ring
 runs its steps on the calling thread, the figure is taken per ring step (``ring_steps``: the
 world less one) and a hop group of ``k`` ranks is charged ``k - 1`` of them; NCCL/RCCL launch a
-collective in one call whatever its group. Cost: one warm-up call and
-``HOST_REPS`` collectives, ``TICK_REPS`` tick streams, one quantization pass; on the emulated cluster's 16 CPU
-ranks on 2 cores about 0.2 s, on a GPU node a few milliseconds (printed and recorded as
-``host.seconds``).
+collective in one call whatever its group. Cost: one warm-up call and ``HOST_REPS``
+collectives, ``TICK_REPS`` tick streams, one quantization pass: 0.49-0.65 s for the emulated
+cluster's 16 CPU ranks on 2 loaded cores (docs/benchmarks.md); on a GPU node the same calls are
+tiny launches, expected to take milliseconds but not yet measured (printed and recorded as
+``host.seconds``). What it leaves out: a real chunk's local work (encode, decode, copies of its
+rows) beside the driver; on the emulated cluster a tick op cost the step about 1.6-1.9x what the
+probe measured.
 """
 
 from __future__ import annotations
