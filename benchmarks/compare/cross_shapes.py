@@ -3,6 +3,8 @@
     sudo python -m benchmarks.compare.cross_shapes                    # both shapes (~1 hour on 2 cores)
     sudo python -m benchmarks.compare.cross_shapes --shapes 8x1x2     # one
     python -m benchmarks.compare.cross_shapes --table-only            # the tables from the recorded files
+    sudo python -m benchmarks.compare.cross_shapes --unshaped-only --configs zeropp,frontier,auto --rounds 2
+                                                                      # links unshaped only (auto's host term)
 
 For each shape (``8x1x2``: 8 nodes x 1 package x 2 GCDs, a node group of 8; ``2x4x2``: Frontier's
 node shape at 2 nodes) one ``benchmarks.compare`` run: the fair fight's settings (bf16, micro-batch
@@ -51,12 +53,26 @@ COMMON = [
 PHASES = ("forward_gather", "backward_gather", "grad_reduce")
 
 
-def compare_argv(shape: str, link_share: float, out_dir: str = RESULTS) -> list[str]:
-    """benchmarks.compare's command line for one shape."""
+def compare_argv(
+    shape: str,
+    link_share: float,
+    out_dir: str = RESULTS,
+    configs: tuple[str, ...] = CONFIGS,
+    unshaped_rounds: int | None = None,
+    name: str = "compare_shapes",
+    prefix: str = "zms",
+) -> list[str]:
+    """benchmarks.compare's command line for one shape; ``unshaped_rounds``: only the unshaped
+    pass, that many rounds (``--unshaped-only``), written as ``<name>_<shape>.json``; ``prefix``:
+    the emulated cluster's namespaces (another run on the machine may hold ``zms``)."""
     nodes, gpus = SHAPES[shape]
-    base = os.path.join(out_dir, f"compare_shapes_{shape}")
+    base = os.path.join(out_dir, f"{name}_{shape}")
+    common = list(COMMON)
+    if unshaped_rounds is not None:
+        common[common.index("--rounds") + 1] = str(unshaped_rounds)
+        common += ["--unshaped-only"]
     return [
-        *COMMON,
+        *common,
         "--nodes",
         str(nodes),
         "--gpus-per-node",
@@ -64,9 +80,9 @@ def compare_argv(shape: str, link_share: float, out_dir: str = RESULTS) -> list[
         "--link-share",
         f"{link_share:g}",
         "--configs",
-        ",".join(CONFIGS),
+        ",".join(configs),
         "--prefix",
-        "zms",
+        prefix,
         "--out",
         base + ".json",
         "--png",
@@ -270,17 +286,129 @@ def summarize_files(paths: dict[str, str]) -> dict:
     return out
 
 
+def unshaped_rows(rec: dict) -> dict:
+    """An ``--unshaped-only`` run of one shape: per configuration its step times and median, the
+    machine's load; what ``auto`` chose and, per candidate it ranked, its predicted link and
+    host seconds and their combination ([Note: host term] in zeropp_hier/planner/host.py)."""
+    un = rec["summary"].get("unshaped", {})
+    steps = {n: d["median_step_s"] for n, d in un.items()}
+    fixed = {n: t for n, t in steps.items() if n != "auto"}
+    autos = [
+        {
+            "chosen": a["chosen"],
+            "chunks": a.get("chunks"),
+            "host": a.get("host"),
+            "ranks": a.get("ranks"),
+            "ranking": a.get("ranking", []),
+        }
+        for a in un.get("auto", {}).get("auto", [])
+    ]
+    return {
+        "steps": steps,
+        "step_times": {n: d["step_times"] for n, d in un.items()},
+        "load_1min": {n: _load(rec, "unshaped", n) for n in un},
+        "faster_fixed": min(fixed, key=lambda n: fixed[n]) if fixed else None,
+        "auto": autos,
+        "auto_over_best_fixed": steps["auto"] / min(fixed.values()) if "auto" in steps and fixed else None,
+    }
+
+
+def unshaped_markdown(summary: dict) -> list[str]:
+    """The tables of an ``--unshaped-only`` run: measured steps and auto's choice per shape, then
+    per shape and round what auto predicted for each candidate."""
+    lines = [
+        "| shape | configuration | steps s (median) | load (1 min) |",
+        "|---|---|---|---|",
+    ]
+    for shape, s in summary.items():
+        for n, t in s["steps"].items():
+            times = ", ".join(f"{x:.2f}" for x in s["step_times"][n])
+            load = "/".join(f"{x:g}" for x in s["load_1min"][n] or [])
+            lines.append(f"| {shape} | `{n}` | {times} (**{t:.2f}**) | {load or '-'} |")
+    lines += [
+        "",
+        "| shape | faster fixed | `auto` chose | `auto` / best fixed |",
+        "|---|---|---|---|",
+    ]
+    for shape, s in summary.items():
+        chose = ", ".join(f"`{a['chosen']}` ({a['chunks']} chunks)" for a in s["auto"]) or "-"
+        lines.append(f"| {shape} | `{s['faster_fixed']}` | {chose} | {_num(s['auto_over_best_fixed'], '.3f')} |")
+    lines += [
+        "",
+        "| shape | round | candidate | issue mode | chunks | links s | host s | combined | predicted s |"
+        " collectives / p2p ops / ticks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape, s in summary.items():
+        for i, a in enumerate(s["auto"]):
+            for c in a["ranking"]:
+                w = c.get("host_work") or {}
+                work = f"{w.get('collectives', '-')} / {w.get('p2p_ops', '-')} / {w.get('ticks', '-')}"
+                lines.append(
+                    f"| {shape} | {i} | `{c['name']}` | {c.get('issue_mode', '-')} | {c.get('chunks', '-')} | "
+                    f"{_num(c.get('predicted_link_s'), '.3f')} | {_num(c.get('predicted_host_s'), '.3f')} | "
+                    f"{c.get('combine') or '-'} | {_num(c.get('predicted_s'), '.3f')} | {work} |"
+                )
+    hosts = [(shape, i, a["host"]) for shape, s in summary.items() for i, a in enumerate(s["auto"]) if a["host"]]
+    if hosts:
+        lines += ["", "| shape | round | us per collective | us per p2p op | quantization M elem/s | host probe s |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for shape, i, h in hosts:
+            lines.append(
+                f"| {shape} | {i} | {h['collective_s'] * 1e6:.0f} | {h['p2p_op_s'] * 1e6:.0f} | "
+                f"{h['quant_rate'] / 1e6:.1f} | {h['seconds']:.2f} |"
+            )
+    return lines
+
+
+def run_unshaped(args, shapes: list[str]) -> int:
+    """``--unshaped-only``: one ``benchmarks.compare`` run per shape of the unshaped pass alone,
+    then ``<name>.json`` and ``<name>.md`` from their files."""
+    configs = tuple(args.configs.split(","))
+    if not args.table_only:
+        from benchmarks.compare import run as compare
+
+        for shape in shapes:
+            argv = compare_argv(shape, args.link_share, args.out_dir, configs, args.rounds, args.name, args.prefix)
+            rc = compare.main(argv)
+            if rc:
+                return rc
+    summary = {}
+    for shape in shapes:
+        path = os.path.join(args.out_dir, f"{args.name}_{shape}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                summary[shape] = {**unshaped_rows(json.load(f)), "file": os.path.basename(path)}
+    text = "\n".join(unshaped_markdown(summary))
+    print(text)
+    write_json_atomic(os.path.join(args.out_dir, f"{args.name}.json"), summary, indent=1)
+    with open(os.path.join(args.out_dir, f"{args.name}.md"), "w") as f:
+        f.write(text + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from {list(SHAPES)}")
     ap.add_argument("--link-share", type=float, default=0.15, help="benchmarks.compare --link-share")
     ap.add_argument("--table-only", action="store_true", help="only rebuild the tables from the recorded files")
     ap.add_argument("--out-dir", default=RESULTS)
+    ap.add_argument(
+        "--unshaped-only",
+        action="store_true",
+        help="only the unshaped pass of --configs, --rounds rounds, into <--name>_<shape>.json and <--name>.json/.md",
+    )
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="with --unshaped-only: comma-separated")
+    ap.add_argument("--rounds", type=int, default=1, help="with --unshaped-only: rounds of the unshaped pass")
+    ap.add_argument("--name", default="compare_auto_unshaped", help="with --unshaped-only: the files' base name")
+    ap.add_argument("--prefix", default="zmu", help="with --unshaped-only: the emulated cluster's namespace prefix")
     args = ap.parse_args(argv)
     shapes = args.shapes.split(",")
     bad = [s for s in shapes if s not in SHAPES]
     if bad:
         ap.error(f"--shapes {','.join(bad)}: use names from {list(SHAPES)}")
+    if args.unshaped_only:
+        return run_unshaped(args, shapes)
     if not args.table_only:
         from benchmarks.compare import run as compare
 

@@ -12,6 +12,21 @@ from benchmarks.compare.shapes import DEFAULT_SHAPE
 from benchmarks.compare.variants import ORDER, VARIANTS, issue_mode_label
 from zeropp_hier.core.vocab import TIERS
 
+# what the summary keeps of each candidate ``auto`` ranked (the first four always)
+AUTO_RANKING_KEYS = (
+    "name",
+    "predicted_comm_s",
+    "predicted_pipelined_s",
+    "link_bound_s",
+    "predicted_link_s",
+    "predicted_host_s",
+    "predicted_s",
+    "combine",
+    "host_work",
+    "chunks",
+    "issue_mode",
+)
+
 
 def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) -> dict:
     """Per configuration and phase: median step time (slowest rank per step), wire and
@@ -41,10 +56,13 @@ def summarize(results: list, wire: dict, plan: dict, links: dict | None = None) 
                     "runner_up": auto["runner_up"],
                     "rates_gbps": auto["rates_gbps"],
                     "chunks": auto.get("chunks"),
-                    # what it predicted for each candidate, and what it ranks on
+                    # what it predicted for each candidate, and what it ranks on ([Note: host
+                    # term] in zeropp_hier/planner/host.py: the host's rates, and per candidate
+                    # its link and host seconds and their combination)
                     "ranks": auto.get("ranks"),
+                    "host": auto.get("host"),
                     "ranking": [
-                        {k: c.get(k) for k in ("name", "predicted_comm_s", "predicted_pipelined_s", "link_bound_s")}
+                        {k: c.get(k) for k in AUTO_RANKING_KEYS if k in c or AUTO_RANKING_KEYS.index(k) < 4}
                         for c in auto.get("ranking", [])
                     ],
                 }

@@ -81,6 +81,11 @@ def main(argv=None) -> int:
     raw = args.out.removesuffix(".json") + ".raw.json"  # removed once the report is written
     with open(raw, "w") as f:
         json.dump({"plan": plan, "results": results, "wire": wire, "links": links, "regime": regime}, f)
+    if args.unshaped_only:
+        record_unshaped(args, plan, notes, results, wire, links, regime, t_start)
+        os.remove(raw)
+        print(f"\nwrote {args.out} ({time.time() - t_start:.0f} s)")
+        return 0
     summary = record(args, plan, spec, notes, probe, results, wire, links, regime, t_start)
     os.remove(raw)
     bar_chart(summary, args.png, args.shape, issue_mode_label(plan))
@@ -124,6 +129,12 @@ def parse_args(argv) -> argparse.Namespace:
         help="the GPT-NeoX shape every configuration trains (benchmarks/compare/shapes.py)",
     )
     ap.add_argument("--no-unshaped", action="store_true", help="skip the unshaped (CPU-bound) pass")
+    ap.add_argument(
+        "--unshaped-only",
+        action="store_true",
+        help="only the unshaped pass, --rounds rounds of --steps steps: no shaped phase, calibration, probe, "
+        "planner predictions or chart (the record holds the plan, the summary and the machine's load)",
+    )
     ap.add_argument(
         "--no-probe", action="store_true", help="skip the link probe: the planner takes the tbf rates (a shorter run)"
     )
@@ -185,6 +196,10 @@ def parse_args(argv) -> argparse.Namespace:
         )
     if not 0 < args.link_share < 1:
         ap.error(f"--link-share must be in (0, 1), got {args.link_share:g}")
+    if args.unshaped_only and args.no_unshaped:
+        ap.error("--unshaped-only and --no-unshaped leave nothing to run: drop one")
+    if args.unshaped_only:  # no shaped phase: nothing to calibrate or probe
+        args.regime, args.no_probe = "cpu-bound", True
     calibrating = args.regime == "link-bound"
     if args.node_mbit is None:
         args.node_mbit = DEFAULT_NODE_MBIT  # link-bound: the calibration's placeholder (unshaped)
@@ -248,7 +263,9 @@ def build_plan(args: argparse.Namespace, spec: ClusterSpec, quant_problem: str |
             for n, c in configs(spec.gcds_per_node, quant_problem is None).items()
             if n in (args.configs.split(",") if args.configs else DEFAULT)
         },
-        "phases": [{"name": "shaped", "rounds": args.rounds}]
+        "phases": [{"name": "unshaped", "rounds": args.rounds, "steps": args.steps}]
+        if args.unshaped_only
+        else [{"name": "shaped", "rounds": args.rounds}]
         + ([] if args.no_unshaped else [{"name": "unshaped", "rounds": 1, "steps": 2}]),
     }
     plan["preset_compression"] = preset_compression(c["preset"] for c in plan["configs"].values() if "preset" in c)
@@ -416,6 +433,32 @@ def record(
         indent=1,
     )
     return summary
+
+
+def record_unshaped(
+    args: argparse.Namespace, plan: dict, notes: list, results: list, wire: dict, links: dict, regime: dict, t_start
+) -> None:
+    """``--unshaped-only``: the summary of the unshaped pass (steps, bytes, what ``auto`` chose
+    and predicted), printed per configuration and written to ``--out``; no planner beside it."""
+    summary = summarize(results, wire, plan, links)
+    rates = next(r["quant_rate_per_rank"] for r in results if "quant_rate_per_rank" in r)
+    notes.insert(0, "Links unshaped throughout (--unshaped-only): the step is the ranks' CPU work on shared cores.")
+    for name, d in summary.get("unshaped", {}).items():
+        chosen = f" (auto chose {d['auto'][0]['chosen']})" if d.get("auto") else ""
+        times = ", ".join(f"{t:.2f}" for t in d["step_times"])
+        print(f"{name:<16} median {d['median_step_s']:.2f} s per step ({times}){chosen}")
+    write_json_atomic(
+        args.out,
+        {
+            "plan": plan,
+            "summary": summary,
+            "notes": notes,
+            "quant_rate_per_rank": rates,
+            "regime": regime,
+            "wall_s": time.time() - t_start,
+        },
+        indent=1,
+    )
 
 
 def calibrate(spec: ClusterSpec, plan: dict, share: float, on_mark, links: dict, log) -> dict:

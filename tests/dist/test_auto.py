@@ -57,8 +57,25 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
         assert len(choices) == 1, f"{name}: ranks chose differently: {choices}"
         rec = res[0][name]["auto"]
         assert rec["ranking"][0]["name"] == rec["chosen"] and rec["runner_up"] is not None
-        # it says what it weighed ([Note: auto ranks communication])
-        assert rec["ranks"].startswith("communication only"), rec["ranks"]
+        # it says what it weighed ([Note: auto ranks communication and host work])
+        assert rec["ranks"].startswith("communication and host work"), rec["ranks"]
+        # the host term, measured on the ranks (every rank got the same record: the slowest
+        # rank's figures); each candidate's key is its links' time plus its host's (gloo waits)
+        host = rec["host"]
+        assert host["collective_s"] > 0 and host["p2p_op_s"] > 0 and host["quant_rate"] > 0, host
+        assert host["source"].startswith("measured at initialize")
+        for c in rec["ranking"]:
+            assert c["combine"] == "sum" and c["predicted_s"] == pytest.approx(
+                c["predicted_link_s"] + c["predicted_host_s"]
+            )
+            # gloo: a collective costs its ring steps at the probe's seconds per step (world - 1 timed)
+            assert host["ring_steps"] == 7
+            w = c["host_work"]
+            ops = w["collective_steps"] * host["collective_s"] / 7 + w["p2p_ops"] * host["p2p_op_s"]
+            assert c["predicted_host_s"] == pytest.approx(ops) and ops > 0
+        assert [c["predicted_s"] for c in rec["ranking"] if c["fits"]] == sorted(
+            c["predicted_s"] for c in rec["ranking"] if c["fits"]
+        )
         # and each candidate's bytes per tier, the why of a choice (the network's, printed)
         assert all(set(c["tier_bytes"]) == {"gcd", "gpu", "node"} for c in rec["ranking"])
         assert all(sum(c["tier_bytes"].values()) > 0 for c in rec["ranking"])
@@ -76,10 +93,11 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
     assert res[0]["frontier_rates"]["auto"]["source"] == "declared tier_gbps"
     assert res[0]["frontier_rates"]["auto"]["seconds"] < res[0]["probed"]["auto"]["seconds"]
     # slow links: a compressed layout with a kept copy (for this tiny model the planner prefers
-    # zeropp's flat int4 gradient stage on gloo); links so fast that quantizing costs more than
-    # it saves: no compression (zero3)
+    # zeropp's flat int4 gradient stage on gloo); Frontier's rates: this tiny model's bytes take
+    # microseconds, and the host's work decides ([Note: auto ranks communication and host work])
     assert res[0]["frontier_ratios"]["auto"]["preset"] in ("zeropp", "frontier")
-    assert res[0]["frontier_rates"]["auto"]["chosen"] == "zero3"
+    fast = res[0]["frontier_rates"]["auto"]["ranking"]
+    assert all(c["predicted_host_s"] > c["predicted_link_s"] for c in fast), fast
 
 
 def test_auto_refuses_a_compression_section_and_foreign_keys():
@@ -197,3 +215,17 @@ def test_auto_ranks_each_candidate_in_the_issue_mode_it_would_run(world4):
     # gloo's own default (overlap true): every candidate on lanes
     res = world4.run(resolve_counting, section, False)
     assert {e["issue_mode"] for e in res[0]["record"]["ranking"]} == {"lanes"}
+
+
+def test_declared_host_rates_skip_the_host_probe_and_host_false_ranks_communication_alone(world4):
+    section = _auto(tier_gbps={"gcd": 0.016, "gpu": 0.004, "node": 0.001})["zeropp_hier"]
+    declared = {"collective_us": 40, "p2p_op_us": 8, "quant_melems_per_s": 100}
+    res = world4.run(resolve_counting, {**section, "auto": {**section["auto"], "host": declared}}, False)
+    host = res[0]["record"]["host"]
+    assert host["source"] == "declared auto.host" and host["seconds"] == 0.0
+    assert (host["collective_s"], host["p2p_op_s"], host["quant_rate"]) == pytest.approx((40e-6, 8e-6, 1e8))
+    assert all(r["record"] == res[0]["record"] for r in res)
+    res = world4.run(resolve_counting, {**section, "auto": {**section["auto"], "host": False}}, False)
+    off = res[0]["record"]
+    assert off["host"] is None and off["ranks"].startswith("communication only")
+    assert all(c["predicted_host_s"] == 0.0 and c["host_work"] is None for c in off["ranking"])

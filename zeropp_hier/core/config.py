@@ -114,6 +114,34 @@ class AutoConfig:
     probe_file: str | None = None
     tier_gbps: tuple[tuple[str, float], ...] | None = None  # ((tier, GB/s per GCD), ...)
     probe_kb: int = 256  # the probe's larger message per tier (the smaller is 1/16 of it)
+    # the host term ([Note: host term] in planner/host.py): measured at initialize (None), declared
+    # ((key, value), ...) in HOST_KEYS' units, or left out of the ranking (False)
+    host: tuple[tuple[str, float], ...] | None | Literal[False] = None
+
+
+# ``auto.host``'s declared values: per collective call and per point-to-point op (microseconds of
+# the issuing thread), and the device's quantize + dequantize rate (M elements/s per GCD)
+HOST_KEYS = ("collective_us", "p2p_op_us", "quant_melems_per_s")
+
+
+def _parse_auto_host(h: object, field: str) -> tuple[tuple[str, float], ...] | None | Literal[False]:
+    if h is None or h is False:
+        return h
+    fix = (
+        "give false (rank communication only), or every one of "
+        + ", ".join(f'"{k}"' for k in HOST_KEYS)
+        + ' as a positive number (e.g. {"collective_us": 40, "p2p_op_us": 8, "quant_melems_per_s": 50000}), '
+        "or leave it out to measure them at initialize"
+    )
+    if h is True:
+        raise HierConfigError(field, h, fix)
+    m = check_mapping(h, field)
+    check_keys(m, HOST_KEYS, field)
+    for k in HOST_KEYS:
+        x = m.get(k)
+        if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x < float("inf"):
+            raise HierConfigError(f"{field}.{k}", x, fix)
+    return tuple((k, float(m[k])) for k in HOST_KEYS)  # type: ignore[arg-type]  # checked above
 
 
 def _parse_auto(v: object, preset: Preset) -> AutoConfig:
@@ -123,7 +151,7 @@ def _parse_auto(v: object, preset: Preset) -> AutoConfig:
     if preset != "auto":
         raise HierConfigError(field, v, 'only "preset": "auto" reads it; remove it or set the preset to "auto"')
     d = check_mapping(v, field)
-    check_keys(d, ("probe_file", "tier_gbps", "probe_kb"), field)
+    check_keys(d, ("probe_file", "tier_gbps", "probe_kb", "host"), field)
     pf = d.get("probe_file")
     if pf is not None and (not isinstance(pf, str) or not pf):
         raise HierConfigError(
@@ -151,7 +179,8 @@ def _parse_auto(v: object, preset: Preset) -> AutoConfig:
     kb = d.get("probe_kb", 256)
     if not is_int(kb) or not 16 <= kb <= 65536:
         raise HierConfigError(f"{field}.probe_kb", kb, "use an integer number of KB from 16 to 65536 (default 256)")
-    return AutoConfig(probe_file=pf, tier_gbps=tiers, probe_kb=kb)
+    host = _parse_auto_host(d.get("host"), f"{field}.host")
+    return AutoConfig(probe_file=pf, tier_gbps=tiers, probe_kb=kb, host=host)
 
 
 @dataclass(frozen=True, kw_only=True)

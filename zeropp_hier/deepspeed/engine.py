@@ -79,7 +79,16 @@ class HierEngine(DeepSpeedEngine):
 
                 topo = topology_for(cfg, dist.get_world_size())
                 device = torch.device(get_accelerator().current_device_name())
-                cfg, auto_record = resolve(cfg, self.module, topo, dist.get_rank(), device)
+                zc = getattr(getattr(self, "_config", None), "zero_config", None)  # DeepSpeed's buckets
+                cfg, auto_record = resolve(
+                    cfg,
+                    self.module,
+                    topo,
+                    dist.get_rank(),
+                    device,
+                    reduce_bucket=getattr(zc, "reduce_bucket_size", None),
+                    prefetch_bucket=getattr(zc, "prefetch_bucket_size", None),
+                )
                 # the topology found (or detected) once: the runtime must not detect it again
                 found = dataclasses.replace(
                     cfg.topology,

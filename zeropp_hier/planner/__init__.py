@@ -10,6 +10,7 @@ building on the ones before it:
 * ``cost``: the collectives a candidate issues and their time on the links;
 * ``pipeline``: hops pipelined in chunks, and the chunk count;
 * ``memory_per_gcd``: memory per GCD by part;
+* ``host``: the issuing thread's work per step and how it meets the links' time;
 * ``ranking``: one predicted step per candidate, and the ranking;
 * ``schedule``: the step replayed as its dependencies and lanes allow;
 * ``tables``: every table printed for people (the job's and the planner's).
@@ -31,6 +32,7 @@ from .clusters import (
     with_probed_tiers,
 )
 from .cost import Collective, CollectiveCost, collective_cost, collectives, link_loads
+from .host import HostRates, HostWork, combine_of, host_seconds, host_work, jobs_per_phase, without_latency
 from .memory_per_gcd import CHUNK_STAGING_COPIES, Memory, fit_advice, level_plan, memory, pipeline_staging
 from .pipeline import (
     PhaseJob,
@@ -44,6 +46,7 @@ from .pipeline import (
 )
 from .ranking import (
     Prediction,
+    auto_key,
     issue_mode_of,
     one_tier_plan,
     predict,
@@ -52,6 +55,7 @@ from .ranking import (
     rank_key,
     ratio,
     resolved_issue_mode,
+    with_host,
 )
 from .workload import Workload, gpt_workload
 
@@ -64,6 +68,8 @@ __all__ = [
     "ClusterModel",
     "ProbedTiers",
     "Collective",
+    "HostRates",
+    "HostWork",
     "CollectiveCost",
     "Memory",
     "PhaseJob",
@@ -71,6 +77,13 @@ __all__ = [
     "TierLink",
     "Workload",
     "auto_candidates",
+    "auto_key",
+    "combine_of",
+    "host_seconds",
+    "host_work",
+    "jobs_per_phase",
+    "with_host",
+    "without_latency",
     "best_chunks",
     "choose_chunks",
     "collective_cost",

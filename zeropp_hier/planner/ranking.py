@@ -5,16 +5,18 @@ the candidates ranked: fitting first, then fastest (``rank``), or by what ``auto
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from ..comm.issue import IssueMode, one_tier_hops, resolve_issue_mode
 from ..core import levels
+from ..core.config import MAX_PIPELINE_CHUNKS
 from ..core.plan import make_plan
 from ..core.vocab import TIERS
 from .candidates import Candidate, default_candidates
 from .clusters import PHASES, ClusterModel
 from .cost import collective_cost, collectives
+from .host import HostRates, HostWork, combine_of, combined, host_seconds, host_work, without_latency
 from .memory_per_gcd import Memory, level_plan, memory
 from .pipeline import choose_chunks, jobs_time, phase_jobs
 from .tick_latency import exchange_factor, sends, sub_hops
@@ -41,6 +43,11 @@ class Prediction:
     mode: str = "lanes"  # the issue mode modelled (``issue_mode_of``)
     # messages per step on each tier, whole cluster, every chunk (``comm_stats``' link_messages)
     tier_messages: dict = field(default_factory=dict)
+    # [Note: host term] in host.py: what the issuing thread issues per step, its seconds at the
+    # rates ``rank_auto`` was given (0 without), and how they meet the links' time
+    host_work: HostWork | None = None
+    host_s: float = 0.0
+    combine: str = "max"
 
     @property
     def busiest_link(self) -> str:
@@ -173,6 +180,19 @@ def rank_key(p: Prediction) -> float:
     return p.comm_s if p.mode == "one_lane" else p.pipelined_comm_s
 
 
+def auto_key(p: Prediction) -> float:
+    """What ``auto`` minimises with a host term ([Note: host term] in host.py): ``rank_key`` (the
+    links) and the issuing thread's seconds, added where the thread waits for each transfer,
+    the longer of the two where it issues ahead; ``rank_key`` where no host rates were given."""
+    return combined(rank_key(p), p.host_s, p.combine)
+
+
+def with_host(p: Prediction, cluster: ClusterModel, wl: Workload, rates: HostRates) -> Prediction:
+    """``p`` with its host work, seconds and combination at ``rates`` ([Note: host term])."""
+    work = host_work(p.costs, p.chunks, p.mode, cluster, wl)
+    return replace(p, host_work=work, host_s=host_seconds(work, rates), combine=combine_of(cluster.library, p.mode))
+
+
 def rank(cluster: ClusterModel, wl: Workload, candidates: Sequence[Candidate] | None = None) -> list[Prediction]:
     """Every candidate, fitting ones first, fastest first."""
     preds = [predict(c, cluster, wl) for c in (candidates or default_candidates(cluster))]
@@ -184,14 +204,36 @@ def rank_auto(
     wl: Workload,
     candidates: Sequence[Candidate],
     clusters: Mapping[str, ClusterModel] | None = None,
+    host: HostRates | None = None,
 ) -> list[Prediction]:
     """``auto``'s ranking: fitting first, then by ``rank_key`` ([Note: busiest-link bound] in
-    pipeline.py), each candidate in its issue mode (``issue_mode_of``). ``clusters``: a cluster
-    per candidate name (its issue mode resolved from the job's ``overlap``), in place of
-    ``cluster``."""
+    pipeline.py), each candidate in its issue mode (``issue_mode_of``); with ``host`` rates by
+    ``auto_key``, the links' time and the issuing thread's ([Note: host term] in host.py).
+    ``clusters``: a cluster per candidate name (its issue mode resolved from the job's
+    ``overlap``), in place of ``cluster``."""
     on = {c.name: (clusters or {}).get(c.name, cluster) for c in candidates}
-    preds = [predict(c, on[c.name], wl) for c in candidates]
-    return sorted(preds, key=lambda p: (not p.memory.fits, rank_key(p)))
+    if host is not None:  # on gloo the host term holds the per-step fixed costs ([Note: host term])
+        on = {n: without_latency(cl) if combine_of(cl.library, "ticks") == "sum" else cl for n, cl in on.items()}
+    if host is None:
+        preds = [predict(c, on[c.name], wl) for c in candidates]
+    else:
+        preds = [_with_host_chunks(c, on[c.name], wl, host) for c in candidates]
+    return sorted(preds, key=lambda p: (not p.memory.fits, auto_key(p)))
+
+
+def _with_host_chunks(cand: Candidate, cluster: ClusterModel, wl: Workload, host: HostRates) -> Prediction:
+    """``cand`` with its host term; where the planner chooses its chunks and they overlap hops
+    (lanes, ticks), the count that minimises ``auto_key`` (fitting first, smallest on a tie):
+    each chunk is more ops for the issuing thread ([Note: host term] in host.py), which the
+    links' own choice (``choose_chunks``) does not see."""
+    if cand.chunks is not None or issue_mode_of(cand, cluster) == "one_lane":
+        return with_host(predict(cand, cluster, wl), cluster, wl, host)
+    tries = [
+        with_host(predict(cand._replace(chunks=c), cluster, wl), cluster, wl, host)
+        for c in range(1, MAX_PIPELINE_CHUNKS + 1)
+    ]
+    best = min(tries, key=lambda p: (not p.memory.fits, auto_key(p), p.chunks))
+    return replace(best, candidate=cand)
 
 
 def ratio(preds: Iterable[Prediction], slow: str, fast: str) -> float:
