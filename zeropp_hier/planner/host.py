@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from .clusters import PHASES, ClusterModel, TierLink
+from .cost import CollectiveCost
 from .tick_latency import sub_hops
 from .workload import Workload
 
@@ -84,7 +85,9 @@ def jobs_per_phase(wl: Workload) -> dict[str, int]:
     }
 
 
-def host_work(costs, chunks: int, mode: str, cluster: ClusterModel, wl: Workload) -> HostWork:
+def host_work(
+    costs: Sequence[CollectiveCost], chunks: int, mode: str, cluster: ClusterModel, wl: Workload
+) -> HostWork:
     """The ops one step issues for a prediction's collectives (``Prediction.costs``) in ``chunks``
     chunks and issue mode ``mode`` ([Note: host term])."""
     jobs = jobs_per_phase(wl)
