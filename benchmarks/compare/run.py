@@ -418,21 +418,15 @@ def record(
     )
     text = report(summary, pred, {"notes": notes, "issue_mode": issue_mode_label(plan)})
     print(text)
-    write_json_atomic(
-        args.out,
-        {
-            "plan": plan,
-            "summary": summary,
-            "predictions": pred,
-            "probe": probe,
-            "notes": notes,
-            "quant_rate_per_rank": rates,
-            "regime": regime,
-            "wall_s": time.time() - t_start,
-        },
-        indent=1,
-    )
+    _write(args.out, plan, summary, notes, rates, regime, t_start, predictions=pred, probe=probe)
     return summary
+
+
+def _write(out: str, plan: dict, summary: dict, notes: list, rates, regime: dict, t_start: float, **extra) -> None:
+    """A run's record: the plan, the summary and what the run measured beside it (``extra``: the
+    planner's predictions and the probe, where the run has them)."""
+    record = {"plan": plan, "summary": summary, **extra, "notes": notes, "quant_rate_per_rank": rates}
+    write_json_atomic(out, {**record, "regime": regime, "wall_s": time.time() - t_start}, indent=1)
 
 
 def record_unshaped(
@@ -447,18 +441,7 @@ def record_unshaped(
         chosen = f" (auto chose {d['auto'][0]['chosen']})" if d.get("auto") else ""
         times = ", ".join(f"{t:.2f}" for t in d["step_times"])
         print(f"{name:<16} median {d['median_step_s']:.2f} s per step ({times}){chosen}")
-    write_json_atomic(
-        args.out,
-        {
-            "plan": plan,
-            "summary": summary,
-            "notes": notes,
-            "quant_rate_per_rank": rates,
-            "regime": regime,
-            "wall_s": time.time() - t_start,
-        },
-        indent=1,
-    )
+    _write(args.out, plan, summary, notes, rates, regime, t_start)
 
 
 def calibrate(spec: ClusterSpec, plan: dict, share: float, on_mark, links: dict, log) -> dict:

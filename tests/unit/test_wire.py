@@ -148,6 +148,18 @@ def _recorded():
     return [(f.name, json.loads(f.read_text())) for f in files]
 
 
+def _plan_of(d: dict) -> dict:
+    """The benchmark's plan for a recorded wire_links run, rebuilt from its file."""
+    from benchmarks.compare import wire_links
+
+    topo = d["topology"]
+    args = wire_links.parse_args(
+        ["--nodes", str(topo["nodes"]), "--gpus-per-node", str(topo["gpus_per_node"])]
+        + ["--gcds-per-gpu", str(topo["gcds_per_gpu"]), "--steps", str(d["steps"])]
+    )
+    return wire_links.cluster_and_plan(args, "not needed: no stock configuration")[1]
+
+
 def test_recorded_link_view_is_within_5_percent_of_the_wire_counters():
     """The runs of benchmarks/compare/wire_links.py (each file names its command): comm_stats' link view
     against the emulated cluster's interface counters less one header per packet ([Note: headers
@@ -179,12 +191,7 @@ def test_recorded_runs_agree_with_the_planner_that_uses_the_same_model():
     from benchmarks.compare import wire_links
 
     for name, d in _recorded():
-        topo = d["topology"]
-        args = wire_links.parse_args(
-            ["--nodes", str(topo["nodes"]), "--gpus-per-node", str(topo["gpus_per_node"])]
-            + ["--gcds-per-gpu", str(topo["gcds_per_gpu"]), "--steps", str(d["steps"])]
-        )
-        _, plan = wire_links.cluster_and_plan(args, "not needed: no stock configuration")
+        plan = _plan_of(d)
         now = wire_links.planner_bytes(plan, d["configs"])
         for cfg, row in d["configs"].items():
             for tier in ("gcd", "gpu", "node"):
@@ -257,12 +264,7 @@ def test_the_planner_counts_the_messages_comm_stats_counted():
     from benchmarks.compare import wire_links
 
     for name, d in _recorded():
-        topo = d["topology"]
-        args = wire_links.parse_args(
-            ["--nodes", str(topo["nodes"]), "--gpus-per-node", str(topo["gpus_per_node"])]
-            + ["--gcds-per-gpu", str(topo["gcds_per_gpu"]), "--steps", str(d["steps"])]
-        )
-        _, plan = wire_links.cluster_and_plan(args, "not needed: no stock configuration")
+        plan = _plan_of(d)
         assert not plan["prefetch_bucket"]
         pred = wire_links.predictions(plan, None, 1.0, 1e9, list(d["configs"]))
         for cfg, row in d["configs"].items():
