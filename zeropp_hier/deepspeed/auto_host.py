@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from ..core.topology import Topology
 from ..core.vocab import TIERS
+from ..detect.links import device_sync, timed
 from ..planner.host import HostRates
 
 HOST_REPS = 8
@@ -56,37 +57,24 @@ def probe_elements(topo: Topology) -> int:
     return TINY * (1 + topo.world_size) + TICK_CHUNKS * TINY * (1 + hops) + QUANT_ELEMS
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _burst(fn, device: torch.device, reps: int, host_only: bool) -> float:
     """Seconds per call of ``fn`` over ``reps`` calls after one warm-up, from a barrier; with
     ``host_only`` the device is not waited for inside the burst (the host's enqueue time)."""
+    sync = device_sync(device)
     fn()
-    _sync(device)
+    sync()
     dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-        if not host_only:
-            _sync(device)
-    t = time.perf_counter() - t0
-    _sync(device)
-    return t / reps
+    seconds = timed(fn, (lambda: None) if host_only else sync, reps, warmup=0)
+    sync()
+    return seconds
 
 
 def _quant_rate(device: torch.device) -> float:
     from .. import quant
 
     x = torch.randn(QUANT_ELEMS, device=device)
-    quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
-    _sync(device)
-    t0 = time.perf_counter()
-    quant.dequantize(quant.quantize(x, 8, 256), torch.float32)
-    _sync(device)
-    return QUANT_ELEMS / max(time.perf_counter() - t0, 1e-9)
+    seconds = timed(lambda: quant.dequantize(quant.quantize(x, 8, 256), torch.float32), device_sync(device), 1)
+    return QUANT_ELEMS / max(seconds, 1e-9)
 
 
 def _tick_op_s(topo: Topology, rank: int, device: torch.device, host_only: bool) -> float:
