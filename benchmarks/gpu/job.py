@@ -263,7 +263,7 @@ def run_env(device: str, port: int) -> dict:
 
 def run_job(args: list[str], run_dir: Path, device: str, timeout: float) -> dict:
     """Run the job once; its rows, summary and wall time, or the error and the log's tail."""
-    from zeropp_hier.launch.world import free_port
+    from zeropp_hier.launch.ports import free_port
 
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "job.log"

@@ -58,6 +58,22 @@ zh_stage_env() {
   ZH_PY=("$LOCAL_ENV/bin/python" -P)
 }
 
+# The rendezvous port of job $1 ([Note: ports below the ephemeral range] in zeropp_hier/launch/ports.py):
+# below this host's ephemeral range ($2, or the first port of net.ipv4.ip_local_port_range), where
+# srun's and slurmstepd's own sockets cannot take it; 64 ports short of it, for compare.sbatch's steps.
+# Run on the batch host and exported, so every rank gets the one port.
+zh_master_port() {
+  local job=$1 low=${2:-} base=20000 span
+  [[ -n "$low" ]] || read -r low _ < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
+  (( low - 64 - base >= 256 )) || base=1024
+  span=$((low - 64 - base))
+  if (( span < 256 )); then
+    echo "zh_master_port: net.ipv4.ip_local_port_range starts at $low: fewer than 256 ports below it for the rendezvous; set ZH_MASTER_PORT to a port no process on the first node uses" >&2
+    return 1
+  fi
+  echo $((base + job % span))
+}
+
 # The environment the ranks inherit, for the job log (and for checking a rendered job).
 zh_show_env() {
   echo "--- environment for the ranks ---"

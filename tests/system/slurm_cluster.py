@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from zeropp_hier.launch.world import free_port
+from zeropp_hier.launch.ports import free_port
 
 PACKAGES = ("slurm-wlm", "munge")
 

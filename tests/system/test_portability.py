@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.launch.world import free_port
+from zeropp_hier.launch.ports import free_port
 
 from .processes import cpu_env, rank_env, run_all
 

@@ -44,7 +44,7 @@ from zeropp_hier.app.data import tokens as data
 from zeropp_hier.app.data.tokens import stdlib_files
 from zeropp_hier.app.longrun import chain
 from zeropp_hier.deepspeed import checkpoint
-from zeropp_hier.launch.world import free_port
+from zeropp_hier.launch.ports import free_port
 
 from .slurm_cluster import LocalSlurm
 

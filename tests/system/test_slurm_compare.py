@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zeropp_hier.launch.world import free_port
+from zeropp_hier.launch.ports import free_port
 
 from .slurm_cluster import LocalSlurm
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from zeropp_hier.launch.world import LocalWorld, WorldError, free_port
+from zeropp_hier.launch.ports import free_port
+from zeropp_hier.launch.world import LocalWorld, WorldError
 
 from .processes import rank_env, run_all
 

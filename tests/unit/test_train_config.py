@@ -6,6 +6,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from zeropp_hier.app.launch import launcher_env
+from zeropp_hier.launch.ports import job_port
 from zeropp_hier.app.spec import MODELS, JobSpec
 from zeropp_hier.app.train import spec_from_config
 
@@ -112,7 +113,7 @@ def test_launcher_env_under_srun():
         "LOCAL_RANK": "1",
         "LOCAL_SIZE": "4",
         "MASTER_ADDR": "cn07",
-        "MASTER_PORT": str(20000 + 123456 % 20000),
+        "MASTER_PORT": str(job_port(123456)),  # below the ephemeral range
     }
     # --gpus-per-task=1: the one visible GCD is device 0 for DeepSpeed, whatever the local id
     assert launcher_env(SRUN, gpus_visible=1)["LOCAL_RANK"] == "0"

@@ -17,6 +17,7 @@ from ..core.config import hier_config_from_ds
 from ..core.errors import HierConfigError
 from ..detect.hardware import fp16_unsupported_reason
 from ..detect.slurm_env import expand_hostlist, slurm_task
+from ..launch.ports import job_port
 from ..launch.rendezvous import init_distributed
 from ..launch.shm_hygiene import release_deepspeed_shm
 from ..launch.world import LocalWorld
@@ -50,7 +51,7 @@ def launcher_env(env: Mapping[str, str], gpus_visible: int) -> dict | None:
     if "MASTER_ADDR" not in env:
         out["MASTER_ADDR"] = nodes[0]
     if "MASTER_PORT" not in env:
-        out["MASTER_PORT"] = str(20000 + job % 20000)
+        out["MASTER_PORT"] = str(job_port(job))  # [Note: ports below the ephemeral range]
     return out
 
 

@@ -25,13 +25,14 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import socket
 import sys
 import time
 import traceback
 import uuid
 from datetime import timedelta
 from typing import Any, Callable, cast
+
+from .ports import free_port
 
 # What a preloading world's fork server imports once ([Note: preloaded ranks]): torch, DeepSpeed,
 # the Muon optimizer that DeepSpeed's ZeRO-3 optimizer imports when each rank builds its first
@@ -45,12 +46,6 @@ _PRELOAD = (
     "deepspeed.runtime.zero.muon.muon_optimizer",
     "transformers.models.gpt_neox.modeling_gpt_neox",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
