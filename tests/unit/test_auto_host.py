@@ -250,11 +250,36 @@ def test_gloo_charges_a_collective_its_ring_steps_and_drops_the_link_latency():
 
 
 def test_host_probe_memory_at_9408_nodes_is_bounded():
-    # [Scale] what the probe holds grows with the world (its all-gather's output): at Frontier's
-    # 9,408 nodes x 4 x 2 it stays under 32 MB of fp32 per rank
+    # [Scale] what the probe holds grows with the world (its all-gather's output, the tick pieces'
+    # bucket of a few blocks per rank): at Frontier's 9,408 nodes x 4 x 2 it stays under 0.2 GB of
+    # fp32 per rank (an MI250X GCD has 64 GB), all freed before the runtime is built
     from zeropp_hier.core.topology import Topology
-    from zeropp_hier.deepspeed.auto_host import QUANT_ELEMS, TINY, probe_elements
+    from zeropp_hier.deepspeed.auto_host import PIECE_COPIES, PROBE_BLOCK, QUANT_ELEMS, TICK_CHUNKS, TINY, probe_elements
 
+    world = 9408 * 8
     big = probe_elements(Topology(9408, 4, 2))
-    assert TINY * 9408 * 8 < big < 8 * 2**20
-    assert probe_elements(Topology(2, 4, 2)) < QUANT_ELEMS + TINY * 200
+    assert TINY * world + PIECE_COPIES * TICK_CHUNKS * PROBE_BLOCK * world < big < 0.2e9 / 4
+    assert probe_elements(Topology(2, 4, 2)) < QUANT_ELEMS + 10_000
+
+
+def test_the_probes_plan_changes_the_block_alone():
+    # the tick pieces run the frontier plan with the kernels' smallest block: the same hops,
+    # schemes and kept levels, so the same calls per chunk and hop
+    from zeropp_hier.core.config import parse_section
+    from zeropp_hier.core.plan import make_plan
+    from zeropp_hier.core.topology import Topology
+    from zeropp_hier.deepspeed.auto_host import PROBE_BLOCK, probe_plan
+    from zeropp_hier.quant._checks import MIN_BLOCK
+
+    assert PROBE_BLOCK == MIN_BLOCK
+    topo = Topology(2, 4, 2)
+    plan = make_plan("frontier", parse_section({"enabled": True, "preset": "frontier"}).compression, topo)
+    cut = probe_plan(plan)
+
+    def shape(hops):
+        return [(h.axes, h.scheme, h.error_feedback) for h in hops]
+
+    for a, b in [(plan.forward, cut.forward), (plan.backward, cut.backward), (plan.reduce, cut.reduce)]:
+        assert shape(a) == shape(b) and {h.block_size for h in b} == {PROBE_BLOCK}
+        assert {h.block_size for h in a} != {PROBE_BLOCK}  # it did cut something
+    assert cut.kept_axes == plan.kept_axes and [x for x, _ in cut.by_level] == [x for x, _ in plan.by_level]

@@ -74,10 +74,10 @@ if TYPE_CHECKING:
 # pieces small. Compute does not enter: it is the same for every candidate. ``"host": false``
 # ranks communication alone, as before the host term. The workload counts a job per layer and
 # pass and DeepSpeed's own gradient and prefetch buckets (the engine passes them), as the
-# runtime runs them. With the links unshaped on the emulated cluster it ranked every candidate in
-# one chunk and chose ``zero3`` three times of four, faster than both fixed presets; once, at
-# 2 x 4 x 2, ``frontier`` in one chunk, 1.36x ``zeropp`` (docs/benchmarks.md, "auto with its host
-# term"): the probe leaves a chunk's local work out ([Note: host probe]).
+# runtime runs them. With the links unshaped on the emulated cluster it ranks every candidate in
+# one chunk; at 2 x 4 x 2 it chose ``zeropp`` (0.96x its fixed step), at 8 x 1 x 2 ``frontier`` in
+# one chunk, a tie with ``zeropp`` within the probe's noise (1.02x) (docs/benchmarks.md, "auto with
+# its host term").
 RANKS = (
     "communication and host work: the links' time and the issuing thread's (collectives and "
     "point-to-point ops at measured per-op seconds), added where the thread waits for each transfer; "
@@ -155,7 +155,10 @@ def _host(cfg: HierConfig, topo: Topology, device: torch.device):
 
     if declared is not None:
         return (*declared_host(declared), 0.0)
-    return measure_host(device, topo)
+    from ..core.plan import make_plan
+
+    # the tick pieces run the plan of the candidates that run in ticks ([Note: host probe], 2.)
+    return measure_host(device, topo, make_plan("frontier", cfg.compression, topo))
 
 
 def resolve(
