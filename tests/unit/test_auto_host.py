@@ -254,7 +254,14 @@ def test_host_probe_memory_at_9408_nodes_is_bounded():
     # bucket of a few blocks per rank): at Frontier's 9,408 nodes x 4 x 2 it stays under 0.2 GB of
     # fp32 per rank (an MI250X GCD has 64 GB), all freed before the runtime is built
     from zeropp_hier.core.topology import Topology
-    from zeropp_hier.deepspeed.auto_host import PIECE_COPIES, PROBE_BLOCK, QUANT_ELEMS, TICK_CHUNKS, TINY, probe_elements
+    from zeropp_hier.deepspeed.auto_host import (
+        PIECE_COPIES,
+        PROBE_BLOCK,
+        QUANT_ELEMS,
+        TICK_CHUNKS,
+        TINY,
+        probe_elements,
+    )
 
     world = 9408 * 8
     big = probe_elements(Topology(9408, 4, 2))

@@ -6,9 +6,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from zeropp_hier.app.launch import launcher_env
-from zeropp_hier.launch.ports import job_port
 from zeropp_hier.app.spec import MODELS, JobSpec
 from zeropp_hier.app.train import spec_from_config
+from zeropp_hier.launch.ports import job_port
 
 
 def _compose(overrides=(), hydra_cfg=False):

@@ -28,10 +28,11 @@ runs its steps on the calling thread, the figure is taken per ring step (``ring_
 world less one) and a hop group of ``k`` ranks is charged ``k - 1`` of them; NCCL/RCCL launch a
 collective in one call whatever its group. Cost: one warm-up call and ``HOST_REPS``
 collectives, one warm-up and ``TICK_REPS`` tick pieces, ``QUANT_REPS`` + 1 quantization
-passes; printed and recorded as ``host.seconds`` (docs/benchmarks.md has the emulated cluster's). On a GPU node the
-same calls are small launches, not yet measured. Memory: the world all-gather's output and the
-pieces' bucket both grow with the world (``probe_elements``: at most 0.17 GB of fp32 per rank at
-9,408 nodes x 8 GCDs), all freed before the runtime is built.
+passes; printed and recorded as ``host.seconds`` (docs/benchmarks.md has the emulated
+cluster's). On a GPU node the same calls are small launches, not yet measured. Memory: the
+world all-gather's output and the pieces' bucket both grow with the world (``probe_elements``:
+at most 0.17 GB of fp32 per rank at 9,408 nodes x 8 GCDs), all freed before the runtime is
+built.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def _quant_rate(device: torch.device) -> float:
     from .. import quant
 
     x = torch.randn(QUANT_ELEMS, device=device)
-    seconds = timed(lambda: quant.dequantize(quant.quantize(x, 8, 256), torch.float32), device_sync(device), QUANT_REPS)
+    seconds = timed(
+        lambda: quant.dequantize(quant.quantize(x, 8, 256), torch.float32), device_sync(device), QUANT_REPS
+    )
     return QUANT_ELEMS / max(seconds, 1e-9)
 
 
