@@ -1,7 +1,8 @@
 """``auto``'s host probe, its tick pieces ([Note: host probe] in zeropp_hier/deepspeed/auto_host.py)
 on 8 real ranks (2 nodes x 2 packages x 2 GCDs, gloo over loopback): the pieces are the runtime's
 own jobs, so they post exactly the transfers the tick schedule gives a forward gather and a
-gradient reduce of that plan, move bytes in both phases, and agree on every rank."""
+gradient reduce of that plan, move bytes in both phases, and agree on every rank. On ``world8``:
+the probe is part of ``zeropp_hier.deepspeed``, which imports DeepSpeed (``bare8`` never does)."""
 
 TOPO = (2, 2, 2)
 
@@ -31,8 +32,8 @@ def probe_pieces() -> dict:
     return {"probe": got._asdict(), "fwd": fwd, "red": red}
 
 
-def test_the_tick_pieces_run_the_schedules_transfers_with_their_local_work(bare8):
-    res = bare8.run(probe_pieces)
+def test_the_tick_pieces_run_the_schedules_transfers_with_their_local_work(world8):
+    res = world8.run(probe_pieces)
     for rank, r in enumerate(res):
         p = r["probe"]
         want = {p["pieces"] * (r["fwd"] + red) for red in r["red"].values()}
