@@ -74,10 +74,12 @@ if TYPE_CHECKING:
 # pieces small. Compute does not enter: it is the same for every candidate. ``"host": false``
 # ranks communication alone, as before the host term. The workload counts a job per layer and
 # pass and DeepSpeed's own gradient and prefetch buckets (the engine passes them), as the
-# runtime runs them. With the links unshaped on the emulated cluster it ranks every candidate in
-# one chunk; at 2 x 4 x 2 it chose ``zeropp`` (0.96x its fixed step), at 8 x 1 x 2 ``frontier`` in
-# one chunk, a tie with ``zeropp`` within the probe's noise (1.02x) (docs/benchmarks.md, "auto with
-# its host term").
+# runtime runs them. With the links unshaped on the emulated cluster (2 nodes x 4 x 2 and 8 x 1 x
+# 2, GPU issue mode) it ranks every candidate in one chunk and ``frontier`` within a few percent
+# of ``zeropp``, so the choice moves between runs: at 2 x 4 x 2 ``zeropp`` or ``zero3`` four times
+# of five (0.94-0.96x the best fixed preset), ``frontier`` once (1.33x); at 8 x 1 x 2 ``frontier``
+# three times of four (1.02-1.09x). What it misses there is the tick mode's local work that grows
+# with the bytes (docs/benchmarks.md, "auto with its host term").
 RANKS = (
     "communication and host work: the links' time and the issuing thread's (collectives and "
     "point-to-point ops at measured per-op seconds), added where the thread waits for each transfer; "
