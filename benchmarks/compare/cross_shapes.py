@@ -351,12 +351,17 @@ def unshaped_markdown(summary: dict) -> list[str]:
                 )
     hosts = [(shape, i, a["host"]) for shape, s in summary.items() for i, a in enumerate(s["auto"]) if a["host"]]
     if hosts:
-        lines += ["", "| shape | round | us per collective | us per p2p op | quantization M elem/s | host probe s |"]
-        lines += ["|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| shape | round | us per collective | us per p2p op | ns per tick element | quantization M elem/s "
+            "| host probe s |",
+        ]
+        lines += ["|---|---|---|---|---|---|---|"]
         for shape, i, h in hosts:
+            elem = h.get("tick_elem_s")  # records before the tick mode's per-element work: none
             lines.append(
                 f"| {shape} | {i} | {h['collective_s'] * 1e6:.0f} | {h['p2p_op_s'] * 1e6:.0f} | "
-                f"{h['quant_rate'] / 1e6:.1f} | {h['seconds']:.2f} |"
+                f"{_num(None if elem is None else elem * 1e9, '.2f')} | {h['quant_rate'] / 1e6:.1f} | {h['seconds']:.2f} |"
             )
     return lines
 

@@ -37,6 +37,8 @@ VARIANTS = {
     # twice the chunks: less fill and drain per job, more messages (the schedule at link share
     # 0.15: 68.0 s with 4 chunks, 65.3 s with 8)
     "frontier/pipe8": {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 8}},
+    # one chunk, as auto picks it where the links are fast (its host term against zeropp's)
+    "frontier/one-chunk": {"kind": "ours", "preset": "frontier", "pipeline": {"chunks": 1}},
     # int8 gradients on the package links, int4 on the network (frontier's default before int4 on
     # the package links)
     "frontier/int8-gpu": {

@@ -79,6 +79,21 @@ def test_ticks_post_a_send_and_a_receive_per_peer_of_each_direct_hop():
         assert work.collectives == 0
 
 
+def test_ticks_charge_the_elements_their_hops_touch_and_one_lane_none():
+    # frontier at 2 x 4 x 2, whole model per step: forward gathers node (2), gpu (4), gcd (2) put
+    # out 2, 8 and 16 shares; the backward re-gather from the copy kept over (node, gpu) 16; the
+    # reduce hops take in the whole gradient (16 shares), then 8, then 2: 68 shares of params / 16
+    cl, wl = _cluster(), _wl(params=16e6)
+    share = wl.params / 16
+    p = P.predict(_cand("frontier"), dataclasses.replace(cl, issue_mode="ticks"), wl)
+    for chunks in (1, 4):  # the same elements whatever the chunks and jobs
+        assert P.host_work(p.costs, chunks, "ticks", cl, wl).tick_elems == pytest.approx(68 * share)
+    q = P.predict(_cand("zeropp"), dataclasses.replace(cl, issue_mode="one_lane"), wl)
+    assert P.host_work(q.costs, 1, "one_lane", cl, wl).tick_elems == 0.0
+    work = P.HostWork(collectives=0, p2p_ops=10, ticks=5, jobs=3, tick_elems=1e6)
+    assert P.host_seconds(work, P.HostRates(0.0, 1e-4, tick_elem_s=2e-9)) == pytest.approx(1e-3 + 2e-3)
+
+
 def test_host_seconds_and_how_they_meet_the_links():
     work = P.HostWork(collectives=10, p2p_ops=100, ticks=5, jobs=3)
     assert P.host_seconds(work, P.HostRates(1e-3, 1e-4)) == pytest.approx(10e-3 + 100e-4)
@@ -170,6 +185,17 @@ def test_auto_host_config_declared_off_or_refused():
         assert "p2p_op_us" in msg or "allowed keys" in msg  # the fix names the keys
     with pytest.raises(HierConfigError, match="zeropp_hier.auto"):
         parse_section({"preset": "zeropp", "auto": {"host": False}})
+    # the tick mode's per-element work: optional, 0 allowed, into seconds per element
+    from zeropp_hier.deepspeed.auto_host import declared_host
+
+    assert declared_host(got)[0].tick_elem_s == 0.0
+    with_elem = parse_section({"preset": "auto", "auto": {"host": {**declared, "tick_ns_per_elem": 3}}}).auto.host
+    assert declared_host(with_elem)[0].tick_elem_s == pytest.approx(3e-9)
+    assert parse_section({"preset": "auto", "auto": {"host": {**declared, "tick_ns_per_elem": 0}}}).auto.host
+    for value in (-1, float("nan"), "3"):
+        with pytest.raises(HierConfigError) as e:
+            parse_section({"preset": "auto", "auto": {"host": {**declared, "tick_ns_per_elem": value}}})
+        assert "zeropp_hier.auto.host.tick_ns_per_elem" in str(e.value) and ">= 0" in str(e.value)
 
 
 def _unshaped_record(auto_choice):
@@ -216,7 +242,7 @@ def test_unshaped_summary_names_the_faster_fixed_preset_and_autos_prediction():
         "`zeropp` (1 chunks)" in text
         and "| 2x4x2 | 0 | `zeropp` | one_lane | 1 | 0.200 | 0.100 | sum | 0.300 | 15 / 0 / 0 |" in text
     )
-    assert "| 2x4x2 | 0 | 1000 | 500 | 100.0 | 0.20 |" in text
+    assert "| 2x4x2 | 0 | 1000 | 500 | - | 100.0 | 0.20 |" in text
     argv = cross_shapes.compare_argv("2x4x2", 0.15, "/tmp/x", ("zeropp", "auto"), 2, "name")
     assert "--unshaped-only" in argv and argv[argv.index("--rounds") + 1] == "2"
     assert (
@@ -251,22 +277,47 @@ def test_gloo_charges_a_collective_its_ring_steps_and_drops_the_link_latency():
 
 def test_host_probe_memory_at_9408_nodes_is_bounded():
     # [Scale] what the probe holds grows with the world (its all-gather's output, the tick pieces'
-    # bucket of a few blocks per rank): at Frontier's 9,408 nodes x 4 x 2 it stays under 0.2 GB of
-    # fp32 per rank (an MI250X GCD has 64 GB), all freed before the runtime is built
+    # bucket of a few blocks per rank, the local pieces' larger bucket): each step frees its
+    # tensors before the next, and at Frontier's 9,408 nodes x 4 x 2 the largest stays under
+    # 0.2 GB of fp32 per rank (an MI250X GCD has 64 GB), all freed before the runtime is built
     from zeropp_hier.core.topology import Topology
     from zeropp_hier.deepspeed.auto_host import (
+        LOCAL_ELEMS,
         PIECE_COPIES,
         PROBE_BLOCK,
         QUANT_ELEMS,
         TICK_CHUNKS,
         TINY,
+        local_widths,
         probe_elements,
     )
 
     world = 9408 * 8
     big = probe_elements(Topology(9408, 4, 2))
-    assert TINY * world + PIECE_COPIES * TICK_CHUNKS * PROBE_BLOCK * world < big < 0.2e9 / 4
-    assert probe_elements(Topology(2, 4, 2)) < QUANT_ELEMS + 10_000
+    small, large = local_widths(world)
+    assert large == 2 * small  # the world alone makes the bucket: the least that still gives a slope
+    assert max(TINY * world, PIECE_COPIES * TICK_CHUNKS * PROBE_BLOCK * world, PIECE_COPIES * large * world) == big
+    assert big < 0.2e9 / 4
+    # at the emulated cluster's 16 ranks the local piece's bucket is about LOCAL_ELEMS, a layer
+    small, large = local_widths(16)
+    assert small == PROBE_BLOCK and large % small == 0 and LOCAL_ELEMS <= large * 16 < LOCAL_ELEMS + 16 * small
+    assert probe_elements(Topology(2, 4, 2)) == PIECE_COPIES * large * 16 > QUANT_ELEMS
+
+
+def test_the_local_pieces_elements_are_the_planners_count():
+    # what the probe's per-element figure is divided by is what the host term multiplies it by:
+    # frontier's forward gather (outputs 2, 8, 16 rows of the width at 2 x 4 x 2) and reduce
+    # (inputs 16, 8, 2), linear in the width
+    from zeropp_hier.core.topology import Topology
+    from zeropp_hier.deepspeed.auto_host import piece_elements
+
+    topo = Topology(2, 4, 2)
+    comp = parse_section({"preset": "frontier"}).compression
+    touched, quant = piece_elements(topo, comp, 32)
+    assert touched == 52 * 32
+    assert piece_elements(topo, comp, 64) == (2 * touched, 2 * quant) and quant > 0
+    exact = parse_section({"preset": "frontier", "compression": "none"}).compression
+    assert piece_elements(topo, exact, 32) == (touched, 0.0)
 
 
 def test_the_probes_plan_changes_the_block_alone():

@@ -120,8 +120,10 @@ class AutoConfig:
 
 
 # ``auto.host``'s declared values: per collective call and per point-to-point op (microseconds of
-# the issuing thread), and the device's quantize + dequantize rate (M elements/s per GCD)
+# the issuing thread), and the device's quantize + dequantize rate (M elements/s per GCD); and,
+# optional (0 when left out), the tick mode's local work per element its hops touch (nanoseconds)
 HOST_KEYS = ("collective_us", "p2p_op_us", "quant_melems_per_s")
+HOST_OPTIONAL = ("tick_ns_per_elem",)
 
 
 def _parse_auto_host(h: object, field: str) -> tuple[tuple[str, float], ...] | None | Literal[False]:
@@ -131,17 +133,20 @@ def _parse_auto_host(h: object, field: str) -> tuple[tuple[str, float], ...] | N
         "give false (rank communication only), or every one of "
         + ", ".join(f'"{k}"' for k in HOST_KEYS)
         + ' as a positive number (e.g. {"collective_us": 40, "p2p_op_us": 8, "quant_melems_per_s": 50000}), '
+        + ', and optionally "tick_ns_per_elem" as a number >= 0 (0 when left out), '
         "or leave it out to measure them at initialize"
     )
     if h is True:
         raise HierConfigError(field, h, fix)
     m = check_mapping(h, field)
-    check_keys(m, HOST_KEYS, field)
-    for k in HOST_KEYS:
-        x = m.get(k)
-        if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x < float("inf"):
+    check_keys(m, HOST_KEYS + HOST_OPTIONAL, field)
+    for k in HOST_KEYS + HOST_OPTIONAL:
+        optional = k in HOST_OPTIONAL
+        x = m.get(k, 0.0 if optional else None)
+        number = isinstance(x, (int, float)) and not isinstance(x, bool)
+        if not number or not ((0 <= x if optional else 0 < x) and x < float("inf")):  # type: ignore[operator]
             raise HierConfigError(f"{field}.{k}", x, fix)
-    return tuple((k, float(m[k])) for k in HOST_KEYS)  # type: ignore[arg-type]  # checked above
+    return tuple((k, float(m[k])) for k in HOST_KEYS + HOST_OPTIONAL if k in m)  # type: ignore[arg-type]
 
 
 def _parse_auto(v: object, preset: Preset) -> AutoConfig:

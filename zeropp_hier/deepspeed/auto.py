@@ -65,25 +65,26 @@ if TYPE_CHECKING:
 # link model, [Note: bytes per link] in core/wire.py; latency; (de)quantization at the device's
 # rate) and the host's: what the one issuing thread issues (a collective per hop and chunk, or in
 # ticks every point-to-point op of every grouped call), at per-op seconds measured at initialize
-# on the ranks themselves ([Note: host probe] in auto_host.py) or declared (``auto.host``).
-# They add up where the thread waits for each transfer (gloo, RCCL's serial one lane) and overlap
-# otherwise ([Note: host term] in planner/host.py). Measured on the ranks as they run, all at once,
-# the host figures describe the machine the job runs on: on the emulated cluster 16 CPU ranks
-# sharing 2 cores, where ``frontier``'s ticks post many small transfers and the host binds; on a
-# GPU node the Python of one thread per GCD, which binds where the links are fast and the
+# on the ranks themselves ([Note: host probe] in auto_host.py) or declared (``auto.host``), and
+# in ticks the elements the hops touch at a measured rate per element: the rows the tick mode
+# assembles itself from its transfers, which a library collective does inside its call and the
+# link probe's rates already carry. They add up where the thread waits for each transfer (gloo,
+# RCCL's serial one lane) and overlap otherwise ([Note: host term] in planner/host.py). Measured
+# on the ranks as they run, all at once, the host figures describe the machine the job runs on:
+# on the emulated cluster 16 CPU ranks sharing 2 cores, where ``frontier``'s ticks post many
+# small transfers and assemble their rows in Python and the host binds; on a GPU node the Python
+# of one thread per GCD and the device's copies, which bind where the links are fast and the
 # pieces small. Compute does not enter: it is the same for every candidate. ``"host": false``
-# ranks communication alone, as before the host term. The workload counts a job per layer and
-# pass and DeepSpeed's own gradient and prefetch buckets (the engine passes them), as the
-# runtime runs them. With the links unshaped on the emulated cluster (2 nodes x 4 x 2 and 8 x 1 x
-# 2, GPU issue mode) it ranks every candidate in one chunk and ``frontier`` within a few percent
-# of ``zeropp``, so the choice moves between runs: at 2 x 4 x 2 ``zeropp`` or ``zero3`` four times
-# of five (0.94-0.96x the best fixed preset), ``frontier`` once (1.33x); at 8 x 1 x 2 ``frontier``
-# three times of four (1.02-1.09x). What it misses there is the tick mode's local work that grows
-# with the bytes (docs/benchmarks.md, "auto with its host term").
+# ranks communication alone. The workload counts a job per layer and pass and DeepSpeed's own
+# gradient and prefetch buckets (the engine passes them), as the runtime runs them. With the
+# links unshaped on the emulated cluster (2 nodes x 4 x 2 and 8 x 1 x 2, GPU issue mode) it chose
+# ``zeropp`` in all four rankings, the faster preset at both (0.97x its step: the noise of the
+# runs), predicting ``frontier`` in one chunk 0.18-0.37 s per step slower where it ran 0.17-0.29 s
+# slower (docs/benchmarks.md, "auto with its host term").
 RANKS = (
     "communication and host work: the links' time and the issuing thread's (collectives and "
-    "point-to-point ops at measured per-op seconds), added where the thread waits for each transfer; "
-    "compute is not ranked"
+    "point-to-point ops at measured per-op seconds, and in ticks the elements their hops touch), "
+    "added where the thread waits for each transfer; compute is not ranked"
 )
 RANKS_COMM_ONLY = (
     "communication only (auto.host false): compute and host work are not ranked; where they bind "
@@ -157,10 +158,8 @@ def _host(cfg: HierConfig, topo: Topology, device: torch.device):
 
     if declared is not None:
         return (*declared_host(declared), 0.0)
-    from ..core.plan import make_plan
-
     # the tick pieces run the plan of the candidates that run in ticks ([Note: host probe], 2.)
-    return measure_host(device, topo, make_plan("frontier", cfg.compression, topo))
+    return measure_host(device, topo, cfg.compression)
 
 
 def resolve(
@@ -309,6 +308,7 @@ def _rank_on_this_rank(
         else {
             "collective_s": host.collective_s,
             "p2p_op_s": host.p2p_op_s,
+            "tick_elem_s": host.tick_elem_s,
             "ring_steps": host.ring_steps,
             "quant_rate": quant_rate,
             "source": host.source,
@@ -346,8 +346,8 @@ def _rank_on_this_rank(
         if host is None
         else f"host {host.collective_s * 1e6:.4g} us per collective"
         + (f" of {host.ring_steps} ring steps" if host.ring_steps else "")
-        + f", {host.p2p_op_s * 1e6:.4g} us per "
-        f"point-to-point op, quantization {quant_rate / 1e6:.4g} M elem/s ({host.source})"
+        + f", {host.p2p_op_s * 1e6:.4g} us per point-to-point op, {host.tick_elem_s * 1e9:.3g} ns per "
+        f"element a tick hop touches, quantization {quant_rate / 1e6:.4g} M elem/s ({host.source})"
     )
     lines = [f"[zeropp_hier] preset auto: links per GCD {rates_s} ({source}); {host_s}; predicted per step ({ranks}):"]
     lines += [
@@ -357,6 +357,7 @@ def _rank_on_this_rank(
         f"{p.tier_bytes.get('node', 0.0) / 1e6:.3g} MB/step, chunks {p.chunks}, {p.mode}"
         + (
             f"; {p.host_work.collectives} collectives, {p.host_work.p2p_ops} p2p ops in {p.host_work.ticks} ticks"
+            + (f", {p.host_work.tick_elems / 1e6:.3g} M elements touched" if p.host_work.tick_elems else "")
             if p.host_work is not None
             else ""
         )

@@ -32,7 +32,16 @@ from .clusters import (
     with_probed_tiers,
 )
 from .cost import Collective, CollectiveCost, collective_cost, collectives, link_loads
-from .host import HostRates, HostWork, combine_of, host_seconds, host_work, jobs_per_phase, without_latency
+from .host import (
+    HostRates,
+    HostWork,
+    combine_of,
+    host_seconds,
+    host_work,
+    jobs_per_phase,
+    touched_elems,
+    without_latency,
+)
 from .memory_per_gcd import CHUNK_STAGING_COPIES, Memory, fit_advice, level_plan, memory, pipeline_staging
 from .pipeline import (
     PhaseJob,
@@ -80,6 +89,7 @@ __all__ = [
     "auto_key",
     "combine_of",
     "host_seconds",
+    "touched_elems",
     "host_work",
     "jobs_per_phase",
     "with_host",

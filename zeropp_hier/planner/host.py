@@ -10,11 +10,16 @@ layer and pass, backward's held layers excepted, one per gradient bucket) and ev
 * one collective per hop (one lane, lanes): ``collectives``;
 * in ticks, every hop's point-to-point ops (a send and a receive per peer of each sub-hop,
   ``tick_latency.sub_hops``) posted in the tick's grouped call: ``p2p_ops``; ``ticks`` is
-  ``chunks + sub-hops - 1`` per job (what a stream of one piece pays; fused streams pay less).
+  ``chunks + sub-hops - 1`` per job (what a stream of one piece pays; fused streams pay less);
+* in ticks, the elements every hop touches (``tick_elems``: a gather hop's output, a reduce
+  hop's input, whole model per step): the tick mode assembles each hop's rows from its
+  transfers itself (the slot copies, the concatenations, the coordinate reorder), work a
+  library collective does inside its call, where the link probe's measured rates carry it.
 
 Each costs the host a measured time (``HostRates``: seconds per collective call and per
 point-to-point op, measured at initialize on the ranks themselves, all at once, the slowest
-rank's: deepspeed/auto_host.py), so ``host_s = collectives * collective_s + p2p_ops * p2p_op_s``;
+rank's: deepspeed/auto_host.py), so ``host_s = collectives * collective_s + p2p_ops * p2p_op_s +
+tick_elems * tick_elem_s``;
 on gloo, whose ring runs its steps on the calling thread, a collective over ``k`` ranks costs
 ``k - 1`` steps at the probe's seconds per step (``collective_steps``).
 (De)quantization is not here: it is the device's work, already in the link term at the device's
@@ -44,7 +49,7 @@ from dataclasses import replace
 from typing import NamedTuple, Sequence
 
 from .clusters import PHASES, ClusterModel, TierLink
-from .cost import CollectiveCost
+from .cost import Collective, CollectiveCost
 from .tick_latency import sub_hops
 from .workload import Workload
 
@@ -60,6 +65,9 @@ class HostRates(NamedTuple):
     # gloo: the ring steps of the collective ``collective_s`` timed (the probe's group size less
     # one), whose messages the calling thread runs one by one; 0: one launch per collective
     ring_steps: int = 0
+    # the tick mode's local work per element a hop touches, beyond the (de)quantization the link
+    # term charges ([Note: host probe] in deepspeed/auto_host.py, 4.); 0: not measured
+    tick_elem_s: float = 0.0
 
 
 class HostWork(NamedTuple):
@@ -70,6 +78,7 @@ class HostWork(NamedTuple):
     ticks: int
     jobs: int
     collective_steps: int = 0  # the collectives' ring steps (gloo's reduce-scatter: two rings)
+    tick_elems: float = 0.0  # in ticks: elements the hops touch per step (gather out, reduce in)
 
 
 def jobs_per_phase(wl: Workload) -> dict[str, int]:
@@ -92,6 +101,7 @@ def host_work(
     chunks and issue mode ``mode`` ([Note: host term])."""
     jobs = jobs_per_phase(wl)
     collectives = p2p = ticks = n_jobs = steps = 0
+    touched = 0.0
     for phase in PHASES:
         hops = [c.coll for c in costs if c.coll.phase == phase]
         if not hops:
@@ -112,9 +122,17 @@ def host_work(
             parts = sub_hops(members, kind, cluster.library, cluster.hop_steps)
             subs += len(parts)
             ops += sum(s.ops for s in parts)
+            touched += touched_elems(coll, members)
         p2p += n * chunks * ops
         ticks += n * (chunks + subs - 1)
-    return HostWork(collectives, p2p, ticks, n_jobs, steps)
+    return HostWork(collectives, p2p, ticks, n_jobs, steps, touched)
+
+
+def touched_elems(coll: Collective, members: int) -> float:
+    """Elements a tick hop touches for ``coll`` over ``members`` ranks ([Note: host term]): a
+    gather hop's output, a reduce hop's input; whole model per step, whatever the jobs and
+    chunks. The host probe's local pieces are counted the same way (deepspeed/auto_host.py)."""
+    return coll.send_elems * members if coll.op == "all_gather" else coll.send_elems
 
 
 def host_seconds(work: HostWork, rates: HostRates) -> float:
@@ -124,7 +142,7 @@ def host_seconds(work: HostWork, rates: HostRates) -> float:
         coll = work.collective_steps * rates.collective_s / rates.ring_steps
     else:
         coll = work.collectives * rates.collective_s
-    return coll + work.p2p_ops * rates.p2p_op_s
+    return coll + work.p2p_ops * rates.p2p_op_s + work.tick_elems * rates.tick_elem_s
 
 
 def without_latency(cluster: ClusterModel) -> ClusterModel:
@@ -156,5 +174,6 @@ __all__ = [
     "host_seconds",
     "host_work",
     "jobs_per_phase",
+    "touched_elems",
     "without_latency",
 ]
