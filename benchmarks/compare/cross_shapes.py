@@ -361,7 +361,8 @@ def unshaped_markdown(summary: dict) -> list[str]:
             elem = h.get("tick_elem_s")  # records before the tick mode's per-element work: none
             lines.append(
                 f"| {shape} | {i} | {h['collective_s'] * 1e6:.0f} | {h['p2p_op_s'] * 1e6:.0f} | "
-                f"{_num(None if elem is None else elem * 1e9, '.2f')} | {h['quant_rate'] / 1e6:.1f} | {h['seconds']:.2f} |"
+                f"{_num(None if elem is None else elem * 1e9, '.2f')} | {h['quant_rate'] / 1e6:.1f} | "
+                f"{h['seconds']:.2f} |"
             )
     return lines
 

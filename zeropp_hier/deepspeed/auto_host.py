@@ -4,7 +4,7 @@ op, and the device's quantize + dequantize rate, measured at initialize on the r
 order, from the training thread, on the default group.
 
 [Note: host probe]
-Three short bursts, each on every rank at once, so that ranks sharing cores (or a node's host)
+Four short bursts, each on every rank at once, so that ranks sharing cores (or a node's host)
 see each other as they will in the step; each figure is the slowest rank's (one all-reduce), so
 every rank ranks alike:
 
@@ -22,17 +22,19 @@ every rank ranks alike:
    changes the bytes, not the calls;
 3. quantize + dequantize of ``QUANT_ELEMS`` elements on the device, ``QUANT_REPS`` passes after
    one untimed pass: elements/s, the rate the link term charges (de)quantization at (cost.py);
-4. the tick mode's local work per element (``tick_local``): the same plan's backward re-gather
-   from its kept copy, whose hops stay inside the node, run at two sizes (a few blocks per rank,
-   and a bucket of about ``LOCAL_ELEMS`` elements), each ``TICK_REPS`` times in ``TICK_CHUNKS``
-   chunks; the same ops at both, so the difference in time over the difference in elements the
-   hops touch (each hop's output) is the per-element work: the rows' copies, concatenations and
-   reorder, the decode, the values. Less the decode's elements at the rate of 3. (the link term
-   charges those already), it is the seconds per element a tick hop touches, which the host
-   term charges per step ([Note: host term] in planner/host.py). Node-local, so its transfers
-   take the fast links and its time is the host's and device's, not the network's; a gather
-   from the kept copy, so its bucket is the whole tensor, about ``LOCAL_ELEMS`` at small worlds
-   and twice the small piece's where the world makes that larger.
+4. the tick mode's local work per element (``tick_local``): the piece of 2. in one chunk,
+   through a transport that fills each receive buffer on the rank itself and sends nothing, at
+   two sizes (a block per rank, and a bucket of about ``LOCAL_ELEMS`` elements, twice the small
+   one where the world makes that larger): the same ops at both, so the difference in time over
+   the difference in elements the hops touch (each gather hop's output, each reduce hop's input,
+   counted by the planner's own collectives: ``piece_elements``) is the work per element: the
+   rows' slot copies, concatenations and reorder, the encodes, decodes and sums, the values.
+   Less the (de)quantization the link term already charges for those elements (at the rate of
+   3.), it is the seconds per element a tick hop touches, which the host term charges per step
+   in ticks ([Note: host term] in planner/host.py). A library collective does that assembly
+   inside its call, where the link probe's measured rates carry it, so one-lane candidates are
+   not charged it. Nothing crosses a link, so the links' speed does not enter; the device is
+   waited for, since on a GPU this work is kernels.
 
 The world group is the one group every rank has before the runtime's exist; on gloo, whose ring
 runs its steps on the calling thread, the figure is taken per ring step (``ring_steps``: the
@@ -43,14 +45,14 @@ passes, two sizes of one warm-up and ``TICK_REPS`` local pieces; printed and rec
 ``host.seconds`` (docs/benchmarks.md has the emulated cluster's). On a GPU node the same calls
 are small launches, not yet measured. Memory: the world all-gather's output and the pieces'
 buckets grow with the world; each step frees its tensors before the next (``probe_elements``:
-at most 0.19 GB of fp32 per rank at 9,408 nodes x 8 GCDs), all freed before the runtime is
+at most 0.15 GB of fp32 per rank at 9,408 nodes x 8 GCDs), all freed before the runtime is
 built.
 """
 
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -61,6 +63,11 @@ from ..core.topology import Topology
 from ..detect.links import device_sync, timed
 from ..planner.host import HostRates
 
+if TYPE_CHECKING:  # the runtime's tick machinery, imported where the probe runs
+    from ..comm.context import CommContext
+    from ..comm.stats import CommStats
+    from ..comm.ticks import TickExecutor, TickTransport
+
 HOST_REPS = 8
 TICK_REPS = 2
 TICK_CHUNKS = 2
@@ -68,7 +75,7 @@ TINY = 64  # elements per rank of the probe's messages: the per-op cost, not the
 PROBE_BLOCK = 32  # the tick piece's quantization block: the kernels' smallest (quant/_checks.py)
 PIECE_COPIES = 8  # whole-tensor buffers of a piece's bucket alive at once, at most (probe_elements)
 # the local piece's larger bucket, whole tensor (about a layer of the emulated cluster's model);
-# where the world makes the small one's half of this or more, twice the small one's instead
+# where the world makes the small one (a block per rank) half of this or more, twice the small one
 LOCAL_ELEMS = 1 << 21
 QUANT_ELEMS = 1 << 18
 # passes timed: one pass of 16 ranks on 2 shared cores read anywhere from 20 to 229 M elements/s
@@ -150,10 +157,10 @@ class TickProbe(NamedTuple):
 
 
 class _Ticks(NamedTuple):
-    ctx: object  # CommContext
-    executor: object  # TickExecutor
-    transport: object  # TickTransport
-    stats: object  # CommStats
+    ctx: CommContext
+    executor: TickExecutor
+    transport: TickTransport
+    stats: CommStats
 
 
 def _local_transport():
@@ -208,7 +215,7 @@ def _piece(t: _Ticks, topo: Topology, rank: int, device: torch.device, width: in
     from ..comm.reduce import submit_reduce_scatter
     from ..core import layout
 
-    ctx, executor, plan = t.ctx, t.executor, t.ctx.plan  # type: ignore[attr-defined]
+    ctx, executor, plan = t.ctx, t.executor, t.ctx.plan
     hops = gather.hops_for(plan, (), "forward_gather")
     sizes, numels = [width], [width * topo.world_size]
     slots = gather.slots_of(sizes, gather.slot_align(hops))
@@ -222,8 +229,8 @@ def _piece(t: _Ticks, topo: Topology, rank: int, device: torch.device, width: in
     def piece() -> None:
         finish = gather.finish_bucket(ctx, torch.float32, sizes, slots, numels, keep)
         jobs = gather.chunk_jobs(ctx, hops, lambda: start, ranges, "forward_gather", finish, valid=valid)
-        executor.result(executor.submit_all(jobs, lanes))  # type: ignore[attr-defined]
-        executor.result(submit_reduce_scatter(ctx, grads, torch.float32))  # type: ignore[attr-defined]
+        executor.result(executor.submit_all(jobs, lanes))
+        executor.result(submit_reduce_scatter(ctx, grads, torch.float32))
 
     return piece
 
@@ -242,11 +249,11 @@ def tick_probe(topo: Topology, rank: int, device: torch.device, host_only: bool,
     try:
         seconds = _burst(_piece(t, topo, rank, device, width, TICK_CHUNKS), device, TICK_REPS, host_only)
     finally:
-        t.executor.close()  # type: ignore[attr-defined]
-    log = t.transport.log  # type: ignore[attr-defined]
+        t.executor.close()
+    log = t.transport.log or []  # set to a list by _tick_context
     ops = sum((out > 0) + (got > 0) for _, _, moved in log for _, out, got in moved)
     pieces = TICK_REPS + 1  # the log holds the warm-up piece too
-    sent = {ph: sum(by.values()) for ph, by in t.stats.snapshot()["bytes"].items()}  # type: ignore[attr-defined]
+    sent = {ph: sum(by.values()) for ph, by in t.stats.snapshot()["bytes"].items()}
     return TickProbe(seconds * pieces / ops if ops else 0.0, ops, pieces, sent)
 
 
@@ -260,7 +267,7 @@ class TickLocal(NamedTuple):
     calls: int  # grouped calls the stand-in took (and sent nothing of)
 
 
-def piece_elements(topo: Topology, compression, width: int) -> tuple[float, float]:
+def piece_elements(topo: Topology, compression: CompressionConfig, width: int) -> tuple[float, float]:
     """Elements a tick piece of rows ``width`` per rank touches (``planner.touched_elems``, the
     host term's count) and (de)quantizes (the link term's count): the planner's own collectives
     for a one-tensor model of the piece's size, forward gather and gradient reduce. Pure."""
@@ -275,7 +282,7 @@ def piece_elements(topo: Topology, compression, width: int) -> tuple[float, floa
 
 
 def tick_local(
-    topo: Topology, rank: int, device: torch.device, host_only: bool, compression, quant_rate: float
+    topo: Topology, rank: int, device: torch.device, host_only: bool, compression: CompressionConfig, quant_rate: float
 ) -> TickLocal:
     """The tick mode's local work per element ([Note: host probe], 4.): the tick piece of
     ``tick_probe`` on the ``frontier`` plan with ``compression``, through a transport that sends
@@ -291,10 +298,10 @@ def tick_local(
         s0 = _burst(_piece(t, topo, rank, device, small, 1), device, TICK_REPS, host_only)
         s1 = _burst(_piece(t, topo, rank, device, large, 1), device, TICK_REPS, host_only)
     finally:
-        t.executor.close()  # type: ignore[attr-defined]
+        t.executor.close()
     (t0, q0), (t1, q1) = piece_elements(topo, compression, small), piece_elements(topo, compression, large)
     work = s1 - s0 - (q1 - q0) / max(quant_rate, 1e-9)
-    calls = t.transport.calls  # type: ignore[attr-defined]
+    calls = t.transport.calls
     return TickLocal(max(0.0, work) / (t1 - t0), (s0, s1), (t0, t1), (q0, q1), calls)
 
 
