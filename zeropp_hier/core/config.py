@@ -132,8 +132,8 @@ def _parse_auto_host(h: object, field: str) -> tuple[tuple[str, float], ...] | N
     fix = (
         "give false (rank communication only), or every one of "
         + ", ".join(f'"{k}"' for k in HOST_KEYS)
-        + ' as a positive number (e.g. {"collective_us": 40, "p2p_op_us": 8, "quant_melems_per_s": 50000}), '
-        + ', and optionally "tick_ns_per_elem" as a number >= 0 (0 when left out), '
+        + ' as a positive number (e.g. {"collective_us": 40, "p2p_op_us": 8, "quant_melems_per_s": 50000}) '
+        + 'and optionally "tick_ns_per_elem" as a number >= 0 (0 when left out), '
         "or leave it out to measure them at initialize"
     )
     if h is True:

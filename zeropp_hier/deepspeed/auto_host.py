@@ -357,9 +357,9 @@ __all__ = [
     "declared_host",
     "local_widths",
     "measure_host",
+    "piece_elements",
     "probe_elements",
     "probe_plan",
     "tick_local",
     "tick_probe",
-    "piece_elements",
 ]
