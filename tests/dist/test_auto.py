@@ -128,6 +128,9 @@ def probe_sizes(target_s):
     finally:
         for hg in groups.values():
             dist.destroy_process_group(hg.group)
+    # [Note: latency from a tiny message]: every tier measured one, and its rates are finite
+    assert all(v["tiny_all_gather_s"] > 0 and 0 < v["bandwidth"] < float("inf") for v in out.values()), out
+    assert all(0 <= v["latency"] <= v["tiny_all_gather_s"] / (v["group_size"] - 1) for v in out.values()), out
     return {t: sorted(int(s) for s in v["all_gather_s"]) for t, v in out.items()}
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import time
 from typing import Callable, Mapping
 
@@ -22,6 +21,18 @@ from ..core.vocab import TIERS
 # synchronisation as a step of its own, so a test can hand it a collective whose completion is
 # only visible through that step.
 WARMUP = 1  # untimed calls first: connections, buffers, kernel selection
+
+# [Note: latency from a tiny message]
+# A tier's latency (seconds per ring step) is read off an all-gather of ``TINY_BYTES`` per rank,
+# timed after the larger sizes have warmed the group's connections up, less its bytes at the
+# measured bandwidth; the bandwidth is the slope between the two larger sizes. Both larger
+# messages are bandwidth-bound, so the intercept of a line through them is the difference of two
+# large, noisy times: on the emulated cluster's shaped node links (0.22 Mbit/s per GCD, messages
+# of 16 and 64 KB) it read 0.111 s per step where another run's read 0.018 s, and in ticks, which
+# pay a step per tick, the planner's step for ``frontier`` moved by 3.6 s (+18% against +7%).
+# Where the two sizes' times do not grow (noise on fast links), the bandwidth is the larger
+# size's bytes over its time less its latency, never infinite.
+TINY_BYTES = 256
 
 
 def device_sync(device: torch.device) -> Callable[[], None]:
@@ -51,11 +62,27 @@ def slowest(seconds: float, device: torch.device) -> float:
     return float(t)
 
 
+def fit_tier(all_gather_s: Mapping[int, float], tiny_s: float, k: int) -> tuple[float, float]:
+    """(bytes/s per GCD, seconds per ring step) of a tier of ``k`` ranks from its all-gather
+    times by bytes per rank and its ``TINY_BYTES`` all-gather's ([Note: latency from a tiny
+    message]). A ring all-gather of k members sends (k - 1) blocks per rank, one per step. Pure."""
+    lo, hi = min(all_gather_s), max(all_gather_s)
+    slope = (all_gather_s[hi] - all_gather_s[lo]) / ((k - 1) * (hi - lo)) if hi > lo else 0.0
+    if slope > 0:
+        bw = 1 / slope
+        return bw, max(0.0, (tiny_s - (k - 1) * TINY_BYTES / bw) / (k - 1))
+    # the sizes' noise hid the slope: the latency is the tiny message's, the bandwidth the
+    # larger size's bytes over its time less that
+    alpha = tiny_s / (k - 1)
+    return (k - 1) * hi / max(all_gather_s[hi] - (k - 1) * alpha, 1e-12), alpha
+
+
 def measure_tiers(
     groups: Mapping, device: torch.device, sizes: list[int], reps: int, target_s: float | None = None
 ) -> dict:
     """{tier: {"bandwidth": bytes/s per GCD, "latency": s per ring step, "group_size": k,
-    "all_gather_s": {bytes: s}}} for every tier with more than one rank. ``groups``: hop groups
+    "all_gather_s": {bytes: s}, "tiny_all_gather_s": s}} for every tier with more than one rank
+    ([Note: latency from a tiny message]). ``groups``: hop groups
     keyed by (tier,) (comm.groups.build_hop_groups); ``sizes``: two or more message sizes in
     bytes; the time of a collective is the slowest rank's (one all-reduce per size), from a
     synchronised start to its completion on the device ([Note: timing a collective]).
@@ -87,15 +114,17 @@ def measure_tiers(
                 timed(functools.partial(dist.all_gather_into_tensor, y, x, group=hg.group), sync, reps, int(i == 0)),
                 device,
             )
-        lo, hi = min(ag), max(ag)
-        # a ring all-gather of k members sends (k-1) blocks per rank, one per step
-        slope = (ag[hi] - ag[lo]) / ((k - 1) * (hi - lo))
-        bw = 1 / slope if slope > 0 else float("inf")
-        alpha = max(0.0, (ag[lo] - (k - 1) * lo / bw) / (k - 1)) if math.isfinite(bw) else ag[lo]
+        # [Note: latency from a tiny message]
+        x = torch.ones(TINY_BYTES // 4, device=device)
+        y = torch.empty(k * x.numel(), device=device)
+        gather_tiny = functools.partial(dist.all_gather_into_tensor, y, x, group=hg.group)
+        tiny = slowest(timed(gather_tiny, sync, reps, 0), device)
+        bw, alpha = fit_tier(ag, tiny, k)
         out[tier] = {
             "bandwidth": bw,
             "latency": alpha,
             "group_size": k,
             "all_gather_s": {str(s): t for s, t in ag.items()},
+            "tiny_all_gather_s": tiny,
         }
     return out

@@ -25,9 +25,10 @@ on gloo, whose ring runs its steps on the calling thread, a collective over ``k`
 (De)quantization is not here: it is the device's work, already in the link term at the device's
 rate (cost.py), which ``auto`` measures with the host probe. On gloo a collective's fixed cost
 per step is the calling thread's own work, which the host term measures on the ranks as they
-run; the link probe's intercept (a 2-point fit, which on shaped links is a token bucket's burst
-and TCP's window) would count it again, so there the link term is priced without latency
-(``without_latency``) and keeps the bytes and the (de)quantization.
+run; the link probe's latency (a tiny all-gather's time per ring step, [Note: latency from a tiny
+message] in detect/links.py) holds that same work, and would count it again, so there the link
+term is priced without latency (``without_latency``) and keeps the bytes and the
+(de)quantization.
 
 How the host's time meets the links' (``combine``) follows how the issue modes run
 (comm/issue.py, comm/executor.py, comm/ticks.py):
