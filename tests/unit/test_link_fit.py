@@ -3,14 +3,9 @@ message] in zeropp_hier/detect/links.py): the bandwidth is the slope between the
 the latency the tiny message's time less its bytes, so the intercept of two large, noisy times
 never becomes the latency; and noise that hides the slope leaves a finite bandwidth."""
 
-import json
-from pathlib import Path
-
 import pytest
 
 from zeropp_hier.detect.links import TINY_BYTES, fit_tier
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -21,16 +16,25 @@ def test_alpha_beta_data_gives_back_its_rates(k):
     assert got_bw == pytest.approx(bw, rel=1e-9) and got_alpha == pytest.approx(alpha, rel=1e-9)
 
 
+# the node tier's all-gathers as the 2 x 4 x 2 re-run's probe recorded them before the tiny
+# message (two GCDs, links shaped to 0.22 Mbit/s per GCD; seconds by bytes per rank, and what the
+# probe derived): benchmarks/results/compare_shapes_rerun_2x4x2.json at commit f8db265, "probe"
+RECORDED_NODE = {
+    "all_gather_s": {16384: 0.7476407289505005, 65536: 2.65763521194458},
+    "bandwidth": 25734.10574618521,
+    "latency": 0.11097590128580725,
+}
+
+
 def test_the_latency_follows_the_tiny_message_not_the_intercept():
-    # the node tier's all-gathers as the 2 x 4 x 2 re-run's probe recorded them (two GCDs, links
-    # shaped to 0.22 Mbit/s per GCD): a line through them meets the axis at 0.111 s per step
-    rec = json.loads((ROOT / "benchmarks/results/compare_shapes_rerun_2x4x2.json").read_text())
-    node = rec["probe"]["tiers"]["node"]
-    times = {int(s): t for s, t in node["all_gather_s"].items()}
-    assert node["latency"] == pytest.approx(0.111, abs=1e-3)  # what the intercept gave that run
-    for tiny in (0.02, 0.05):  # a tiny message's time, as the probe now measures it (not recorded then)
+    # a line through the two recorded times meets the axis at 0.111 s per step: what that run's
+    # probe took for the latency; the fit now keeps the slope and takes the tiny message's time
+    times = RECORDED_NODE["all_gather_s"]
+    intercept = times[16384] - 16384 / RECORDED_NODE["bandwidth"]
+    assert intercept == pytest.approx(RECORDED_NODE["latency"], rel=1e-9)
+    for tiny in (0.02, 0.05):  # a tiny message's time (the probe measures it; not recorded then)
         bw, alpha = fit_tier(times, tiny, 2)
-        assert bw == pytest.approx(node["bandwidth"], rel=1e-9)  # the slope is unchanged
+        assert bw == pytest.approx(RECORDED_NODE["bandwidth"], rel=1e-9)  # the slope is unchanged
         assert alpha == pytest.approx(tiny - TINY_BYTES / bw, rel=1e-9) and alpha < 0.06
 
 
