@@ -13,8 +13,9 @@ share ([Note: tick work of one layer] in benchmarks/cpu/tick_work.py). It runs t
 tick-mode work for that layer: the runtime's gather jobs (``comm.gather.chunk_jobs``, ending in
 ``finish_bucket``: decode, the kept copies, the values) for the forward gather and the backward
 re-gather from the kept copy, and the gradient jobs of ``comm.reduce.submit_reduce_scatter`` for
-the gradient reduce, each piece driven by ``comm.ticks.tick_job`` through a ``TickTransport``
-whose network part (``post``) is replaced by a local stand-in.
+the gradient reduce, each piece driven by ``comm.ticks.tick_job`` through
+``comm.ticks.LocalTickTransport``, a ``TickTransport`` whose network part (``post``) is a local
+stand-in (the one ``auto``'s host probe times per element).
 
 The stand-in does no transfer. It fills each receive buffer of a tick with a valid payload of
 the right size and dtype: a copy of what this rank sends in the same slot (the encoded bytes of
@@ -121,28 +122,16 @@ class _Clock:
 
 
 def _stand_in(base: Any) -> Any:
-    """A ``TickTransport`` whose network part fills the receive buffers locally (module
-    docstring), pausing the clock meanwhile."""
-    import torch.distributed as dist
+    """The package's ``LocalTickTransport`` (the network part fills the receive buffers locally:
+    module docstring), pausing the clock meanwhile."""
 
     class StandIn(base):
         clock: _Clock | None = None
 
-        def post(self, wires: Sequence[Any], batches: Sequence[Sequence[dist.P2POp]]) -> None:
+        def post(self, wires: Sequence[Any], batches: Sequence[Any]) -> None:
             if self.clock is not None:
                 self.clock.end()
-            for ops in batches:
-                if not ops:
-                    continue
-                self.calls += 1
-                sends: dict[tuple[int, int, Any], Any] = {}
-                for op in ops:
-                    if op.op is dist.isend:
-                        sends.setdefault((op.tag, op.tensor.numel(), op.tensor.dtype), op.tensor)
-                for op in ops:
-                    if op.op is dist.irecv:
-                        src = sends.get((op.tag, op.tensor.numel(), op.tensor.dtype))
-                        op.tensor.copy_(src) if src is not None else op.tensor.zero_()
+            super().post(wires, batches)
             if self.clock is not None:
                 self.clock.begin()
 
@@ -194,7 +183,7 @@ class Layer:
         from zeropp_hier.comm.context import CommContext
         from zeropp_hier.comm.groups import build_hop_groups, build_tick_group
         from zeropp_hier.comm.stats import CommStats
-        from zeropp_hier.comm.ticks import TickTransport
+        from zeropp_hier.comm.ticks import LocalTickTransport
         from zeropp_hier.core import layout
         from zeropp_hier.core.topology import Topology
 
@@ -217,7 +206,7 @@ class Layer:
             self.capture,  # type: ignore[arg-type]
             pipeline_chunks=chunks,
         )
-        self.transport = _stand_in(TickTransport)(build_tick_group(topo), rank, topo, self.stats)
+        self.transport = _stand_in(LocalTickTransport)(build_tick_group(topo), rank, topo, self.stats)
         self.numels = lc.neox_layer_numels(hidden, intermediate)
         self.align = gather.slot_align((*plan.forward, *self.backward))  # the runtime's _gather_align
         self.sizes = [-(-n // world) for n in self.numels]

@@ -233,6 +233,26 @@ class TickTransport:
         return results
 
 
+class LocalTickTransport(TickTransport):
+    """A ``TickTransport`` whose network part fills each receive buffer on the rank itself: a
+    copy of what the rank sends in the same slot (the same tag, size and dtype), zeros where it
+    sends none. Nothing is sent, so a tick run through it is the tick mode's local work alone
+    (the slot copies, encodes, decodes, sums and the driver's Python): what ``auto``'s host probe
+    times per element ([Note: host probe] in deepspeed/auto_host.py) and
+    benchmarks/gpu/tick_work.py times per tick. The received values are not the collective's."""
+
+    def post(self, wires: Sequence[Wire], batches: Sequence[list[dist.P2POp]]) -> None:
+        for ops in batches:
+            if not ops:
+                continue
+            self.calls += 1
+            sends = {(op.tag, op.tensor.numel(), op.tensor.dtype): op.tensor for op in ops if op.op is dist.isend}
+            for op in ops:
+                if op.op is dist.irecv:
+                    src = sends.get((op.tag, op.tensor.numel(), op.tensor.dtype))
+                    op.tensor.copy_(src) if src is not None else op.tensor.zero_()
+
+
 def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
@@ -476,6 +496,7 @@ def plan_pieces(plan: CommPlan, backward: Sequence[Hop]) -> dict[str, list[tuple
 __all__ = [
     "TICK_LANE",
     "HopRun",
+    "LocalTickTransport",
     "TickExecutor",
     "TickScheduleError",
     "TickTransport",

@@ -163,25 +163,6 @@ class _Ticks(NamedTuple):
     stats: CommStats
 
 
-def _local_transport():
-    """A ``TickTransport`` whose network part fills each receive buffer on the rank itself
-    (a copy of what it sends in the same slot, zeros where it sends none), so a piece run
-    through it is the tick mode's local work alone ([Note: host probe], 4.)."""
-    from ..comm.ticks import TickTransport
-
-    class LocalTransport(TickTransport):
-        def post(self, wires, batches) -> None:
-            for ops in batches:
-                self.calls += 1
-                sends = {(op.tag, op.tensor.numel(), op.tensor.dtype): op.tensor for op in ops if op.op is dist.isend}
-                for op in ops:
-                    if op.op is dist.irecv:
-                        src = sends.get((op.tag, op.tensor.numel(), op.tensor.dtype))
-                        op.tensor.copy_(src) if src is not None else op.tensor.zero_()
-
-    return LocalTransport
-
-
 def _tick_context(
     topo: Topology, rank: int, device: torch.device, plan: CommPlan, chunks: int, local: bool = False
 ) -> _Ticks:
@@ -193,14 +174,14 @@ def _tick_context(
     from ..comm.context import CommContext
     from ..comm.groups import HopGroup
     from ..comm.stats import CommStats
-    from ..comm.ticks import TickExecutor, TickTransport
+    from ..comm.ticks import LocalTickTransport, TickExecutor, TickTransport
 
     world_pg = dist.group.WORLD
     assert world_pg is not None  # initialised: the caller ran collectives on it
     axes = dict.fromkeys(h.axes for h in (*plan.forward, *plan.reduce))
     groups = {a: HopGroup(a, world_pg, topo.peers(rank, a), None, None) for a in axes}
     stats = CommStats(topo, rank)
-    transport = (_local_transport() if local else TickTransport)(world_pg, rank, topo, stats)
+    transport = (LocalTickTransport if local else TickTransport)(world_pg, rank, topo, stats)
     transport.log = []
     executor = TickExecutor(f"auto-host-probe-{rank}", device, transport)
     ctx = CommContext(topo, rank, plan, HierCollectives(topo, groups, stats), executor, pipeline_chunks=chunks)
