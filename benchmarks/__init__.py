@@ -8,8 +8,10 @@ files it writes under ``benchmarks/results/``:
 - cpu/: the project's own measurements and arithmetic on one machine's CPUs
   (``python -m benchmarks.cpu.kernels``, ``benchmarks.cpu.convergence`` ...);
 - cluster/: the emulated cluster itself (``sudo python -m benchmarks.cluster setup|status|teardown``);
-- deepspeed_unit/: DeepSpeed's own ZeRO-3 unit tests with our section injected.
+- deepspeed_unit/: DeepSpeed's own ZeRO-3 unit tests with our section injected;
+- tables/: the docs' tables rendered from the results (``python -m benchmarks.tables``), and the
+  record of its run that every result file carries (``provenance.run_meta``).
 
-Arrows run one way: compare/, gpu/ and cpu/ import the package, cluster/ and each other's shared
-definitions (compare/'s schemes, cpu/'s kernels and layer_cost), never the reverse; nothing in the
+Arrows run one way: compare/, gpu/ and cpu/ import the package, cluster/, tables/' provenance and
+each other's shared definitions (compare/'s schemes, cpu/'s kernels and layer_cost), never the reverse; nothing in the
 package imports benchmarks/ but ``zeropp-hier cluster`` (lazily, from the checkout)."""

@@ -47,7 +47,7 @@ FAMILIES = {
     "monitoring": {"monitor", "monitor_run", "chart", "evaluate"},
 }
 SPINE = {"spec", "run", "report", "launch", "train", "recipe", "user_config", "memory_check"}
-BENCH_FOLDERS = {"compare", "gpu", "cpu", "cluster", "deepspeed_unit"}
+BENCH_FOLDERS = {"compare", "gpu", "cpu", "cluster", "deepspeed_unit", "tables"}
 MAX_LINES = 600
 
 

@@ -1,0 +1,25 @@
+"""Every rendered table by name, and the Markdown files scanned for their markers. A marker whose
+name is not here, or a name here marked nowhere, is an error (render.check says which)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import auto, convergence, headline, kernels, peers, probe, shapes, tier_bytes, wire
+
+TABLES: dict[str, Callable[[], str]] = {
+    "headline": headline.render,
+    "bytes-payload": tier_bytes.payload_view,
+    "bytes-link": tier_bytes.link_view,
+    "bytes-phases-8x1x2": tier_bytes.phases_8x1x2,
+    "wire-links": wire.render,
+    "convergence-seed0": convergence.seed0,
+    "convergence-seeds": convergence.per_seed,
+    "shapes": shapes.render,
+    "auto-four-cases": auto.four_cases,
+    "auto-unshaped": auto.unshaped_two_rounds,
+    "cpu-kernels": kernels.render,
+    "gloo-probe": probe.render,
+    "tick-peers": peers.render,
+}
+DOCS = ("README.md", "docs/*.md")
