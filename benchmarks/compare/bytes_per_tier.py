@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from benchmarks.tables.provenance import run_meta
 from zeropp_hier.app import run as app_run
 from zeropp_hier.app.model.gpt import GPTConfig
 from zeropp_hier.app.spec import ds_config
@@ -83,6 +84,9 @@ def main(argv=None) -> int:
     write_json_atomic(
         args.out,
         {
+            "meta": run_meta(
+                {"ranks": 8, "topology": "2 x 2 x 2 (LocalWorld, gloo, links unshaped)", "steps": args.steps}
+            ),
             "steps": args.steps,
             "model": MODEL.__dict__,
             "bytes_per_step_per_rank": tables["bytes"],

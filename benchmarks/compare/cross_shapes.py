@@ -282,6 +282,7 @@ def summarize_files(paths: dict[str, str]) -> dict:
             "bytes": byte_rows(rec),
             "file": os.path.basename(path),
             "notes": rec["notes"],
+            "meta": rec.get("meta"),  # the run's commit, defaults and conditions (None before runs recorded them)
         }
     return out
 
@@ -384,7 +385,8 @@ def run_unshaped(args, shapes: list[str]) -> int:
         path = os.path.join(args.out_dir, f"{args.name}_{shape}.json")
         if os.path.exists(path):
             with open(path) as f:
-                summary[shape] = {**unshaped_rows(json.load(f)), "file": os.path.basename(path)}
+                rec = json.load(f)
+            summary[shape] = {**unshaped_rows(rec), "file": os.path.basename(path), "meta": rec.get("meta")}
     text = "\n".join(unshaped_markdown(summary))
     print(text)
     write_json_atomic(os.path.join(args.out_dir, f"{args.name}.json"), summary, indent=1)

@@ -49,6 +49,7 @@ from benchmarks.compare.variants import (
     in_issue_mode,
     issue_mode_label,
 )
+from benchmarks.tables.provenance import emulated_conditions, run_meta
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.tools.compare_runs import ds_quantizer_problem  # the compare job asks the same
@@ -418,14 +419,18 @@ def record(
     )
     text = report(summary, pred, {"notes": notes, "issue_mode": issue_mode_label(plan)})
     print(text)
-    _write(args.out, plan, summary, notes, rates, regime, t_start, predictions=pred, probe=probe)
+    _write(args.out, plan, summary, notes, rates, regime, t_start, args.ratios, predictions=pred, probe=probe)
     return summary
 
 
-def _write(out: str, plan: dict, summary: dict, notes: list, rates, regime: dict, t_start: float, **extra) -> None:
+def _write(
+    out: str, plan: dict, summary: dict, notes: list, rates, regime: dict, t_start: float, ratios: str, **extra
+) -> None:
     """A run's record: the plan, the summary and what the run measured beside it (``extra``: the
-    planner's predictions and the probe, where the run has them)."""
-    record = {"plan": plan, "summary": summary, **extra, "notes": notes, "quant_rate_per_rank": rates}
+    planner's predictions and the probe, where the run has them), and ``meta``: the commit, the
+    defaults and the conditions it ran under (benchmarks/tables/provenance.py)."""
+    meta = run_meta({**emulated_conditions(plan, ratios), "regime": regime.get("name")})
+    record = {"meta": meta, "plan": plan, "summary": summary, **extra, "notes": notes, "quant_rate_per_rank": rates}
     write_json_atomic(out, {**record, "regime": regime, "wall_s": time.time() - t_start}, indent=1)
 
 
@@ -441,7 +446,7 @@ def record_unshaped(
         chosen = f" (auto chose {d['auto'][0]['chosen']})" if d.get("auto") else ""
         times = ", ".join(f"{t:.2f}" for t in d["step_times"])
         print(f"{name:<16} median {d['median_step_s']:.2f} s per step ({times}){chosen}")
-    _write(args.out, plan, summary, notes, rates, regime, t_start)
+    _write(args.out, plan, summary, notes, rates, regime, t_start, args.ratios)
 
 
 def calibrate(spec: ClusterSpec, plan: dict, share: float, on_mark, links: dict, log) -> dict:

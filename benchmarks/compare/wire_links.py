@@ -33,6 +33,7 @@ from benchmarks.cluster.spec import ClusterSpec, wire_bytes
 from benchmarks.compare import run as compare
 from benchmarks.compare.planner import predictions
 from benchmarks.compare.report import summarize
+from benchmarks.tables.provenance import run_meta
 from zeropp_hier.core.vocab import TIERS
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.tools.compare_runs import ds_quantizer_problem
@@ -167,7 +168,18 @@ def main(argv=None) -> int:
             + "; payload view "
             + " / ".join(f"{d['stats_per_step'][t] / 1e6:.3f}" for t in TIERS)
         )
+    conditions = {
+        "model": plan["shape"],
+        "ranks": args.nodes * args.gpus_per_node * args.gcds_per_gpu,
+        "emulated_nodes": args.nodes,
+        "packages_per_node": args.gpus_per_node,
+        "gcds_per_package": args.gcds_per_gpu,
+        "issue_mode": plan["issue_mode"],
+        "links": "unshaped",
+        "steps": args.steps,
+    }
     doc = {
+        "meta": run_meta(conditions),
         "what": "bytes per link class and step, summed over ranks: interface counters against comm_stats' "
         "link view (and payload view) and the planner, links unshaped",
         "command": "python -m benchmarks.compare.wire_links " + " ".join(argv if argv is not None else sys.argv[1:]),

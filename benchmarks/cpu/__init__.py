@@ -12,6 +12,8 @@ figures are the ones docs/benchmarks.md quotes.
   Frontier under zeropp and frontier, by phase, from the planner's link model (printed).
 - layer_cost: which kernels the frontier preset runs for one layer and the GPU-to-GCD scaling,
   pure arithmetic that benchmarks/gpu/layer_cost.py measures against.
+- tick_peers (``python -m benchmarks.cpu.tick_peers``): a rank's tick peers and ops per grouped
+  call at 9,408 nodes by the pure schedule; ``benchmarks/results/tick_peers.json``.
 - tick_work: the ticks and the bytes encoded and decoded of one layer's tick-mode work, the
   schedule and plan that benchmarks/gpu/tick_work.py's run must match (pure arithmetic).
 """

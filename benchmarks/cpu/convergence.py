@@ -33,6 +33,7 @@ import sys
 import time
 
 from benchmarks.compare.schemes import EXACT_GCD_GRADIENTS, INT4_NODE_GRADIENTS, INT8_GCD_GRADIENTS
+from benchmarks.tables.provenance import run_meta
 from zeropp_hier.app.spec import MODELS, ModelSpec
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
@@ -311,6 +312,14 @@ def main(argv=None) -> int:
             write_json_atomic(
                 out_json,
                 {
+                    "meta": run_meta(
+                        {
+                            "ranks": 8,
+                            "topology": "2 x 2 x 2 (LocalWorld, gloo)",
+                            "seed": a["seed"],
+                            "steps": a["steps"],
+                        }
+                    ),
                     "args": a,
                     "model": model,
                     "world": "8 ranks = 2 nodes x 2 GPUs x 2 GCDs",

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.tables.provenance import run_meta
 from zeropp_hier.files import write_json_atomic
 
 _WARM_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
@@ -211,6 +212,7 @@ def main(argv=None) -> None:
     print(_HEADER)
     print("-" * len(_HEADER))
     result = run(args)
+    result = {"meta": run_meta({**result["machine"], **result["config"]}), **result}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, result, indent=2)
