@@ -156,7 +156,7 @@ def emulated(
 ) -> ClusterModel:
     """The emulated cluster of benchmarks/cluster (tbf rates in Frontier's 16:4:1 per-GCD ratio,
     gloo over TCP). ``efficiency``: gloo all-gathers got ~75% of the tbf rate on the node and
-    gpu tiers in ``zeropp-hier probe`` runs here (62-67% with other settings,
+    gpu tiers in early ``zeropp-hier probe`` runs here (the probes of the committed runs read 88-95%,
     docs/benchmarks.md#emulated-cluster-notes);
     probed tiers replace it. Compute on 2 shared CPU cores is a
     measurement (``compute_s``) whenever one is available. ``message_overhead_bytes``: gloo's
