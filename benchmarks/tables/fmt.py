@@ -47,6 +47,11 @@ def kb(x: float) -> str:
     return f"{x / 1e3:.1f}"
 
 
+def sci(x: float) -> str:
+    """Two significant digits in scientific notation without a padded exponent: ``8.8e-8``."""
+    return f"{x:.1e}".replace("e-0", "e-").replace("e+0", "e+")
+
+
 def code(name: str) -> str:
     return f"`{name}`"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import auto, convergence, headline, kernels, peers, probe, shapes, tier_bytes, wire
+from . import auto, convergence, dsunit, gpu, headline, kernels, peers, probe, shapes, tier_bytes, wire
 
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline.render,
@@ -21,5 +21,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "cpu-kernels": kernels.render,
     "gloo-probe": probe.render,
     "tick-peers": peers.render,
+    "gpu-kernels": gpu.kernels,
+    "gpu-engine": gpu.engine,
+    "dsunit-readme": dsunit.with_rerun,
+    "dsunit-first": dsunit.first_run,
+    "dsunit-overlap": dsunit.overlap_sample,
 }
 DOCS = ("README.md", "docs/*.md")

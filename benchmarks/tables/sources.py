@@ -43,9 +43,9 @@ def meta(path: str) -> dict:
     """The run's record: ``recorded_in`` (commit), ``date``, ``defaults`` ("today", or what was
     different), ``conditions``. A file without either source is refused, naming it."""
     doc = _read(path)
-    if isinstance(doc, dict) and isinstance(doc.get("meta"), dict):
+    if isinstance(doc, dict) and isinstance(doc.get("meta"), dict) and "defaults" in doc["meta"]:
         return doc["meta"]
-    files = _read(PROVENANCE)["files"]
+    files = _read(PROVENANCE)["files"]  # and files whose own meta (deepspeed_unit's) predates run_meta
     if path not in files:
         raise SourceError(
             f"{path}: no 'meta' in the file and no entry in {PROVENANCE}; add one (the commit that "
