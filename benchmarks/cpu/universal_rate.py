@@ -3,9 +3,10 @@ zeropp_hier/deepspeed/universal_shared.py), on this machine: a GPT-NeoX of about
 trained one step on 4 CPU ranks and saved, then converted by 2 ranks each doing its share (what a
 resume on half the ranks does) and by one process (``checkpoint.to_universal``, what
 ``zeropp-hier checkpoint to-universal`` does). Prints the job's conversion line and one line for
-the single process, with bytes and seconds.
+the single process, with bytes and seconds; ``--out`` also writes them as JSON with the run's
+record (benchmarks/tables/provenance.py), e.g. ``benchmarks/results/universal_rate.json``.
 
-    python -m benchmarks.cpu.universal_rate [--hidden 1024] [--layers 8] [--dir DIR]
+    python -m benchmarks.cpu.universal_rate [--hidden 1024] [--layers 8] [--dir DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import shutil
 import tempfile
 import time
 
+from benchmarks.tables.provenance import run_meta
 from zeropp_hier.app import run as app_run
 from zeropp_hier.app.longrun import io_cost
 from zeropp_hier.app.spec import ModelSpec, ds_config, n_params
 from zeropp_hier.deepspeed import checkpoint, universal_shared
+from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
 TAG = "t"
@@ -41,6 +44,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary directory)")
+    p.add_argument("--out", default=None, help="also write the figures as JSON here")
     a = p.parse_args()
     model = ModelSpec(vocab_size=256, seq_len=64, hidden=a.hidden, heads=8, layers=a.layers, intermediate=4 * a.hidden)
     work = a.dir or tempfile.mkdtemp(prefix="universal_rate-")
@@ -59,6 +63,13 @@ def main() -> None:
         f"{c.bytes_written / 1e9:.3g} GB written ({io_cost.rate_gbps(c.bytes_read + c.bytes_written, seconds):.3g} "
         "GB/s read and written)"
     )
+    if a.out:
+        conditions = {"params": n_params(model), "saved_by_ranks": c.source_world, "converted_by_ranks": c.world}
+        rows = {
+            "shares": {"seconds": c.seconds, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written},
+            "one_process": {"seconds": seconds, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written},
+        }
+        write_json_atomic(a.out, {"meta": run_meta(conditions), **rows}, indent=1)
     if a.dir is None:
         shutil.rmtree(work, ignore_errors=True)
 
