@@ -58,33 +58,60 @@ inline float quantize_staged(const float* buf, int32_t amax, int bits, int64_t b
   return scale;
 }
 
-// Blocks [b0, b1) of x [numel] -> data, scales.
+// Blocks [b0, b1) of x [numel] -> data, scales; rotate > 0: each block rotated in the staging
+// buffer first, while it is in L1 ([Note: block rotation]).
 template <typename T>
-void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size, int64_t b0,
-                     int64_t b1, uint8_t* data, float* scales) {
+void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size, int64_t rotate,
+                     int64_t b0, int64_t b1, uint8_t* data, float* scales) {
   const T* xt = static_cast<const T*>(x);
   const int64_t block_bytes = data_bytes(1, block_size, bits);
   float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
     const int64_t len = std::min(block_size, numel - start);
-    const int32_t amax = stage_block(xt + start, len, block_size, buf);
+    int32_t amax = stage_block(xt + start, len, block_size, buf);
+    if (rotate) {
+      hadamard_inplace(buf, block_size, rotate);
+      amax = absmax_of(buf, block_size);
+    }
     scales[b] = quantize_staged(buf, amax, bits, block_size, data + b * block_bytes);
   }
 }
 
-// Blocks [b0, b1) of a payload -> out [numel].
+// One whole block (padding included) dequantized to fp32 in buf [B].
+inline void dequantize_block_f32(const uint8_t* q, float scale, int bits, int64_t block_size,
+                                 float* buf) {
+  if (bits == 8) {
+    const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
+    for (int64_t i = 0; i < block_size; ++i) buf[i] = dequantize_value(q8[i], scale);
+  } else {
+    for (int64_t j = 0; j < block_size / 2; ++j) {
+      buf[2 * j] = dequantize_value(int4_low(q[j]), scale);
+      buf[2 * j + 1] = dequantize_value(int4_high(q[j]), scale);
+    }
+  }
+}
+
+// Blocks [b0, b1) of a payload -> out [numel]; rotate > 0: each whole block dequantized to fp32,
+// rotated back, then its first elements cast.
 template <typename T>
 void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, int bits,
-                       int64_t block_size, int64_t b0, int64_t b1, void* out) {
+                       int64_t block_size, int64_t rotate, int64_t b0, int64_t b1, void* out) {
   T* o = static_cast<T*>(out);
   const int64_t block_bytes = data_bytes(1, block_size, bits);
+  float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
     const int64_t len = std::min(block_size, numel - start);
     const uint8_t* q = data + b * block_bytes;
     const float scale = scales[b];
     T* ob = o + start;
+    if (rotate) {
+      dequantize_block_f32(q, scale, bits, block_size, buf);
+      hadamard_inplace(buf, block_size, rotate);
+      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
+      continue;
+    }
     if (bits == 8) {
       const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
       for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(dequantize_value(q8[i], scale));
@@ -129,15 +156,23 @@ inline void sum_chunk(const Parts& parts, int64_t begin, int64_t len, float* acc
   }
 }
 
-// Chunks [c0, c1) of the sum -> out [numel] of T.
+// Chunks [c0, c1) of the sum -> out [numel] of T. Rotated parts (parts.rotate > 0) are summed
+// over whole blocks in the rotated domain, and the chunk's sum is rotated back once.
 template <typename T>
 void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
   T* o = static_cast<T*>(out);
   float acc[kChunk];
+  const int64_t padded = num_blocks(parts.numel, parts.block_size) * parts.block_size;
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t len = std::min(kChunk, parts.numel - begin);
-    sum_chunk(parts, begin, len, acc);
+    if (parts.rotate) {
+      const int64_t span = std::min(kChunk, padded - begin);  // whole blocks
+      sum_chunk(parts, begin, span, acc);
+      hadamard_inplace(acc, span, parts.rotate);
+    } else {
+      sum_chunk(parts, begin, len, acc);
+    }
     for (int64_t i = 0; i < len; ++i) o[begin + i] = from_f32<T>(acc[i]);
   }
 }
