@@ -1,13 +1,17 @@
 """Throughput of the CPU quantization kernels beside the PyTorch reference and a memory copy.
 
     python -m benchmarks.cpu.kernels [--sizes 1M,4M,16M,64M] [--block-size 256] [--parts 4]
-                                 [--dtype float32] [--out benchmarks/results/kernels.json]
+                                 [--dtype float32] [--rotations 32,128]
+                                 [--out benchmarks/results/kernels.json]
 
 For each size n and for int8 and int4 it times, in one process:
 - quantize (x [n] -> payload), dequantize (payload -> [n] fp32),
   dequantize_sum (k payloads -> [n] fp32 sum), dequantize_sum_requantize (k payloads -> payload),
   with the compiled CPU kernels (zeropp_hier._C) and with zeropp_hier.quant.reference;
-- ``y.copy_(x)`` of the fp32 [n] buffer, right before each op, as the memory-bandwidth yardstick.
+- ``y.copy_(x)`` of the fp32 [n] buffer, right before each op, as the memory-bandwidth yardstick;
+- quantize and dequantize with the block rotation ([Note: block rotation]) for each R of
+  ``--rotations``, and under "rotation_cost" their time per element against the same op without
+  rotation (the kernels' ns/element and the ratio).
 
 Columns:
 - "in GB/s": bytes of the op's input per second (the fp32/bf16/fp16 tensor for quantize; data +
@@ -124,6 +128,24 @@ def run(args) -> dict:
                     lambda: reference.dequantize_sum_requantize(parts, bits, B),
                 ),
             ]
+            for r in args.rotations:
+                qr = quant.quantize(x, bits, B, r)
+                cases += [
+                    (
+                        f"quantize(rotate={r})",
+                        n * x.element_size(),
+                        n,
+                        lambda r=r: quant.quantize(x, bits, B, r),
+                        lambda r=r: reference.quantize(x, bits, B, r),
+                    ),
+                    (
+                        f"dequantize(rotate={r})",
+                        payload,
+                        n,
+                        lambda r=r, qr=qr: quant.dequantize(qr, torch.float32, r),
+                        lambda r=r, qr=qr: reference.dequantize(qr, torch.float32, r),
+                    ),
+                ]
             for name, in_bytes, elems, ext_fn, ref_fn in cases:
                 t_ext = timed(ext_fn, args.reps)
                 t_ref = timed(ref_fn, args.ref_reps)
@@ -145,7 +167,14 @@ def run(args) -> dict:
                     }
                 )
                 _print_row(rows[-1])
+    rotation_cost = _rotation_cost(rows)
+    for c in rotation_cost:
+        print(
+            f"{c['op']:10s} int{c['bits']} {c['numel'] >> 20}M R={c['rotate']:<4d} "
+            f"{c['plain_ns_per_elem']:.3f} -> {c['rotated_ns_per_elem']:.3f} ns/element: x{c['ratio']:.2f}"
+        )
     return {
+        "rotation_cost": rotation_cost,
         "machine": {
             "cpu": _cpu_model(),
             "cores": os.cpu_count(),
@@ -175,6 +204,29 @@ def run(args) -> dict:
     }
 
 
+def _rotation_cost(rows: list[dict]) -> list[dict]:
+    """Each rotated quantize/dequantize row against the same op, bits and size without rotation."""
+    plain = {(r["op"], r["bits"], r["numel"]): r["ext_s"] for r in rows}
+    out = []
+    for r in rows:
+        op, _, rest = r["op"].partition("(rotate=")
+        if not rest:
+            continue
+        base = plain[(op, r["bits"], r["numel"])]
+        out.append(
+            {
+                "op": op,
+                "bits": r["bits"],
+                "numel": r["numel"],
+                "rotate": int(rest.rstrip(")")),
+                "plain_ns_per_elem": base / r["numel"] * 1e9,
+                "rotated_ns_per_elem": r["ext_s"] / r["numel"] * 1e9,
+                "ratio": r["ext_s"] / base,
+            }
+        )
+    return out
+
+
 _HEADER = (
     f"{'op':34s} {'bits':>4s} {'numel':>6s} | {'ext in GB/s':>11s} {'ref in GB/s':>11s} "
     f"{'x ref':>7s} | {'copy GB/s':>9s} {'% copy':>7s}"
@@ -198,6 +250,12 @@ def main(argv=None) -> None:
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--rotations",
+        default="32,128",
+        type=lambda s: [int(v) for v in s.split(",") if v],
+        help="rotation sizes R to time quantize/dequantize with ('' for none)",
+    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ref-reps", type=int, default=5)
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement, at most")
