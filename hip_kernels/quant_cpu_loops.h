@@ -5,7 +5,8 @@
 // loops are vectorised for baseline x86-64 (SSE2), AVX2 and AVX-512 and the widest one the CPU
 // has is picked at run time. All arithmetic is quant_math.h's (its inline functions are inlined
 // into each variant); vector width changes no result ([Note: bit-exact arithmetic]).
-// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined.
+// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined, and ZQH_VEC8 (1 where
+// the variant has 8-float vectors: AVX2 and up).
 #ifndef ZQH_ISA
 #error "define ZQH_ISA (the namespace of this instruction-set variant) before including"
 #endif
@@ -36,6 +37,129 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
   }
   return amax;
 }
+
+// [Note: CPU rotation layout]
+// hadamard_inplace (quant_math.h) with the same two operands and operation for every output,
+// laid out for SIMD (the order of independent pairs within a stride changes no bit):
+// - up to 64 values of a group are transformed in registers (8 vectors of 8 floats, GCC vector
+//   extensions): the strides 1, 2, 4 inside each vector as y = x[j ^ h] (one permute) plus x[j]
+//   with its sign flipped where bit h of j is set (an xor): x[j ^ h] + x[j] is a + b exactly
+//   (addition commutes) and x[j ^ h] + (-x[j]) is a - b exactly; the strides 8, 16, 32 between
+//   vectors; the multiply by hadamard_scale(R) folded into the last stride's pass;
+// - larger strides (R > 64) as contiguous half-group loops over the block, the last one
+//   multiplying too.
+// Without the vector extensions, or in the baseline (SSE2) variant, where 8-float permutes
+// compile to scalar code, it is hadamard_inplace itself. First version (generic strided loops,
+// separate passes) measured 4-5x the time of quantize alone; this one: see benchmarks/cpu/kernels.py.
+#if defined(__GNUC__) && !defined(__clang__) && ZQH_VEC8
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+// one stride h in {1, 2, 4} inside a vector of 8 consecutive values (8-aligned in the group)
+template <int H>
+inline v8f stride_in_vector(v8f x) {
+  constexpr int32_t m = INT32_MIN;  // the sign bit
+  const v8i partner = {0 ^ H, 1 ^ H, 2 ^ H, 3 ^ H, 4 ^ H, 5 ^ H, 6 ^ H, 7 ^ H};
+  const v8i flip = {0, (1 & H) ? m : 0, (2 & H) ? m : 0, (3 & H) ? m : 0,
+                    (4 & H) ? m : 0, (5 & H) ? m : 0, (6 & H) ? m : 0, (7 & H) ? m : 0};
+  const v8f y = __builtin_shuffle(x, partner);
+  return y + (v8f)((v8i)x ^ flip);
+}
+
+inline int32_t max_lane(v8i m) {
+  int32_t out = 0;
+  for (int i = 0; i < 8; ++i) out = m[i] > out ? m[i] : out;
+  return out;
+}
+
+// 8 * NV values (NV <= 8) read from src as fp32 (converted exactly), through the strides
+// below min(r, 8 * NV), stored to dst; when that is all of r, also scaled by c and their
+// absmax bits folded into amax (as abs_bits: non-finite values give >= kExpMask).
+template <int NV, typename T>
+inline void group_in_registers(const T* src, float* dst, int64_t r, float c, v8i& amax) {
+  float staged[8 * NV];
+  for (int k = 0; k < 8 * NV; ++k) staged[k] = to_f32(src[k]);
+  v8f x[NV];
+  memcpy(x, staged, sizeof(x));
+  for (int i = 0; i < NV; ++i) {
+    x[i] = stride_in_vector<1>(x[i]);
+    if (r > 2) x[i] = stride_in_vector<2>(x[i]);
+    if (r > 4) x[i] = stride_in_vector<4>(x[i]);
+  }
+  for (int s = 1; s < NV && 8 * s < r; s *= 2) {  // stride 8 * s: vector i with vector i + s
+    for (int i = 0; i < NV; ++i) {
+      if (i & s) continue;
+      const v8f a = x[i], b = x[i + s];
+      x[i] = a + b;
+      x[i + s] = a - b;
+    }
+  }
+  if (r <= 8 * NV) {
+    const v8f cv = {c, c, c, c, c, c, c, c};
+    const int32_t k = int32_t(kAbsMask);
+    const v8i abs_mask = {k, k, k, k, k, k, k, k};
+    for (int i = 0; i < NV; ++i) {
+      x[i] = x[i] * cv;
+      const v8i bits = (v8i)x[i] & abs_mask;
+      amax = amax > bits ? amax : bits;
+    }
+  }
+  memcpy(dst, x, sizeof(x));
+}
+
+// src [n] (n a multiple of r and of 8) -> dst [n] rotated; returns the absmax bits of dst.
+template <typename T>
+inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+  const float c = hadamard_scale(r);
+  v8i amax = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (r <= 8) {
+    for (int64_t i = 0; i < n; i += 8) group_in_registers<1>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  if (r == 16) {
+    for (int64_t i = 0; i < n; i += 16) group_in_registers<2>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  if (r == 32) {
+    for (int64_t i = 0; i < n; i += 32) group_in_registers<4>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  for (int64_t i = 0; i < n; i += 64) group_in_registers<8>(src + i, dst + i, r, c, amax);
+  if (r == 64) return max_lane(amax);
+  int32_t m = 0;
+  for (int64_t h = 64; h < r; h *= 2) {
+    const bool last = 2 * h == r;
+    for (int64_t base = 0; base < n; base += 2 * h) {
+      float* lo = dst + base;
+      float* hi = lo + h;
+      if (last) {
+        for (int64_t j = 0; j < h; ++j) {
+          const float a = lo[j], b = hi[j];
+          lo[j] = mul_rn(add_rn(a, b), c);
+          hi[j] = mul_rn(sub_rn(a, b), c);
+          const int32_t x0 = int32_t(abs_bits(lo[j])), x1 = int32_t(abs_bits(hi[j]));
+          m = x0 > m ? x0 : m;
+          m = x1 > m ? x1 : m;
+        }
+      } else {
+        for (int64_t j = 0; j < h; ++j) {
+          const float a = lo[j], b = hi[j];
+          lo[j] = add_rn(a, b);
+          hi[j] = sub_rn(a, b);
+        }
+      }
+    }
+  }
+  return m;
+}
+#else
+template <typename T>
+inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
+  hadamard_inplace(dst, n, r);
+  return absmax_of(dst, n);
+}
+#endif
 
 // Quantizes one staged block buf [B] into out (B int8, or B/2 int4 bytes); returns the scale.
 inline float quantize_staged(const float* buf, int32_t amax, int bits, int64_t block_size,
@@ -69,10 +193,12 @@ void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size,
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
     const int64_t len = std::min(block_size, numel - start);
-    int32_t amax = stage_block(xt + start, len, block_size, buf);
-    if (rotate) {
-      hadamard_inplace(buf, block_size, rotate);
-      amax = absmax_of(buf, block_size);
+    int32_t amax;
+    if (rotate && len == block_size) {  // straight from the input, rotated in registers
+      amax = hadamard_block(xt + start, buf, block_size, rotate);
+    } else {
+      amax = stage_block(xt + start, len, block_size, buf);
+      if (rotate) amax = hadamard_block<float>(buf, buf, block_size, rotate);
     }
     scales[b] = quantize_staged(buf, amax, bits, block_size, data + b * block_bytes);
   }
@@ -108,7 +234,7 @@ void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, 
     T* ob = o + start;
     if (rotate) {
       dequantize_block_f32(q, scale, bits, block_size, buf);
-      hadamard_inplace(buf, block_size, rotate);
+      hadamard_block<float>(buf, buf, block_size, rotate);
       for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
       continue;
     }
@@ -169,7 +295,7 @@ void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
     if (parts.rotate) {
       const int64_t span = std::min(kChunk, padded - begin);  // whole blocks
       sum_chunk(parts, begin, span, acc);
-      hadamard_inplace(acc, span, parts.rotate);
+      hadamard_block<float>(acc, acc, span, parts.rotate);
     } else {
       sum_chunk(parts, begin, len, acc);
     }

@@ -22,7 +22,9 @@ isa = qk.isa
 
 
 def rotations(block: int):
-    return sorted({2, 32, 128, block} & set(range(2, block + 1)))
+    # 2: in-vector strides only; 32, 64: all in registers; 128, block: strides in memory too
+    # ([Note: CPU rotation layout] in hip_kernels/quant_cpu_loops.h)
+    return sorted({2, 16, 32, 64, 128, block} & set(range(2, block + 1)))
 
 
 # ---- the transform ----------------------------------------------------------------------------
