@@ -36,9 +36,9 @@ struct Loops {
 }  // namespace zqh
 
 #define ZQH_ISA isa_default
-#define ZQH_VEC8 0
+#define ZQH_VECW 0
 #include "quant_cpu_loops.h"
-#undef ZQH_VEC8
+#undef ZQH_VECW
 #undef ZQH_ISA
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -47,18 +47,18 @@ struct Loops {
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #define ZQH_ISA isa_avx2
-#define ZQH_VEC8 1
+#define ZQH_VECW 8
 #include "quant_cpu_loops.h"
-#undef ZQH_VEC8
+#undef ZQH_VECW
 #undef ZQH_ISA
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,avx512f,avx512bw,avx512vl,avx512dq")
 #define ZQH_ISA isa_avx512
-#define ZQH_VEC8 1
+#define ZQH_VECW 16
 #include "quant_cpu_loops.h"
-#undef ZQH_VEC8
+#undef ZQH_VECW
 #undef ZQH_ISA
 #pragma GCC pop_options
 #else

@@ -5,8 +5,8 @@
 // loops are vectorised for baseline x86-64 (SSE2), AVX2 and AVX-512 and the widest one the CPU
 // has is picked at run time. All arithmetic is quant_math.h's (its inline functions are inlined
 // into each variant); vector width changes no result ([Note: bit-exact arithmetic]).
-// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined, and ZQH_VEC8 (1 where
-// the variant has 8-float vectors: AVX2 and up).
+// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined, and ZQH_VECW (the
+// variant's floats per vector for the rotation: 8 for AVX2, 16 for AVX-512, 0 for baseline).
 #ifndef ZQH_ISA
 #error "define ZQH_ISA (the namespace of this instruction-set variant) before including"
 #endif
@@ -41,91 +41,106 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
 // [Note: CPU rotation layout]
 // hadamard_inplace (quant_math.h) with the same two operands and operation for every output,
 // laid out for SIMD (the order of independent pairs within a stride changes no bit):
-// - up to 64 values of a group are transformed in registers (8 vectors of 8 floats, GCC vector
-//   extensions): the strides 1, 2, 4 inside each vector as y = x[j ^ h] (one permute) plus x[j]
-//   with its sign flipped where bit h of j is set (an xor): x[j ^ h] + x[j] is a + b exactly
-//   (addition commutes) and x[j ^ h] + (-x[j]) is a - b exactly; the strides 8, 16, 32 between
-//   vectors; the multiply by hadamard_scale(R) folded into the last stride's pass;
+// - up to 64 values of a group are transformed in registers (vectors of W = 8 floats for AVX2,
+//   16 for AVX-512; GCC vector extensions): the strides below W inside each vector as
+//   y = x[j ^ h] (one permute) plus x[j] with its sign flipped where bit h of j is set (an xor):
+//   x[j ^ h] + x[j] is a + b exactly (addition commutes) and x[j ^ h] + (-x[j]) is a - b
+//   exactly; the strides from W to 32 between vectors; the multiply by hadamard_scale(R) and the
+//   absmax folded into the last stride's pass; full blocks read straight from the input;
 // - larger strides (R > 64) as contiguous half-group loops over the block, the last one
 //   multiplying too.
-// Without the vector extensions, or in the baseline (SSE2) variant, where 8-float permutes
-// compile to scalar code, it is hadamard_inplace itself. First version (generic strided loops,
-// separate passes) measured 4-5x the time of quantize alone; this one: see benchmarks/cpu/kernels.py.
-#if defined(__GNUC__) && !defined(__clang__) && ZQH_VEC8
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+// In the baseline (SSE2) variant, where such permutes compile to scalar code, and without
+// GCC's vector extensions, it is hadamard_inplace itself. The first version (the scalar
+// butterfly, one pass per stride) took 4-5x the time of quantize alone.
+#if defined(__GNUC__) && !defined(__clang__) && ZQH_VECW
+constexpr int kW = ZQH_VECW;
+typedef float vf __attribute__((vector_size(4 * kW)));
+typedef int32_t vi __attribute__((vector_size(4 * kW)));
+// inlined wherever used: out of line, GCC passed the vectors through memory and left the
+// AVX state with vzeroupper at every call (AVX2 took twice AVX-512's time)
+#define ZQH_INLINE inline __attribute__((always_inline))
 
-// one stride h in {1, 2, 4} inside a vector of 8 consecutive values (8-aligned in the group)
+// one stride h < W inside a vector of W consecutive values (W-aligned in the group)
 template <int H>
-inline v8f stride_in_vector(v8f x) {
-  constexpr int32_t m = INT32_MIN;  // the sign bit
-  const v8i partner = {0 ^ H, 1 ^ H, 2 ^ H, 3 ^ H, 4 ^ H, 5 ^ H, 6 ^ H, 7 ^ H};
-  const v8i flip = {0, (1 & H) ? m : 0, (2 & H) ? m : 0, (3 & H) ? m : 0,
-                    (4 & H) ? m : 0, (5 & H) ? m : 0, (6 & H) ? m : 0, (7 & H) ? m : 0};
-  const v8f y = __builtin_shuffle(x, partner);
-  return y + (v8f)((v8i)x ^ flip);
+ZQH_INLINE vf stride_in_vector(vf x) {
+  vi partner, flip;
+  for (int j = 0; j < kW; ++j) {  // constants after unrolling
+    partner[j] = j ^ H;
+    flip[j] = (j & H) ? INT32_MIN : 0;
+  }
+  const vf y = __builtin_shuffle(x, partner);
+  return y + (vf)((vi)x ^ flip);
 }
 
-inline int32_t max_lane(v8i m) {
+ZQH_INLINE int32_t max_lane(vi m) {
   int32_t out = 0;
-  for (int i = 0; i < 8; ++i) out = m[i] > out ? m[i] : out;
+  for (int i = 0; i < kW; ++i) out = m[i] > out ? m[i] : out;
   return out;
 }
 
-// 8 * NV values (NV <= 8) read from src as fp32 (converted exactly), through the strides
-// below min(r, 8 * NV), stored to dst; when that is all of r, also scaled by c and their
+// W * NV values (W * NV <= 64) read from src as fp32 (converted exactly), through the strides
+// below min(r, W * NV), stored to dst; when that is all of r, also scaled by c and their
 // absmax bits folded into amax (as abs_bits: non-finite values give >= kExpMask).
 template <int NV, typename T>
-inline void group_in_registers(const T* src, float* dst, int64_t r, float c, v8i& amax) {
-  float staged[8 * NV];
-  for (int k = 0; k < 8 * NV; ++k) staged[k] = to_f32(src[k]);
-  v8f x[NV];
-  memcpy(x, staged, sizeof(x));
+ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c, vi& amax) {
+  vf x[NV];
+  if constexpr (sizeof(T) == 4) {
+    // straight into the vectors: through a staging array GCC copied 16 bytes at a time and
+    // read 32, a failed store-to-load forward on every vector (AVX2 took 2.4x quantize alone)
+    memcpy(x, src, sizeof(x));
+  } else {
+    float staged[kW * NV];
+    for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(src[k]);
+    memcpy(x, staged, sizeof(x));
+  }
   for (int i = 0; i < NV; ++i) {
     x[i] = stride_in_vector<1>(x[i]);
     if (r > 2) x[i] = stride_in_vector<2>(x[i]);
     if (r > 4) x[i] = stride_in_vector<4>(x[i]);
+    if (kW == 16 && r > 8) x[i] = stride_in_vector<kW == 16 ? 8 : 1>(x[i]);
   }
-  for (int s = 1; s < NV && 8 * s < r; s *= 2) {  // stride 8 * s: vector i with vector i + s
+  for (int s = 1; s < NV && kW * s < r; s *= 2) {  // stride W * s: vector i with vector i + s
     for (int i = 0; i < NV; ++i) {
       if (i & s) continue;
-      const v8f a = x[i], b = x[i + s];
+      const vf a = x[i], b = x[i + s];
       x[i] = a + b;
       x[i + s] = a - b;
     }
   }
-  if (r <= 8 * NV) {
-    const v8f cv = {c, c, c, c, c, c, c, c};
-    const int32_t k = int32_t(kAbsMask);
-    const v8i abs_mask = {k, k, k, k, k, k, k, k};
+  if (r <= kW * NV) {
+    // vector op scalar broadcasts the scalar (a lane-by-lane loop built the vector every time)
     for (int i = 0; i < NV; ++i) {
-      x[i] = x[i] * cv;
-      const v8i bits = (v8i)x[i] & abs_mask;
+      x[i] = x[i] * c;
+      const vi bits = (vi)x[i] & int32_t(kAbsMask);
       amax = amax > bits ? amax : bits;
     }
   }
   memcpy(dst, x, sizeof(x));
 }
 
-// src [n] (n a multiple of r and of 8) -> dst [n] rotated; returns the absmax bits of dst.
+// src [n] (n a multiple of r and of W) -> dst [n] rotated; returns the absmax bits of dst.
+// src may be dst (a group is read whole before it is written).
 template <typename T>
-inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
   const float c = hadamard_scale(r);
-  v8i amax = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (r <= 8) {
-    for (int64_t i = 0; i < n; i += 8) group_in_registers<1>(src + i, dst + i, r, c, amax);
+  vi amax = {};
+  if (r <= kW) {
+    for (int64_t i = 0; i < n; i += kW) group_in_registers<1>(src + i, dst + i, r, c, amax);
     return max_lane(amax);
   }
-  if (r == 16) {
-    for (int64_t i = 0; i < n; i += 16) group_in_registers<2>(src + i, dst + i, r, c, amax);
+  if (r == 2 * kW) {
+    for (int64_t i = 0; i < n; i += 2 * kW) group_in_registers<2>(src + i, dst + i, r, c, amax);
     return max_lane(amax);
   }
-  if (r == 32) {
-    for (int64_t i = 0; i < n; i += 32) group_in_registers<4>(src + i, dst + i, r, c, amax);
+  if (r == 4 * kW) {
+    for (int64_t i = 0; i < n; i += 4 * kW) group_in_registers<4>(src + i, dst + i, r, c, amax);
     return max_lane(amax);
   }
-  for (int64_t i = 0; i < n; i += 64) group_in_registers<8>(src + i, dst + i, r, c, amax);
-  if (r == 64) return max_lane(amax);
+  if (kW == 8 && r == 64) {
+    for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src + i, dst + i, r, c, amax);
   int32_t m = 0;
   for (int64_t h = 64; h < r; h *= 2) {
     const bool last = 2 * h == r;
@@ -152,6 +167,7 @@ inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
   }
   return m;
 }
+#undef ZQH_INLINE
 #else
 template <typename T>
 inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {

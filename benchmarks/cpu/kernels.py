@@ -10,8 +10,10 @@ For each size n and for int8 and int4 it times, in one process:
   with the compiled CPU kernels (zeropp_hier._C) and with zeropp_hier.quant.reference;
 - ``y.copy_(x)`` of the fp32 [n] buffer, right before each op, as the memory-bandwidth yardstick;
 - quantize and dequantize with the block rotation ([Note: block rotation]) for each R of
-  ``--rotations``, and under "rotation_cost" their time per element against the same op without
-  rotation (the kernels' ns/element and the ratio).
+  ``--rotations``; and under "rotation_cost", the compiled quantize/dequantize with each R
+  against the same op without rotation, per element, timed apart from the table: one thread,
+  its CPU time (time.thread_time), the two calls alternating, minimum over --reps * 5 pairs, so
+  that other processes on a shared machine move the ratio as little as possible.
 
 Columns:
 - "in GB/s": bytes of the op's input per second (the fp32/bf16/fp16 tensor for quantize; data +
@@ -167,7 +169,7 @@ def run(args) -> dict:
                     }
                 )
                 _print_row(rows[-1])
-    rotation_cost = _rotation_cost(rows)
+    rotation_cost = _rotation_cost(args, dtype)
     for c in rotation_cost:
         print(
             f"{c['op']:10s} int{c['bits']} {c['numel'] >> 20}M R={c['rotate']:<4d} "
@@ -204,27 +206,57 @@ def run(args) -> dict:
     }
 
 
-def _rotation_cost(rows: list[dict]) -> list[dict]:
-    """Each rotated quantize/dequantize row against the same op, bits and size without rotation."""
-    plain = {(r["op"], r["bits"], r["numel"]): r["ext_s"] for r in rows}
+def _rotation_cost(args, dtype) -> list[dict]:
+    """Rotated quantize/dequantize against the same op without rotation, in one thread's CPU
+    time, the pair alternating (see the module docstring)."""
+    import torch
+
+    from zeropp_hier import quant
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # also the kernels' OpenMP team of this thread
     out = []
-    for r in rows:
-        op, _, rest = r["op"].partition("(rotate=")
-        if not rest:
-            continue
-        base = plain[(op, r["bits"], r["numel"])]
-        out.append(
-            {
-                "op": op,
-                "bits": r["bits"],
-                "numel": r["numel"],
-                "rotate": int(rest.rstrip(")")),
-                "plain_ns_per_elem": base / r["numel"] * 1e9,
-                "rotated_ns_per_elem": r["ext_s"] / r["numel"] * 1e9,
-                "ratio": r["ext_s"] / base,
-            }
-        )
+    try:
+        n = min(args.sizes)
+        x = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(dtype)
+        B = args.block_size
+        for bits in (8, 4):
+            for r in args.rotations:
+                q0, qr = quant.quantize(x, bits, B), quant.quantize(x, bits, B, r)
+                pairs = {
+                    "quantize": (lambda: quant.quantize(x, bits, B), lambda r=r: quant.quantize(x, bits, B, r)),
+                    "dequantize": (lambda: quant.dequantize(q0), lambda r=r, qr=qr: quant.dequantize(qr, rotate=r)),
+                }
+                for op, (plain, rotated) in pairs.items():
+                    t0, t1 = _best_pair(plain, rotated, 5 * args.reps)
+                    out.append(
+                        {
+                            "op": op,
+                            "bits": bits,
+                            "numel": n,
+                            "rotate": r,
+                            "plain_ns_per_elem": t0 / n * 1e9,
+                            "rotated_ns_per_elem": t1 / n * 1e9,
+                            "ratio": t1 / t0,
+                            "timing": "1 thread, thread CPU time, min over alternating pairs",
+                        }
+                    )
+    finally:
+        torch.set_num_threads(threads)
     return out
+
+
+def _best_pair(f0, f1, reps: int) -> tuple[float, float]:
+    f0(), f1()  # warm-up
+    b0 = b1 = float("inf")
+    for _ in range(reps):
+        t0 = time.thread_time()
+        f0()
+        t1 = time.thread_time()
+        f1()
+        t2 = time.thread_time()
+        b0, b1 = min(b0, t1 - t0), min(b1, t2 - t1)
+    return b0, b1
 
 
 _HEADER = (
