@@ -93,13 +93,15 @@ ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c,
     for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(src[k]);
     memcpy(x, staged, sizeof(x));
   }
+  // NV > 1 only where r >= W * NV (see hadamard_block): then every stride below W * NV applies,
+  // known at compile time, so the vectors stay in registers
   for (int i = 0; i < NV; ++i) {
     x[i] = stride_in_vector<1>(x[i]);
-    if (r > 2) x[i] = stride_in_vector<2>(x[i]);
-    if (r > 4) x[i] = stride_in_vector<4>(x[i]);
-    if (kW == 16 && r > 8) x[i] = stride_in_vector<kW == 16 ? 8 : 1>(x[i]);
+    if (NV > 1 || r > 2) x[i] = stride_in_vector<2>(x[i]);
+    if (NV > 1 || r > 4) x[i] = stride_in_vector<4>(x[i]);
+    if (kW == 16 && (NV > 1 || r > 8)) x[i] = stride_in_vector<kW == 16 ? 8 : 1>(x[i]);
   }
-  for (int s = 1; s < NV && kW * s < r; s *= 2) {  // stride W * s: vector i with vector i + s
+  for (int s = 1; s < NV; s *= 2) {  // stride W * s: vector i with vector i + s
     for (int i = 0; i < NV; ++i) {
       if (i & s) continue;
       const vf a = x[i], b = x[i + s];
