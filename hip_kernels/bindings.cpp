@@ -9,20 +9,22 @@
 #include "quant_ops.h"
 
 TORCH_LIBRARY(zeropp_hier, m) {
+  // rotate / out_rotate: R or 0 ([Note: block rotation] in zeropp_hier/quant/reference.py)
   // x [n] -> data [nblocks*B] int8 (bits 8) | [nblocks*B/2] uint8 (bits 4), scales [nblocks]
-  m.def("quantize(Tensor x, int bits, int block_size) -> (Tensor data, Tensor scales)");
+  m.def("quantize(Tensor x, int bits, int block_size, int rotate=0) -> (Tensor data, Tensor scales)");
   // data, scales of one payload -> [numel] of dtype
   m.def(
       "dequantize(Tensor data, Tensor scales, int numel, int bits, int block_size, "
-      "ScalarType dtype) -> Tensor");
+      "ScalarType dtype, int rotate=0) -> Tensor");
   // data [k, bytes], scales [k, nblocks]: k payloads summed in fp32 -> [numel] of dtype
   m.def(
       "dequantize_sum(Tensor data, Tensor scales, int numel, int bits, int block_size, "
-      "ScalarType dtype) -> Tensor");
+      "ScalarType dtype, int rotate=0) -> Tensor");
   // as dequantize_sum, the fp32 sum requantized with (out_bits, out_block_size)
   m.def(
       "dequantize_sum_requantize(Tensor data, Tensor scales, int numel, int bits, "
-      "int block_size, int out_bits, int out_block_size) -> (Tensor data, Tensor scales)");
+      "int block_size, int out_bits, int out_block_size, int rotate=0, int out_rotate=0) -> "
+      "(Tensor data, Tensor scales)");
   m.def("build_info() -> str", &zqh::ops::build_info);
   m.def("cpu_isa() -> str", &zqh::ops::cpu_isa);
 }

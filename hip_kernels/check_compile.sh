@@ -78,6 +78,7 @@ has 'amdgcn-amd-amdhsa--gfx90a' "$("$READELF" --notes "$work/gfx90a.co")" \
 nkernels="$("$READELF" -s -W "$work/gfx90a.co" | awk '$NF ~ /\.kd$/ {print $NF}' | sort -u | wc -l)"
 [ "$nkernels" -gt 0 ] || fail "the gfx90a code object defines no kernels"
 step "OK gfx90a: $nkernels kernels in $target"
+step "gfx90a kernels: $("$READELF" -s -W "$work/gfx90a.co" | awk '$NF ~ /\.kd$/ {print $NF}' | sort -u | tr '\n' ' ')"
 
 # ---- 2. CUDA for sm_80 -----------------------------------------------------------------------
 step "nvcc -x cu -arch=sm_80 -c $src"
@@ -97,4 +98,5 @@ cflags="$(readelf -h "$cubin" 2>/dev/null | awk '/Flags:/ {print $2}')"
 ncuda="$(readelf -S -W "$cubin" 2>/dev/null | grep -c ' \.text\.' || true)"
 [ "$ncuda" -gt 0 ] || fail "the sm_80 cubin defines no kernels"
 step "OK sm_80: $ncuda kernels"
+step "sm_80 kernels: $(readelf -S -W "$cubin" 2>/dev/null | grep -o ' \.text\.[^ ]*' | sort -u | tr -d ' ' | tr '\n' ' ')"
 echo "check_compile: all checks passed"

@@ -23,6 +23,7 @@ struct Parts {
   int64_t numel;         // elements per part, before padding
   int bits;              // 8 or 4
   int64_t block_size;    // elements per scale
+  int64_t rotate = 0;    // the parts' rotation size R, 0 = none ([Note: block rotation])
 };
 
 namespace cpu {
@@ -30,18 +31,21 @@ namespace cpu {
 // The instruction-set variant the next call uses: "avx512", "avx2" or "default".
 const char* isa_name();
 
-// x [numel] -> data [nblocks*B (bits 8) or nblocks*B/2 (bits 4)], scales [nblocks]
-void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size, void* data,
-              float* scales);
+// x [numel] -> data [nblocks*B (bits 8) or nblocks*B/2 (bits 4)], scales [nblocks];
+// rotate: R or 0 ([Note: block rotation] in zeropp_hier/quant/reference.py)
+void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size,
+              int64_t rotate, void* data, float* scales);
 
-// data, scales as above -> out [numel] of out_dtype
+// data, scales as above -> out [numel] of out_dtype; rotate: the payload's R or 0
 void dequantize(const void* data, const float* scales, int64_t numel, int bits, int64_t block_size,
-                void* out, DType out_dtype);
+                int64_t rotate, void* out, DType out_dtype);
 
-// sum over parts in order 0..k-1, in fp32 -> out [numel] of out_dtype
+// sum over parts in order 0..k-1, in fp32 -> out [numel] of out_dtype (rotated parts: summed in
+// the rotated domain over whole blocks, rotated back once)
 void dequantize_sum(const Parts& parts, void* out, DType out_dtype);
 
-// quantize(sum over parts) -> out_data, out_scales in the (out_bits, out_block_size) format
+// quantize(sum over parts) -> out_data, out_scales in the (out_bits, out_block_size) format,
+// unrotated parts (parts.rotate == 0; the ops compose the rotated cases, see quant_ops.cpp)
 void dequantize_sum_requantize(const Parts& parts, int out_bits, int64_t out_block_size,
                                void* out_data, float* out_scales);
 
@@ -58,6 +62,10 @@ const char* dequantize(const void* data, const float* scales, int64_t numel, int
 const char* dequantize_sum(const Parts& parts, void* out, DType out_dtype, void* stream);
 const char* dequantize_sum_requantize(const Parts& parts, int out_bits, int64_t out_block_size,
                                       void* out_data, float* out_scales, void* stream);
+// v [n] fp32 in place (n a multiple of rotate): every group of `rotate` values times
+// H_R / sqrt(R), as hadamard_inplace in quant_math.h. The gpu:: kernels above ignore
+// Parts::rotate; quant_ops.cpp composes the rotated ops from them and this.
+const char* hadamard(float* v, int64_t n, int64_t rotate, void* stream);
 
 }  // namespace gpu
 

@@ -23,10 +23,10 @@ constexpr int64_t kChunk = 4096;
 
 // Entry points of one instruction-set variant; typed ones indexed by DType.
 struct Loops {
-  void (*quantize[3])(const void* x, int64_t numel, int bits, int64_t block_size, int64_t b0,
-                      int64_t b1, uint8_t* data, float* scales);
+  void (*quantize[3])(const void* x, int64_t numel, int bits, int64_t block_size, int64_t rotate,
+                      int64_t b0, int64_t b1, uint8_t* data, float* scales);
   void (*dequantize[3])(const uint8_t* data, const float* scales, int64_t numel, int bits,
-                        int64_t block_size, int64_t b0, int64_t b1, void* out);
+                        int64_t block_size, int64_t rotate, int64_t b0, int64_t b1, void* out);
   void (*sum[3])(const Parts& parts, int64_t c0, int64_t c1, void* out);
   void (*sum_requantize)(const Parts& parts, int out_bits, int64_t out_block_size, int64_t c0,
                          int64_t c1, uint8_t* out_data, float* out_scales);
@@ -36,7 +36,9 @@ struct Loops {
 }  // namespace zqh
 
 #define ZQH_ISA isa_default
+#define ZQH_VECW 0
 #include "quant_cpu_loops.h"
+#undef ZQH_VECW
 #undef ZQH_ISA
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -45,14 +47,18 @@ struct Loops {
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #define ZQH_ISA isa_avx2
+#define ZQH_VECW 8
 #include "quant_cpu_loops.h"
+#undef ZQH_VECW
 #undef ZQH_ISA
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,avx512f,avx512bw,avx512vl,avx512dq")
 #define ZQH_ISA isa_avx512
+#define ZQH_VECW 16
 #include "quant_cpu_loops.h"
+#undef ZQH_VECW
 #undef ZQH_ISA
 #pragma GCC pop_options
 #else
@@ -142,22 +148,24 @@ const char* isa_name() {
   }
 }
 
-void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size, void* data,
-              float* scales) {
+void quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size,
+              int64_t rotate, void* data, float* scales) {
   const auto fn = loops().quantize[int(x_dtype)];
   uint8_t* bytes = static_cast<uint8_t*>(data);
-  parallel_ranges(
-      num_blocks(numel, block_size), kMinRange / block_size,
-      [&](int64_t b0, int64_t b1) { fn(x, numel, bits, block_size, b0, b1, bytes, scales); });
+  parallel_ranges(num_blocks(numel, block_size), kMinRange / block_size,
+                  [&](int64_t b0, int64_t b1) {
+                    fn(x, numel, bits, block_size, rotate, b0, b1, bytes, scales);
+                  });
 }
 
 void dequantize(const void* data, const float* scales, int64_t numel, int bits, int64_t block_size,
-                void* out, DType out_dtype) {
+                int64_t rotate, void* out, DType out_dtype) {
   const auto fn = loops().dequantize[int(out_dtype)];
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
-  parallel_ranges(
-      num_blocks(numel, block_size), kMinRange / block_size,
-      [&](int64_t b0, int64_t b1) { fn(bytes, scales, numel, bits, block_size, b0, b1, out); });
+  parallel_ranges(num_blocks(numel, block_size), kMinRange / block_size,
+                  [&](int64_t b0, int64_t b1) {
+                    fn(bytes, scales, numel, bits, block_size, rotate, b0, b1, out);
+                  });
 }
 
 void dequantize_sum(const Parts& parts, void* out, DType out_dtype) {

@@ -5,7 +5,8 @@
 // loops are vectorised for baseline x86-64 (SSE2), AVX2 and AVX-512 and the widest one the CPU
 // has is picked at run time. All arithmetic is quant_math.h's (its inline functions are inlined
 // into each variant); vector width changes no result ([Note: bit-exact arithmetic]).
-// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined.
+// No include guard, on purpose. Expects kMaxBlock and kChunk to be defined, and ZQH_VECW (the
+// variant's floats per vector for the rotation: 8 for AVX2, 16 for AVX-512, 0 for baseline).
 #ifndef ZQH_ISA
 #error "define ZQH_ISA (the namespace of this instruction-set variant) before including"
 #endif
@@ -37,6 +38,147 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
   return amax;
 }
 
+// [Note: CPU rotation layout]
+// hadamard_inplace (quant_math.h) with the same two operands and operation for every output,
+// laid out for SIMD (the order of independent pairs within a stride changes no bit):
+// - up to 64 values of a group are transformed in registers (vectors of W = 8 floats for AVX2,
+//   16 for AVX-512; GCC vector extensions): the strides below W inside each vector as
+//   y = x[j ^ h] (one permute) plus x[j] with its sign flipped where bit h of j is set (an xor):
+//   x[j ^ h] + x[j] is a + b exactly (addition commutes) and x[j ^ h] + (-x[j]) is a - b
+//   exactly; the strides from W to 32 between vectors; the multiply by hadamard_scale(R) and the
+//   absmax folded into the last stride's pass; full blocks read straight from the input;
+// - larger strides (R > 64) as contiguous half-group loops over the block, the last one
+//   multiplying too.
+// In the baseline (SSE2) variant, where such permutes compile to scalar code, and without
+// GCC's vector extensions, it is hadamard_inplace itself. The first version (the scalar
+// butterfly, one pass per stride) took 4-5x the time of quantize alone.
+#if defined(__GNUC__) && !defined(__clang__) && ZQH_VECW
+constexpr int kW = ZQH_VECW;
+typedef float vf __attribute__((vector_size(4 * kW)));
+typedef int32_t vi __attribute__((vector_size(4 * kW)));
+// inlined wherever used: out of line, GCC passed the vectors through memory and left the
+// AVX state with vzeroupper at every call (AVX2 took twice AVX-512's time)
+#define ZQH_INLINE inline __attribute__((always_inline))
+
+// one stride h < W inside a vector of W consecutive values (W-aligned in the group)
+template <int H>
+ZQH_INLINE vf stride_in_vector(vf x) {
+  vi partner, flip;
+  for (int j = 0; j < kW; ++j) {  // constants after unrolling
+    partner[j] = j ^ H;
+    flip[j] = (j & H) ? INT32_MIN : 0;
+  }
+  const vf y = __builtin_shuffle(x, partner);
+  return y + (vf)((vi)x ^ flip);
+}
+
+ZQH_INLINE int32_t max_lane(vi m) {
+  int32_t out = 0;
+  for (int i = 0; i < kW; ++i) out = m[i] > out ? m[i] : out;
+  return out;
+}
+
+// W * NV values (W * NV <= 64) read from src as fp32 (converted exactly), through the strides
+// below min(r, W * NV), stored to dst; when that is all of r, also scaled by c and their
+// absmax bits folded into amax (as abs_bits: non-finite values give >= kExpMask).
+template <int NV, typename T>
+ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c, vi& amax) {
+  vf x[NV];
+  if constexpr (sizeof(T) == 4) {
+    // straight into the vectors: through a staging array GCC copied 16 bytes at a time and
+    // read 32, a failed store-to-load forward on every vector (AVX2 took 2.4x quantize alone)
+    memcpy(x, src, sizeof(x));
+  } else {
+    float staged[kW * NV];
+    for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(src[k]);
+    memcpy(x, staged, sizeof(x));
+  }
+  // NV > 1 only where r >= W * NV (see hadamard_block): then every stride below W * NV applies,
+  // known at compile time, so the vectors stay in registers
+  for (int i = 0; i < NV; ++i) {
+    x[i] = stride_in_vector<1>(x[i]);
+    if (NV > 1 || r > 2) x[i] = stride_in_vector<2>(x[i]);
+    if (NV > 1 || r > 4) x[i] = stride_in_vector<4>(x[i]);
+    if (kW == 16 && (NV > 1 || r > 8)) x[i] = stride_in_vector<kW == 16 ? 8 : 1>(x[i]);
+  }
+  for (int s = 1; s < NV; s *= 2) {  // stride W * s: vector i with vector i + s
+    for (int i = 0; i < NV; ++i) {
+      if (i & s) continue;
+      const vf a = x[i], b = x[i + s];
+      x[i] = a + b;
+      x[i + s] = a - b;
+    }
+  }
+  if (r <= kW * NV) {
+    // vector op scalar broadcasts the scalar (a lane-by-lane loop built the vector every time)
+    for (int i = 0; i < NV; ++i) {
+      x[i] = x[i] * c;
+      const vi bits = (vi)x[i] & int32_t(kAbsMask);
+      amax = amax > bits ? amax : bits;
+    }
+  }
+  memcpy(dst, x, sizeof(x));
+}
+
+// src [n] (n a multiple of r and of W) -> dst [n] rotated; returns the absmax bits of dst.
+// src may be dst (a group is read whole before it is written).
+template <typename T>
+ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+  const float c = hadamard_scale(r);
+  vi amax = {};
+  if (r <= kW) {
+    for (int64_t i = 0; i < n; i += kW) group_in_registers<1>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  if (r == 2 * kW) {
+    for (int64_t i = 0; i < n; i += 2 * kW) group_in_registers<2>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  if (r == 4 * kW) {
+    for (int64_t i = 0; i < n; i += 4 * kW) group_in_registers<4>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  if (kW == 8 && r == 64) {
+    for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src + i, dst + i, r, c, amax);
+    return max_lane(amax);
+  }
+  for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src + i, dst + i, r, c, amax);
+  int32_t m = 0;
+  for (int64_t h = 64; h < r; h *= 2) {
+    const bool last = 2 * h == r;
+    for (int64_t base = 0; base < n; base += 2 * h) {
+      float* lo = dst + base;
+      float* hi = lo + h;
+      if (last) {
+        for (int64_t j = 0; j < h; ++j) {
+          const float a = lo[j], b = hi[j];
+          lo[j] = mul_rn(add_rn(a, b), c);
+          hi[j] = mul_rn(sub_rn(a, b), c);
+          const int32_t x0 = int32_t(abs_bits(lo[j])), x1 = int32_t(abs_bits(hi[j]));
+          m = x0 > m ? x0 : m;
+          m = x1 > m ? x1 : m;
+        }
+      } else {
+        for (int64_t j = 0; j < h; ++j) {
+          const float a = lo[j], b = hi[j];
+          lo[j] = add_rn(a, b);
+          hi[j] = sub_rn(a, b);
+        }
+      }
+    }
+  }
+  return m;
+}
+#undef ZQH_INLINE
+#else
+template <typename T>
+inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
+  hadamard_inplace(dst, n, r);
+  return absmax_of(dst, n);
+}
+#endif
+
 // Quantizes one staged block buf [B] into out (B int8, or B/2 int4 bytes); returns the scale.
 inline float quantize_staged(const float* buf, int32_t amax, int bits, int64_t block_size,
                              uint8_t* out) {
@@ -58,33 +200,62 @@ inline float quantize_staged(const float* buf, int32_t amax, int bits, int64_t b
   return scale;
 }
 
-// Blocks [b0, b1) of x [numel] -> data, scales.
+// Blocks [b0, b1) of x [numel] -> data, scales; rotate > 0: each block rotated in the staging
+// buffer first, while it is in L1 ([Note: block rotation]).
 template <typename T>
-void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size, int64_t b0,
-                     int64_t b1, uint8_t* data, float* scales) {
+void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size, int64_t rotate,
+                     int64_t b0, int64_t b1, uint8_t* data, float* scales) {
   const T* xt = static_cast<const T*>(x);
   const int64_t block_bytes = data_bytes(1, block_size, bits);
   float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
     const int64_t len = std::min(block_size, numel - start);
-    const int32_t amax = stage_block(xt + start, len, block_size, buf);
+    int32_t amax;
+    if (rotate && len == block_size) {  // straight from the input, rotated in registers
+      amax = hadamard_block(xt + start, buf, block_size, rotate);
+    } else {
+      amax = stage_block(xt + start, len, block_size, buf);
+      if (rotate) amax = hadamard_block<float>(buf, buf, block_size, rotate);
+    }
     scales[b] = quantize_staged(buf, amax, bits, block_size, data + b * block_bytes);
   }
 }
 
-// Blocks [b0, b1) of a payload -> out [numel].
+// One whole block (padding included) dequantized to fp32 in buf [B].
+inline void dequantize_block_f32(const uint8_t* q, float scale, int bits, int64_t block_size,
+                                 float* buf) {
+  if (bits == 8) {
+    const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
+    for (int64_t i = 0; i < block_size; ++i) buf[i] = dequantize_value(q8[i], scale);
+  } else {
+    for (int64_t j = 0; j < block_size / 2; ++j) {
+      buf[2 * j] = dequantize_value(int4_low(q[j]), scale);
+      buf[2 * j + 1] = dequantize_value(int4_high(q[j]), scale);
+    }
+  }
+}
+
+// Blocks [b0, b1) of a payload -> out [numel]; rotate > 0: each whole block dequantized to fp32,
+// rotated back, then its first elements cast.
 template <typename T>
 void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, int bits,
-                       int64_t block_size, int64_t b0, int64_t b1, void* out) {
+                       int64_t block_size, int64_t rotate, int64_t b0, int64_t b1, void* out) {
   T* o = static_cast<T*>(out);
   const int64_t block_bytes = data_bytes(1, block_size, bits);
+  float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
     const int64_t len = std::min(block_size, numel - start);
     const uint8_t* q = data + b * block_bytes;
     const float scale = scales[b];
     T* ob = o + start;
+    if (rotate) {
+      dequantize_block_f32(q, scale, bits, block_size, buf);
+      hadamard_block<float>(buf, buf, block_size, rotate);
+      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
+      continue;
+    }
     if (bits == 8) {
       const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
       for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(dequantize_value(q8[i], scale));
@@ -129,15 +300,23 @@ inline void sum_chunk(const Parts& parts, int64_t begin, int64_t len, float* acc
   }
 }
 
-// Chunks [c0, c1) of the sum -> out [numel] of T.
+// Chunks [c0, c1) of the sum -> out [numel] of T. Rotated parts (parts.rotate > 0) are summed
+// over whole blocks in the rotated domain, and the chunk's sum is rotated back once.
 template <typename T>
 void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
   T* o = static_cast<T*>(out);
   float acc[kChunk];
+  const int64_t padded = num_blocks(parts.numel, parts.block_size) * parts.block_size;
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t len = std::min(kChunk, parts.numel - begin);
-    sum_chunk(parts, begin, len, acc);
+    if (parts.rotate) {
+      const int64_t span = std::min(kChunk, padded - begin);  // whole blocks
+      sum_chunk(parts, begin, span, acc);
+      hadamard_block<float>(acc, acc, span, parts.rotate);
+    } else {
+      sum_chunk(parts, begin, len, acc);
+    }
     for (int64_t i = 0; i < len; ++i) o[begin + i] = from_f32<T>(acc[i]);
   }
 }

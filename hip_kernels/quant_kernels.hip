@@ -382,6 +382,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// [Note: GPU block rotation]
+// The rotation ([Note: block rotation]) runs as its own pass over an fp32 buffer: quant_ops.cpp
+// rotates a padded fp32 copy of the input before the quantize kernel, and rotates the fp32
+// output of dequantize(_sum) back before the cast. One workgroup per tile of kRotTile values
+// (a multiple of every R <= 4096) staged in shared memory; each butterfly stride is one pass of
+// independent pairs (a + b, a - b) with a barrier between strides, then one multiply by
+// hadamard_scale(R): the same operations in the same order as hadamard_inplace on the host, so
+// the same bits. First version, not tuned: it costs two extra fp32 passes over memory; fusing it
+// into the quantize kernel's registers (shuffles for strides within a lane group) is left to a
+// session with a GPU to measure it on.
+constexpr int kRotTile = 4096;
+
+__global__ void __launch_bounds__(kThreads) hadamard_tiles(float* v, int64_t n, int r) {
+  __shared__ float tile[kRotTile];
+  const float c = hadamard_scale(r);
+  for (int64_t t0 = int64_t(blockIdx.x) * kRotTile; t0 < n; t0 += int64_t(gridDim.x) * kRotTile) {
+    const int len = int(n - t0 < kRotTile ? n - t0 : kRotTile);  // a multiple of r
+    for (int i = threadIdx.x; i < len; i += kThreads) tile[i] = v[t0 + i];
+    __syncthreads();
+    for (int h = 1; h < r; h *= 2) {
+      for (int p = threadIdx.x; p < len / 2; p += kThreads) {
+        const int i = (p / h) * 2 * h + (p % h);  // the pair's lower index: bit h clear
+        const float a = tile[i], b = tile[i + h];
+        tile[i] = add_rn(a, b);
+        tile[i + h] = sub_rn(a, b);
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < len; i += kThreads) v[t0 + i] = mul_rn(tile[i], c);
+    __syncthreads();  // the tile is reused by the next iteration
+  }
+}
+
 const char* launch_status() {
   const hipError_t err = hipGetLastError();
   return err == hipSuccess ? nullptr : hipGetErrorString(err);
@@ -428,6 +461,12 @@ const char* launch_dequantize_sum(const Parts& parts, void* out, hipStream_t str
 }
 
 }  // namespace
+
+const char* hadamard(float* v, int64_t n, int64_t rotate, void* stream) {
+  hadamard_tiles<<<dim3(unsigned(grid_for(n, kRotTile))), dim3(kThreads), 0,
+                   static_cast<hipStream_t>(stream)>>>(v, n, int(rotate));
+  return launch_status();
+}
 
 const char* quantize(const void* x, DType x_dtype, int64_t numel, int bits, int64_t block_size,
                      void* data, float* scales, void* stream) {

@@ -122,6 +122,14 @@ QH_HD float add_rn(float a, float b) {
 #endif
 }
 
+QH_HD float sub_rn(float a, float b) {
+#if QH_NV_DEVICE
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 // Round half to even for |v| <= 2^22, as torch.round does. Adding and subtracting 1.5 * 2^23
 // moves the fraction bits out of the mantissa under the default rounding mode; unlike
 // nearbyintf it is two plain additions, which vectorise on any x86-64 (no SSE4.1 needed).
@@ -246,6 +254,60 @@ QH_HD uint8_t pack_int4(int lo, int hi) {
 QH_HD int int4_low(uint8_t byte) { return int(int8_t(uint8_t(byte << 4))) >> 4; }
 
 QH_HD int int4_high(uint8_t byte) { return int(int8_t(byte)) >> 4; }
+
+// ---- block rotation ([Note: block rotation] in zeropp_hier/quant/reference.py) -------------
+
+// R = 0 (off) or a power of two from 2 to the block size (so it divides the block size).
+QH_HD bool valid_rotate(int64_t r, int64_t block_size) {
+  return r == 0 || (r >= 2 && r <= block_size && (r & (r - 1)) == 0);
+}
+
+// float32(1 / sqrt(R)) for R = 2^k, 1 <= k <= 12, as bits: 2^(-k/2) for even k (exact), else
+// float32(1/sqrt(2)) = 0x3f3504f3 scaled by 2^(-(k-1)/2) (a power of two changes no rounding).
+QH_HD float hadamard_scale(int64_t r) {
+  int k = 0;
+  while ((int64_t(1) << k) < r) ++k;
+  const uint32_t bits = (k & 1) ? 0x3f3504f3u - (uint32_t((k - 1) / 2) << 23)
+                                : (uint32_t(127 - k / 2) << 23);
+  return bits_f32(bits);
+}
+
+// v [n] (n a multiple of r) in place: every group of r consecutive values times H_r / sqrt(r).
+// The butterfly strides h = 1, 2, ..., r/2 in that order, each pair (a, b) -> (a + b, a - b),
+// then one multiply by hadamard_scale(r); a stride's pairs are independent, so walking them
+// across all groups at once (vectorisable for h >= the vector width) changes no bit. No
+// multiply-add anywhere, so nothing can be contracted into an FMA.
+QH_HD void hadamard_inplace(float* v, int64_t n, int64_t r) {
+  if (r < 2) return;
+  // h = 1 and 2 as their own loops over quads: the generic inner loop would be 1-2 long.
+  for (int64_t i = 0; i < n; i += 2) {
+    const float a = v[i], b = v[i + 1];
+    v[i] = add_rn(a, b);
+    v[i + 1] = sub_rn(a, b);
+  }
+  if (r >= 4) {
+    for (int64_t i = 0; i < n; i += 4) {
+      const float a0 = v[i], a1 = v[i + 1], b0 = v[i + 2], b1 = v[i + 3];
+      v[i] = add_rn(a0, b0);
+      v[i + 1] = add_rn(a1, b1);
+      v[i + 2] = sub_rn(a0, b0);
+      v[i + 3] = sub_rn(a1, b1);
+    }
+  }
+  for (int64_t h = 4; h < r; h *= 2) {
+    for (int64_t base = 0; base < n; base += 2 * h) {
+      float* lo = v + base;
+      float* hi = v + base + h;
+      for (int64_t j = 0; j < h; ++j) {
+        const float a = lo[j], b = hi[j];
+        lo[j] = add_rn(a, b);
+        hi[j] = sub_rn(a, b);
+      }
+    }
+  }
+  const float c = hadamard_scale(r);
+  for (int64_t i = 0; i < n; ++i) v[i] = mul_rn(v[i], c);
+}
 
 // Block sizes are powers of two in [32, 4096]; 32 keeps int4 blocks whole bytes and the GPU
 // reduction at least one wavefront half.

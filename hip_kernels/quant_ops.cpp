@@ -48,6 +48,16 @@ void check_block_size(const char* op, const char* arg, int64_t block_size) {
                     "' must be a power of two from 32 to 4096, got ", block_size);
 }
 
+void check_rotate(const char* op, const char* arg, int64_t rotate, int64_t block_size) {
+  TORCH_CHECK_VALUE(valid_rotate(rotate, block_size), op, ": argument '", arg,
+                    "' must be 0 (off) or a power of two from 2 to the block size ", block_size,
+                    ", got ", rotate);
+}
+
+int64_t padded_numel(int64_t numel, int64_t block_size) {
+  return num_blocks(numel, block_size) * block_size;
+}
+
 void check_device(const char* op, const char* arg, const at::Tensor& t, Where where,
                   const at::Device& device) {
   if (where == Where::kCpu) {
@@ -138,7 +148,7 @@ void check_launch(const char* op, const char* error) {
 #endif
 
 std::tuple<at::Tensor, at::Tensor> quantize_on(Where where, const at::Tensor& x, int64_t bits,
-                                               int64_t block_size) {
+                                               int64_t block_size, int64_t rotate) {
   const char* op = "zeropp_hier.quantize";
   check_device(op, "x", x, where, x.device());
   const DType dtype = float_dtype(op, "x", x.scalar_type());
@@ -146,35 +156,68 @@ std::tuple<at::Tensor, at::Tensor> quantize_on(Where where, const at::Tensor& x,
                     x.strides());
   check_bits(op, "bits", bits);
   check_block_size(op, "block_size", block_size);
+  check_rotate(op, "rotate", rotate, block_size);
   auto [data, scales] = empty_payload(x.options(), x.numel(), bits, block_size);
   if (x.numel() == 0) return {data, scales};
   if (where == Where::kCpu) {
-    cpu::quantize(x.data_ptr(), dtype, x.numel(), int(bits), block_size, data.data_ptr(),
+    cpu::quantize(x.data_ptr(), dtype, x.numel(), int(bits), block_size, rotate, data.data_ptr(),
                   scales.data_ptr<float>());
   }
 #ifdef ZEROPP_WITH_GPU
-  else {
+  else if (rotate == 0) {
     const c10::cuda::CUDAGuard guard(x.device());
     check_launch(
         op, gpu::quantize(x.data_ptr(), dtype, x.numel(), int(bits), block_size, data.data_ptr(),
                           scales.data_ptr<float>(), current_stream(x.device())));
+  } else {  // a rotated, zero-padded fp32 copy, quantized as a whole ([Note: GPU block rotation])
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t padded = padded_numel(x.numel(), block_size);
+    at::Tensor tmp = at::zeros({padded}, x.options().dtype(at::kFloat));
+    tmp.narrow(0, 0, x.numel()).copy_(x.view(-1));  // fp16/bf16 -> fp32 is exact
+    void* stream = current_stream(x.device());
+    check_launch(op, gpu::hadamard(tmp.data_ptr<float>(), padded, rotate, stream));
+    check_launch(op, gpu::quantize(tmp.data_ptr(), DType::kF32, padded, int(bits), block_size,
+                                   data.data_ptr(), scales.data_ptr<float>(), stream));
   }
 #endif
   return {data, scales};
 }
 
+#ifdef ZEROPP_WITH_GPU
+// The fp32 [padded] values (still rotated) from `launch`, rotated back, cut to numel and cast.
+template <typename Launch>
+at::Tensor unrotate_gpu(const char* op, const at::Tensor& like, int64_t numel, int64_t padded,
+                        int64_t rotate, at::ScalarType dtype, Launch launch) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor tmp = at::empty({padded}, like.options().dtype(at::kFloat));
+  void* stream = current_stream(like.device());
+  check_launch(op, launch(tmp.data_ptr<float>(), stream));
+  check_launch(op, gpu::hadamard(tmp.data_ptr<float>(), padded, rotate, stream));
+  return tmp.narrow(0, 0, numel).to(dtype).contiguous();
+}
+#endif
+
 at::Tensor dequantize_on(Where where, const at::Tensor& data, const at::Tensor& scales,
-                         int64_t numel, int64_t bits, int64_t block_size, at::ScalarType dtype) {
+                         int64_t numel, int64_t bits, int64_t block_size, at::ScalarType dtype,
+                         int64_t rotate) {
   const char* op = "zeropp_hier.dequantize";
   const Parts p = check_payload(op, data, scales, numel, bits, block_size, where, false);
   const DType out_dtype = float_dtype(op, "dtype", dtype);
+  check_rotate(op, "rotate", rotate, block_size);
   at::Tensor out = at::empty({numel}, data.options().dtype(dtype));
   if (numel == 0) return out;
   if (where == Where::kCpu) {
-    cpu::dequantize(p.data, p.scales, numel, p.bits, block_size, out.data_ptr(), out_dtype);
+    cpu::dequantize(p.data, p.scales, numel, p.bits, block_size, rotate, out.data_ptr(),
+                    out_dtype);
   }
 #ifdef ZEROPP_WITH_GPU
-  else {
+  else if (rotate != 0) {
+    const int64_t padded = padded_numel(numel, block_size);
+    return unrotate_gpu(op, data, numel, padded, rotate, dtype, [&](float* tmp, void* stream) {
+      return gpu::dequantize(p.data, p.scales, padded, p.bits, block_size, tmp, DType::kF32,
+                             stream);
+    });
+  } else {
     const c10::cuda::CUDAGuard guard(data.device());
     check_launch(op, gpu::dequantize(p.data, p.scales, numel, p.bits, block_size, out.data_ptr(),
                                      out_dtype, current_stream(data.device())));
@@ -184,18 +227,27 @@ at::Tensor dequantize_on(Where where, const at::Tensor& data, const at::Tensor& 
 }
 
 at::Tensor dequantize_sum_on(Where where, const at::Tensor& data, const at::Tensor& scales,
-                             int64_t numel, int64_t bits, int64_t block_size,
-                             at::ScalarType dtype) {
+                             int64_t numel, int64_t bits, int64_t block_size, at::ScalarType dtype,
+                             int64_t rotate) {
   const char* op = "zeropp_hier.dequantize_sum";
-  const Parts p = check_payload(op, data, scales, numel, bits, block_size, where, true);
+  Parts p = check_payload(op, data, scales, numel, bits, block_size, where, true);
   const DType out_dtype = float_dtype(op, "dtype", dtype);
+  check_rotate(op, "rotate", rotate, block_size);
+  p.rotate = rotate;
   at::Tensor out = at::empty({numel}, data.options().dtype(dtype));
   if (numel == 0) return out;
   if (where == Where::kCpu) {
     cpu::dequantize_sum(p, out.data_ptr(), out_dtype);
   }
 #ifdef ZEROPP_WITH_GPU
-  else {
+  else if (rotate != 0) {  // the plain sum over whole blocks is the rotated-domain sum
+    Parts whole = p;
+    whole.numel = padded_numel(numel, block_size);
+    whole.rotate = 0;
+    return unrotate_gpu(op, data, numel, whole.numel, rotate, dtype, [&](float* tmp, void* s) {
+      return gpu::dequantize_sum(whole, tmp, DType::kF32, s);
+    });
+  } else {
     const c10::cuda::CUDAGuard guard(data.device());
     check_launch(op,
                  gpu::dequantize_sum(p, out.data_ptr(), out_dtype, current_stream(data.device())));
@@ -204,13 +256,28 @@ at::Tensor dequantize_sum_on(Where where, const at::Tensor& data, const at::Tens
   return out;
 }
 
+// With rotation ([Note: block rotation]): the same R and block size on both sides quantize the
+// rotated-domain sum over whole blocks directly (the unrotated fused step with numel = padded
+// length); any other pair is the composition the reference defines: the de-rotated fp32 sum,
+// quantized with out_rotate.
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_on(
     Where where, const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
-    int64_t block_size, int64_t out_bits, int64_t out_block_size) {
+    int64_t block_size, int64_t out_bits, int64_t out_block_size, int64_t rotate,
+    int64_t out_rotate) {
   const char* op = "zeropp_hier.dequantize_sum_requantize";
-  const Parts p = check_payload(op, data, scales, numel, bits, block_size, where, true);
+  Parts p = check_payload(op, data, scales, numel, bits, block_size, where, true);
   check_bits(op, "out_bits", out_bits);
   check_block_size(op, "out_block_size", out_block_size);
+  check_rotate(op, "rotate", rotate, block_size);
+  check_rotate(op, "out_rotate", out_rotate, out_block_size);
+  if (rotate != 0 || out_rotate != 0) {
+    if (rotate != out_rotate || block_size != out_block_size) {
+      const at::Tensor sum =
+          dequantize_sum_on(where, data, scales, numel, bits, block_size, at::kFloat, rotate);
+      return quantize_on(where, sum, out_bits, out_block_size, out_rotate);
+    }
+    p.numel = padded_numel(numel, block_size);  // same payload shapes: same block size
+  }
   auto [out_data, out_scales] = empty_payload(data.options(), numel, out_bits, out_block_size);
   if (numel == 0) return {out_data, out_scales};
   if (where == Where::kCpu) {
@@ -231,48 +298,54 @@ std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_on(
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, int64_t bits,
-                                                int64_t block_size) {
-  return quantize_on(Where::kCpu, x, bits, block_size);
+                                                int64_t block_size, int64_t rotate) {
+  return quantize_on(Where::kCpu, x, bits, block_size, rotate);
 }
 
 at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                          int64_t bits, int64_t block_size, at::ScalarType dtype) {
-  return dequantize_on(Where::kCpu, data, scales, numel, bits, block_size, dtype);
+                          int64_t bits, int64_t block_size, at::ScalarType dtype,
+                          int64_t rotate) {
+  return dequantize_on(Where::kCpu, data, scales, numel, bits, block_size, dtype, rotate);
 }
 
 at::Tensor dequantize_sum_cpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                              int64_t bits, int64_t block_size, at::ScalarType dtype) {
-  return dequantize_sum_on(Where::kCpu, data, scales, numel, bits, block_size, dtype);
+                              int64_t bits, int64_t block_size, at::ScalarType dtype,
+                              int64_t rotate) {
+  return dequantize_sum_on(Where::kCpu, data, scales, numel, bits, block_size, dtype, rotate);
 }
 
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_cpu(
     const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
-    int64_t block_size, int64_t out_bits, int64_t out_block_size) {
+    int64_t block_size, int64_t out_bits, int64_t out_block_size, int64_t rotate,
+    int64_t out_rotate) {
   return dequantize_sum_requantize_on(Where::kCpu, data, scales, numel, bits, block_size, out_bits,
-                                      out_block_size);
+                                      out_block_size, rotate, out_rotate);
 }
 
 #ifdef ZEROPP_WITH_GPU
 std::tuple<at::Tensor, at::Tensor> quantize_gpu(const at::Tensor& x, int64_t bits,
-                                                int64_t block_size) {
-  return quantize_on(Where::kGpu, x, bits, block_size);
+                                                int64_t block_size, int64_t rotate) {
+  return quantize_on(Where::kGpu, x, bits, block_size, rotate);
 }
 
 at::Tensor dequantize_gpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                          int64_t bits, int64_t block_size, at::ScalarType dtype) {
-  return dequantize_on(Where::kGpu, data, scales, numel, bits, block_size, dtype);
+                          int64_t bits, int64_t block_size, at::ScalarType dtype,
+                          int64_t rotate) {
+  return dequantize_on(Where::kGpu, data, scales, numel, bits, block_size, dtype, rotate);
 }
 
 at::Tensor dequantize_sum_gpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                              int64_t bits, int64_t block_size, at::ScalarType dtype) {
-  return dequantize_sum_on(Where::kGpu, data, scales, numel, bits, block_size, dtype);
+                              int64_t bits, int64_t block_size, at::ScalarType dtype,
+                              int64_t rotate) {
+  return dequantize_sum_on(Where::kGpu, data, scales, numel, bits, block_size, dtype, rotate);
 }
 
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_gpu(
     const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
-    int64_t block_size, int64_t out_bits, int64_t out_block_size) {
+    int64_t block_size, int64_t out_bits, int64_t out_block_size, int64_t rotate,
+    int64_t out_rotate) {
   return dequantize_sum_requantize_on(Where::kGpu, data, scales, numel, bits, block_size, out_bits,
-                                      out_block_size);
+                                      out_block_size, rotate, out_rotate);
 }
 #endif
 

@@ -1,13 +1,19 @@
 """Throughput of the CPU quantization kernels beside the PyTorch reference and a memory copy.
 
     python -m benchmarks.cpu.kernels [--sizes 1M,4M,16M,64M] [--block-size 256] [--parts 4]
-                                 [--dtype float32] [--out benchmarks/results/kernels.json]
+                                 [--dtype float32] [--rotations 32,128]
+                                 [--out benchmarks/results/kernels.json]
 
 For each size n and for int8 and int4 it times, in one process:
 - quantize (x [n] -> payload), dequantize (payload -> [n] fp32),
   dequantize_sum (k payloads -> [n] fp32 sum), dequantize_sum_requantize (k payloads -> payload),
   with the compiled CPU kernels (zeropp_hier._C) and with zeropp_hier.quant.reference;
-- ``y.copy_(x)`` of the fp32 [n] buffer, right before each op, as the memory-bandwidth yardstick.
+- ``y.copy_(x)`` of the fp32 [n] buffer, right before each op, as the memory-bandwidth yardstick;
+- quantize and dequantize with the block rotation ([Note: block rotation]) for each R of
+  ``--rotations``; and under "rotation_cost", the compiled quantize/dequantize with each R
+  against the same op without rotation, per element, timed apart from the table: one thread,
+  its CPU time (time.thread_time), the two calls alternating, minimum over --reps * 5 pairs, so
+  that other processes on a shared machine move the ratio as little as possible.
 
 Columns:
 - "in GB/s": bytes of the op's input per second (the fp32/bf16/fp16 tensor for quantize; data +
@@ -125,6 +131,24 @@ def run(args) -> dict:
                     lambda: reference.dequantize_sum_requantize(parts, bits, B),
                 ),
             ]
+            for r in args.rotations:
+                qr = quant.quantize(x, bits, B, r)
+                cases += [
+                    (
+                        f"quantize(rotate={r})",
+                        n * x.element_size(),
+                        n,
+                        lambda r=r: quant.quantize(x, bits, B, r),
+                        lambda r=r: reference.quantize(x, bits, B, r),
+                    ),
+                    (
+                        f"dequantize(rotate={r})",
+                        payload,
+                        n,
+                        lambda r=r, qr=qr: quant.dequantize(qr, torch.float32, r),
+                        lambda r=r, qr=qr: reference.dequantize(qr, torch.float32, r),
+                    ),
+                ]
             for name, in_bytes, elems, ext_fn, ref_fn in cases:
                 t_ext = timed(ext_fn, args.reps)
                 t_ref = timed(ref_fn, args.ref_reps)
@@ -146,7 +170,14 @@ def run(args) -> dict:
                     }
                 )
                 _print_row(rows[-1])
+    rotation_cost = _rotation_cost(args, dtype)
+    for c in rotation_cost:
+        print(
+            f"{c['op']:10s} int{c['bits']} {c['numel'] >> 20}M R={c['rotate']:<4d} "
+            f"{c['plain_ns_per_elem']:.3f} -> {c['rotated_ns_per_elem']:.3f} ns/element: x{c['ratio']:.2f}"
+        )
     return {
+        "rotation_cost": rotation_cost,
         "machine": {
             "cpu": _cpu_model(),
             "cores": os.cpu_count(),
@@ -176,6 +207,59 @@ def run(args) -> dict:
     }
 
 
+def _rotation_cost(args, dtype) -> list[dict]:
+    """Rotated quantize/dequantize against the same op without rotation, in one thread's CPU
+    time, the pair alternating (see the module docstring)."""
+    import torch
+
+    from zeropp_hier import quant
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # also the kernels' OpenMP team of this thread
+    out = []
+    try:
+        n = min(args.sizes)
+        x = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(dtype)
+        B = args.block_size
+        for bits in (8, 4):
+            for r in args.rotations:
+                q0, qr = quant.quantize(x, bits, B), quant.quantize(x, bits, B, r)
+                pairs = {
+                    "quantize": (lambda: quant.quantize(x, bits, B), lambda r=r: quant.quantize(x, bits, B, r)),
+                    "dequantize": (lambda: quant.dequantize(q0), lambda r=r, qr=qr: quant.dequantize(qr, rotate=r)),
+                }
+                for op, (plain, rotated) in pairs.items():
+                    t0, t1 = _best_pair(plain, rotated, 5 * args.reps)
+                    out.append(
+                        {
+                            "op": op,
+                            "bits": bits,
+                            "numel": n,
+                            "rotate": r,
+                            "plain_ns_per_elem": t0 / n * 1e9,
+                            "rotated_ns_per_elem": t1 / n * 1e9,
+                            "ratio": t1 / t0,
+                            "timing": "1 thread, thread CPU time, min over alternating pairs",
+                        }
+                    )
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _best_pair(f0, f1, reps: int) -> tuple[float, float]:
+    f0(), f1()  # warm-up
+    b0 = b1 = float("inf")
+    for _ in range(reps):
+        t0 = time.thread_time()
+        f0()
+        t1 = time.thread_time()
+        f1()
+        t2 = time.thread_time()
+        b0, b1 = min(b0, t1 - t0), min(b1, t2 - t1)
+    return b0, b1
+
+
 _HEADER = (
     f"{'op':34s} {'bits':>4s} {'numel':>6s} | {'ext in GB/s':>11s} {'ref in GB/s':>11s} "
     f"{'x ref':>7s} | {'copy GB/s':>9s} {'% copy':>7s}"
@@ -199,6 +283,12 @@ def main(argv=None) -> None:
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--rotations",
+        default="32,128",
+        type=lambda s: [int(v) for v in s.split(",") if v],
+        help="rotation sizes R to time quantize/dequantize with ('' for none)",
+    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ref-reps", type=int, default=5)
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement, at most")

@@ -23,8 +23,12 @@ def test_kernels_compile_for_gfx90a_and_sm80():
     assert "OK gfx90a:" in out and "OK sm_80:" in out
     n_hip = int(out.split("OK gfx90a: ")[1].split()[0])
     n_cuda = int(out.split("OK sm_80: ")[1].split()[0])
-    # 4 quantize variants (3 input dtypes + fused requantize), 3 dequantize, 3 sums
-    assert n_cuda == 10 and n_hip == 10
+    # 4 quantize variants (3 input dtypes + fused requantize), 3 dequantize, 3 sums, and the
+    # block rotation ([Note: GPU block rotation])
+    assert n_cuda == 11 and n_hip == 11
+    hip_names = out.split("gfx90a kernels: ")[1].splitlines()[0]
+    cuda_names = out.split("sm_80 kernels: ")[1].splitlines()[0]
+    assert "hadamard_tiles" in hip_names and "hadamard_tiles" in cuda_names
 
 
 def test_a_compile_error_fails_the_check(tmp_path):

@@ -79,6 +79,7 @@ class Encoded(NamedTuple):
     bits: int
     block_size: int
     row_elems: int
+    rotate: int = 0  # the Hadamard rotation size it was quantized with ([Note: block rotation])
 
     def payload(self, start: int, length: int) -> Encoded:
         """Elements [start, start + length) of every row (both on block boundaries)."""
@@ -92,6 +93,7 @@ class Encoded(NamedTuple):
             bits,
             b,
             length,
+            self.rotate,
         )
 
     @staticmethod
@@ -99,14 +101,15 @@ class Encoded(NamedTuple):
         """Rows side by side: the payloads of ``parts`` one after another in every row."""
         first = parts[0]
         for p in parts:
-            if (p.bits, p.block_size) != (first.bits, first.block_size):
-                raise AssertionError("encoded parts of one gather must share bits and block size")
+            if (p.bits, p.block_size, p.rotate) != (first.bits, first.block_size, first.rotate):
+                raise AssertionError("encoded parts of one gather must share bits, block size and rotation")
         return Encoded(
             torch.cat([p.data for p in parts], dim=3),
             torch.cat([p.scales for p in parts], dim=3),
             first.bits,
             first.block_size,
             sum(p.row_elems for p in parts),
+            first.rotate,
         )
 
     @property
@@ -248,10 +251,10 @@ class HierCollectives:
         if buf.shape[3] % block_size:
             raise AssertionError(f"gather rows of {buf.shape[3]} elements are not whole {block_size}-blocks")
         local = buf.reshape(-1)
-        q = quant.quantize(local, BITS[hop.scheme], block_size)
+        q = quant.quantize(local, BITS[hop.scheme], block_size, hop.rotate)
         if hook is not None:
-            hook.encoded(local, lambda: quant.dequantize(q, torch.float32))
-        return Encoded(q.data.view(*rows, -1), q.scales.view(*rows, -1), q.bits, block_size, buf.shape[3])
+            hook.encoded(local, lambda: quant.dequantize(q, torch.float32, hop.rotate))
+        return Encoded(q.data.view(*rows, -1), q.scales.view(*rows, -1), q.bits, block_size, buf.shape[3], hop.rotate)
 
     def gather_encoded_steps(
         self, enc: Encoded, hop: Hop, phase: str, valid: layout.Valid | None = None
@@ -260,6 +263,8 @@ class HierCollectives:
         collective ([Note: one collective per hop]), gathered exactly; of the data, only the
         bytes of ``valid`` elements ([Note: padding stays off the wire])."""
         hg = self.groups[hop.axes]
+        if enc.rotate and valid is not None:  # a rotated group holding any value is sent whole
+            valid = valid.widened(enc.rotate)
         shape = enc.data.shape
         have = (shape[0], shape[1], shape[2])
         per_unit = 8 // enc.bits  # elements per data byte
@@ -280,7 +285,7 @@ class HierCollectives:
         rows = enc.data.shape[:3]
         n = rows[0] * rows[1] * rows[2] * enc.row_elems
         q = quant.Quantized(enc.data.reshape(-1), enc.scales.reshape(-1), n, enc.bits, enc.block_size)
-        return quant.dequantize(q, dtype).view(*rows, enc.row_elems)
+        return quant.dequantize(q, dtype, enc.rotate).view(*rows, enc.row_elems)
 
     # -- reduce-scatter ------------------------------------------------------------------------
     def _exchange(self, send: torch.Tensor, hg: HopGroup, phase: str) -> torch.Tensor:
@@ -314,17 +319,20 @@ class HierCollectives:
         k, m = send.shape
         cols = None if valid is None or valid.full else valid.tiled(m // buf.shape[3])  # rows of the block
         if hop.scheme in BITS:
-            q = quant.quantize(send.reshape(-1), BITS[hop.scheme], block_size)
+            q = quant.quantize(send.reshape(-1), BITS[hop.scheme], block_size, hop.rotate)
             if hook is not None:
-                hook.encoded(send, lambda: quant.dequantize(q, torch.float32).view_as(send))
+                hook.encoded(send, lambda: quant.dequantize(q, torch.float32, hop.rotate).view_as(send))
+            sent_cols = cols.widened(hop.rotate) if hop.rotate and cols is not None else cols
             per_unit = 8 // q.bits
             data_rows, scale_rows = q.data.view(k, -1), q.scales.view(k, -1)
-            sent = _keep(data_rows, cols, per_unit)
+            sent = _keep(data_rows, sent_cols, per_unit)
             packed = yield Wire("exchange", self.groups[hop.axes], _pack(sent, scale_rows).contiguous(), phase)
             data, scales = _unpack(packed, sent.shape[1] * sent.element_size(), q.data.dtype)
-            data = _restore(data, cols, data_rows.shape[1], per_unit)
+            data = _restore(data, sent_cols, data_rows.shape[1], per_unit)
             parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
-            summed = quant.dequantize_sum(parts, torch.float32)
+            summed = quant.dequantize_sum(parts, torch.float32, hop.rotate)
+            if sent_cols is not cols:  # rotating back leaves noise in the padding: zero it again
+                summed = _restore(_keep(summed.view(1, -1), cols), cols, m).view(-1)
         else:
             dtype = _CAST.get(hop.scheme, wire_dtype)
             wire = send.to(dtype)

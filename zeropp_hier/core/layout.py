@@ -236,6 +236,24 @@ class Valid:
             v = self._derived[key] = Valid(runs, b - a)
         return v
 
+    def widened(self, unit: int) -> Valid:
+        """Every run rounded out to whole groups of ``unit`` elements (a divisor of the row
+        length), overlapping groups merged: the elements a rotated payload must send, since a
+        group's rotation spreads its values over the whole group ([Note: block rotation] in
+        quant/reference.py); a group of padding alone rotates to zeros, so still stays home."""
+        key = ("widened", unit)
+        v = self._derived.get(key)
+        if v is None:
+            merged: list[tuple[int, int]] = []
+            for s, n in self.runs:
+                a, b = s // unit * unit, -(-(s + n) // unit) * unit
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+                else:
+                    merged.append((a, b))
+            v = self._derived[key] = Valid([(a, b - a) for a, b in merged], self.length)
+        return v
+
     def tiled(self, n: int) -> Valid:
         """The row repeated ``n`` times (rows side by side in one flat send block)."""
         key = ("tiled", n)

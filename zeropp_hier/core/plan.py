@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .policy import DEFAULT_BLOCK_SIZE, CompressionConfig, Scheme, TierBlocks, TierFlags, TierSchemes, every_tier
+from .policy import (
+    DEFAULT_BLOCK_SIZE,
+    CompressionConfig,
+    Scheme,
+    TierBlocks,
+    TierFlags,
+    TierRotations,
+    TierSchemes,
+    every_tier,
+)
 from .topology import Topology, normalize_axes
 from .vocab import AXES
 
@@ -28,6 +37,7 @@ class Hop(NamedTuple):
     scheme: Scheme
     block_size: int = DEFAULT_BLOCK_SIZE  # of the hop's tier
     error_feedback: bool = False  # gradient stages only ([Note: error feedback])
+    rotate: int = 0  # Hadamard rotation size of a quantized hop, 0 = off ([Note: rotation policy])
 
     @property
     def tier(self) -> str:
@@ -57,6 +67,7 @@ def _hops(
     groups: Sequence[tuple[str, ...]],
     schemes: TierSchemes,
     blocks: TierBlocks,
+    rotations: TierRotations,
     feedback: TierFlags = every_tier(False),
 ) -> tuple[Hop, ...]:
     out = []
@@ -65,7 +76,7 @@ def _hops(
         if topo.axes_size(axes) > 1:  # a hop over one rank moves nothing
             tier = axes[0]
             scheme = schemes.of(tier)
-            out.append(Hop(axes, scheme, blocks.of(tier), feedback.of(tier) and scheme != "none"))
+            out.append(Hop(axes, scheme, blocks.of(tier), feedback.of(tier) and scheme != "none", rotations.of(tier)))
     return tuple(out)
 
 
@@ -97,15 +108,18 @@ def make_plan(preset: str, compression: CompressionConfig, topo: Topology) -> Co
         alt = [(("node",), [("gpu",), ("gcd",)])]
     else:
         raise ValueError(f"unknown preset {preset!r}")
-    backward = _hops(topo, bwd, c.backward_weights, c.block_sizes)
+    rot = c.rotation
+    backward = _hops(topo, bwd, c.backward_weights, c.block_sizes, rot.backward_weights)
     levels = [(kept, backward)] if kept is not None else []
-    levels += [(axes, _hops(topo, hops, c.backward_weights, c.block_sizes)) for axes, hops in alt]
+    levels += [
+        (axes, _hops(topo, hops, c.backward_weights, c.block_sizes, rot.backward_weights)) for axes, hops in alt
+    ]
     return CommPlan(
         preset,
-        _hops(topo, fwd, c.forward_weights, c.block_sizes),
+        _hops(topo, fwd, c.forward_weights, c.block_sizes, rot.forward_weights),
         kept,
         backward,
-        _hops(topo, red, c.gradients, c.block_sizes, c.error_feedback),
+        _hops(topo, red, c.gradients, c.block_sizes, rot.gradients, c.error_feedback),
         c.block_size,
         tuple(levels),
     )

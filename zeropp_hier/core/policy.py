@@ -9,7 +9,8 @@ parsers, ``plan.py`` turns the result into hops.
       "backward_weights": {...},              # optional: overrides "weights" for the backward re-gather
       "gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"},
       "block_size": 256,                      # or per tier: {"node": 128}
-      "error_feedback": "auto"                # or true / false / {"node": true}
+      "error_feedback": "auto",               # or true / false / {"node": true}
+      "rotation": {"gradients": {"node": 32}}  # optional Hadamard rotation size per kind and tier
     },
     "numerics": {"nonfinite": "skip", "sample_every": 16}
 """
@@ -120,12 +121,23 @@ class CompressionSection(TypedDict, total=False):
     gradients: Scheme | dict[Tier, Scheme]  # the gradient reduce-scatter
     block_size: int | dict[Tier, int]  # elements per fp32 scale; per tier or one size
     error_feedback: ErrorFeedback | dict[Tier, ErrorFeedback]  # residuals of compressed gradients
+    rotation: int | dict[str, int | dict[Tier, int]]  # Hadamard rotation size: one, or per kind (and tier)
 
 
 # the section's "compression": None (the preset's own), one scheme for everything, or an object
 Compression = Union[Scheme, CompressionSection, None]
 
-_COMPRESSION_KEYS = ("weights", "forward_weights", "backward_weights", "gradients", "block_size", "error_feedback")
+_COMPRESSION_KEYS = (
+    "weights",
+    "forward_weights",
+    "backward_weights",
+    "gradients",
+    "block_size",
+    "error_feedback",
+    "rotation",
+)
+# the kinds of traffic "rotation" names, as the scheme keys do
+_ROTATION_KINDS = ("weights", "forward_weights", "backward_weights", "gradients")
 _NUMERICS_KEYS = ("nonfinite", "sample_every", "residual_dtype", "max_consecutive_skips")
 
 
@@ -151,6 +163,29 @@ def every_tier(v: V) -> PerTier[V]:
 TierSchemes = PerTier[Scheme]  # compression scheme of one kind of traffic
 TierBlocks = PerTier[int]  # quantization block size (elements per fp32 scale)
 TierFlags = PerTier[bool]  # error feedback: on where that tier's gradients are compressed
+TierRotations = PerTier[int]  # Hadamard rotation size R per tier; 0 = off
+
+
+# [Note: rotation policy]
+# ``"rotation"`` turns on the block rotation of the quantization format ([Note: block rotation]
+# in quant/reference.py) per kind of traffic and tier, in the shapes ``block_size`` takes: one
+# size for every quantized hop (``"rotation": 32``), or an object per kind (``"weights"``,
+# ``"forward_weights"``, ``"backward_weights"``, ``"gradients"``), each one size or an object per
+# tier. 0 is off, and off is every preset's default: whether rotation keeps a preset's loss
+# where it is needs a convergence run that has not been made. A size must be a power of two from
+# 2 to the tier's block size (so it divides it). A size named for one tier whose scheme is not
+# int8/int4 is an error (it would do nothing); a size given for a whole kind or for everything
+# applies only where that kind is quantized. Both ends of a hop read the same plan, which is
+# how the receiver knows R: the payload does not carry it.
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rotations:
+    """Rotation size per tier of each kind of traffic ([Note: rotation policy]); 0 = off."""
+
+    forward_weights: TierRotations = every_tier(0)
+    backward_weights: TierRotations = every_tier(0)
+    gradients: TierRotations = every_tier(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +196,7 @@ class CompressionConfig:
     block_size: int = DEFAULT_BLOCK_SIZE  # for every tier not named in a per-tier block_size
     block_sizes: TierBlocks = every_tier(DEFAULT_BLOCK_SIZE)
     error_feedback: TierFlags = every_tier(False)  # resolved: True only where gradients are compressed
+    rotation: Rotations = Rotations()  # resolved: non-zero only where the kind is int8/int4 on the tier
 
     @property
     def weights(self) -> TierSchemes:
@@ -261,6 +297,71 @@ def _parse_error_feedback(
     return TierFlags(**flags)
 
 
+_ROTATION_FIX = (
+    "use 0 (off) or a power of two from 2 to the tier's block size {block} (it must divide it), "
+    'e.g. {{"gradients": {{"node": 32}}}}'
+)
+
+
+def _rotation_value(v: object, field: str, block: int) -> int:
+    if not is_int(v) or v < 0 or (v and (v < 2 or v > block or v & (v - 1))):
+        fix = _ROTATION_FIX.format(block=block)
+        if is_int(v) and v > block and not v & (v - 1):
+            fix = f"it is larger than the block size {block} (a rotation mixes values within one block); " + fix
+        elif is_int(v) and v > 1 and v & (v - 1):
+            fix = "it is not a power of two; " + fix
+        raise HierConfigError(field, v, fix)
+    return v
+
+
+def _parse_rotation(
+    v: object, schemes: Mapping[str, Mapping[str, Scheme]], blocks: TierBlocks, field: str
+) -> Rotations:
+    """``v`` as written -> one size per kind and tier, checked against each tier's block size
+    and zero where that kind is not quantized ([Note: rotation policy])."""
+    kinds = ("forward_weights", "backward_weights", "gradients")
+    per: dict[str, dict[str, int]] = {k: {t: 0 for t in TIERS} for k in kinds}
+    named: dict[tuple[str, str], str] = {}  # (kind, tier) written out -> its field: must be quantized
+
+    def put(kind_keys: tuple[str, ...], x: object, where: str) -> None:
+        if isinstance(x, Mapping):
+            check_keys(x, TIERS, where)
+            for t, r in x.items():
+                for k in kind_keys:
+                    per[k][t] = _rotation_value(r, f"{where}.{t}", blocks.of(t))
+                    named[(k, t)] = f"{where}.{t}"
+        else:
+            for t in TIERS:
+                r = _rotation_value(x, where, blocks.of(t))
+                for k in kind_keys:
+                    per[k][t] = r
+
+    if v is None:
+        pass
+    elif isinstance(v, Mapping):
+        check_keys(v, _ROTATION_KINDS, field)
+        # "weights" first, so that forward_/backward_weights override it as with the schemes
+        for kind in _ROTATION_KINDS:
+            if kind in v:
+                keys = ("forward_weights", "backward_weights") if kind == "weights" else (kind,)
+                put(keys, v[kind], f"{field}.{kind}")
+    else:
+        put(kinds, v, field)
+    for (k, t), where in sorted(named.items()):
+        if per[k][t] and schemes[k][t] not in QUANTIZED:
+            raise HierConfigError(
+                where,
+                per[k][t],
+                f"{k} on the {t} tier are not quantized (scheme {schemes[k][t]!r}), so there is "
+                "nothing to rotate; quantize them (int8/int4) or remove this entry",
+            )
+    for k in kinds:
+        for t in TIERS:
+            if schemes[k][t] not in QUANTIZED:
+                per[k][t] = 0
+    return Rotations(**{k: TierRotations(**per[k]) for k in kinds})
+
+
 def parse_compression(v: object, preset: FixedPreset, field: str) -> CompressionConfig:
     defaults = PRESET_COMPRESSION[preset]
     if v is None:
@@ -279,6 +380,12 @@ def parse_compression(v: object, preset: FixedPreset, field: str) -> Compression
     ef = _parse_error_feedback(
         d.get("error_feedback"), grads, PRESET_ERROR_FEEDBACK[preset], f"{field}.error_feedback"
     )
+    rotation = _parse_rotation(
+        d.get("rotation"),
+        {"forward_weights": fwd, "backward_weights": bwd, "gradients": grads},
+        blocks,
+        f"{field}.rotation",
+    )
     return CompressionConfig(
         forward_weights=TierSchemes(**fwd),
         backward_weights=TierSchemes(**bwd),
@@ -286,6 +393,7 @@ def parse_compression(v: object, preset: FixedPreset, field: str) -> Compression
         block_size=block,
         block_sizes=blocks,
         error_feedback=ef,
+        rotation=rotation,
     )
 
 

@@ -136,7 +136,8 @@ def probe_plan(plan: CommPlan) -> CommPlan:
     block size does not change; the per-byte work is the link term's, at the measured rate."""
 
     def cut(hops: tuple[Hop, ...]) -> tuple[Hop, ...]:
-        return tuple(h._replace(block_size=PROBE_BLOCK) for h in hops)
+        # a rotation larger than the probe's block shrinks with it ([Note: rotation policy])
+        return tuple(h._replace(block_size=PROBE_BLOCK, rotate=min(h.rotate, PROBE_BLOCK)) for h in hops)
 
     return plan._replace(
         forward=cut(plan.forward),

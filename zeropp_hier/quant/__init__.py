@@ -68,52 +68,67 @@ def _use_ext(device: torch.device) -> bool:
     return False
 
 
-def quantize(x: torch.Tensor, bits: int, block_size: int) -> Quantized:
+def quantize(x: torch.Tensor, bits: int, block_size: int, rotate: int = 0) -> Quantized:
     """x: any shape, fp32/fp16/bf16, read as a flat vector. Returns data int8 [nblocks*B]
-    (bits=8) or uint8 [nblocks*B/2] (bits=4) and fp32 scales [nblocks]."""
+    (bits=8) or uint8 [nblocks*B/2] (bits=4) and fp32 scales [nblocks]. ``rotate``: the
+    Hadamard rotation size R, 0 for none ([Note: block rotation]); the payload does not record
+    it, so dequantize with the same R."""
     _checks.check_tensor("x", x)
     _checks.check_float_dtype("x", x.dtype)
     _checks.check_bits("bits", bits)
     _checks.check_block_size("block_size", block_size)
+    _checks.check_rotate("rotate", rotate, block_size)
     x = x.detach()
     if not _use_ext(x.device):
-        return reference.quantize(x, bits, block_size)
-    data, scales = torch.ops.zeropp_hier.quantize(x.contiguous().view(-1), bits, block_size)
+        return reference.quantize(x, bits, block_size, rotate)
+    data, scales = torch.ops.zeropp_hier.quantize(x.contiguous().view(-1), bits, block_size, rotate)
     return Quantized(data, scales, x.numel(), bits, block_size)
 
 
-def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Returns [q.numel] of ``dtype``; NaN for the elements of non-finite blocks."""
+def dequantize(q: Quantized, dtype: torch.dtype = torch.float32, rotate: int = 0) -> torch.Tensor:
+    """Returns [q.numel] of ``dtype``; NaN for the elements of non-finite blocks. ``rotate``:
+    the R ``q`` was quantized with."""
     _check_quantized("q", q)
     _checks.check_payload("q", q.data, q.scales, q.numel, q.bits, q.block_size, stacked=False)
     _checks.check_float_dtype("dtype", dtype)
+    _checks.check_rotate("rotate", rotate, q.block_size)
     if not _use_ext(q.data.device):
-        return reference.dequantize(q, dtype)
+        return reference.dequantize(q, dtype, rotate)
     return torch.ops.zeropp_hier.dequantize(
-        q.data.contiguous(), q.scales.contiguous(), q.numel, q.bits, q.block_size, dtype
+        q.data.contiguous(), q.scales.contiguous(), q.numel, q.bits, q.block_size, dtype, rotate
     )
 
 
-def dequantize_sum(parts: Parts, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_sum(parts: Parts, dtype: torch.dtype = torch.float32, rotate: int = 0) -> torch.Tensor:
     """Sum of k dequantized payloads, in fp32 in part order, cast to ``dtype``: [numel]. The k
-    full-precision payloads are never materialised."""
+    full-precision payloads are never materialised. ``rotate``: the parts' R; rotated parts are
+    summed in the rotated domain and rotated back once ([Note: block rotation])."""
     _checks.check_float_dtype("dtype", dtype)
     data, scales, like = _stacked(parts)
+    _checks.check_rotate("rotate", rotate, like.block_size)
     if not _use_ext(data.device):
-        return reference.dequantize_sum(_unstacked(data, scales, like), dtype)
-    return torch.ops.zeropp_hier.dequantize_sum(data, scales, like.numel, like.bits, like.block_size, dtype)
+        return reference.dequantize_sum(_unstacked(data, scales, like), dtype, rotate)
+    return torch.ops.zeropp_hier.dequantize_sum(data, scales, like.numel, like.bits, like.block_size, dtype, rotate)
 
 
-def dequantize_sum_requantize(parts: Parts, bits: int, block_size: int) -> Quantized:
+def dequantize_sum_requantize(
+    parts: Parts, bits: int, block_size: int, rotate: int = 0, out_rotate: int = 0
+) -> Quantized:
     """quantize(dequantize_sum(parts, fp32), bits, block_size) in one pass, for the step between
-    reduce-scatter hops. A non-finite part, or an fp32 overflow of the sum, marks the block."""
+    reduce-scatter hops. A non-finite part, or an fp32 overflow of the sum, marks the block.
+    ``rotate`` / ``out_rotate``: the parts' and the output's R; equal non-zero R with equal
+    block sizes requantize the rotated-domain sum without rotating back and forth."""
     _checks.check_bits("bits", bits)
     _checks.check_block_size("block_size", block_size)
+    _checks.check_rotate("out_rotate", out_rotate, block_size)
     data, scales, like = _stacked(parts)
+    _checks.check_rotate("rotate", rotate, like.block_size)
     if not _use_ext(data.device):
-        return reference.dequantize_sum_requantize(_unstacked(data, scales, like), bits, block_size)
+        return reference.dequantize_sum_requantize(
+            _unstacked(data, scales, like), bits, block_size, rotate, out_rotate
+        )
     out_data, out_scales = torch.ops.zeropp_hier.dequantize_sum_requantize(
-        data, scales, like.numel, like.bits, like.block_size, bits, block_size
+        data, scales, like.numel, like.bits, like.block_size, bits, block_size, rotate, out_rotate
     )
     return Quantized(out_data, out_scales, like.numel, bits, block_size)
 

@@ -53,6 +53,19 @@ def check_block_size(arg: str, block_size) -> None:
         )
 
 
+def check_rotate(arg: str, rotate, block_size: int) -> None:
+    """[Note: block rotation]: 0 (off) or a power of two from 2 to the block size."""
+    ok = (
+        isinstance(rotate, int)
+        and not isinstance(rotate, bool)
+        and (rotate == 0 or (2 <= rotate <= block_size and rotate & (rotate - 1) == 0))
+    )
+    if not ok:
+        raise QuantArgumentError(
+            f"argument '{arg}' must be 0 (off) or a power of two from 2 to the block size {block_size}, got {rotate!r}"
+        )
+
+
 def payload_bytes(numel: int, bits: int, block_size: int) -> int:
     """Bytes of quantized data for numel elements, padding included."""
     padded = num_blocks(numel, block_size) * block_size

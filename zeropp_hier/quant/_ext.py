@@ -139,27 +139,34 @@ def _register_fakes() -> None:
         return data, like.new_empty(num_blocks(numel, block_size), dtype=torch.float32)
 
     @torch.library.register_fake("zeropp_hier::quantize")
-    def _quantize_fake(x, bits, block_size):
+    def _quantize_fake(x, bits, block_size, rotate=0):
         _checks.check_float_dtype("x", x.dtype)
         _checks.check_bits("bits", bits)
         _checks.check_block_size("block_size", block_size)
+        _checks.check_rotate("rotate", rotate, block_size)
         return empty_payload(x, x.numel(), bits, block_size)
 
     @torch.library.register_fake("zeropp_hier::dequantize")
-    def _dequantize_fake(data, scales, numel, bits, block_size, dtype):
+    def _dequantize_fake(data, scales, numel, bits, block_size, dtype, rotate=0):
         _checks.check_payload("q", data, scales, numel, bits, block_size, stacked=False)
         _checks.check_float_dtype("dtype", dtype)
+        _checks.check_rotate("rotate", rotate, block_size)
         return data.new_empty(numel, dtype=dtype)
 
     @torch.library.register_fake("zeropp_hier::dequantize_sum")
-    def _dequantize_sum_fake(data, scales, numel, bits, block_size, dtype):
+    def _dequantize_sum_fake(data, scales, numel, bits, block_size, dtype, rotate=0):
         _checks.check_payload("parts", data, scales, numel, bits, block_size, stacked=True)
         _checks.check_float_dtype("dtype", dtype)
+        _checks.check_rotate("rotate", rotate, block_size)
         return data.new_empty(numel, dtype=dtype)
 
     @torch.library.register_fake("zeropp_hier::dequantize_sum_requantize")
-    def _dequantize_sum_requantize_fake(data, scales, numel, bits, block_size, out_bits, out_block_size):
+    def _dequantize_sum_requantize_fake(
+        data, scales, numel, bits, block_size, out_bits, out_block_size, rotate=0, out_rotate=0
+    ):
         _checks.check_payload("parts", data, scales, numel, bits, block_size, stacked=True)
         _checks.check_bits("out_bits", out_bits)
         _checks.check_block_size("out_block_size", out_block_size)
+        _checks.check_rotate("rotate", rotate, block_size)
+        _checks.check_rotate("out_rotate", out_rotate, out_block_size)
         return empty_payload(data, numel, out_bits, out_block_size)

@@ -26,10 +26,43 @@ same bytes.
 - Fused sum of k payloads: each dequantized to fp32 as above and accumulated in fp32 in list
   order, starting from +0.0; the requantizing variant quantizes that fp32 sum (any block size /
   bits), so a NaN/Inf in any part, or an fp32 overflow of the sum, marks the output block.
+
+[Note: block rotation]
+Optional, per call: ``rotate = R`` (0 = off, the format above byte for byte; else a power of two,
+2 <= R <= B, R dividing B). Quantize first rotates the zero-padded fp32 block vector: each
+consecutive group of R elements is multiplied by the orthonormal Walsh-Hadamard matrix
+H_R / sqrt(R), computed as
+- the in-place butterfly, for h = 1, 2, 4, ..., R/2 in that order: for every i in the group with
+  bit h clear, ``(x[i], x[i+h]) <- (x[i] + x[i+h], x[i] - x[i+h])`` (one fp32 add / subtract
+  each, no multiply, so nothing can be contracted into an FMA);
+- then ONE fp32 multiply of every element by the fp32 constant ``float32(1 / sqrt(R))`` (for
+  odd log2(R) that constant is rounded; it is the same rounded value everywhere).
+The fixed order of these exact-rounding operations makes the result identical on every
+backend. Scales and codes are then computed from the rotated block as above (the payload layout
+is unchanged; the rotation size is not stored in it: both ends take it from the policy).
+Dequantize computes ``float32(q) * scale`` (saturated as above) in fp32, applies the same
+transform (normalised H is its own inverse, so this undoes the rotation up to rounding), and
+only then casts to the requested dtype. The tail padding takes part in the rotation, so the
+padded elements of a rotated block generally dequantize to small non-zero values; they are
+dropped, as always.
+Rotation mixes only within a block, so a non-finite block stays non-finite: its NaN scale makes
+every dequantized value NaN, and the transform of NaNs is NaN (never finite); a finite block is
+finite after rotation, except that the butterfly's sums of up to R values can overflow to Inf
+when |x| is within a factor R of FLT_MAX: quantize then marks the block NaN like any Inf input,
+and dequantize gives Inf/NaN there (not saturated; never a wrong finite value). Gradients and
+weights are ~30 orders of magnitude below that.
+Fused sums with rotation R: the transform is linear, so the k parts are dequantized to fp32
+WITHOUT de-rotation, summed in the rotated domain in list order, and the sum is de-rotated once
+(dequantize_sum) or, when the output uses the same R and the same block size, requantized
+directly without de-rotating and re-rotating (dequantize_sum_requantize). Any other output
+rotation (including 0) de-rotates the sum, then quantizes it with the output rotation. So the
+fused results equal the unfused composition up to the rounding of one transform, not bit for
+bit; the reference below defines the bits.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -56,12 +89,57 @@ def num_blocks(numel: int, block_size: int) -> int:
     return -(-numel // block_size)
 
 
-def quantize(x: torch.Tensor, bits: int, block_size: int) -> Quantized:
-    qmax = QMAX[bits]
+def inv_sqrt(rotate: int) -> float:
+    """The fp32 normalising constant of H_R: float32(1 / sqrt(R)) (exact for even log2 R)."""
+    return float(torch.tensor(1.0 / math.sqrt(rotate), dtype=torch.float32))
+
+
+def hadamard_(x: torch.Tensor, rotate: int) -> torch.Tensor:
+    """In place on fp32 ``x`` (numel a multiple of ``rotate``): each group of ``rotate``
+    consecutive elements times H_R / sqrt(R), in the butterfly order of [Note: block rotation].
+    Returns ``x``. ``rotate`` 0 (or 1) leaves it unchanged."""
+    if rotate <= 1:
+        return x
+    g = x.view(-1, rotate)
+    h = 1
+    while h < rotate:
+        v = g.view(-1, rotate // (2 * h), 2, h)
+        a = v[:, :, 0, :].clone()
+        b = v[:, :, 1, :]
+        v[:, :, 0, :] = a + b
+        v[:, :, 1, :] = a - b
+        h *= 2
+    x.mul_(inv_sqrt(rotate))
+    return x
+
+
+def check_rotate(rotate: int, block_size: int) -> None:
+    """rotate must be 0 (off) or a power of two from 2 to block_size (hence dividing it)."""
+    ok = (
+        isinstance(rotate, int)
+        and not isinstance(rotate, bool)
+        and (rotate == 0 or (2 <= rotate <= block_size and rotate & (rotate - 1) == 0))
+    )
+    if not ok:
+        raise ValueError(
+            f"argument 'rotate' must be 0 (off) or a power of two from 2 to block_size={block_size}, got {rotate!r}"
+        )
+
+
+def quantize(x: torch.Tensor, bits: int, block_size: int, rotate: int = 0) -> Quantized:
+    """See [Note: quantization format]; ``rotate`` > 0: [Note: block rotation]."""
+    check_rotate(rotate, block_size)
     n = x.numel()
     nb = num_blocks(n, block_size)
     flat = torch.zeros(nb * block_size, dtype=torch.float32, device=x.device)
     flat[:n] = x.reshape(-1).to(torch.float32)
+    return _quantize_fp32(hadamard_(flat, rotate), n, bits, block_size)
+
+
+def _quantize_fp32(flat: torch.Tensor, n: int, bits: int, block_size: int) -> Quantized:
+    """The padded fp32 vector flat [nblocks * B] (already rotated) -> payload of n elements."""
+    qmax = QMAX[bits]
+    nb = flat.numel() // block_size
     blocks = flat.view(nb, block_size)
     finite = torch.isfinite(blocks).all(dim=1, keepdim=True)
     safe = torch.where(finite, blocks, torch.zeros_like(blocks))
@@ -92,21 +170,50 @@ def unpack_int4(data: torch.Tensor) -> torch.Tensor:
     return torch.where(both >= 8, both - 16, both).to(torch.int8)
 
 
-def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _dequantize_padded(q: Quantized) -> torch.Tensor:
+    """fp32 [nblocks * B]: float32(q) * scale, saturated; still in the rotated domain."""
     vals = unpack_int4(q.data) if q.bits == 4 else q.data
     out = vals.view(-1, q.block_size).to(torch.float32) * q.scales.view(-1, 1)
-    out = out.clamp_(-FLT_MAX, FLT_MAX)  # NaN stays NaN
-    return out.view(-1)[: q.numel].to(dtype)
+    return out.clamp_(-FLT_MAX, FLT_MAX).view(-1)  # NaN stays NaN
 
 
-def dequantize_sum(parts: list[Quantized], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Sum of k dequantized payloads, accumulated in fp32 in list order, then cast."""
-    acc = torch.zeros(parts[0].numel, dtype=torch.float32, device=parts[0].data.device)
+def dequantize(q: Quantized, dtype: torch.dtype = torch.float32, rotate: int = 0) -> torch.Tensor:
+    """``rotate``: the rotation the payload was quantized with ([Note: block rotation])."""
+    check_rotate(rotate, q.block_size)
+    return hadamard_(_dequantize_padded(q), rotate)[: q.numel].to(dtype)
+
+
+def _sum_rotated(parts: list[Quantized]) -> torch.Tensor:
+    """fp32 [nblocks * B]: the parts' padded dequantized values summed in list order from +0.0,
+    not de-rotated (the transform is linear)."""
+    p0 = parts[0]
+    acc = torch.zeros(num_blocks(p0.numel, p0.block_size) * p0.block_size, dtype=torch.float32, device=p0.data.device)
     for p in parts:
-        acc += dequantize(p, torch.float32)
-    return acc.to(dtype)
+        acc += _dequantize_padded(p)
+    return acc
 
 
-def dequantize_sum_requantize(parts: list[Quantized], bits: int, block_size: int) -> Quantized:
-    """Quantize the fp32 sum of k payloads (the step between reduce-scatter hops)."""
-    return quantize(dequantize_sum(parts, torch.float32), bits, block_size)
+def dequantize_sum(parts: list[Quantized], dtype: torch.dtype = torch.float32, rotate: int = 0) -> torch.Tensor:
+    """Sum of k dequantized payloads, accumulated in fp32 in list order, then cast. With
+    ``rotate``: summed in the rotated domain, then de-rotated once."""
+    check_rotate(rotate, parts[0].block_size)
+    if rotate == 0:
+        acc = torch.zeros(parts[0].numel, dtype=torch.float32, device=parts[0].data.device)
+        for p in parts:
+            acc += dequantize(p, torch.float32)
+        return acc.to(dtype)
+    return hadamard_(_sum_rotated(parts), rotate)[: parts[0].numel].to(dtype)
+
+
+def dequantize_sum_requantize(
+    parts: list[Quantized], bits: int, block_size: int, rotate: int = 0, out_rotate: int = 0
+) -> Quantized:
+    """Quantize the fp32 sum of k payloads (the step between reduce-scatter hops). ``rotate``:
+    the parts' rotation; ``out_rotate``: the output's. The same non-zero rotation and block
+    size on both sides requantizes the rotated-domain sum directly."""
+    p0 = parts[0]
+    check_rotate(rotate, p0.block_size)
+    check_rotate(out_rotate, block_size)
+    if rotate and rotate == out_rotate and block_size == p0.block_size:
+        return _quantize_fp32(_sum_rotated(parts), p0.numel, bits, block_size)
+    return quantize(dequantize_sum(parts, torch.float32, rotate), bits, block_size, out_rotate)
