@@ -243,24 +243,6 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         else:  # residuals belong to the optimizer trajectory that was just replaced
             numerics.error_feedback.reset()
 
-
-def _grad(p: ZeroParam) -> torch.Tensor:
-    """A bucketed parameter's gradient: DeepSpeed puts a parameter in a bucket only once it has
-    copied the gradient in."""
-    if p.grad is None:
-        raise RuntimeError(f"zeropp_hier: parameter ds_id {p.ds_id} is in a gradient bucket without a gradient")
-    return p.grad
-
-
-def _throttle(events: collections.deque, limit: int) -> None:
-    """DeepSpeed's backpressure on gradient buckets ([Note: bucket flush against DeepSpeed],
-    part 5): forget the events the device has passed; past ``limit`` outstanding, the host
-    waits for the oldest."""
-    while events and events[0].query():
-        events.popleft()
-    if len(events) > limit:
-        events.popleft().synchronize()
-
     def load_hp_checkpoint_state(self, folder: str, key: str, param: Any = None) -> torch.Tensor:
         """DeepSpeed's per-parameter read of a universal checkpoint, reading only the rows this
         rank keeps ([Note: universal rows] in universal_shared.py); AutoTP and AutoEP states
@@ -287,3 +269,21 @@ def _throttle(events: collections.deque, limit: int) -> None:
         out = torch.zeros(width, dtype=state.dtype)
         out[:count].copy_(state.reshape(-1)[start : start + count])
         return out
+
+
+def _grad(p: ZeroParam) -> torch.Tensor:
+    """A bucketed parameter's gradient: DeepSpeed puts a parameter in a bucket only once it has
+    copied the gradient in."""
+    if p.grad is None:
+        raise RuntimeError(f"zeropp_hier: parameter ds_id {p.ds_id} is in a gradient bucket without a gradient")
+    return p.grad
+
+
+def _throttle(events: collections.deque, limit: int) -> None:
+    """DeepSpeed's backpressure on gradient buckets ([Note: bucket flush against DeepSpeed],
+    part 5): forget the events the device has passed; past ``limit`` outstanding, the host
+    waits for the oldest."""
+    while events and events[0].query():
+        events.popleft()
+    if len(events) > limit:
+        events.popleft().synchronize()
