@@ -86,6 +86,7 @@ class Counts:
 
 def _received(name: str, a: tuple, k: dict) -> int:
     """Bytes this rank receives in one call (its output buffers; the input's for in-place ones)."""
+
     def nbytes(t) -> int:
         return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
