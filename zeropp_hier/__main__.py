@@ -43,7 +43,7 @@ def _train(rest: list[str]) -> int:
     saved = sys.argv
     sys.argv = [saved[0], *rest]
     try:
-        train.main()
+        train.main_for_rank()
     finally:
         sys.argv = saved
     return 0

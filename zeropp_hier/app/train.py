@@ -125,5 +125,32 @@ def main(cfg: DictConfig) -> float:
     return out["final_loss"]  # Hydra keeps it as the job's return value (sweepers can use it)
 
 
+def rank_overrides(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """Hydra overrides for this process (pure): none for rank 0 or a process that spawns its
+    ranks; for any other rank a launcher started (srun, torchrun: RANK or SLURM_PROCID not 0),
+    no ``.hydra/`` copy of the config and no ``train.log`` file, so that the run directory the
+    ranks share is written by rank 0 alone (75,264 ranks writing the same three YAML files and
+    one log is a storm on the file system's metadata server, and the last writer wins). Such a
+    rank still logs to its own stdout. A sweep (``-m``) is left as it is: its jobs are launched
+    by Hydra itself."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return []
+    rank = env.get("RANK") or (env.get("SLURM_PROCID") if int(env.get("SLURM_NTASKS", "1") or 1) > 1 else None)
+    if rank is None or rank.strip() in ("", "0"):
+        return []
+    return ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+
+
+def main_for_rank() -> None:
+    """``main`` with this rank's overrides (``rank_overrides``) after the user's."""
+    extra = [o for o in rank_overrides(os.environ, sys.argv[1:]) if o not in sys.argv]
+    saved = sys.argv
+    sys.argv = [*saved, *extra]
+    try:
+        main()
+    finally:
+        sys.argv = saved
+
+
 if __name__ == "__main__":
-    main()
+    main_for_rank()

@@ -11,10 +11,13 @@ it silently. Here a save is a transaction:
    ``save_latest=False``); a write that fails on one rank is held until DeepSpeed's save returns
    on every rank, the failures are gathered, and every rank raises the same error naming the
    rank, the file and the cause ([Note: a rank that cannot write] in ``checkpoint_writes.py``);
-2. every rank lists the directory and the listings are gathered: a rank that sees other files
-   than rank 0 is on another file system (node-local storage), and every rank says so;
-3. each rank fsyncs and hashes its share (size, sha256); an ``OSError`` while hashing is
-   gathered too, so every rank raises the same error naming the rank, the file and the cause;
+2. each rank fsyncs and hashes the files its own checkpoint engine wrote (size, sha256), and
+   only those (two files a rank under ZeRO-3); an ``OSError`` while hashing is agreed by one
+   flag all-reduce, so every rank raises the same error naming the rank, the file and the cause;
+3. the digests go to rank 0 only (``coordinator.gather_to_root``: a fixed-width slot per rank,
+   [Note: a coordinator, not a world gather] in comm/coordinator.py), and rank 0 lists the
+   directory once: a file a rank wrote that rank 0 does not see means the directory is not
+   shared (named, with the rank); a file nobody hashed is hashed by rank 0;
 4. rank 0 writes ``MANIFEST`` inside the temporary directory and commits (``commit``): when the
    tag exists already it is first renamed to ``.old-<tag>``; then ``.tmp-<tag>`` is renamed to
    ``<tag>`` (a directory rename: atomic on POSIX file systems, Lustre included), ``<dir>`` is
@@ -29,11 +32,13 @@ and no ``<tag>``: the next load or save of that tag renames it back (``recover``
 state loads. ``.tmp-*`` and ``.old-*`` leftovers are removed by the next save (of that tag; and
 ``.old-*`` of any tag that is complete) and listed by ``checkpoint verify``.
 
-``load_checkpoint`` agrees first on what every rank sees (the tag, from ``latest`` or given, and
-the manifest's hash: a rank that sees another directory is named, with the fix that the
-checkpoint directory must be shared), then each rank checks its share of the files, the findings
-are gathered, and *every* rank raises the same ``HierCheckpointError`` (naming the file) before
-DeepSpeed reads anything, so no rank is left waiting for one that could not load. The manifest
+``load_checkpoint`` agrees first on what every rank sees (the tag, from ``latest`` or given, by
+one digest all-reduce: a rank that sees another tag is named, with the fix that the checkpoint
+directory must be shared), then rank 0 reads the manifest and each rank checks its share of the
+files in its own view of the directory ([Note: checks in shares] in checkpoint_shares.py: a rank
+lacking a file of its share is named), and *every* rank raises the same ``HierCheckpointError``
+(naming the file) before DeepSpeed reads anything, so no rank is left waiting for one that could
+not load. The manifest
 covers every file under the tag: a file it does not list, a symbolic link, or a listed name that
 is not a plain relative name (``..``, an absolute path, glob characters) is refused, and so are
 tags that are not plain names, whether given or read from ``latest``. Files are loaded
@@ -58,6 +63,7 @@ from typing import Any, Callable, Mapping
 
 import torch.distributed as dist
 
+from ..comm import coordinator
 from ..core.errors import HierCheckpointError
 
 # the directory's files (pure): re-exported, this module is the public face of checkpoints
@@ -92,6 +98,7 @@ from .checkpoint_files import (  # noqa: F401
     verify_tag,
     write_atomic,
 )
+from .checkpoint_shares import verify_across
 from .checkpoint_writes import WRITE_FIX, held_writes
 
 # -- the engine's save and load ------------------------------------------------------------------
@@ -109,26 +116,49 @@ def _guard(engine, phase: str):
     return world_guard(rt.topo, rt.rank, phase, getattr(engine, "ds_group_timeout_s", None))
 
 
-def _gather(obj: Any, group) -> list:
-    out: list = [None] * dist.get_world_size(group=group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
+def _agreed_errors(error: tuple | None, group) -> list:
+    """Every rank's local failure (rank, path, cause), agreed with one flag all-reduce; only when
+    some rank failed, the first failure and the other failed ranks reach every rank
+    ([Note: a coordinator, not a world gather] in comm/coordinator.py)."""
+    found = coordinator.failures_everywhere(list(error) if error is not None else None, group)
+    if found is None:
+        return []
+    first, others = found
+    return [tuple(first), *[(r, "", "") for r in others]]
 
 
-def _listing_error(listings: list, where: str) -> tuple[int, str, str] | None:
-    """The first rank whose listing of ``where`` differs from rank 0's, as a rank error."""
-    ref = set(listings[0])
-    for rank, names in enumerate(listings[1:], start=1):
-        if set(names) != ref:
-            only_here = sorted(set(names) - ref)[:3]
-            not_here = sorted(ref - set(names))[:3]
+def own_files(written: list[str], tmp_dir: str) -> list[str]:
+    """The names (relative to ``tmp_dir``) of the files this rank's checkpoint engine saved there,
+    each once, sorted: the files this rank hashes (pure)."""
+    root = os.path.abspath(tmp_dir)
+    out = set()
+    for path in written:
+        rel = os.path.relpath(os.path.abspath(path), root)
+        if not rel.startswith(".."):
+            out.add(rel)
+    return sorted(out)
+
+
+def coordinate_files(tmp_dir: str, parts: list, listed: list[str]) -> tuple[dict, tuple | None, list[str]]:
+    """Rank 0's part, pure but for reading: the gathered ``parts`` (each rank's {name: digest})
+    against rank 0's one listing of ``tmp_dir``. Returns (files of the manifest so far, the first
+    rank error (a file a rank wrote that rank 0 does not see), the listed names nobody hashed)."""
+    files: dict = {}
+    owner: dict = {}
+    for rank, part in enumerate(parts):
+        for rel, d in (part or {}).items():
+            files[rel] = d
+            owner.setdefault(rel, rank)
+    seen = set(listed)
+    for rel in sorted(files):
+        if rel not in seen:
+            r = owner[rel]
             return (
-                rank,
-                where,
-                f"rank {rank} sees other files in it than rank 0 (only on rank {rank}: {only_here}; "
-                f"only on rank 0: {not_here}): {SHARED_FIX}",
+                files,
+                (r, os.path.join(tmp_dir, rel), f"rank {r} wrote it, but rank 0 does not see it: {SHARED_FIX}"),
+                [],
             )
-    return None
+    return files, None, [rel for rel in listed if rel not in files]
 
 
 def save(
@@ -159,23 +189,24 @@ def save(
     rank, world, group = dist.get_rank(), dist.get_world_size(), _dp_group(engine)
     tmp_tag = TMP_PREFIX + tag
     tmp_dir = os.path.join(save_dir, tmp_tag)
+    lead = dist.get_rank(group) == 0  # the coordinator ([Note: atomic checkpoint])
     with _guard(engine, "checkpoint save"):
         # rank 0 prepares the directory and leaves a probe in it; every rank must see the probe
         # before anyone writes: else the directory is not shared, and every rank says so
         prepared, nonce = None, os.urandom(8).hex()
         probe = os.path.join(save_dir, f"{TMP_PREFIX}{tag}.probe")
-        if rank == 0:
+        if lead:
             try:
                 os.makedirs(save_dir, exist_ok=True)
                 clean_leftovers(save_dir, tag)  # an earlier crash's
                 write_atomic(probe, nonce.encode())
             except OSError as e:
                 prepared = _rank_error(0, save_dir, e)
-        gathered = _gather((prepared, nonce), group)
-        raise_rank_errors([p for p, _ in gathered], "preparing the checkpoint directory")
+        prepared, nonce = coordinator.broadcast_from_root([prepared, nonce], group)
+        raise_rank_errors([tuple(prepared) if prepared else None], "preparing the checkpoint directory")
         try:
             with open(probe, "rb") as f:
-                seen = f.read().decode(errors="replace") == gathered[0][1]
+                seen = f.read().decode(errors="replace") == nonce
         except OSError:
             seen = False
         unseen = None
@@ -185,13 +216,14 @@ def save(
                 save_dir,
                 f"rank {rank} does not see the file rank 0 just wrote there ({probe}): {SHARED_FIX}",
             )
-        raise_rank_errors(_gather(unseen, group), "checking the checkpoint directory")
-        if rank == 0:
+        raise_rank_errors(_agreed_errors(unseen, group), "checking the checkpoint directory")
+        if lead:
             with contextlib.suppress(OSError):
                 os.remove(probe)
         # a write that fails on one rank is held until every rank has run DeepSpeed's
         # collectives, then named on every rank ([Note: a rank that cannot write])
-        with held_writes(engine, rank) as write_failures:
+        written: list[str] = []
+        with held_writes(engine, rank, written) as write_failures:
             ds_save(
                 save_dir,
                 tmp_tag,
@@ -199,138 +231,108 @@ def save(
                 save_latest=False,
                 exclude_frozen_parameters=exclude_frozen_parameters,
             )
-        failed = _gather(write_failures[0] if write_failures else None, group)
-        if rank == 0 and any(f is not None for f in failed):
+        failed = _agreed_errors(write_failures[0] if write_failures else None, group)
+        if lead and failed:
             shutil.rmtree(tmp_dir, ignore_errors=True)  # nothing of it is committed: give the space back
         raise_rank_errors(failed, "writing the checkpoint files (nothing committed, 'latest' unchanged)", WRITE_FIX)
-        if rank == 0:  # DeepSpeed's copies load pickles: the tensors-only ones replace them
+        if lead:  # DeepSpeed's copies load pickles: the tensors-only ones replace them
             from .recovery_script import replace_scripts
 
             replace_scripts(save_dir)
-        # every rank must see what every rank wrote: else the directory is not shared
-        listings = _gather(list_files(tmp_dir), group)
-        raise_rank_errors([_listing_error(listings, tmp_dir)], "checking the saved files")
-        names = listings[0]
+        # each rank fsyncs and hashes the files it wrote itself, and only those
         mine: dict = {}
         failure = None
-        for rel in names[rank::world]:
+        for rel in own_files(written, tmp_dir):
             try:
                 mine[rel] = file_digest(os.path.join(tmp_dir, rel), sync=True)
             except OSError as e:
                 failure = _rank_error(rank, os.path.join(tmp_dir, rel), e)
                 break
-        gathered = _gather((mine, failure), group)
-        raise_rank_errors([f for _, f in gathered], "hashing the saved files")
-        outcome: list[tuple[int, str, str] | None] = [None]
-        if rank == 0:
-            files = {k: v for part, _ in gathered for k, v in part.items()}
-            rt = engine.hier_runtime
-            meta = {
-                "world_size": world,
-                "preset": rt.cfg.preset,
-                "topology": list(rt.topo.dims),
-                "global_steps": int(engine.global_steps),
-            }
+        raise_rank_errors(_agreed_errors(failure, group), "hashing the saved files")
+        parts = coordinator.gather_to_root(mine, group)  # a few entries per rank, to rank 0 only
+        outcome: tuple[int, str, str] | None = None
+        if lead:
+            assert parts is not None
             try:
-                commit(save_dir, tmp_dir, tag, files, meta, save_latest)
+                # one listing, on rank 0: a file a rank wrote that rank 0 does not see means the
+                # directory is not shared; a file nobody hashed (written outside DeepSpeed's
+                # checkpoint engine) is hashed here
+                files, outcome, rest = coordinate_files(tmp_dir, parts, list_files(tmp_dir))
+                if outcome is None:
+                    for rel in rest:
+                        files[rel] = file_digest(os.path.join(tmp_dir, rel), sync=True)
+                    rt = engine.hier_runtime
+                    meta = {
+                        "world_size": world,
+                        "preset": rt.cfg.preset,
+                        "topology": list(rt.topo.dims),
+                        "global_steps": int(engine.global_steps),
+                    }
+                    commit(save_dir, tmp_dir, tag, files, meta, save_latest)
             except OSError as e:
-                outcome[0] = _rank_error(0, os.path.join(save_dir, tag), e)
-        dist.broadcast_object_list(outcome, src=0, group=group)  # nobody returns before the commit
-    raise_rank_errors(outcome, "committing the checkpoint")
+                outcome = _rank_error(0, os.path.join(save_dir, tag), e)
+        # nobody returns before the commit
+        shared = coordinator.broadcast_from_root(list(outcome) if outcome else None, group)
+    outcome = tuple(shared) if shared else None
+    raise_rank_errors([outcome], "committing the checkpoint")
     return True
 
 
-def _view(root: str, tag: Any, latest_name: str, rank: int) -> dict:
-    """What this rank sees of the checkpoint to load: the tag, the manifest's hash, or the error
-    it met (as (path, problem, fix)). Rank 0 first restores an interrupted re-save."""
+def _view(root: str, tag: Any, latest_name: str, lead: bool) -> dict:
+    """What this rank sees of the checkpoint to load: the tag (given, or read from ``latest``),
+    or the error it met (as (path, problem, fix)). The coordinator first restores an interrupted
+    re-save. No rank but the coordinator reads the manifest ([Note: checks in shares])."""
     try:
         resolved = resolve_tag(root, tag, latest_name)
     except HierCheckpointError as e:
-        return {"tag": None, "error": (e.path, e.problem, e.fix), "manifest": None, "recovered": False}
-    recovered = False
-    if resolved is not None and rank == 0:
+        return {"tag": None, "error": (e.path, e.problem, e.fix)}
+    if resolved is not None and lead:
         try:
-            recovered = recover(root, resolved)
+            recover(root, resolved)
         except OSError as e:
-            return {
-                "tag": resolved,
-                "error": (root, f"cannot restore '{OLD_PREFIX}{resolved}': {e}", SHARED_FIX),
-                "manifest": None,
-                "recovered": False,
-            }
-    digest = None
-    if resolved is not None:
-        # rank 0 may be renaming .old-<tag> back right now: one of these reads sees it
-        for d in (resolved, OLD_PREFIX + resolved, resolved):
-            path = os.path.join(root, d, MANIFEST)
-            try:
-                digest = file_digest(path)["sha256"]
-                break
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as e:
-                problem = f"cannot be read on rank {rank}: {type(e).__name__}: {e.strerror or e}"
-                fix = (
-                    "fix that rank's access to the checkpoint directory (every rank must see the same one), then retry"
-                )
-                return {"tag": resolved, "error": (path, problem, fix), "manifest": None, "recovered": recovered}
-    return {"tag": resolved, "error": None, "manifest": digest, "recovered": recovered}
+            return {"tag": resolved, "error": (root, f"cannot restore '{OLD_PREFIX}{resolved}': {e}", SHARED_FIX)}
+    return {"tag": resolved, "error": None}
 
 
-def _agree(views: list, root: str) -> None:
-    """The same error on every rank if the ranks do not see the same checkpoint."""
-    for rank, v in enumerate(views):
-        if v["error"] is not None:
-            path, problem, fix = v["error"]
-            raise HierCheckpointError(path, f"{problem} (seen by rank {rank})", fix)
-    ref = views[0]
-    for rank, v in enumerate(views[1:], start=1):
-        if (v["tag"], v["manifest"]) != (ref["tag"], ref["manifest"]):
-            raise HierCheckpointError(
-                root,
-                f"rank {rank} sees tag {v['tag']!r} with manifest {str(v['manifest'])[:12]}, rank 0 sees tag "
-                f"{ref['tag']!r} with manifest {str(ref['manifest'])[:12]}",
-                SHARED_FIX,
-            )
+def _agree_view(view: dict, root: str, group) -> str | None:
+    """The same error on every rank if a rank met one or the ranks do not see the same tag; else
+    the tag. One flag and one digest all-reduce; a second round only on a difference."""
+    rank = dist.get_rank()
+    err = [rank, *view["error"]] if view["error"] is not None else None
+    found = coordinator.failures_everywhere(err, group)
+    if found is not None:
+        (r, path, problem, fix), _ = found
+        raise HierCheckpointError(path, f"{problem} (seen by rank {r})", fix)
+    if not coordinator.same_everywhere(view["tag"], group):
+        tags = coordinator.gather_to_root([rank, view["tag"]], group)
+        odd = None
+        if tags is not None:
+            odd = next([r, t, tags[0][1]] for r, t in tags if t != tags[0][1])
+        r, theirs, ref = coordinator.broadcast_from_root(odd, group)
+        raise HierCheckpointError(root, f"rank {r} sees tag {theirs!r}, rank 0 sees tag {ref!r}", SHARED_FIX)
+    return view["tag"]
 
 
 def verify_for_load(
     engine, load_dir: str, tag: Any, *, check: bool = True, trust_pickles: bool = False, missing_ok: bool = False
 ) -> str | None:
     """Agree on the tag (given, or what ``latest`` names) across ranks, then check
-    ``<load_dir>/<tag>`` on every rank, each rank its share of the files: the manifest when
-    ``check``, the pickles unless ``trust_pickles``; raise the same ``HierCheckpointError``
-    everywhere on any problem. Returns the tag to load. No ``latest`` and no tag is an error,
-    unless ``missing_ok`` (then None: DeepSpeed loads nothing)."""
+    ``<load_dir>/<tag>``, each rank its share of the files ([Note: checks in shares]): against
+    the manifest when ``check``, the pickles unless ``trust_pickles``; raise the same
+    ``HierCheckpointError`` everywhere on any problem. Returns the tag to load. No ``latest``
+    and no tag is an error, unless ``missing_ok`` (then None: DeepSpeed loads nothing)."""
     latest_name = "latest_universal" if engine.load_universal_checkpoint() else "latest"
-    rank, world, group = dist.get_rank(), dist.get_world_size(), _dp_group(engine)
+    group = _dp_group(engine)
+    lead = dist.get_rank(group) == 0
     with _guard(engine, "checkpoint load"):
-        views = _gather(_view(load_dir, tag, latest_name, rank), group)
-        _agree(views, load_dir)
-        resolved = views[0]["tag"]
+        resolved = _agree_view(_view(load_dir, tag, latest_name, lead), load_dir, group)
         if resolved is None:
             if missing_ok:
                 return None
             raise missing_latest_error(load_dir, latest_name)
-        mine: list = []
-        if check:
-            mine = verify_tag(load_dir, resolved, rank, world, trust_pickles)
-        elif not trust_pickles:  # unverified, but still never a pickle that could run code
-            mine = _scan_share(os.path.join(load_dir, resolved), rank, world)
-        gathered = _gather(mine, group)
-    raise_problems([p for part in gathered for p in part], load_dir, resolved)
+        if check or not trust_pickles:  # unverified, but still never a pickle that could run code
+            verify_across(load_dir, resolved, group, check=check, trust_pickles=trust_pickles)
     return resolved
-
-
-def _scan_share(tag_dir: str, rank: int, world: int) -> list[tuple[str, str]]:
-    from . import safe_load
-
-    problems = []
-    for rel in [n for n in list_files(tag_dir) if n.endswith(".pt")][rank::world]:
-        found = safe_load.scan(os.path.join(tag_dir, rel))
-        if found:
-            problems.append((os.path.join(tag_dir, rel), safe_load.untrusted_problem(found)))
-    return problems
 
 
 # -- conversions -----------------------------------------------------------------------------------

@@ -228,53 +228,70 @@ def _fix_text(root: str, tag: str | None) -> str:
     )
 
 
-def verify_tag(
-    root: str, tag: str, rank: int = 0, world: int = 1, trust_pickles: bool = False
-) -> list[tuple[str, str]]:
-    """This rank's share of the checks of ``<root>/<tag>`` (all of them with the defaults):
-    the manifest, the files it does not list (rank 0), each listed file's size and hash and,
-    unless ``trust_pickles``, the types its pickle names ([Note: tensors-only loading])."""
-    from . import safe_load  # torch and DeepSpeed: only when pickles are checked
+def unlisted_problems(tag_dir: str, manifest: dict) -> list[tuple[str, str]]:
+    """The coordinator's part of a tag's checks (one walk of the tag directory): each symbolic
+    link, and each file the manifest does not list."""
+    files, links = tag_entries(tag_dir)
+    problems = [
+        (
+            os.path.join(tag_dir, rel),
+            "a symbolic link: a checkpoint holds plain files only (a link can point anywhere)",
+        )
+        for rel in links
+    ]
+    for rel in sorted(set(files) - set(manifest["files"])):
+        problems.append(
+            (
+                os.path.join(tag_dir, rel),
+                "not listed in the manifest written at save: it was added afterwards, and DeepSpeed "
+                "would load it (remove it)",
+            )
+        )
+    return problems
 
-    tag_dir = os.path.join(root, tag)
-    manifest, problem = read_manifest(tag_dir)
-    if problem is not None:
-        return [problem]
-    assert manifest is not None  # read_manifest returns a manifest or a problem
-    problems = []
-    if rank == 0:
-        files, links = tag_entries(tag_dir)
-        for rel in links:
-            problems.append(
-                (
-                    os.path.join(tag_dir, rel),
-                    "a symbolic link: a checkpoint holds plain files only (a link can point anywhere)",
-                )
-            )
-        for rel in sorted(set(files) - set(manifest["files"])):
-            problems.append(
-                (
-                    os.path.join(tag_dir, rel),
-                    "not listed in the manifest written at save: it was added afterwards, and DeepSpeed "
-                    "would load it (remove it)",
-                )
-            )
-    names = sorted(manifest["files"])[rank::world]
-    problems += check_files(tag_dir, manifest, names, rank)
-    # every rank sees every file (a stat each): a rank whose copy lacks one is named
-    for rel in sorted(set(manifest["files"]) - set(names)):
-        path = os.path.join(tag_dir, rel)
-        if not os.path.isfile(path):
-            problems.append((path, f"missing on rank {rank} (listed in the manifest written at save); {SHARED_FIX}"))
+
+def share_of(names: Iterable[str], rank: int, world: int) -> list[str]:
+    """The names rank ``rank`` of ``world`` checks (pure: each rank's share is its own, sorted
+    names dealt round-robin, so no rank checks more than ceil(len / world))."""
+    return sorted(names)[rank::world]
+
+
+def check_share(
+    tag_dir: str, entries: dict, rank: int = 0, trust_pickles: bool = False, scan_only: bool = False
+) -> list[tuple[str, str]]:
+    """(path, problem) for each of this rank's files: ``entries`` maps a name to its manifest
+    entry ({"bytes", "sha256"}); each is checked against it (unless ``scan_only``) and, unless
+    ``trust_pickles``, for the types its pickle names ([Note: tensors-only loading])."""
+    problems = [] if scan_only else check_files(tag_dir, {"files": entries}, sorted(entries), rank)
     if not trust_pickles:
+        from . import safe_load  # torch and DeepSpeed: only when pickles are checked
+
         bad = {p for p, _ in problems}
-        for rel in names:
+        for rel in sorted(entries):
             path = os.path.join(tag_dir, rel)
             if rel.endswith(".pt") and path not in bad:
                 found = safe_load.scan(path)
                 if found:
                     problems.append((path, safe_load.untrusted_problem(found)))
     return problems
+
+
+def verify_tag(
+    root: str, tag: str, rank: int = 0, world: int = 1, trust_pickles: bool = False
+) -> list[tuple[str, str]]:
+    """This rank's share of the checks of ``<root>/<tag>`` in one process (all of them with the
+    defaults): the manifest, the files it does not list (rank 0), each of the share's files' size
+    and hash and, unless ``trust_pickles``, the types its pickle names ([Note: tensors-only
+    loading]). Across ranks a load runs ``checkpoint_shares.verify_across`` instead, where only
+    the coordinator reads the manifest."""
+    tag_dir = os.path.join(root, tag)
+    manifest, problem = read_manifest(tag_dir)
+    if problem is not None:
+        return [problem]
+    assert manifest is not None  # read_manifest returns a manifest or a problem
+    problems = unlisted_problems(tag_dir, manifest) if rank == 0 else []
+    names = share_of(manifest["files"], rank, world)
+    return problems + check_share(tag_dir, {n: manifest["files"][n] for n in names}, rank, trust_pickles)
 
 
 def first_problem(problems: list[tuple[str, str]]) -> tuple[str, str]:

@@ -55,9 +55,17 @@ def _path_arg(index: int, name: str, suffix: str = "") -> Callable[[tuple, dict]
 
 
 @contextlib.contextmanager
-def _held(obj: Any, name: str, rank: int, failures: list, where: Callable[[tuple, dict], str]) -> Iterator[None]:
+def _held(
+    obj: Any,
+    name: str,
+    rank: int,
+    failures: list,
+    where: Callable[[tuple, dict], str],
+    written: list | None = None,
+) -> Iterator[None]:
     """``obj.name`` records its exception in ``failures`` instead of raising, and does nothing once
-    a write failed; the instance's own attribute (if any) is put back afterwards."""
+    a write failed; with ``written``, the path of each call that returned is appended to it; the
+    instance's own attribute (if any) is put back afterwards."""
     own = obj.__dict__.get(name, _MISSING)
     real = getattr(obj, name)
 
@@ -65,10 +73,13 @@ def _held(obj: Any, name: str, rank: int, failures: list, where: Callable[[tuple
         if failures:
             return None
         try:
-            return real(*args, **kwargs)
+            out = real(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every local write failure is gathered, none raised alone
             failures.append(write_error(rank, where(args, kwargs), e))
             return None
+        if written is not None:
+            written.append(where(args, kwargs))
+        return out
 
     setattr(obj, name, held)
     try:
@@ -81,13 +92,15 @@ def _held(obj: Any, name: str, rank: int, failures: list, where: Callable[[tuple
 
 
 @contextlib.contextmanager
-def held_writes(engine: Any, rank: int) -> Iterator[list]:
+def held_writes(engine: Any, rank: int, written: list | None = None) -> Iterator[list]:
     """Inside: DeepSpeed's file writes on this rank record their failures in the list it yields
-    ([Note: a rank that cannot write])."""
+    ([Note: a rank that cannot write]); with ``written``, the path of each file this rank's
+    checkpoint engine saved is appended to it (the files this rank hashes: [Note: atomic
+    checkpoint])."""
     failures: list = []
     ce = engine.checkpoint_engine
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_held(ce, "save", rank, failures, _path_arg(1, "path")))
+        stack.enter_context(_held(ce, "save", rank, failures, _path_arg(1, "path"), written))
         stack.enter_context(_held(ce, "makedirs", rank, failures, _path_arg(0, "path")))
         if hasattr(engine, "_copy_recovery_script"):
             stack.enter_context(

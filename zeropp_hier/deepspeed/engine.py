@@ -257,6 +257,31 @@ class HierEngine(DeepSpeedEngine):
             self.checkpoint_engine.__class__ = safe_load.TensorsOnlyCheckpointEngine
             self.checkpoint_engine.trust_pickles = self.hier_config.checkpoint.trust_pickles
 
+    def _get_all_zero_checkpoint_names(self, load_dir, tag, bf16_mode):
+        # DeepSpeed stats every old rank's optimizer file on every rank (world^2 stats over the
+        # job) though a rank loads only its own unless the checkpoint is elastic: here only the
+        # one it loads is looked at ([Note: checks in shares] in checkpoint_shares.py; the
+        # verification before it found every file present)
+        if self.zero_elastic_checkpoint():
+            return super()._get_all_zero_checkpoint_names(load_dir, tag, bf16_mode)
+        import os
+
+        import torch.distributed as dist
+
+        names = self._get_mp_rank_zero_checkpoint_names(
+            load_dir=load_dir,
+            tag=tag,
+            mp_rank=self.checkpoint_mp_rank,
+            dp_world_size=self.loaded_checkpoint_dp_world_size,
+            bf16_mode=bf16_mode,
+        )
+        own = dist.get_rank(group=self.optimizer.dp_process_group)
+        if own < len(names) and not os.path.exists(names[own]):  # DeepSpeed's older file name
+            older = names[own].replace("_optim_states.pt", "optim_states.pt")
+            if os.path.exists(older):
+                names[own] = older
+        return names
+
     def load_checkpoint(
         self,
         load_dir,

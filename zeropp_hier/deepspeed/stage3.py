@@ -243,6 +243,33 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
         else:  # residuals belong to the optimizer trajectory that was just replaced
             numerics.error_feedback.reset()
 
+    def load_hp_checkpoint_state(self, folder: str, key: str, param: Any = None) -> torch.Tensor:
+        """DeepSpeed's per-parameter read of a universal checkpoint, reading only the rows this
+        rank keeps ([Note: universal rows] in universal_shared.py); AutoTP and AutoEP states
+        (which the job never writes) go through DeepSpeed's full read."""
+        import os
+
+        from deepspeed.checkpoint.constants import PARAM
+        from deepspeed.checkpoint.universal_checkpoint import _get_param_uc_restore_meta
+
+        from .universal_shared import kept_slice
+
+        if param is not None and _get_param_uc_restore_meta(param):
+            return super().load_hp_checkpoint_state(folder, key, param)
+        # mapped, not read: only the pages of the rows copied below are read from the file
+        state = torch.load(os.path.join(folder, f"{key}.pt"), map_location="cpu", weights_only=False, mmap=True)
+        if isinstance(state, dict):
+            if set(state) - {PARAM}:  # expert or tensor-parallel metadata: DeepSpeed's own path
+                return super().load_hp_checkpoint_state(folder, key, param)
+            state = state[PARAM]
+        group = self._get_param_partition_group(param) if param is not None else self.dp_process_group
+        start, count, width = kept_slice(
+            state.numel(), _ds_stage3.dist.get_world_size(group=group), _ds_stage3.dist.get_rank(group=group)
+        )
+        out = torch.zeros(width, dtype=state.dtype)
+        out[:count].copy_(state.reshape(-1)[start : start + count])
+        return out
+
 
 def _grad(p: ZeroParam) -> torch.Tensor:
     """A bucketed parameter's gradient: DeepSpeed puts a parameter in a bucket only once it has

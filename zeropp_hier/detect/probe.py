@@ -18,6 +18,7 @@ import subprocess
 import torch
 import torch.distributed as dist
 
+from ..comm import coordinator
 from ..core.errors import HierTopologyError
 from .autodetect import Detected, RankRecord, build_topology, local_record
 from .node_read import read_xgmi_num_links
@@ -47,9 +48,21 @@ def _showtopo() -> str | None:
     return out.stdout
 
 
+def _build(parts: list, gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected | HierTopologyError:
+    """Rank 0: every rank's record (as sent) -> the topology, or the error every rank raises."""
+    for r, got in enumerate(parts):
+        if got[0] == "error":
+            _, field, value, fix = got
+            return HierTopologyError(field, value, f"{fix} (reported by rank {r})")
+    try:
+        return build_topology([RankRecord(*got[1:]) for got in parts], gcds_per_gpu, gpus_per_node)
+    except HierTopologyError as e:
+        return e
+
+
 def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
     """Collective: every rank of the default group must call it."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     rec: RankRecord | HierTopologyError
     try:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -65,12 +78,16 @@ def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
         rec = e
     except Exception as e:  # noqa: BLE001 - sent, not raised alone ([Note: agreed local checks])
         rec = HierTopologyError("topology auto", f"{type(e).__name__}: {e}", "this rank could not describe itself")
-    records: list = [None] * world
-    dist.all_gather_object(records, rec)
-    for r, got in enumerate(records):
-        if isinstance(got, HierTopologyError):
-            raise HierTopologyError(got.field, got.value, f"{got.fix} (reported by rank {r})")
-    detected = build_topology(records, gcds_per_gpu, gpus_per_node)
-    if rank == 0:
-        logger.info(detected.describe())
+    # each record to rank 0 only (a few hundred bytes per rank), rank 0 builds the topology and
+    # sends it, or the first error, to every rank: no rank but rank 0 holds every rank's record
+    # ([Note: a coordinator, not a world gather] in comm/coordinator.py)
+    mine = ["error", rec.field, rec.value, rec.fix] if isinstance(rec, HierTopologyError) else ["ok", *rec]
+    parts = coordinator.gather_to_root(mine)
+    result: list = [None]
+    if parts is not None:
+        result[0] = _build(parts, gcds_per_gpu, gpus_per_node)
+    dist.broadcast_object_list(result, src=0)
+    detected = result[0]
+    if isinstance(detected, HierTopologyError):
+        raise detected
     return detected

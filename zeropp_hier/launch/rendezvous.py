@@ -8,8 +8,10 @@ for the whole store timeout (DeepSpeed's: 10 minutes, or ``DEEPSPEED_TIMEOUT``),
 only "7/8 clients joined". A rank that died in its first second (an import that hit an
 instruction its CPU lacks, a bad path, an out-of-memory node) thus costs the job its whole
 timeout, and the error does not say which rank to look at. Here rank 0 hosts the same TCP store
-(``MASTER_ADDR:MASTER_PORT``), each rank writes a key of its own in it, and rank 0 waits at most
-``join_timeout_s`` for all of them. It then writes one verdict that every rank reads: either all
+(``MASTER_ADDR:MASTER_PORT``), each rank writes a key of its own in it and adds one to a counter,
+and rank 0 waits at most ``join_timeout_s`` for the key the last rank to join sets (a wait inside
+the store: no rank polls, and each request names one key whatever the world; the ranks' own keys
+are read only to name the missing ones). It then writes one verdict that every rank reads: either all
 joined, and the default group is made on that same store (so no second port is used), or the
 ranks listed never arrived, and every rank that did raises ``HierStartupError`` naming them. A
 rank that cannot reach rank 0's store within the same bound says so (rank 0 is the one missing).
@@ -33,7 +35,10 @@ JOIN_TIMEOUT_ENV = "ZEROPP_HIER_JOIN_TIMEOUT_S"
 DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's and DeepSpeed's rendezvous waited this long before
 _PREFIX = "zeropp_hier/join/"
 _VERDICT = _PREFIX + "verdict"
-_POLL_S = 0.1
+_COUNT = _PREFIX + "count"  # how many ranks joined
+_ALL = _PREFIX + "all"  # set by the rank that joined last
+_ACKS = _PREFIX + "acks"  # how many joined ranks read a failed verdict
+_POLL_S = 0.1  # rank 0's wait for the acknowledgements of a failed verdict only
 _ACK_WAIT_S = 10.0  # rank 0's wait for the joined ranks to read a failed verdict
 
 
@@ -71,6 +76,19 @@ def _parse_verdict(raw: bytes) -> list[int]:
     return [int(r) for r in text.split(":", 1)[1].split(",")]
 
 
+def _waited(store, key: str, timeout_s: float) -> bool:
+    """Wait inside the store for ``key``: True once it is set, False after ``timeout_s``."""
+    from torch.distributed import DistStoreError
+
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+    except DistStoreError as exc:
+        if "timeout" not in str(exc).lower():
+            raise
+        return False
+    return True
+
+
 def join(rank: int, world: int, host: str, port: int, timeout_s: float):
     """Every rank: join through rank 0's TCP store, waiting at most ``timeout_s``; returns the
     store (for the default group) or raises ``HierStartupError`` naming the ranks missing."""
@@ -93,38 +111,41 @@ def join(rank: int, world: int, host: str, port: int, timeout_s: float):
             f"{timeout_s:g} s: rank 0 never joined {hint} ({type(exc).__name__}: {exc})",
             [0],
         ) from exc
+    # A join by counter: each rank leaves its own key (read only to name the missing on a
+    # failure) and adds one to a counter; the rank that brings it to the world sets one key that
+    # rank 0 waits on, and the others wait, inside the store, for the verdict: no rank polls, and
+    # no request carries more than one key, whatever the world
     store.set(f"{_PREFIX}{rank}", "1")
-    keys = [f"{_PREFIX}{r}" for r in range(world)]
+    if store.add(_COUNT, 1) == world:
+        store.set(_ALL, "1")
     if rank == 0:
-        deadline = time.monotonic() + timeout_s
-        while not store.check(keys) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        if not _waited(store, _ALL, timeout_s):
+            # a miss: one pass over the ranks' keys names the missing ones
+            missing = [r for r in range(world) if not store.check([f"{_PREFIX}{r}"])]
+        else:
+            missing = []
         store.set(_VERDICT, _verdict(missing))
         if missing:
             # The store lives in this process: keep it up until every rank that joined has read
-            # the verdict, so that each raises the same named error (bounded: a joined rank can
-            # only be slow to poll, by a few of its polls).
-            acks = [f"{_PREFIX}ack/{r}" for r in range(1, world) if r not in missing]
+            # the verdict, so that each raises the same named error (bounded: a joined rank
+            # acknowledges as soon as its wait returns).
+            joined = world - len(missing) - 1
             until = time.monotonic() + _ACK_WAIT_S
-            while acks and not store.check(acks) and time.monotonic() < until:
+            while joined and store.add(_ACKS, 0) < joined and time.monotonic() < until:
                 time.sleep(_POLL_S)
     else:
         # Rank 0 decides within its own bound, counted from when it started: wait for that bound
         # plus ours (rank 0 may have started up to one bound after this rank).
-        deadline = time.monotonic() + 2 * timeout_s
         try:
-            while not store.check([_VERDICT]):
-                if time.monotonic() >= deadline:
-                    raise HierStartupError(
-                        f"zeropp_hier start-up: rank {rank} joined but rank 0 gave no verdict within "
-                        f"{2 * timeout_s:g} s {hint}",
-                        [0],
-                    )
-                time.sleep(_POLL_S)
+            if not _waited(store, _VERDICT, 2 * timeout_s):
+                raise HierStartupError(
+                    f"zeropp_hier start-up: rank {rank} joined but rank 0 gave no verdict within "
+                    f"{2 * timeout_s:g} s {hint}",
+                    [0],
+                )
             missing = _parse_verdict(store.get(_VERDICT))
             if missing:
-                store.set(f"{_PREFIX}ack/{rank}", "1")
+                store.add(_ACKS, 1)
         except HierStartupError:
             raise
         except Exception as exc:  # rank 0's store went away: rank 0 died during start-up
