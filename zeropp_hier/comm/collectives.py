@@ -323,8 +323,9 @@ class HierCollectives:
             packed = yield Wire("exchange", self.groups[hop.axes], _pack(sent, scale_rows).contiguous(), phase)
             data, scales = _unpack(packed, sent.shape[1] * sent.element_size(), q.data.dtype)
             data = _restore(data, cols, data_rows.shape[1], per_unit)
-            parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
-            summed = quant.dequantize_sum(parts, torch.float32)
+            # the k payloads as one stacked Quantized ([k, bytes], [k, blocks]): no Python object
+            # per peer (a node stage has one per node: [Note: per-rank costs flat in the world])
+            summed = quant.dequantize_sum(quant.Quantized(data, scales, m, q.bits, block_size), torch.float32)
         else:
             dtype = _CAST.get(hop.scheme, wire_dtype)
             wire = send.to(dtype)
