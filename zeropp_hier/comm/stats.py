@@ -45,7 +45,8 @@ class CommStats:
         self.link_messages: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PHASES}
         # (members, op, algorithm) -> receivers per link class for one unit of edge bytes: a
         # group's split is the same for every call, so a call costs O(1) after its group's first
-        self._split: dict[tuple, tuple[Sequence[int], dict[str, int]]] = {}
+        self._split: dict[tuple, dict[str, int]] = {}
+        self._split_by_id: dict[tuple, tuple[Sequence[int], dict[str, int]]] = {}
         # id(peers) -> (peers, peers per tier, slowest tier): ``_tiers_of``
         self._tiers: dict[int, tuple[Sequence[int], dict[str, int], str | None]] = {}
         self.kept_bytes_peak = 0  # most bytes of kept copies held at once (encoded at their size)
@@ -77,14 +78,20 @@ class CommStats:
                 self.link_messages[phase][tier] += receivers * per_receiver
 
     def _receivers(self, peers: Sequence[int], op: str, algorithm: wire.Algorithm) -> dict[str, int]:
-        key = (id(peers), op, algorithm)
-        hit = self._split.get(key)
-        if hit is None or hit[0] is not peers:
+        # looked up by the group's peers object first: hashing a world-sized tuple per call is O(N)
+        fast = (id(peers), op, algorithm)
+        hit = self._split_by_id.get(fast)
+        if hit is not None and hit[0] is peers:
+            return hit[1]
+        key = (tuple(peers), op, algorithm)
+        split = self._split.get(key)
+        if split is None:
             receivers = [(p, 1) for p, _ in wire.sends(self.rank, peers, op, algorithm, 1)]
             counts = wire.per_link(self.topo, self.rank, receivers)
-            # the peers are kept with their split: the id stays theirs while the entry lives
-            hit = self._split[key] = (peers, {t: int(n) for t, n in counts.items() if n})
-        return hit[1]
+            split = self._split[key] = {t: int(n) for t, n in counts.items() if n}
+        # the peers are kept with their split: the id stays theirs while the entry lives
+        self._split_by_id[fast] = (peers, split)
+        return split
 
     def record_sent(self, phase: str, messages: Sequence[tuple[int, int]]) -> None:
         """Point-to-point messages (receiver, bytes) as sent (the tick transport's): link view only;
