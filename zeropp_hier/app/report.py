@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from tqdm import tqdm
 
+from ..core.ranks_text import shortened
 from ..core.vocab import TIERS
 from ..files import write_json_atomic
 from ..planner import tables
@@ -122,7 +123,8 @@ def header_lines(
         f"data {spec.data_path or 'synthetic'}, activation checkpointing {spec.activation_checkpointing}",
         "quantization kernels: "
         + "; ".join(
-            f"{k} on ranks {','.join(str(r) for r in range(world) if kernels[r] == k)}" for k in dict.fromkeys(kernels)
+            f"{k} on ranks {','.join(shortened(r for r in range(world) if kernels[r] == k))}"
+            for k in dict.fromkeys(kernels)
         ),
     ]
     if runtime is not None:

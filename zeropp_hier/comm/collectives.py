@@ -329,8 +329,10 @@ class HierCollectives:
             packed = yield Wire("exchange", self.groups[hop.axes], _pack(sent, scale_rows).contiguous(), phase)
             data, scales = _unpack(packed, sent.shape[1] * sent.element_size(), q.data.dtype)
             data = _restore(data, sent_cols, data_rows.shape[1], per_unit)
-            parts = [quant.Quantized(data[j], scales[j], m, q.bits, block_size) for j in range(k)]
-            summed = quant.dequantize_sum(parts, torch.float32, hop.rotate)
+            # the k payloads as one stacked Quantized ([k, bytes], [k, blocks]): no Python object
+            # per peer (a node stage has one per node: [Note: per-rank costs flat in the world])
+            stacked = quant.Quantized(data, scales, m, q.bits, block_size)
+            summed = quant.dequantize_sum(stacked, torch.float32, hop.rotate)
             if sent_cols is not cols:  # rotating back leaves noise in the padding: zero it again
                 summed = _restore(_keep(summed.view(1, -1), cols), cols, m).view(-1)
         else:

@@ -48,6 +48,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from ..core.ranks_text import ranks_text
 from ..core.topology import Topology
 from ..core.vocab import AXES
 
@@ -97,7 +98,7 @@ class HierCommError(RuntimeError):
         first = cause.strip().splitlines()[0] if cause.strip() else ""
         super().__init__(
             f"zeropp_hier collective failed on rank {rank} in {phase}, tier '{tier}' "
-            f"(group over {'+'.join(self.axes)}), waiting on peer ranks {list(self.peers)}: {reason}. "
+            f"(group over {'+'.join(self.axes)}), waiting on peer ranks {ranks_text(self.peers)}: {reason}. "
             f"This job cannot continue; restart it and resume from the last complete checkpoint "
             f"(engine.load_checkpoint(save_dir) reads 'latest'). Cause: {first}"
         )

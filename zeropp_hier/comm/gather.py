@@ -56,9 +56,11 @@ def slot_align(hops: Sequence[Hop]) -> int:
     return max((h.block_size for h in hops if h.scheme in QUANTIZED), default=1)
 
 
-def slots_of(sizes: Sequence[int], align: int) -> list[int]:
-    """Each partition in a slot of whole blocks ([Note: blocks never straddle])."""
-    return [layout.aligned(n, align) for n in sizes]
+def slots_of(sizes: Sequence[int], align: int, world: int = 1) -> list[int]:
+    """Each partition in a slot of whole blocks ([Note: blocks never straddle]) while the padding
+    over the ``world`` segments of a gathered bucket stays bounded ([Note: per-rank costs flat
+    in the world] in core/layout.py)."""
+    return list(layout.block_slots(sizes, align, world))
 
 
 def primary_buffer(

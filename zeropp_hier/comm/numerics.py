@@ -18,9 +18,9 @@ payload anyway. Non-finite or all-zero payloads are not sampled (the ratio means
 [Note: non-finite gradients]
 Each rank checks its local gradient rows before the reduction and each stage's fp32 sum after
 it (one pass over the rows, smaller passes after), and raises local flags. At the optimizer
-step every rank contributes its flags to one small all-reduce ([locations, world] bytes), so
-every rank learns where and on which ranks a non-finite value was seen, and all take the same
-decision:
+step every rank contributes its flags to one small all-reduce of a count per location; when any
+is set, a second all-reduce of one bit per rank and location names the ranks, so every rank
+learns where and on which ranks a non-finite value was seen, and all take the same decision:
 - fp16: DeepSpeed's own overflow check reads our reduced partitions, in which a non-finite
   input is still non-finite (a block holding NaN/Inf dequantizes to NaN; sums keep Inf/NaN), so
   the step is skipped and the loss scale lowered exactly as in stock DeepSpeed.
@@ -46,6 +46,7 @@ import torch.distributed as dist
 from ..core.errors import HierNonFiniteError, HierSkippedStepsError, SeenNonFinite, SkippedStep
 from ..core.plan import CommPlan, Hop
 from ..core.policy import NumericsConfig
+from ..core.ranks_text import SHOWN
 from ..core.topology import Topology
 from .error_feedback import ErrorFeedback, FeedbackState
 
@@ -181,6 +182,8 @@ class Verdict(NamedTuple):
     """Where non-finite gradients were seen this step, agreed by every rank."""
 
     seen: tuple[tuple[Location, tuple[int, ...]], ...]  # (location, ranks), locations in order
+    # ranks flagged per entry of ``seen`` when more than ``ranks`` shows (its first and last ten)
+    counts: tuple[int, ...] = ()
 
     @property
     def any(self) -> bool:
@@ -191,7 +194,33 @@ class Verdict(NamedTuple):
         return loc, ranks[0]
 
     def as_list(self) -> list[SeenNonFinite]:
-        return [{"phase": loc.phase, "tier": loc.tier or "local", "ranks": list(ranks)} for loc, ranks in self.seen]
+        out: list[SeenNonFinite] = []
+        for i, (loc, ranks) in enumerate(self.seen):
+            item: SeenNonFinite = {"phase": loc.phase, "tier": loc.tier or "local", "ranks": list(ranks)}
+            if self.counts and self.counts[i] > len(ranks):
+                item["count"] = self.counts[i]
+            out.append(item)
+        return out
+
+
+def bitmap_bytes(world: int) -> int:
+    """Bytes of the second round's table per location: one bit per rank."""
+    return -(-world // 8)
+
+
+def verdict_of(locations: tuple[Location, ...], bits: torch.Tensor, world: int) -> Verdict:
+    """The verdict from the agreed [locations, bitmap_bytes(world)] bitmap (bit r%8 of byte r//8:
+    rank r saw a non-finite value there)."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    flags = ((bits.unsqueeze(-1) >> shifts) & 1).reshape(len(locations), -1)[:, :world]
+    seen, counts = [], []
+    for i, loc in enumerate(locations):
+        where = torch.nonzero(flags[i]).view(-1)
+        if where.numel():
+            shown = where if where.numel() <= 2 * SHOWN else torch.cat([where[:SHOWN], where[-SHOWN:]])
+            seen.append((loc, tuple(int(r) for r in shown)))
+            counts.append(int(where.numel()))
+    return Verdict(tuple(seen), tuple(counts))
 
 
 class NonFiniteMonitor:
@@ -208,19 +237,24 @@ class NonFiniteMonitor:
         self.flags[index : index + 1].logical_or_(~torch.isfinite(t).all().view(1))
 
     def agree(self, rank: int, world: int, device: torch.device | str = "cpu") -> Verdict:
-        """Collective (every rank of the default group): combine every rank's flags."""
-        table = torch.zeros(len(self.locations), world, dtype=torch.uint8, device=device)
+        """Collective (every rank of the default group): combine every rank's flags. Round one
+        is a fixed-size all-reduce (ranks flagged per location); only when it counts any does a
+        second round name them, one bit per rank ([Note: per-rank costs flat in the world] in
+        core/layout.py). Every rank sees the same counts, so all take the second round or none."""
+        n = len(self.locations)
+        mine = torch.zeros(n, dtype=torch.int32, device=device)
         if self.flags is not None:
-            table[:, rank] = self.flags.to(device=device, dtype=torch.uint8)
+            mine.copy_(self.flags.to(device=device, dtype=torch.int32))
             self.flags.zero_()
-        dist.all_reduce(table)
-        table = table.cpu()
-        seen = []
-        for i, loc in enumerate(self.locations):
-            ranks = tuple(int(r) for r in torch.nonzero(table[i]).view(-1))
-            if ranks:
-                seen.append((loc, ranks))
-        return Verdict(tuple(seen))
+        counts = mine.clone()
+        dist.all_reduce(counts)
+        if not bool(counts.any()):
+            return Verdict(())
+        # each rank sets only its own bit, so the sum of the bytes is their OR (no carries)
+        bits = torch.zeros(n, bitmap_bytes(world), dtype=torch.uint8, device=device)
+        bits[:, rank // 8] = mine.to(torch.uint8) << (rank % 8)
+        dist.all_reduce(bits)
+        return verdict_of(self.locations, bits.cpu(), world)
 
     def reset(self) -> None:
         if self.flags is not None:

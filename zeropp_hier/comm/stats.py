@@ -46,6 +46,9 @@ class CommStats:
         # (members, op, algorithm) -> receivers per link class for one unit of edge bytes: a
         # group's split is the same for every call, so a call costs O(1) after its group's first
         self._split: dict[tuple, dict[str, int]] = {}
+        self._split_by_id: dict[tuple, tuple[Sequence[int], dict[str, int]]] = {}
+        # id(peers) -> (peers, peers per tier, slowest tier): ``_tiers_of``
+        self._tiers: dict[int, tuple[Sequence[int], dict[str, int], str | None]] = {}
         self.kept_bytes_peak = 0  # most bytes of kept copies held at once (encoded at their size)
         # the executor's lanes record from their own threads ([Note: one order of hop collectives])
         self._lock = threading.Lock()
@@ -70,17 +73,24 @@ class CommStats:
         with self._lock:
             edge = wire.edge_bytes(op, algorithm, len(peers), bytes_per_peer)
             per_receiver = wire.messages(algorithm, library, len(peers))
-            for tier, receivers in self._receivers(tuple(peers), op, algorithm).items():
+            for tier, receivers in self._receivers(peers, op, algorithm).items():
                 self.link_bytes[phase][tier] += int(round(receivers * edge))
                 self.link_messages[phase][tier] += receivers * per_receiver
 
-    def _receivers(self, peers: tuple[int, ...], op: str, algorithm: wire.Algorithm) -> dict[str, int]:
-        key = (peers, op, algorithm)
+    def _receivers(self, peers: Sequence[int], op: str, algorithm: wire.Algorithm) -> dict[str, int]:
+        # looked up by the group's peers object first: hashing a world-sized tuple per call is O(N)
+        fast = (id(peers), op, algorithm)
+        hit = self._split_by_id.get(fast)
+        if hit is not None and hit[0] is peers:
+            return hit[1]
+        key = (tuple(peers), op, algorithm)
         split = self._split.get(key)
         if split is None:
             receivers = [(p, 1) for p, _ in wire.sends(self.rank, peers, op, algorithm, 1)]
             counts = wire.per_link(self.topo, self.rank, receivers)
             split = self._split[key] = {t: int(n) for t, n in counts.items() if n}
+        # the peers are kept with their split: the id stays theirs while the entry lives
+        self._split_by_id[fast] = (peers, split)
         return split
 
     def record_sent(self, phase: str, messages: Sequence[tuple[int, int]]) -> None:
@@ -94,17 +104,30 @@ class CommStats:
 
     def record_payload(self, phase: str, peers: Sequence[int], bytes_per_peer: int) -> None:
         """The payload view of one collective whose wire bytes ``record_sent`` counts."""
-        slowest = None
         with self._lock:
-            for peer in peers:
-                tier = self.topo.tier_between(self.rank, peer)
-                if tier is None:
-                    continue
-                self.bytes[phase][tier] += bytes_per_peer
-                if slowest is None or TIERS.index(tier) > TIERS.index(slowest):
-                    slowest = tier
+            per_tier, slowest = self._tiers_of(peers)
+            for tier, count in per_tier.items():
+                self.bytes[phase][tier] += count * bytes_per_peer
             if slowest is not None:
                 self.calls[phase][slowest] += 1
+
+    def _tiers_of(self, peers: Sequence[int]) -> tuple[dict[str, int], str | None]:
+        """How many of ``peers`` sit across each tier from this rank, and the slowest tier: once
+        per group (its peers are one tuple object for its life), then a lookup, so a call over
+        a group of the whole world costs O(1) ([Note: per-rank costs flat in the world] in
+        core/layout.py). Other sequences (a tick's few receivers) are counted each time."""
+        hit = self._tiers.get(id(peers))
+        if hit is not None and hit[0] is peers:
+            return hit[1], hit[2]
+        per_tier: dict[str, int] = {}
+        for peer in peers:
+            tier = self.topo.tier_between(self.rank, peer)
+            if tier is not None:
+                per_tier[tier] = per_tier.get(tier, 0) + 1
+        slowest = max(per_tier, key=TIERS.index) if per_tier else None
+        if isinstance(peers, tuple):
+            self._tiers[id(peers)] = (peers, per_tier, slowest)
+        return per_tier, slowest
 
     def snapshot(self) -> StatsSnapshot:
         """{"bytes": {phase: {tier: int}}, "calls": {...}} with every phase and tier present, and

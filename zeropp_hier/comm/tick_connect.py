@@ -40,6 +40,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from ..core.ranks_text import ranks_text
 from ..core.topology import Topology
 from .failures import classify
 from .issue import backend_for
@@ -69,9 +70,9 @@ class TickConnectError(RuntimeError):
         parts = []
         if self.silent:
             bound = f"within collective_timeout_s = {timeout_s:g} s" if timeout_s is not None else "(no bound set)"
-            parts.append(f"peer ranks {list(self.silent)} did not answer {bound}")
+            parts.append(f"peer ranks {ranks_text(self.silent)} did not answer {bound}")
         if self.lost:
-            parts.append(f"peer ranks {list(self.lost)} closed their connection (their process died or exited)")
+            parts.append(f"peer ranks {ranks_text(self.lost)} closed their connection (their process died or exited)")
         by_tier = ", ".join(
             f"{t}: {[p for p in (*self.silent, *self.lost) if tiers.get(p) == t]}" for t in _tiers(tiers)
         )

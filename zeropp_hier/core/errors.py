@@ -4,7 +4,7 @@ numerics (naming the step, the rank and where the value was seen)."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class HierConfigError(ValueError):
@@ -68,7 +68,8 @@ class SeenNonFinite(TypedDict):
 
     phase: str
     tier: str
-    ranks: list[int]
+    ranks: list[int]  # the first and last ten when more were flagged
+    count: NotRequired[int]  # how many ranks were flagged, when ``ranks`` shows only some
 
 
 class SkippedStep(TypedDict):

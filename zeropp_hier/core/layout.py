@@ -115,6 +115,43 @@ def aligned(n: int, block: int) -> int:
 # of blocks (a rank's segment is then aligned too), and in a gradient row each tensor's chunk
 # does. Only buffers that some hop quantizes are padded; the padding is zeros and stays off the
 # wire ([Note: padding stays off the wire]): the buffers keep it, the collectives do not send it.
+# Alignment has a bound ([Note: per-rank costs flat in the world]): ``block_slots``.
+
+# [Note: per-rank costs flat in the world]
+# What one rank holds or computes per step must not grow with the world (9,408 nodes x 4 x 2 is
+# 75,264 ranks). Three places used to:
+# - Slots of whole blocks: a tensor's piece per rank is ceil(numel / world), so a small tensor's
+#   piece shrinks to a few elements while its slot stays a block (256): a gradient bucket's rows
+#   and a gathered bucket are world x slots, 256 x world elements per tensor (a 1-D tensor of
+#   6,016 elements became 19 M at 75,264 ranks). ``block_slots`` keeps the whole-block slots while
+#   their padding costs at most the values themselves (or under ``PAD_ALLOWANCE`` elements in
+#   all, every case at test sizes), and otherwise packs the pieces side by side and pads the
+#   rank's row once, as DeepSpeed's flat buffers do: blocks may then straddle tensors, which at
+#   that size hold a few elements per rank each.
+# - Lists as long as a send block's rows: ``Valid`` holds one row's runs and a repeat count, and
+#   makes its index with one broadcast add on the device.
+# - The per-step non-finite agreement (comm/numerics.py) and the byte counters (comm/stats.py):
+#   a fixed-size all-reduce with a second round only when something is set; a group's per-tier
+#   split counted once per group.
+# The bounds are unit-tested at 75,264 ranks by pure code (tests/unit/test_flat_costs.py).
+
+# padding of whole-block slots (elements, all rows of a buffer together) that is always accepted
+PAD_ALLOWANCE = 1 << 22
+
+
+def block_slots(lengths: Sequence[int], block: int, world: int) -> tuple[int, ...]:
+    """Slots for pieces of ``lengths`` in a row that ``world`` rows repeat, each piece starting on
+    a ``block`` boundary ([Note: blocks never straddle]) while that padding (over all rows) is at
+    most the values themselves or ``PAD_ALLOWANCE``; otherwise the pieces side by side, the last
+    slot padded so that the row is whole blocks ([Note: per-rank costs flat in the world])."""
+    lengths = tuple(lengths)
+    if block <= 1 or not lengths:
+        return lengths
+    slots = tuple(aligned(n, block) for n in lengths)
+    values = sum(lengths)
+    if world * (sum(slots) - values) <= max(world * values, PAD_ALLOWANCE):
+        return slots
+    return (*lengths[:-1], lengths[-1] + aligned(values, block) - values)
 
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
@@ -137,10 +174,10 @@ def pack_grad_rows(
     chunks of ceil(numel/world); rank r owns chunk r of every tensor), one row per rank, with
     the row padded to a multiple of ``pad_to`` (so quantization blocks never straddle rows) and,
     with ``align_chunks``, every tensor's chunk in a slot of whole ``pad_to`` blocks
-    ([Note: blocks never straddle]). Values are converted to fp32 and multiplied by ``scale``
-    (the averaging factor)."""
+    ([Note: blocks never straddle]) within ``block_slots``'s bound. Values are converted to fp32
+    and multiplied by ``scale`` (the averaging factor)."""
     chunks = tuple(-(-g.numel() // world) for g in grads)
-    slots = tuple(aligned(c, pad_to) for c in chunks) if align_chunks else chunks
+    slots = block_slots(chunks, pad_to, world) if align_chunks else chunks
     width = sum(slots)
     padded = aligned(width, pad_to) if width else 0
     rows = torch.zeros(world, padded, dtype=torch.float32, device=grads[0].device if grads else None)
@@ -188,11 +225,13 @@ def unpack_my_chunks(
 
 class Valid:
     """Which elements of a padded row can hold a value ([Note: padding stays off the wire]), as
-    runs of (start, length) in plain ints: building it, slicing it and counting it touch no
-    tensor, and its device indices are made by ``arange`` on the device (no host data copied,
-    no sync: [Note: no host traffic in the hot path]), once per layout and device."""
+    runs of (start, length) in plain ints over one row, repeated ``reps`` times side by side
+    (the rows of one send block): building it, slicing it and counting it touch no tensor and
+    cost the runs of one row, whatever the number of rows ([Note: per-rank costs flat in the
+    world]); its device indices are made by ``arange`` on the device (no host data copied, no
+    sync: [Note: no host traffic in the hot path]), once per layout and device."""
 
-    def __init__(self, runs: Sequence[tuple[int, int]], length: int):
+    def __init__(self, runs: Sequence[tuple[int, int]], length: int, reps: int = 1):
         merged: list[tuple[int, int]] = []
         for s, n in runs:
             if n <= 0:
@@ -201,9 +240,11 @@ class Valid:
                 merged[-1] = (merged[-1][0], merged[-1][1] + n)
             else:
                 merged.append((s, n))
-        self.runs = tuple(merged)
-        self.length = length
-        self.count = sum(n for _, n in self.runs)
+        self.runs = tuple(merged)  # of one row
+        self.period = length  # elements of one row
+        self.reps = reps
+        self.length = length * reps
+        self.count = sum(n for _, n in self.runs) * reps
         self._index: dict[tuple[int, str], torch.Tensor] = {}
         self._derived: dict[tuple, Valid] = {}
 
@@ -218,17 +259,30 @@ class Valid:
 
     def index(self, per_unit: int, device: torch.device) -> torch.Tensor:
         """Indices of the units of ``per_unit`` elements (1: elements or int8 bytes, 2: int4
-        bytes) that hold any valid element, on ``device``, ascending."""
+        bytes) that hold any valid element, on ``device``, ascending. One row's indices, then
+        the rows' offsets added on the device: no Python list as long as the rows."""
         key = (per_unit, str(device))
         t = self._index.get(key)
         if t is None:
-            parts = [torch.arange(u, u + k, device=device) for u, k in self._unit_runs(per_unit)]
-            t = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
+            if self.reps > 1 and self.period % per_unit:  # a unit would straddle two rows
+                t = Valid(self.tiled_runs(), self.length).index(per_unit, device)
+            else:
+                parts = [torch.arange(u, u + k, device=device) for u, k in self._unit_runs(per_unit)]
+                t = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
+                if self.reps > 1:
+                    offsets = torch.arange(self.reps, device=device) * (self.period // per_unit)
+                    t = (offsets[:, None] + t[None, :]).reshape(-1)
             self._index[key] = t
         return t
 
+    def tiled_runs(self) -> list[tuple[int, int]]:
+        """Every run of every row (as long as the rows: for tests and the rare odd case only)."""
+        return [(s + k * self.period, m) for k in range(self.reps) for s, m in self.runs]
+
     def columns(self, a: int, b: int) -> Valid:
-        """Elements [a, b) of the row (a chunk of columns)."""
+        """Elements [a, b) of the row (a chunk of columns; of a single row only)."""
+        if self.reps != 1:
+            raise ValueError("zeropp_hier internal: Valid.columns of a tiled row")
         key = ("columns", a, b)
         v = self._derived.get(key)
         if v is None:
@@ -251,7 +305,8 @@ class Valid:
                     merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
                 else:
                     merged.append((a, b))
-            v = self._derived[key] = Valid([(a, b - a) for a, b in merged], self.length)
+            # of one row, kept tiled as this one is
+            v = self._derived[key] = Valid([(a, b - a) for a, b in merged], self.period, self.reps)
         return v
 
     def tiled(self, n: int) -> Valid:
@@ -259,8 +314,7 @@ class Valid:
         key = ("tiled", n)
         v = self._derived.get(key)
         if v is None:
-            runs = [(s + k * self.length, m) for k in range(n) for s, m in self.runs]
-            v = self._derived[key] = Valid(runs, self.length * n)
+            v = self._derived[key] = Valid(self.runs, self.period, self.reps * n)
         return v
 
 

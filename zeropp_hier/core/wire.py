@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence, get_args
 
+from .ranks_text import ranks_text
 from .topology import Topology
 from .vocab import TIERS
 
@@ -96,7 +97,7 @@ def sends(me: int, members: Sequence[int], op: str, algorithm: Algorithm, block:
     """(receiver, bytes) of every message rank ``me`` sends in one collective over ``members``
     (any order: a ring runs in sorted rank order, torch's order within a group)."""
     if me not in members:
-        raise ValueError(f"rank {me} is not a member of the group {list(members)}")
+        raise ValueError(f"rank {me} is not a member of the group {ranks_text(members)}")
     k = len(members)
     if k < 2:
         return []

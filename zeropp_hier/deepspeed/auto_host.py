@@ -200,7 +200,7 @@ def _piece(t: _Ticks, topo: Topology, rank: int, device: torch.device, width: in
     ctx, executor, plan = t.ctx, t.executor, t.ctx.plan
     hops = gather.hops_for(plan, (), "forward_gather")
     sizes, numels = [width], [width * topo.world_size]
-    slots = gather.slots_of(sizes, gather.slot_align(hops))
+    slots = gather.slots_of(sizes, gather.slot_align(hops), topo.world_size)
     start = gather.primary_buffer([torch.ones(width, device=device)], sizes, numels, slots, rank)
     valid = layout.valid_of(sizes, slots)
     keep = [plan.kept_axes] if plan.kept_axes is not None else None

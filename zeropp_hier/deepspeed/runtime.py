@@ -308,7 +308,7 @@ class HierRuntime:
         # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
         # straddle]); kept copies have the slots of the forward gather that made them. Exact
         # gathers ([Note: every gather through the hierarchy]) need no padding.
-        slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align)
+        slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align, self.topo.world_size)
         carry: tuple[torch.Tensor, ...] = ()
         start_block = 1
         if src:

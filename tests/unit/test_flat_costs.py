@@ -1,0 +1,177 @@
+"""Per-step costs of one rank at all of Frontier (9,408 nodes x 4 packages x 2 GCDs = 75,264
+ranks), computed by the pure code: element counts, list lengths and bytes, never times
+([Note: per-rank costs flat in the world] in core/layout.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from zeropp_hier.comm import gather
+from zeropp_hier.comm.numerics import Location, bitmap_bytes, verdict_of
+from zeropp_hier.comm.stats import CommStats
+from zeropp_hier.core import layout
+from zeropp_hier.core.ranks_text import ranks_text
+from zeropp_hier.core.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES, GPUS, GCDS = 9408, 4, 2
+WORLD = NODES * GPUS * GCDS
+BLOCK = 256
+
+
+def gpt_numels(vocab=2048, d=256, layers=3, ctx=256):
+    """A GPT of about 3M parameters (the model of issue 59's measurement)."""
+    per_layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
+    return [vocab * d, ctx * d, *per_layer * layers, d, d]
+
+
+def test_a_gradient_buckets_rows_stay_near_its_values_at_75264_ranks():
+    numels = gpt_numels()
+    grads = [torch.ones(n) for n in numels]
+    packed = layout.pack_grad_rows(grads, WORLD, BLOCK, align_chunks=True)
+    values = WORLD * sum(packed.chunk)  # DeepSpeed's own partitioning: ceil(numel / world) each
+    # at most the values twice and one block per row; the whole-block slots would be 40 blocks
+    # per row (771 M elements, 3.1 GB in fp32)
+    assert packed.rows.numel() <= 2 * values + WORLD * BLOCK
+    assert WORLD * sum(layout.aligned(c, BLOCK) for c in packed.chunk) > 30 * packed.rows.numel()
+    assert packed.rows.shape[1] % BLOCK == 0  # rows are still whole blocks
+    mine = layout.unpack_my_chunks(packed.rows[WORLD - 1], numels, packed.chunk, WORLD - 1, packed.slots)
+    assert [t.numel() for t in mine] == [max(0, min(c, n - (WORLD - 1) * c)) for n, c in zip(numels, packed.chunk)]
+
+
+def test_whole_block_slots_are_kept_where_they_cost_little():
+    # a 20B-like bucket of large tensors at the same world: each chunk is many blocks, so the
+    # alignment costs less than the values and every tensor keeps its own blocks
+    numels = [6144 * 24576, 24576, 6144 * 6144 * 3, 6144] * 4
+    chunks = [-(-n // WORLD) for n in numels]
+    assert layout.block_slots(chunks, BLOCK, WORLD) == tuple(layout.aligned(c, BLOCK) for c in chunks)
+    # and at test sizes (16 ranks) the padding is under the allowance: unchanged layout
+    small = [-(-n // 16) for n in gpt_numels()]
+    assert layout.block_slots(small, BLOCK, 16) == tuple(layout.aligned(c, BLOCK) for c in small)
+    assert layout.block_slots(small, 1, WORLD) == tuple(small)  # nothing quantizes: no padding
+
+
+def test_a_gathered_bucket_stays_near_its_values_at_75264_ranks():
+    numels = [3 * 256 * 256, 3 * 256]  # one attention projection: weight and bias
+    sizes = [-(-n // WORLD) for n in numels]
+    slots = gather.slots_of(sizes, BLOCK, WORLD)
+    assert sum(slots) % BLOCK == 0
+    assert WORLD * sum(slots) <= 2 * WORLD * sum(sizes) + WORLD * BLOCK
+    valid = layout.valid_of(sizes, slots)
+    assert valid is not None and valid.count == sum(sizes)
+
+
+def test_valid_columns_of_a_send_block_hold_one_rows_runs():
+    numels = gpt_numels()
+    chunks = [-(-n // 16) for n in numels]
+    slots = layout.block_slots(chunks, BLOCK, 16)
+    row = layout.valid_of(chunks, slots)
+    assert row is not None
+    block = row.tiled(WORLD // 2)  # a first stage's send block: half the world's rows
+    assert len(block.runs) == len(row.runs) <= len(numels)  # one row's runs, whatever the rows
+    assert block.count == row.count * (WORLD // 2) and block.length == row.length * (WORLD // 2)
+    # the index is the same as the rows' runs spelled out (checked on a few rows)
+    few = row.tiled(5)
+    want = layout.Valid(few.tiled_runs(), few.length).index(1, torch.device("cpu"))
+    assert torch.equal(few.index(1, torch.device("cpu")), want)
+    want2 = layout.Valid(few.tiled_runs(), few.length).index(2, torch.device("cpu"))
+    assert torch.equal(few.index(2, torch.device("cpu")), want2)
+
+
+def test_byte_counters_look_at_a_world_group_once():
+    topo = Topology(NODES, GPUS, GCDS)
+    stats = CommStats(topo, 0)
+    calls = {"n": 0}
+    real = topo.tier_between
+
+    class Counting:  # the topology, counting the per-peer lookups
+        def __getattr__(self, name):
+            return getattr(topo, name)
+
+        def tier_between(self, a, b):
+            calls["n"] += 1
+            return real(a, b)
+
+    stats.topo = Counting()  # type: ignore[assignment]
+    peers = tuple(range(WORLD))  # a flat hop's group: the world
+    stats.record_payload("grad_reduce", peers, 4)
+    first = calls["n"]
+    for _ in range(3):
+        stats.record_payload("grad_reduce", peers, 4)
+    assert calls["n"] == first  # every later call: no per-peer work
+    assert stats.calls["grad_reduce"]["node"] == 4
+    assert sum(stats.bytes["grad_reduce"].values()) == 4 * 4 * (WORLD - 1)
+
+
+def test_a_verdict_names_the_first_and_last_ten_of_75264_ranks():
+    locs = (Location("grad_reduce", None, "local"), Location("grad_reduce", "node", "stage 2"))
+    bits = torch.zeros(len(locs), bitmap_bytes(WORLD), dtype=torch.uint8)
+    bits[1] = 0xFF  # every rank flagged after the node stage
+    v = verdict_of(locs, bits, WORLD)
+    ((loc, ranks),) = v.seen
+    assert loc == locs[1] and len(ranks) == 20 and ranks[:2] == (0, 1) and ranks[-1] == WORLD - 1
+    assert v.as_list() == [{"phase": "grad_reduce", "tier": "node", "ranks": list(ranks), "count": WORLD}]
+    assert bitmap_bytes(WORLD) == 9408  # the second round: one bit per rank and location
+
+
+def test_rank_lists_in_messages_are_bounded():
+    text = ranks_text(range(WORLD))
+    assert len(text) < 200 and text.endswith(f"({WORLD} ranks)") and "75263" in text
+    assert ranks_text([3, 7]) == "[3, 7]"  # a short list reads as before
+    from zeropp_hier.comm.failures import HierCommError
+
+    err = HierCommError(
+        rank=0,
+        phase="grad_reduce",
+        tier="node",
+        axes=("node",),
+        peers=range(WORLD),
+        kind="error",
+        timeout_s=5.0,
+        cause="",
+    )
+    assert len(str(err)) < 1000
+
+
+AGREE = r"""
+import json, sys
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from zeropp_hier.comm.numerics import NonFiniteMonitor, Location
+
+world = int(sys.argv[1])
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+sizes = []
+real = dist.all_reduce
+def counted(t, *a, **k):  # records the bytes, then runs the fake backend's all-reduce
+    sizes.append(t.numel() * t.element_size())
+    return real(t, *a, **k)
+dist.all_reduce = counted
+locs = tuple(Location("grad_reduce", t, t or "local") for t in (None, "gcd", "gpu", "node"))
+m = NonFiniteMonitor(locs)
+m.note(0, torch.ones(3))
+clean = m.agree(0, world)
+quiet = list(sizes)
+m.note(2, torch.tensor([float("nan")]))
+seen = m.agree(0, world)
+print(json.dumps({"quiet": quiet, "all": sizes, "clean": clean.any, "seen": seen.as_list()}))
+"""
+
+
+def test_the_nonfinite_agreement_is_fixed_size_until_something_is_set():
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", AGREE, str(WORLD)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["quiet"] == [4 * 4]  # one all-reduce of a count per location (4 locations), any world
+    assert not r["clean"]
+    # a flag set: the same round, then one bit per rank and location to name them
+    assert r["all"] == [16, 16, 4 * bitmap_bytes(WORLD)]
+    assert r["seen"] == [{"phase": "grad_reduce", "tier": "gpu", "ranks": [0]}]
