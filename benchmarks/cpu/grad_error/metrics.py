@@ -5,7 +5,7 @@ is for: an error that is delayed, not lost, cancels in the sum)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -32,7 +32,7 @@ class Window:
         self.diff: dict[str, torch.Tensor] = {}
         self.total: torch.Tensor | None = None
 
-    def add(self, exact: Sequence[torch.Tensor], got: dict[str, Sequence[torch.Tensor]]) -> None:
+    def add(self, exact: Sequence[torch.Tensor], got: Mapping[str, Sequence[torch.Tensor]]) -> None:
         g = flat(exact)
         self.total = g.clone() if self.total is None else self.total.add_(g)
         for n in self.names:

@@ -15,7 +15,7 @@ rotation on chosen stages ([Note: block rotation] in quant/reference.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -138,7 +138,7 @@ class Reducer:
     that prefix's work and residuals: the same inputs through the same stages give the same
     buffers, so each prefix is computed once per call."""
 
-    def __init__(self, topo: Topology, pipelines: dict[str, Sequence[Stage]]):
+    def __init__(self, topo: Topology, pipelines: Mapping[str, Sequence[Stage]]):
         for name, stages in pipelines.items():
             for st in stages:
                 if topo.axes_size(st.hop.axes) < 2:
