@@ -1,8 +1,12 @@
 """Gradient-error benchmark: each compression pipeline of the gradient reduce against the exact
 fp32 mean, on real gradients, in one process.
 
-    python -m benchmarks.cpu.grad_error            # both shapes, ~15 min on 2 shared CPU cores
-    python -m benchmarks.cpu.grad_error --quick    # a look in a minute
+    python -m benchmarks.cpu.grad_error            # both shapes, 2.5M parameters, points 0 50 150
+    python -m benchmarks.cpu.grad_error --quick    # a 0.13M model, 2 + 2 steps
+
+The defaults did not finish on the shared 2-core machine (load 20-30: one step of 16 ranks took
+minutes); the committed results ran one process per shape with ``--shapes S --hidden 128
+--layers 2 --points 0 10 --window 3`` (``benchmarks/results/grad_error_<shape>.*``).
 
 16 simulated data-parallel ranks, each with its own micro-batch of the Python standard library's
 tokens (the job's ``data prepare --stdlib`` files and ``Loader``), compute their gradients of the
