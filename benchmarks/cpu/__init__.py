@@ -6,6 +6,10 @@ figures are the ones docs/benchmarks.md quotes.
 - convergence (``python -m benchmarks.cpu.convergence``): the job on real text under each
   compression scheme, held-out loss against stock ZeRO-3; ``benchmarks/results/convergence*.json``
   and ``convergence.png``.
+- grad_error (``python -m benchmarks.cpu.grad_error``): each gradient-reduce pipeline (the
+  presets, int4 network stages with feedback or rotation, DeepSpeed's qgZ) against the exact
+  mean on real gradients of 16 simulated ranks; ``benchmarks/results/grad_error.json`` and
+  ``grad_error.md``.
 - universal_rate (``python -m benchmarks.cpu.universal_rate``): the universal conversion's bytes
   and seconds, in shares and in one process (printed).
 - wire_frontier (``python -m benchmarks.cpu.wire_frontier``): each node's uplink bytes per step on
