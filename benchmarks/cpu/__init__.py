@@ -6,6 +6,9 @@ figures are the ones docs/benchmarks.md quotes.
 - convergence (``python -m benchmarks.cpu.convergence``): the job on real text under each
   compression scheme, held-out loss against stock ZeRO-3; ``benchmarks/results/convergence*.json``
   and ``convergence.png``.
+- paired (``python -m benchmarks.cpu.paired.run``): the paired convergence test, arms against
+  stock at the same seeds with an A/A control and a margin fixed in advance;
+  ``benchmarks/results/paired.json``.
 - universal_rate (``python -m benchmarks.cpu.universal_rate``): the universal conversion's bytes
   and seconds, in shares and in one process (printed).
 - wire_frontier (``python -m benchmarks.cpu.wire_frontier``): each node's uplink bytes per step on
