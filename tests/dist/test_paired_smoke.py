@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from benchmarks.cpu.paired import analyze
 from benchmarks.cpu.paired import protocol as proto
 from benchmarks.cpu.paired import run as paired_run
@@ -38,7 +40,8 @@ def test_two_arms_one_seed_run_paired_and_are_analysed(world8, tmp_path):
     for r in (stock, aa, other):
         assert len(r["losses"]) == 6 and all(math.isfinite(x) for x in r["losses"])
         assert all(0 < v < math.log(256) + 1 for v in r["held_out"].values())
-        assert max(r["lr"]) == max(r["lr"][: run["warmup_steps"] + 1]) and r["lr"][-1] < max(r["lr"])
+        # warm-up from 0, then cosine down to min_lr_ratio x lr at the last step
+        assert r["lr"][0] < max(r["lr"]) and r["lr"][-1] == pytest.approx(run["min_lr_ratio"] * run["lr"])
 
     result = analyze.analyze({**p.data, "run": run}, runs, pilot=True)
     assert not result["problems"]
