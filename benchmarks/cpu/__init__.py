@@ -8,8 +8,11 @@ figures are the ones docs/benchmarks.md quotes.
   and ``convergence.png``.
 - grad_error (``python -m benchmarks.cpu.grad_error``): each gradient-reduce pipeline (the
   presets, int4 network stages with feedback or rotation, DeepSpeed's qgZ) against the exact
-  mean on real gradients of 16 simulated ranks; ``benchmarks/results/grad_error.json`` and
-  ``grad_error.md``.
+  mean on real gradients of 16 simulated ranks; ``benchmarks/results/grad_error_<shape>.json`` and
+  ``.md``.
+- paired (``python -m benchmarks.cpu.paired.run``): the paired convergence test, arms against
+  stock at the same seeds with an A/A control and a margin fixed in advance;
+  ``benchmarks/results/paired.json``.
 - universal_rate (``python -m benchmarks.cpu.universal_rate``): the universal conversion's bytes
   and seconds, in shares and in one process (printed).
 - wire_frontier (``python -m benchmarks.cpu.wire_frontier``): each node's uplink bytes per step on
