@@ -156,11 +156,13 @@ def test_version_check_names_found_and_supported():
     from zeropp_hier.deepspeed._compat import check_deepspeed_version
 
     check_deepspeed_version("0.19.8")
-    check_deepspeed_version("0.19.0+cpu")
-    for bad in ("0.18.9", "0.20.0", "1.0.0"):
+    check_deepspeed_version("0.19.8+cpu")
+    check_deepspeed_version("0.19.9")  # a later patch release: in range, untested
+    # 0.19.0 (tested: its Init lacks ds_zero_partition_world_size) and 0.19.7 (not run) are refused
+    for bad in ("0.18.9", "0.19.0", "0.19.7", "0.20.0", "1.0.0"):
         with pytest.raises(DeepSpeedVersionError) as e:
             check_deepspeed_version(bad)
-        assert f"found DeepSpeed {bad}" in str(e.value) and ">=0.19.0,<0.20.0" in str(e.value)
+        assert f"found DeepSpeed {bad}" in str(e.value) and ">=0.19.8,<0.20.0" in str(e.value)
 
 
 def test_torch_outside_the_tested_set_is_warned_on_rank_zero_and_refused_below_the_floor():

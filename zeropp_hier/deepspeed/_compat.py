@@ -3,7 +3,9 @@
 DeepSpeed: the stage-3 subclass overrides private, name-mangled methods and replaces the
 per-parameter gather (docs/design.md#deepspeed-hook-points); those move between DeepSpeed
 releases. A version outside the range gets a clear error at import, not a traceback from deep
-inside a training step. Both ends of the range ran the unit and dist lanes (0.19.0 and 0.19.8).
+inside a training step. The range is what ran: 0.19.8 passes the unit and dist lanes; 0.19.0 passes
+the unit lane and fails the dist lane (its ``Init`` sets no ``ds_zero_partition_world_size`` on a
+parameter, which partition.py reads; DeepSpeed added it in 0.19.3), and 0.19.1-0.19.7 have not run.
 
 [Note: the torch versions claimed]
 pip's requirement on torch stays loose (``torch>=2.1`` in pyproject.toml) on purpose: torch comes
@@ -25,8 +27,8 @@ from typing import Mapping
 
 from ..core.errors import DeepSpeedVersionError, TorchVersionError
 
-SUPPORTED_DEEPSPEED = ((0, 19), (0, 20))  # [min, max): 0.19.x, where the hooks were verified
-SUPPORTED_TEXT = ">=0.19.0,<0.20.0"
+SUPPORTED_DEEPSPEED = ((0, 19, 8), (0, 20, 0))  # [min, max): the tested 0.19.8 and any later 0.19.x
+SUPPORTED_TEXT = ">=0.19.8,<0.20.0"
 TORCH_FLOOR = (2, 1)  # pyproject.toml's torch>=2.1: refused below
 # every torch a whole suite ran on; a patch release of one of them counts as tested (same minor)
 TESTED_TORCH = ("2.13.0",)
@@ -47,9 +49,9 @@ def _parse(version: str) -> tuple[int, ...]:
 
 
 def check_deepspeed_version(version: str) -> None:
-    v = _parse(version)
+    v = (_parse(version) + (0, 0, 0))[:3]
     lo, hi = SUPPORTED_DEEPSPEED
-    if not (lo <= v[:2] < hi):
+    if not (lo <= v < hi):
         raise DeepSpeedVersionError(
             f"zeropp_hier supports DeepSpeed {SUPPORTED_TEXT} but found DeepSpeed {version}; "
             f"install a supported version: pip install 'deepspeed{SUPPORTED_TEXT}'"
