@@ -19,9 +19,10 @@ import torch
 from tests.dist.ranks_resume_world import Capture, rank_main_logged
 from zeropp_hier.app.data import tokens as data
 from zeropp_hier.app.data.tokens import stdlib_files
+from zeropp_hier.app.job_vocab import with_data_vocab
 from zeropp_hier.app.longrun import io_cost, resume, resume_rules
 from zeropp_hier.app.run import rank_main
-from zeropp_hier.app.spec import JobSpec, ModelSpec, with_data_vocab
+from zeropp_hier.app.spec import JobSpec, ModelSpec
 from zeropp_hier.deepspeed import checkpoint
 from zeropp_hier.launch.world import LocalWorld, WorldError
 

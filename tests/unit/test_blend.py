@@ -1,12 +1,12 @@
-"""Megatron / GPT-NeoX blends and splits of ``.bin``/``.idx`` pairs (zeropp_hier.app.data.blend):
-the split boundaries, the largest-deficit blending order (checked against a plain transcription
-of Megatron's rule written here), each pair read in its split and its own shuffled order, and
-refusals that name the field."""
+"""Megatron / GPT-NeoX blends and splits of ``.bin``/``.idx`` pairs (zeropp_hier.app.data.blend and
+.split): the split boundaries, the largest-deficit blending order (checked against a plain
+transcription of Megatron's rule written here), each pair read in its split and its own shuffled
+order, and refusals that name the field."""
 
 import numpy as np
 import pytest
 
-from zeropp_hier.app.data import blend, indexed
+from zeropp_hier.app.data import blend, indexed, split
 from zeropp_hier.app.data.tokens import Loader, open_tokens
 from zeropp_hier.core.errors import HierConfigError
 
@@ -20,16 +20,16 @@ def _pair(prefix, n_docs, length, first_id):
 
 
 def test_split_bounds_follow_megatrons_rounding():
-    assert blend.parse_split("969,30,1") == pytest.approx([0.969, 0.030, 0.001])
-    assert blend.parse_split("8/2") == pytest.approx([0.8, 0.2, 0.0])
-    assert blend.split_bounds(blend.parse_split("969,30,1"), 1000) == [0, 969, 999, 1000]
+    assert split.parse_split("969,30,1") == pytest.approx([0.969, 0.030, 0.001])
+    assert split.parse_split("8/2") == pytest.approx([0.8, 0.2, 0.0])
+    assert split.split_bounds(split.parse_split("969,30,1"), 1000) == [0, 969, 999, 1000]
     # 37 documents at 949,50,1: round(35.11) = 35, round(1.85) = 2, round(0.037) = 0
-    assert blend.split_bounds(blend.parse_split("949,50,1"), 37) == [0, 35, 37, 37]
+    assert split.split_bounds(split.parse_split("949,50,1"), 37) == [0, 35, 37, 37]
     # rounding up in every part: the excess moves every boundary back so the last is n
-    assert blend.split_bounds(blend.parse_split("1,1,1"), 8) == [0, 2, 5, 8]
+    assert split.split_bounds(split.parse_split("1,1,1"), 8) == [0, 2, 5, 8]
     for bad in ("a,b", "1,-1,0", "0,0,0", "1,2,3,4"):
         with pytest.raises(HierConfigError, match="'data.split'.*969,30,1"):
-            blend.parse_split(bad)
+            split.parse_split(bad)
 
 
 def _megatron_rule(weights, size):

@@ -226,7 +226,8 @@ def test_cli_prepares_bpe(tmp_path, capsys):
 
 
 def test_the_job_takes_the_models_vocabulary_from_the_data(bpe, prepared):
-    from zeropp_hier.app.spec import MODELS, JobSpec, ModelSpec, with_data_vocab
+    from zeropp_hier.app.job_vocab import with_data_vocab
+    from zeropp_hier.app.spec import MODELS, JobSpec, ModelSpec
 
     out, _, index = bpe
     v = index["tokenizer"]["vocab_size"]

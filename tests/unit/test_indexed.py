@@ -9,7 +9,8 @@ import pytest
 
 from zeropp_hier.app.data import indexed
 from zeropp_hier.app.data import tokens as data
-from zeropp_hier.app.spec import JobSpec, ModelSpec, with_data_vocab
+from zeropp_hier.app.job_vocab import with_data_vocab
+from zeropp_hier.app.spec import JobSpec, ModelSpec
 from zeropp_hier.core.errors import HierConfigError
 
 

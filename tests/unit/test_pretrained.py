@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from zeropp_hier.app.job_vocab import with_data_vocab
 from zeropp_hier.app.model import pretrained
 from zeropp_hier.app.model.models import neox_config
-from zeropp_hier.app.spec import MODELS, JobSpec, ModelSpec, with_data_vocab
+from zeropp_hier.app.spec import MODELS, JobSpec, ModelSpec
 from zeropp_hier.core.errors import HierConfigError
 
 FRONTIER_RANKS = 9408 * 8  # 9,408 nodes x 4 MI250X x 2 GCDs

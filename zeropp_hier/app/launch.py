@@ -22,8 +22,9 @@ from ..launch.rendezvous import init_distributed
 from ..launch.shm_hygiene import release_deepspeed_shm
 from ..launch.world import LocalWorld
 from . import memory_check
+from .job_vocab import with_data_vocab
 from .recipe import toy_settings_warning
-from .spec import JobSpec, with_data_vocab
+from .spec import JobSpec
 
 
 def launcher_env(env: Mapping[str, str], gpus_visible: int) -> dict | None:

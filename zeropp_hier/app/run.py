@@ -28,12 +28,13 @@ from ..core.vocab import TIERS
 from ..quant import kernel_info
 from . import report
 from .data.tokens import Loader, TokenData, open_tokens, synthetic_batch
+from .job_vocab import with_data_vocab
 from .longrun import deadline, io_cost, resume, resume_rules
 from .model import flops, init_schemes, models, pretrained
 from .model.gpt import GPT, GPTConfig
 from .monitoring import evaluate, monitor, monitor_run
 from .recipe import write_ds_config
-from .spec import JobSpec, ModelSpec, input_embedding_params, with_data_vocab
+from .spec import JobSpec, ModelSpec, input_embedding_params
 
 if TYPE_CHECKING:
     from .data.blend import BlendedTokens

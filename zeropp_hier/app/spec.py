@@ -362,43 +362,6 @@ def recipe_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def with_data_vocab(spec: JobSpec) -> JobSpec:
-    """``spec`` with the model's vocabulary written out when the model leaves it null: the
-    data's tokenizer's size (the prepared directory's index.json), or 256 for synthetic batches
-    (which draw from the model's own vocabulary, so any size serves them); a model whose
-    vocabulary is smaller than the data's is refused."""
-    if spec.init_from is not None:  # the model checked against the directory's config.json
-        from .model.pretrained import with_pretrained_model
-
-        spec = with_pretrained_model(spec)
-    m = spec.model
-    if spec.data_path is None:  # synthetic batches draw from the model's own vocabulary
-        return spec if m.vocab_size is not None else replace(spec, model=replace(m, vocab_size=BYTE_VOCAB))
-    from .data.tokens import open_tokens  # numpy and torch: only when there are token files to read
-
-    vocab = open_tokens(spec.data_path, "train", spec.data_split).vocab_size
-    where = f"the tokenizer of {spec.data_path}"
-    if vocab is None:  # a Megatron pair does not record its tokenizer's size
-        if m.vocab_size is None:
-            raise HierConfigError(
-                "model.vocab_size",
-                None,
-                f"{spec.data_path} does not record its vocabulary: set model.vocab_size to its tokenizer's size "
-                "(50432 for GPT-NeoX-20B's)",
-            )
-        return spec
-    if m.vocab_size is None:
-        return replace(spec, model=replace(m, vocab_size=vocab))
-    if m.vocab_size < vocab:
-        raise HierConfigError(
-            "model.vocab_size",
-            m.vocab_size,
-            f"{where} has {vocab} tokens: use a model with at least as many (model.vocab_size={vocab}, "
-            "or null to take the data's)",
-        )
-    return spec
-
-
 DTYPE_SECTIONS: dict[str, dict[str, Any]] = {
     "fp32": {},
     "fp16": {"fp16": {"enabled": True, "initial_scale_power": 8}},

@@ -62,6 +62,11 @@ class DeepSpeedVersionError(ImportError):
     """The installed DeepSpeed is outside the range whose internals this package was built on."""
 
 
+class TorchVersionError(ImportError):
+    """The installed torch is older than the oldest whose APIs this package calls
+    ([Note: the torch versions claimed])."""
+
+
 class SeenNonFinite(TypedDict):
     """Where a non-finite gradient was seen: the phase, the tier ("local": before any
     reduction) and the ranks."""

@@ -36,15 +36,12 @@ unblended loader's.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import torch
 
 from ...core.errors import HierConfigError
 from .indexed import IndexedTokens
 
-SPLIT_NAMES = ("train", "val", "test")
 _CHECKPOINT = 4096  # blended samples between stored per-pair counts
 
 
@@ -72,31 +69,6 @@ def parse_blend(path: str) -> list[tuple[float, str]]:
 
 def is_blend(path: str | None) -> bool:
     return path is not None and len(path.split()) > 1
-
-
-def parse_split(split: str) -> list[float]:
-    """Megatron's ``--split``: three non-negative parts, normalised."""
-    text = str(split)
-    parts = re.split(r"[,/]", text)
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        values = []
-    if not 1 <= len(values) <= 3 or any(not np.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise HierConfigError(
-            "data.split", split, "give train,val,test parts as Megatron's --split does, e.g. 969,30,1"
-        )
-    values += [0.0] * (3 - len(values))
-    return [v / sum(values) for v in values]
-
-
-def split_bounds(parts: list[float], n: int) -> list[int]:
-    """The four range boundaries of ``n`` sequences ([Note: blends and splits])."""
-    bounds = [0]
-    for part in parts:
-        bounds.append(bounds[-1] + int(round(part * float(n))))
-    excess = bounds[-1] - n
-    return [bounds[0]] + [b - excess for b in bounds[1:]]
 
 
 def blending_indices(weights: list[float], size: int) -> np.ndarray:

@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from ...core.errors import HierConfigError
+from .split import SPLIT_NAMES, parse_split, split_bounds
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -90,8 +91,6 @@ class IndexedTokens:
     ``vocab_size``, ``index``, ``samples``, ``sample``) over ``PREFIX.bin``, memory-mapped."""
 
     def __init__(self, path: str, split: str = "train", data_split: str | None = None):
-        from .blend import SPLIT_NAMES, parse_split, split_bounds
-
         prefix = prefix_of(path)
         if prefix is None:
             raise HierConfigError(
