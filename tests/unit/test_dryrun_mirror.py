@@ -35,6 +35,7 @@ with meters:
     y = x.clone(); dist.reduce(y, dst=0); out["reduce_not_dst"] = y.tolist()
     y = x.clone(); dist.reduce(y, dst=ME); out["reduce_dst"] = y.tolist()
     o = torch.zeros(32); dist.all_gather_into_tensor(o, x); out["all_gather_into_tensor"] = o.tolist()
+    o = torch.zeros(32); dist.all_gather_single(o, x); out["all_gather_single"] = o.tolist()  # torch 2.13's name
     outs = [torch.zeros(4) for _ in range(W)]; dist.all_gather(outs, x); out["all_gather"] = torch.stack(outs).tolist()
     o = torch.zeros(4); dist.reduce_scatter_tensor(o, torch.arange(32.0)); out["reduce_scatter_tensor"] = o.tolist()
     o = torch.zeros(2); dist.reduce_scatter(o, [torch.full((2,), float(k)) for k in range(W)])
@@ -84,7 +85,7 @@ def test_each_collective_answers_as_if_every_peer_sent_this_ranks_data():
     assert out["all_reduce_bxor"] == [0]  # an even number of equal values
     assert out["reduce_not_dst"] == x and out["reduce_dst"] == [v * w for v in x]
     # gathers: x in every slot
-    assert out["all_gather_into_tensor"] == x * w
+    assert out["all_gather_into_tensor"] == x * w and out["all_gather_single"] == x * w
     assert out["all_gather"] == [x] * w
     # reduce-scatter: this rank's chunk of its own input, summed over 8
     assert out["reduce_scatter_tensor"] == [float(v) * w for v in range(4 * me, 4 * me + 4)]
@@ -107,6 +108,7 @@ def test_each_collective_answers_as_if_every_peer_sent_this_ranks_data():
     assert m["collectives"]["all_reduce"] == 7  # five ops above, the group's and the async one
     assert m["collectives"]["reduce"] == 2
     assert m["collectives"]["p2p"] == 1 and m["collectives"]["barrier"] == 1
+    assert m["collectives"]["all_gather"] == 3  # into a tensor, its 2.13 name, into a list
     assert m["largest_payload_bytes"] == 32 * 4 and m["largest_payload_kind"] in ("all_gather", "reduce_scatter")
     assert m["object_collectives"] == {"all_gather_object": 1, "broadcast_object_list": 2}
     assert m["unmatched_receives"] == 1 and m["foreign_object_broadcasts"] == 1

@@ -388,7 +388,12 @@ KINDS = (
     "send_object_list",
     "recv_object_list",
 )
-# torch's older names for the same collectives
-ALIASES = {"_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_base": "reduce_scatter_tensor"}
+# torch's other names for the same collectives
+ALIASES = {
+    "_all_gather_base": "all_gather_into_tensor",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "all_gather_single": "all_gather_into_tensor",  # torch 2.13's name (comm/collectives.py uses it)
+    "reduce_scatter_single": "reduce_scatter_tensor",
+}
 
 __all__ = ["KINDS", "LIMITS", "Done", "Mirror", "answer_p2p", "reduce_as_mirror"]
