@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from ..core.errors import HierConfigError
 from .world import DryWorld
@@ -22,8 +22,7 @@ def settings(overrides: list[str]) -> tuple[Any, dict]:
 
     with hydra.initialize_config_module(version_base="1.3", config_module="zeropp_hier.app.configs"):
         cfg = hydra.compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
-        plain = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(plain, dict)
+        plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     return spec_from_config(plain), dict(plain["dryrun"])
 
 

@@ -61,11 +61,11 @@ def _manifest_problems_kept(into: list) -> Iterator[None]:
     from ..deepspeed import checkpoint
 
     real = checkpoint.raise_problems
-    checkpoint.raise_problems = lambda problems, *a, **k: into.extend(problems)  # type: ignore[assignment]
+    checkpoint.raise_problems = lambda problems, *a, **k: into.extend(problems)
     try:
         yield
     finally:
-        checkpoint.raise_problems = real  # type: ignore[assignment]
+        checkpoint.raise_problems = real
 
 
 def dry_run_job(

@@ -282,7 +282,7 @@ class Mirror:
     def gather_object(self, obj, object_gather_list=None, dst=None, group=None, group_dst=None):
         n = _pickled(obj)
         for i in range(len(object_gather_list or ())):
-            object_gather_list[i] = obj  # type: ignore[index]
+            object_gather_list[i] = obj
         self.meters.object_collective("gather_object", n, n * (_size(group) if object_gather_list else 1))
 
     def broadcast_object_list(self, object_list, src=None, group=None, device=None, group_src=None):

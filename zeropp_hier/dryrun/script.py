@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from .job import _manifest_problems_kept
 from .meters import Meters
 from .mirror import Mirror
 from .world import DryWorld, init_fake_world
@@ -33,6 +34,7 @@ class Session:
         self.t0 = time.perf_counter()
         self.steps = 0
         self._real_initialize: Any = None
+        self.manifest_problems: list = []
 
     def _engine(self, engine: Any) -> None:
         m = self.meters
@@ -55,7 +57,10 @@ class Session:
             def around(*args: Any, _real: Any = real, _phase: str = phase, **kwargs: Any) -> Any:
                 m.begin(_phase)
                 try:
-                    return _real(*args, **kwargs)
+                    if _phase == "save":
+                        return _real(*args, **kwargs)
+                    with _manifest_problems_kept(self.manifest_problems):  # as the job's dry run
+                        return _real(*args, **kwargs)
                 finally:
                     m.begin(f"step{self.steps}")
 
@@ -79,7 +84,7 @@ class Session:
             self.meters.begin("step0")
             return out
 
-        zeropp_hier.initialize = initialize  # type: ignore[attr-defined]
+        zeropp_hier.initialize = initialize
 
     def finish(self, out: str | None = None) -> dict:
         """Stop counting; print the report and write its JSON to ``out`` (default
@@ -95,7 +100,7 @@ class Session:
         self.meters.__exit__(None, None, None)
         self.mirror.uninstall()
         if self._real_initialize is not None:
-            zeropp_hier.initialize = self._real_initialize  # type: ignore[attr-defined]
+            zeropp_hier.initialize = self._real_initialize
 
         class _Spec:  # what the report names of the job
             preset = os.environ.get("ZEROPP_HIER_PRESET", "(the script's)")
@@ -103,7 +108,8 @@ class Session:
             class model:  # noqa: N801 - a namespace
                 hidden = layers = None
 
-        rep = report.build(_Spec, self.world, self.meters, memory, {}, time.perf_counter() - self.t0)
+        result = {"manifest_problems_from_the_mirror": len(self.manifest_problems), "steps": self.steps}
+        rep = report.build(_Spec, self.world, self.meters, memory, result, time.perf_counter() - self.t0)
         path = report.write(rep, out or "dryrun.json")
         print("\n".join(report.lines(rep)), flush=True)
         print(f"report: {path}", flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..core.config import TopologySection
 from ..core.errors import HierConfigError
 
 
@@ -54,10 +55,10 @@ class DryWorld:
             "MASTER_PORT": "29500",
         }
 
-    def topology(self) -> dict[str, int]:
+    def topology(self) -> TopologySection:
         """The zeropp_hier section's declared topology for this world (rank = gcd + gcds *
         (gpu + gpus * node))."""
-        return {"gpus_per_node": self.gpus, "gcds_per_gpu": self.gcds}
+        return TopologySection(gpus_per_node=self.gpus, gcds_per_gpu=self.gcds)
 
 
 def init_fake_world(world: DryWorld) -> None:
