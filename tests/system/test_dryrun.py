@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # GatheredParameters(modifier_rank=0), whose broadcast views each gathered parameter as bytes and
 # fails on the strided one a tensor smaller than the world gathers to (seen at 48 x 4 x 2 with
 # hidden 192: "self.stride(-1) must be 1 to view Float as Byte")
-MODEL = ["model.arch=gpt", "model.hidden=160", "model.heads=4", "model.layers=4"]
+MODEL = ["model.arch=gpt", "model.hidden=160", "model.heads=4", "model.layers=4", "model.intermediate=640"]
 
 
 def _dry_run(tmp_path: Path, preset: str, nodes: int) -> dict:
