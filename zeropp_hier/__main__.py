@@ -3,6 +3,7 @@ Each subcommand hands the rest of its command line, unchanged, to the tool that 
 so ``zeropp-hier <subcommand> --help`` shows that tool's own options.
 
     zeropp-hier train [Hydra overrides]          the main job (zeropp_hier.app.train); -m sweeps
+    zeropp-hier train ... dryrun.nodes=9408      one rank of that job in this process (zeropp_hier.dryrun)
     zeropp-hier data prepare --stdlib --out D    tokenize text into token files for train (zeropp_hier.app.data.tokens)
     zeropp-hier plan --params 20B --nodes 48     predicted step of every layout (zeropp_hier.planner)
     zeropp-hier probe --out probe.json           time each tier in the current world (one process per rank)
@@ -37,6 +38,10 @@ NEEDS_CHECKOUT = (
 
 
 def _train(rest: list[str]) -> int:
+    if any(a.startswith("dryrun.nodes=") for a in rest):  # one rank of the job, in this process
+        from .dryrun import cli as dryrun_cli
+
+        return dryrun_cli.main(rest)
     # Hydra reads its overrides from sys.argv: hand it exactly what followed "train"
     from .app import train
 

@@ -41,6 +41,7 @@ LAYERS = {
     "launch": 1,
     "deepspeed": 2,
     "app": 3,
+    "dryrun": 4,
     "tools": 4,
     "__main__": 5,
 }

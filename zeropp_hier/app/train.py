@@ -108,7 +108,16 @@ def main(cfg: DictConfig) -> float:
     # HydraConfig.get() is typed as the HydraConf dataclass but is a DictConfig at run time
     label = {"overrides": list(hc.overrides.task), "job_num": cast(DictConfig, hc.job).get("num")}
     try:
-        out = launch(spec_from_config(plain, out_dir=hc.runtime.output_dir, label=label))
+        spec = spec_from_config(plain, out_dir=hc.runtime.output_dir, label=label)
+        if (plain.get("dryrun") or {}).get("nodes") is not None:
+            # the dry run sits above the app (zeropp_hier/dryrun/): the command routes to it
+            raise HierConfigError(
+                "dryrun.nodes",
+                plain["dryrun"]["nodes"],
+                "run the dry run through the command: zeropp-hier train ... dryrun.nodes=N "
+                "(or python -m zeropp_hier train ...)",
+            )
+        out = launch(spec)
     except HierConfigError as e:
         # [Note: a user's error in one line] Hydra reports an exception as a traceback ending in
         # "Set the environment variable HYDRA_FULL_ERROR=1"; a user's configuration error is one

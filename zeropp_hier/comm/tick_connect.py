@@ -151,7 +151,9 @@ def connect_peers(
             tiers = {p: topo.tier_between(rank, p) or "gcd" for p in (*silent, *lost)}
             raise TickConnectError(rank=rank, silent=silent, lost=lost, tiers=tiers, timeout_s=timeout_s, cause=cause)
         wrong = {p: int(t.item()) for p, t in got.items() if int(t.item()) != p}
-        if wrong:
+        # a dry run's mirror hands back this rank's own number (every peer sends what this rank
+        # sends: [Note: the SPMD mirror] in dryrun/mirror.py); a peer's number cannot be mirrored
+        if wrong and not getattr(dist.batch_isend_irecv, "zeropp_mirror", False):
             raise RuntimeError(
                 f"zeropp_hier internal: rank {rank}'s tick warm-up received another rank's number from "
                 f"{wrong} (peer: what it sent): the tick group's transport paired messages wrongly"

@@ -1,0 +1,103 @@
+"""The dry run's report: one dict (written as JSON) and its table for a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .meters import Meters
+from .mirror import LIMITS
+from .world import DryWorld
+
+STARTUP = ("process_group", "plan_and_memory_table", "data", "engine", "job_start")
+MiB = 1 << 20
+
+
+def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict, seconds: float) -> dict[str, Any]:
+    phases = {name: p.as_dict() for name, p in meters.phases.items()}
+    steps = [phases[n] for n in phases if n.startswith("step")]
+    later = steps[1:] or steps  # the first step builds caches: later steps are the steady cost
+    per_step = {
+        "host_seconds": round(sum(s["seconds"] for s in later) / max(len(later), 1), 4),
+        "split": {k: round(sum(s["split"].get(k, 0.0) for s in later) / len(later), 4) for k in later[0]["split"]}
+        if later
+        else {},
+        "collectives": later[-1]["collectives"] if later else {},
+        "collective_calls": later[-1]["collective_calls"] if later else 0,
+        "largest_payload_bytes": max((s["largest_payload_bytes"] for s in later), default=0),
+        "object_collectives": later[-1]["object_collectives"] if later else {},
+        "object_bytes": later[-1]["object_bytes"] if later else 0,
+    }
+    return {
+        "world": {"nodes": world.nodes, "gpus": world.gpus, "gcds": world.gcds, "ranks": world.world_size},
+        "rank": world.rank,
+        "preset": spec.preset,
+        "model": {"hidden": spec.model.hidden, "layers": spec.model.layers, "params": result.get("params")},
+        "startup_seconds": {n: phases[n]["seconds"] for n in STARTUP if n in phases},
+        "per_step": per_step,
+        "phases": phases,
+        "memory": memory,
+        "result": result,
+        "seconds": round(seconds, 2),
+        "limits": list(LIMITS),
+    }
+
+
+def write(rep: dict, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(rep, f, indent=1, default=str)
+    return path
+
+
+def _files(p: dict | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p['files_opened']} opened, {p['files_listed']} listed, {p['files_stated']} stat'ed"
+
+
+def _objects(p: dict) -> str:
+    if not p["object_collectives"]:
+        return "none"
+    kinds = ", ".join(f"{k} x{v}" for k, v in p["object_collectives"].items())
+    return f"{kinds} ({p['object_bytes']} B sent, largest buffer {p['object_buffer_bytes']} B)"
+
+
+def lines(rep: dict) -> list[str]:
+    """The report as a terminal table."""
+    w, s, m = rep["world"], rep["per_step"], rep["memory"]
+    ph = rep["phases"]
+    out = [
+        f"dry run: rank {rep['rank']} of {w['nodes']} nodes x {w['gpus']} x {w['gcds']} = {w['ranks']} ranks, "
+        f"preset {rep['preset']}, {rep['model']['params']} parameters (fake process group, SPMD mirror)",
+        "start-up (host s): " + ", ".join(f"{k} {v:.2f}" for k, v in rep["startup_seconds"].items()),
+        f"host s per step: {s['host_seconds']:.3f} (" + ", ".join(f"{k} {v:.3f}" for k, v in s["split"].items()) + ")",
+        f"collectives per step: {s['collective_calls']} ("
+        + ", ".join(f"{k} {v}" for k, v in s["collectives"].items())
+        + f"); largest payload {s['largest_payload_bytes']} B",
+    ]
+    for name in [n for n in ph if n.startswith("step")][:1]:
+        out.append(f"object collectives per step: {_objects(ph[name])}")
+    for name in ("engine", "job_start", "save", "load"):
+        if name in ph:
+            p = ph[name]
+            out.append(
+                f"{name}: {p['seconds']:.2f} s; {p['collective_calls']} collectives; objects: {_objects(p)}; "
+                f"files: {_files(p)}"
+            )
+    out.append(
+        f"peak host memory: RSS {m['peak_rss_bytes'] / MiB:.0f} MiB, "
+        f"tracemalloc {m['tracemalloc_peak_bytes'] / MiB:.0f} MiB"
+    )
+    unmatched = sum(p["unmatched_receives"] for p in ph.values())
+    foreign = sum(p["foreign_object_broadcasts"] for p in ph.values())
+    out.append(
+        f"mirror: {unmatched} receives without a matching send, "
+        f"{foreign} objects from another rank kept as this rank's"
+    )
+    out.append("not shown (the mirror cannot stand in for): " + "; ".join(rep["limits"]))
+    return out
+
+
+__all__ = ["build", "lines", "write"]

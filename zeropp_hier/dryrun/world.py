@@ -1,0 +1,96 @@
+"""The world of a dry run: one rank of ``nodes x gpus x gcds`` on PyTorch's fake process group,
+with the launcher's variables a rank of that job would see.
+
+The fake backend (``torch.testing._internal.distributed.fake_pg``) takes any world size and sends
+nothing: group construction, ranks and sizes are the real job's; collectives are answered by the
+mirror ([Note: the SPMD mirror] in dryrun/mirror.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..core.config import TopologySection
+from ..core.errors import HierConfigError
+
+
+@dataclass(frozen=True)
+class DryWorld:
+    """The job a dry run stands in for, and the rank it runs."""
+
+    nodes: int
+    rank: int = 0
+    gpus: int = 4  # packages per node (Frontier: 4 MI250X)
+    gcds: int = 2  # GCDs per package
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus * self.gcds
+
+    @property
+    def per_node(self) -> int:
+        return self.gpus * self.gcds
+
+    def check(self) -> None:
+        for name, v in (("nodes", self.nodes), ("gpus", self.gpus), ("gcds", self.gcds)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise HierConfigError(f"dryrun.{name}", v, "use a positive integer (e.g. dryrun.nodes=9408)")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise HierConfigError(
+                "dryrun.rank",
+                self.rank,
+                f"use a rank of the job, 0 .. {self.world_size - 1} ({self.nodes} nodes x {self.gpus} x {self.gcds})",
+            )
+
+    def env(self) -> dict[str, str]:
+        """The variables torchrun or the job's srun path would set for this rank."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.rank % self.per_node),
+            "LOCAL_SIZE": str(self.per_node),
+            "LOCAL_WORLD_SIZE": str(self.per_node),
+            "MASTER_ADDR": "localhost",
+            "MASTER_PORT": "29500",
+        }
+
+    def topology(self) -> TopologySection:
+        """The zeropp_hier section's declared topology for this world (rank = gcd + gcds *
+        (gpu + gpus * node))."""
+        return TopologySection(gpus_per_node=self.gpus, gcds_per_gpu=self.gcds)
+
+
+def init_fake_world(world: DryWorld) -> None:
+    """``init_process_group`` on the fake backend as ``world.rank`` (once per process), and the
+    launcher's variables in ``os.environ`` (DeepSpeed and the job read them)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world.check()
+    if dist.is_initialized():
+        if dist.get_backend() != "fake" or dist.get_world_size() != world.world_size or dist.get_rank() != world.rank:
+            raise RuntimeError(
+                "zeropp_hier dry run: torch.distributed is already initialised with another world; "
+                "a dry run needs a fresh process"
+            )
+        return
+    os.environ.update(world.env())
+    dist.init_process_group("fake", store=FakeStore(), rank=world.rank, world_size=world.world_size)
+    _no_shared_memory_op()
+
+
+def _no_shared_memory_op() -> None:
+    """DeepSpeed's CPU backend builds (JIT) and maps a shared-memory all-reduce for the ranks of
+    one host; a dry run has no other rank on this host, so it gets none (``build_shm_op`` returns
+    None, as where the op cannot be built)."""
+    import importlib
+
+    try:  # by name: ``deepspeed.comm``'s attribute ``torch`` is torch itself
+        ds_torch = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:
+        return
+    setattr(ds_torch, "build_shm_op", lambda: None)  # noqa: B010 - the module is untyped
+
+
+__all__ = ["DryWorld", "init_fake_world"]
