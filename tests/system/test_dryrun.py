@@ -51,13 +51,15 @@ def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
         assert set(s["split"]) == {"forward", "backward", "step"}
         assert s["unmatched_receives"] == 0  # every receive of a grouped call had its mirrored send
         assert s["object_collectives"] == {}  # no object collective inside a step
-    # the save writes, hashes and commits files, and agrees through object collectives
-    save = ph["save"]
-    assert save["files_opened"] > 0 and save["object_collectives"].get("all_gather_object", 0) > 0
-    # an object all-gather's buffer is the group times the largest object: counted, not allocated
-    assert save["object_buffer_bytes"] >= nodes * 8
-    load = ph["load"]
-    assert load["files_opened"] > 0 and load["files_stated"] > 0
+    # save and load: each rank writes, hashes and checks only its own files, and the coordinator's
+    # exchanges are fixed-size tensors: no world object gather, and the files one rank touches do
+    # not grow with the world (the same bound at 2 and 48 nodes; at 48 the old load stat'ed 784)
+    for name in ("save", "load"):
+        phase = ph[name]
+        assert phase["files_opened"] > 0 and phase["files_stated"] > 0, name
+        assert "all_gather_object" not in phase["object_collectives"], (name, phase["object_collectives"])
+        assert phase["object_buffer_bytes"] < 4096, (name, phase["object_buffer_bytes"])
+        assert phase["files_opened"] <= 32 and phase["files_listed"] <= 4 and phase["files_stated"] <= 40, (name, phase)
     mem = rep["memory"]
     assert mem["tracemalloc_peak_bytes"] > 0 and mem["peak_rss_bytes"] > mem["tracemalloc_peak_bytes"]
     assert rep["limits"] and all(isinstance(x, str) for x in rep["limits"])

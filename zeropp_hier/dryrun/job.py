@@ -121,7 +121,7 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
 
     from ..app import launch, run
     from ..app.longrun import resume
-    from ..app.spec import with_data_vocab
+    from ..app.job_vocab import with_data_vocab
 
     meters.begin("plan_and_memory_table")
     spec.check()
