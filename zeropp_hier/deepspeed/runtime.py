@@ -308,7 +308,14 @@ class HierRuntime:
         # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
         # straddle]); kept copies have the slots of the forward gather that made them. Exact
         # gathers ([Note: every gather through the hierarchy]) need no padding.
-        slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align, self.topo.world_size)
+        # A bucket that keeps copies, or gathers from them, keeps every partition in whole-block
+        # slots whatever the world: a kept copy is cut per tensor on block boundaries (an int8
+        # copy is sliced by its blocks), so the packing bound ([Note: per-rank costs flat in the
+        # world]) applies only to buckets that keep nothing (at 9,408 nodes the dry run found a
+        # packed forward gather's kept cut off its block boundaries).
+        keeps = bool(src) or (phase == "forward_gather" and self.plan.kept_axes is not None)
+        packing_world = 1 if keeps else self.topo.world_size
+        slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align, packing_world)
         carry: tuple[torch.Tensor, ...] = ()
         start_block = 1
         if src:
