@@ -31,9 +31,14 @@ def _dry_run(tmp_path: Path, preset: str, nodes: int) -> dict:
     return json.loads(out.read_text())
 
 
+# 9,408 nodes (75,264 ranks), all of Frontier, for `frontier`: there its buckets that keep nothing are
+# packed ([Note: per-rank costs flat in the world]) while its kept copies stay in whole blocks; about
+# 80 s and 1.9 GB here
+CASES = [(n, p) for n in (2, 48) for p in ("frontier", "zeropp", "zero3")] + [(9408, "frontier")]
+
+
 @pytest.mark.system
-@pytest.mark.parametrize("preset", ["frontier", "zeropp", "zero3"])
-@pytest.mark.parametrize("nodes", [2, 48])
+@pytest.mark.parametrize(("nodes", "preset"), CASES)
 def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
     rep = _dry_run(tmp_path, preset, nodes)
     assert rep["world"] == {"nodes": nodes, "gpus": 4, "gcds": 2, "ranks": nodes * 8} and rep["rank"] == 0
@@ -59,7 +64,8 @@ def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
         assert phase["files_opened"] > 0 and phase["files_stated"] > 0, name
         assert "all_gather_object" not in phase["object_collectives"], (name, phase["object_collectives"])
         assert phase["object_buffer_bytes"] < 4096, (name, phase["object_buffer_bytes"])
-        assert phase["files_opened"] <= 32 and phase["files_listed"] <= 4 and phase["files_stated"] <= 40, (name, phase)
+        files = (phase["files_opened"], phase["files_listed"], phase["files_stated"])
+        assert files[0] <= 32 and files[1] <= 4 and files[2] <= 40, (name, files)
     mem = rep["memory"]
     assert mem["tracemalloc_peak_bytes"] > 0 and mem["peak_rss_bytes"] > mem["tracemalloc_peak_bytes"]
     assert rep["limits"] and all(isinstance(x, str) for x in rep["limits"])

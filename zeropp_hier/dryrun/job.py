@@ -120,8 +120,8 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
     import torch.distributed as dist
 
     from ..app import launch, run
-    from ..app.longrun import resume
     from ..app.job_vocab import with_data_vocab
+    from ..app.longrun import resume
 
     meters.begin("plan_and_memory_table")
     spec.check()
