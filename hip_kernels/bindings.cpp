@@ -11,7 +11,8 @@
 TORCH_LIBRARY(zeropp_hier, m) {
   // rotate / out_rotate: R or 0 ([Note: block rotation] in zeropp_hier/quant/reference.py)
   // x [n] -> data [nblocks*B] int8 (bits 8) | [nblocks*B/2] uint8 (bits 4), scales [nblocks]
-  m.def("quantize(Tensor x, int bits, int block_size, int rotate=0) -> (Tensor data, Tensor scales)");
+  m.def(
+      "quantize(Tensor x, int bits, int block_size, int rotate=0) -> (Tensor data, Tensor scales)");
   // data, scales of one payload -> [numel] of dtype
   m.def(
       "dequantize(Tensor data, Tensor scales, int numel, int bits, int block_size, "

@@ -99,7 +99,7 @@ ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c,
     x[i] = stride_in_vector<1>(x[i]);
     if (NV > 1 || r > 2) x[i] = stride_in_vector<2>(x[i]);
     if (NV > 1 || r > 4) x[i] = stride_in_vector<4>(x[i]);
-    if (kW == 16 && (NV > 1 || r > 8)) x[i] = stride_in_vector<kW == 16 ? 8 : 1>(x[i]);
+    if (kW == 16 && (NV > 1 || r > 8)) x[i] = stride_in_vector < kW == 16 ? 8 : 1 > (x[i]);
   }
   for (int s = 1; s < NV; s *= 2) {  // stride W * s: vector i with vector i + s
     for (int i = 0; i < NV; ++i) {

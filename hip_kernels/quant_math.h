@@ -267,8 +267,8 @@ QH_HD bool valid_rotate(int64_t r, int64_t block_size) {
 QH_HD float hadamard_scale(int64_t r) {
   int k = 0;
   while ((int64_t(1) << k) < r) ++k;
-  const uint32_t bits = (k & 1) ? 0x3f3504f3u - (uint32_t((k - 1) / 2) << 23)
-                                : (uint32_t(127 - k / 2) << 23);
+  const uint32_t bits =
+      (k & 1) ? 0x3f3504f3u - (uint32_t((k - 1) / 2) << 23) : (uint32_t(127 - k / 2) << 23);
   return bits_f32(bits);
 }
 

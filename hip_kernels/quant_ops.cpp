@@ -207,8 +207,7 @@ at::Tensor dequantize_on(Where where, const at::Tensor& data, const at::Tensor& 
   at::Tensor out = at::empty({numel}, data.options().dtype(dtype));
   if (numel == 0) return out;
   if (where == Where::kCpu) {
-    cpu::dequantize(p.data, p.scales, numel, p.bits, block_size, rotate, out.data_ptr(),
-                    out_dtype);
+    cpu::dequantize(p.data, p.scales, numel, p.bits, block_size, rotate, out.data_ptr(), out_dtype);
   }
 #ifdef ZEROPP_WITH_GPU
   else if (rotate != 0) {
@@ -303,8 +302,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, int64_t bit
 }
 
 at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                          int64_t bits, int64_t block_size, at::ScalarType dtype,
-                          int64_t rotate) {
+                          int64_t bits, int64_t block_size, at::ScalarType dtype, int64_t rotate) {
   return dequantize_on(Where::kCpu, data, scales, numel, bits, block_size, dtype, rotate);
 }
 
@@ -329,8 +327,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_gpu(const at::Tensor& x, int64_t bit
 }
 
 at::Tensor dequantize_gpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                          int64_t bits, int64_t block_size, at::ScalarType dtype,
-                          int64_t rotate) {
+                          int64_t bits, int64_t block_size, at::ScalarType dtype, int64_t rotate) {
   return dequantize_on(Where::kGpu, data, scales, numel, bits, block_size, dtype, rotate);
 }
 

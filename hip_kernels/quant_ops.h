@@ -19,12 +19,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, int64_t bit
                                                 int64_t block_size, int64_t rotate);
 // data, scales as returned by quantize -> [numel] of dtype
 at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                          int64_t bits, int64_t block_size, at::ScalarType dtype,
-                          int64_t rotate);
+                          int64_t bits, int64_t block_size, at::ScalarType dtype, int64_t rotate);
 // data [k, bytes], scales [k, nblocks] (k stacked payloads) -> [numel] of dtype
 at::Tensor dequantize_sum_cpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
                               int64_t bits, int64_t block_size, at::ScalarType dtype,
-                          int64_t rotate);
+                              int64_t rotate);
 // data [k, bytes], scales [k, nblocks] -> quantize(sum) in (out_bits, out_block_size)
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_cpu(
     const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
@@ -35,11 +34,10 @@ std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_cpu(
 std::tuple<at::Tensor, at::Tensor> quantize_gpu(const at::Tensor& x, int64_t bits,
                                                 int64_t block_size, int64_t rotate);
 at::Tensor dequantize_gpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
-                          int64_t bits, int64_t block_size, at::ScalarType dtype,
-                          int64_t rotate);
+                          int64_t bits, int64_t block_size, at::ScalarType dtype, int64_t rotate);
 at::Tensor dequantize_sum_gpu(const at::Tensor& data, const at::Tensor& scales, int64_t numel,
                               int64_t bits, int64_t block_size, at::ScalarType dtype,
-                          int64_t rotate);
+                              int64_t rotate);
 std::tuple<at::Tensor, at::Tensor> dequantize_sum_requantize_gpu(
     const at::Tensor& data, const at::Tensor& scales, int64_t numel, int64_t bits,
     int64_t block_size, int64_t out_bits, int64_t out_block_size, int64_t rotate,
