@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import auto, convergence, dsunit, gpu, headline, kernels, peers, probe, shapes, tier_bytes, wire
+from . import auto, convergence, dryrun, dsunit, gpu, headline, kernels, peers, probe, shapes, tier_bytes, wire
 
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline.render,
@@ -21,6 +21,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "cpu-kernels": kernels.render,
     "gloo-probe": probe.render,
     "tick-peers": peers.render,
+    "dryrun": dryrun.render,
     "gpu-kernels": gpu.kernels,
     "gpu-engine": gpu.engine,
     "dsunit-readme": dsunit.with_rerun,

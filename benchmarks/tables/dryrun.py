@@ -1,0 +1,50 @@
+"""docs/usage.md's dry-run table: rank 0 of the same job at 48 and at 9,408 nodes x 4 x 2, from the
+dry run's own reports (``zeropp-hier train ... dryrun.nodes=N dryrun.out=FILE``): memory, host
+seconds per step, collectives per step and the files touched at save and load."""
+
+from __future__ import annotations
+
+from . import fmt, sources
+
+FILES = [f"{sources.RESULTS}/dryrun_frontier_48.json", f"{sources.RESULTS}/dryrun_frontier_9408.json"]
+
+
+def _files(phase: dict) -> str:
+    return f"{phase['files_opened']} / {phase['files_listed']} / {phase['files_stated']}"
+
+
+def render() -> str:
+    header = [
+        "preset",
+        "nodes (ranks)",
+        "peak RSS",
+        "tracemalloc peak",
+        "host s per step",
+        "collectives per step",
+        "largest payload",
+        "object collectives in a step",
+        "files at save (opened / listed / stat'ed)",
+        "at load",
+    ]
+    body = []
+    for path in FILES:
+        r = sources.load(path)
+        w, mem, ph = r["world"], r["memory"], r["phases"]
+        steps = [v for k, v in ph.items() if k.startswith("step")]
+        last = steps[-1]
+        objects = sum(sum(s["object_collectives"].values()) for s in steps)
+        body.append(
+            [
+                f"`{r['preset']}`",
+                f"{w['nodes']:,} ({w['ranks']:,})",
+                f"{mem['peak_rss_bytes'] / 2**20:,.0f} MiB",
+                f"{mem['tracemalloc_peak_bytes'] / 2**20:,.0f} MiB",
+                f"{r['per_step']['host_seconds']:.2f}",
+                str(last["collective_calls"]),
+                f"{last['largest_payload_bytes'] / 1e6:.2f} MB",
+                str(objects),
+                _files(ph["save"]),
+                _files(ph["load"]),
+            ]
+        )
+    return fmt.table(header, body) + "\n" + sources.cite(FILES) + "\n"
