@@ -90,4 +90,6 @@ def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
     detected = result[0]
     if isinstance(detected, HierTopologyError):
         raise detected
+    if rank == 0:  # the detection report, once (the job prints rank 0's INFO log)
+        logger.info(detected.describe())
     return detected
