@@ -150,18 +150,18 @@ def counting_quant(counts: dict[str, int]) -> Iterator[None]:
     def nbytes(q: Any) -> int:
         return q.data.numel() * q.data.element_size() + q.scales.numel() * q.scales.element_size()
 
-    def quantize(x, bits, block_size):
-        q = orig[0](x, bits, block_size)
+    def quantize(x, bits, block_size, *rest):
+        q = orig[0](x, bits, block_size, *rest)
         counts["encoded"] += nbytes(q)
         return q
 
-    def dequantize(q, dtype=None):
+    def dequantize(q, dtype=None, *rest):
         counts["decoded"] += nbytes(q)
-        return orig[1](q) if dtype is None else orig[1](q, dtype)
+        return orig[1](q) if dtype is None else orig[1](q, dtype, *rest)
 
-    def dequantize_sum(parts, dtype=None):
+    def dequantize_sum(parts, dtype=None, *rest):
         counts["decoded"] += nbytes(parts) if isinstance(parts, quant.Quantized) else sum(nbytes(p) for p in parts)
-        return orig[2](parts) if dtype is None else orig[2](parts, dtype)
+        return orig[2](parts) if dtype is None else orig[2](parts, dtype, *rest)
 
     quant.quantize, quant.dequantize, quant.dequantize_sum = quantize, dequantize, dequantize_sum
     try:

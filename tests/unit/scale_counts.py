@@ -124,7 +124,7 @@ def synthetic_tag(root: str, world: int, rank: int) -> None:
 def main(nodes: int, rank: int, root: str) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from zeropp_hier.comm import coordinator
+    from zeropp_hier.comm import _coordinator as coordinator
     from zeropp_hier.deepspeed import checkpoint, checkpoint_shares
 
     world = nodes * GPUS * GCDS

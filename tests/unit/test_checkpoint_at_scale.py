@@ -140,7 +140,7 @@ PATH_MODULES = (
     "deepspeed/checkpoint_files.py",
     "deepspeed/universal_shared.py",
     "comm/agree.py",
-    "comm/coordinator.py",
+    "comm/_coordinator.py",
     "detect/probe.py",
     "app/run.py",
     "launch/rendezvous.py",

@@ -348,9 +348,9 @@ def _monitor_run(spec: JobSpec, plan: resume.Plan | None) -> tuple[monitor_run.M
 def _gather_kernels(world: int) -> list:
     """Which quantization kernels each rank runs (collective): one digest all-reduce when every
     rank runs the same (the usual case); only otherwise are the names gathered, to rank 0, which
-    reports them ([Note: a coordinator, not a world gather] in comm/coordinator.py). A rank other
+    reports them ([Note: a coordinator, not a world gather] in comm/_coordinator.py). A rank other
     than 0 returns its own name for every rank (it reports nothing)."""
-    from ..comm import coordinator
+    from ..comm import _coordinator as coordinator
 
     mine = kernel_info()
     if coordinator.same_everywhere(mine):
@@ -362,7 +362,7 @@ def _gather_kernels(world: int) -> list:
 def _summary(run: Run, history: list[dict], elapsed: float, kernels: list) -> dict:
     """The run's summary (collective: every rank's peak memory is gathered to rank 0, which
     writes the report; another rank's summary holds its own figure only)."""
-    from ..comm import coordinator
+    from ..comm import _coordinator as coordinator
 
     own = int(peak_memory_bytes(run.engine.device))
     mem = coordinator.gather_to_root(own) or [own]

@@ -8,7 +8,7 @@ a peer ("a peer closed its connection") instead of the cause. So such checks run
 ``agree_local``: each rank runs its check, catches what it raises, and every rank exchanges its
 outcome: one flag all-reduce says whether any rank failed, and only then are the failures
 gathered to rank 0, which sends every rank the same summary ([Note: a coordinator, not a world
-gather] in comm/coordinator.py); if any rank failed, every rank raises the same ``HierRankError``
+gather] in comm/_coordinator.py); if any rank failed, every rank raises the same ``HierRankError``
 naming the failed ranks (the first and last ten of a long list) and their errors. Topology detection was the first user
 of this (``detect.probe.detect``); the launch environment, the auto preset's probe file (read by
 rank 0 and broadcast) and the plan every rank chose go through it too.
@@ -64,7 +64,7 @@ def agree_local(what: str, check: Callable[[], T], group: dist.ProcessGroup | No
     when every rank failed with the same error, each raises its own (type and text unchanged);
     otherwise every rank raises ``HierRankError`` naming the failed ranks ([Note: agreed local
     checks])."""
-    from . import coordinator
+    from . import _coordinator as coordinator
 
     error: Exception | None = None
     text: str | None = None
@@ -108,7 +108,7 @@ def agree_same(what: str, summary: Mapping[str, object], group: dist.ProcessGrou
     """Collective: raise ``HierRankError`` on every rank unless every rank passed an equal
     ``summary`` (JSON-like; compared by digest in one all-reduce, described by its differing
     keys in a second round only when they differ)."""
-    from . import coordinator
+    from . import _coordinator as coordinator
 
     if not _world(group):
         return

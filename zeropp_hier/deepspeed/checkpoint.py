@@ -15,7 +15,7 @@ it silently. Here a save is a transaction:
    only those (two files a rank under ZeRO-3); an ``OSError`` while hashing is agreed by one
    flag all-reduce, so every rank raises the same error naming the rank, the file and the cause;
 3. the digests go to rank 0 only (``coordinator.gather_to_root``: a fixed-width slot per rank,
-   [Note: a coordinator, not a world gather] in comm/coordinator.py), and rank 0 lists the
+   [Note: a coordinator, not a world gather] in comm/_coordinator.py), and rank 0 lists the
    directory once: a file a rank wrote that rank 0 does not see means the directory is not
    shared (named, with the rank); a file nobody hashed is hashed by rank 0;
 4. rank 0 writes ``MANIFEST`` inside the temporary directory and commits (``commit``): when the
@@ -63,7 +63,7 @@ from typing import Any, Callable, Mapping
 
 import torch.distributed as dist
 
-from ..comm import coordinator
+from ..comm import _coordinator as coordinator
 from ..core.errors import HierCheckpointError
 
 # the directory's files (pure): re-exported, this module is the public face of checkpoints
@@ -119,7 +119,7 @@ def _guard(engine, phase: str):
 def _agreed_errors(error: tuple | None, group) -> list:
     """Every rank's local failure (rank, path, cause), agreed with one flag all-reduce; only when
     some rank failed, the first failure and the other failed ranks reach every rank
-    ([Note: a coordinator, not a world gather] in comm/coordinator.py)."""
+    ([Note: a coordinator, not a world gather] in comm/_coordinator.py)."""
     found = coordinator.failures_everywhere(list(error) if error is not None else None, group)
     if found is None:
         return []

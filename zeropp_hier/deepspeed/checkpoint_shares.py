@@ -11,7 +11,7 @@ dealt round-robin, at most ceil(files / world) each) in one fixed-size ``scatter
 checks the size, sha256 and pickled types of its share in its own view of the directory (so a
 rank that sees another directory, or lacks a file there, is named by its share). The problems are
 agreed by one flag all-reduce; only when one is set are they gathered to rank 0, which sends the
-first one back ([Note: a coordinator, not a world gather] in comm/coordinator.py). A rank thus
+first one back ([Note: a coordinator, not a world gather] in comm/_coordinator.py). A rank thus
 opens at most ceil(files / world) files and receives a constant number of bytes, whatever the
 world; the coordinator reads the manifest and lists the directory once.
 """
@@ -22,7 +22,7 @@ import os
 
 import torch.distributed as dist
 
-from ..comm import coordinator
+from ..comm import _coordinator as coordinator
 from .checkpoint_files import (
     check_share,
     raise_problems,

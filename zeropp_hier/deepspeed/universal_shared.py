@@ -25,7 +25,7 @@ does between collectives):
 
 After each phase one flag all-reduce says whether a rank failed; only then are the failures
 gathered to rank 0 and the first one raised on every rank, naming the rank and file ([Note: a
-coordinator, not a world gather] in comm/coordinator.py). The output is what ``checkpoint.to_universal`` writes in
+coordinator, not a world gather] in comm/_coordinator.py). The output is what ``checkpoint.to_universal`` writes in
 one process, so a conversion made ahead with ``zeropp-hier checkpoint to-universal`` and one made
 by the job are interchangeable. Tensor-parallel (AutoTP) and AutoEP checkpoints, which the job
 never writes, are refused.
@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from ..comm import coordinator
+from ..comm import _coordinator as coordinator
 from ..core.errors import HierCheckpointError
 from .checkpoint_files import (
     MANIFEST,

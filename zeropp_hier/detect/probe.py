@@ -18,7 +18,7 @@ import subprocess
 import torch
 import torch.distributed as dist
 
-from ..comm import coordinator
+from ..comm import _coordinator as coordinator
 from ..core.errors import HierTopologyError
 from .autodetect import Detected, RankRecord, build_topology, local_record
 from .node_read import read_xgmi_num_links
@@ -80,7 +80,7 @@ def detect(gcds_per_gpu: int | None, gpus_per_node: int | None) -> Detected:
         rec = HierTopologyError("topology auto", f"{type(e).__name__}: {e}", "this rank could not describe itself")
     # each record to rank 0 only (a few hundred bytes per rank), rank 0 builds the topology and
     # sends it, or the first error, to every rank: no rank but rank 0 holds every rank's record
-    # ([Note: a coordinator, not a world gather] in comm/coordinator.py)
+    # ([Note: a coordinator, not a world gather] in comm/_coordinator.py)
     mine = ["error", rec.field, rec.value, rec.fix] if isinstance(rec, HierTopologyError) else ["ok", *rec]
     parts = coordinator.gather_to_root(mine)
     result: list = [None]
