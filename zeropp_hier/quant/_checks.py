@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import QMAX, SUPPORTED_INPUT_DTYPES, num_blocks
+from .reference import QMAX, SUPPORTED_INPUT_DTYPES, num_blocks, rotate_ok
 
 MIN_BLOCK, MAX_BLOCK = 32, 4096
 
@@ -54,13 +54,9 @@ def check_block_size(arg: str, block_size) -> None:
 
 
 def check_rotate(arg: str, rotate, block_size: int) -> None:
-    """[Note: block rotation]: 0 (off) or a power of two from 2 to the block size."""
-    ok = (
-        isinstance(rotate, int)
-        and not isinstance(rotate, bool)
-        and (rotate == 0 or (2 <= rotate <= block_size and rotate & (rotate - 1) == 0))
-    )
-    if not ok:
+    """[Note: block rotation]: 0 (off) or a power of two from 2 to the block size (the
+    reference's rule, ``reference.rotate_ok``)."""
+    if not rotate_ok(rotate, block_size):
         raise QuantArgumentError(
             f"argument '{arg}' must be 0 (off) or a power of two from 2 to the block size {block_size}, got {rotate!r}"
         )

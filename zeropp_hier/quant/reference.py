@@ -113,14 +113,18 @@ def hadamard_(x: torch.Tensor, rotate: int) -> torch.Tensor:
     return x
 
 
-def check_rotate(rotate: int, block_size: int) -> None:
-    """rotate must be 0 (off) or a power of two from 2 to block_size (hence dividing it)."""
-    ok = (
+def rotate_ok(rotate: object, block_size: int) -> bool:
+    """The rule for R: 0 (off) or a power of two from 2 to block_size (hence dividing it)."""
+    return (
         isinstance(rotate, int)
         and not isinstance(rotate, bool)
         and (rotate == 0 or (2 <= rotate <= block_size and rotate & (rotate - 1) == 0))
     )
-    if not ok:
+
+
+def check_rotate(rotate: int, block_size: int) -> None:
+    """rotate must satisfy ``rotate_ok``."""
+    if not rotate_ok(rotate, block_size):
         raise ValueError(
             f"argument 'rotate' must be 0 (off) or a power of two from 2 to block_size={block_size}, got {rotate!r}"
         )
