@@ -206,14 +206,14 @@ def test_install_check_stops_with_one_line_below_the_floor(qemu, cpus, avx2_prob
         assert re.match(r"\[cpu\] this CPU cannot run (numpy|torch) ", below_line), below_line
 
 
-# The tests of the kernels' arithmetic, on the emulated CPU. Left to the native unit lane: the
-# three that check the ops' dispatch within torch, where no kernel runs and so no instruction set
-# changes anything: fake tensors, opcheck's schema and autograd checks, and the reference serving
-# meta tensors (test_fallback_warns_once_and_matches: torch's meta kernels load on first use,
-# which took 195 s of one emulated core in a run on a loaded machine, against 11 s for the
-# heaviest arithmetic test, in each of the two emulated runs). The baseline variant's parametrised
-# tests run on the CPU without AVX2 only: the AVX2-only CPU runs the AVX2 variant's and the
-# dispatched tests.
+# The tests of the kernels' arithmetic (the block rotation's too), on the emulated CPU. Left to
+# the native unit lane: the three that check the ops' dispatch within torch, where no kernel
+# runs and so no instruction set changes anything: fake tensors, opcheck's schema and autograd
+# checks, and the reference serving meta tensors (test_fallback_warns_once_and_matches: torch's
+# meta kernels load on first use, which took 195 s of one emulated core in a run on a loaded
+# machine, against 11 s for the heaviest arithmetic test, in each of the two emulated runs). The
+# baseline variant's parametrised tests run on the CPU without AVX2 only: the AVX2-only CPU runs
+# the AVX2 variant's and the dispatched tests.
 _NOT_ON_ANY = "not test_opcheck and not test_fake_impls and not test_fallback_warns_once_and_matches"
 _SELECT = {NO_AVX512: f"{_NOT_ON_ANY} and not default", NO_AVX2: _NOT_ON_ANY}
 
@@ -223,6 +223,7 @@ def _kernel_tests(select: str) -> str:
         "import sys, torch, pytest, zeropp_hier.quant as q; "
         "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
         "flush=True); sys.exit(pytest.main(['-v', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py', "
+        "'tests/unit/test_quant_rotation.py', "
         f"'-k', {select!r}]))"
     )
 
