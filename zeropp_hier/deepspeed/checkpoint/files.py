@@ -1,6 +1,6 @@
 """The files of a checkpoint directory, without torch.distributed: plain names, the manifest,
 the checks of a tag, and rank 0's commit and recovery ([Note: atomic checkpoint] in
-``checkpoint.py``, which runs them across ranks)."""
+``atomic.py``, which runs them across ranks)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import shutil
 import signal
 from typing import Any, Iterable
 
-from ..core.errors import HierCheckpointError
+from ...core.errors import HierCheckpointError
 
 MANIFEST = "zeropp_hier_manifest.json"
 MANIFEST_FORMAT = "zeropp_hier-checkpoint/1"
