@@ -65,7 +65,13 @@ def main() -> None:
         "GB/s read and written)"
     )
     if a.out:
-        conditions = {"params": n_params(model), "saved_by_ranks": c.source_world, "converted_by_ranks": c.world}
+        conditions = {
+            "params": n_params(model),
+            "hidden": a.hidden,
+            "layers": a.layers,
+            "saved_by_ranks": c.source_world,
+            "converted_by_ranks": c.world,
+        }
         rows = {
             "shares": {"seconds": c.seconds, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written},
             "one_process": {"seconds": seconds, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written},
