@@ -8,7 +8,7 @@ Counted: the files this process opens, stats and lists under the checkpoint dire
 collectives it issues (by name), the bytes it receives in them, and the object collectives
 (``all_gather_object`` and friends), while it runs the coordinator's side of a save
 (``gather_to_root`` of each rank's digests, ``coordinate_files``) and the whole of a load's checks
-(``checkpoint_shares.verify_across``) on a synthetic tag of DeepSpeed's file names for that world,
+(``checkpoint.shares.verify_across``) on a synthetic tag of DeepSpeed's file names for that world,
 and the start-up agreements (``agree_same`` of a plan holding a world-sized rank map,
 ``agree_local``).
 """

@@ -282,7 +282,7 @@ def verify_tag(
     """This rank's share of the checks of ``<root>/<tag>`` in one process (all of them with the
     defaults): the manifest, the files it does not list (rank 0), each of the share's files' size
     and hash and, unless ``trust_pickles``, the types its pickle names ([Note: tensors-only
-    loading]). Across ranks a load runs ``checkpoint_shares.verify_across`` instead, where only
+    loading]). Across ranks a load runs ``checkpoint.shares.verify_across`` instead, where only
     the coordinator reads the manifest."""
     tag_dir = os.path.join(root, tag)
     manifest, problem = read_manifest(tag_dir)
