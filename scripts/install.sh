@@ -66,15 +66,25 @@ EOF
   echo "[install] no torch found: installing torch==$TORCH_VERSION from PyTorch's CPU index"
   run "$PY" -m pip install "torch==$TORCH_VERSION" --index-url "$CPU_INDEX"
 else
-  echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
+  KEPT_TORCH=$("$PY" -c 'import torch; print(torch.__version__)')
+  echo "[install] keeping torch $KEPT_TORCH"
 fi
 # Build tools first (the build runs without isolation, so they must be here already); the
 # linters that .ci/run runs (ruff, mypy) beside them.
 QUIET=1 run "$PY" -m pip install setuptools wheel ninja ruff mypy
 # The package with its dependencies as pyproject.toml lists them (the one list), plus the test
 # extra (pytest, hypothesis, the Hugging Face integration test) and the Frontier extra (the
-# Hydra submitit launcher). With torch already present none of these installs another torch.
-QUIET=2 run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
+# Hydra submitit launcher). pyproject.toml declares the tested torch (2.13.0): a kept torch of
+# another version stays, with the other requirements installed without torch and the package with
+# --no-deps (pip resolving the pin would replace it, from PyPI with a CUDA build); the package
+# then warns at import that this torch is untested ([Note: the torch versions claimed]).
+if [[ -z "${KEPT_TORCH:-}" || "${KEPT_TORCH%%+*}" == "$TORCH_VERSION" ]]; then
+  QUIET=2 run "$PY" -m pip install --no-build-isolation -e ".[test,frontier]"
+else
+  mapfile -t REQUIREMENTS < <("$PY" scripts/requirements.py --without torch test frontier)
+  QUIET=2 run "$PY" -m pip install "${REQUIREMENTS[@]}"
+  QUIET=2 run "$PY" -m pip install --no-deps --no-build-isolation -e ".[test,frontier]"
+fi
 [[ "${RENDER_ONLY:-0}" == "1" ]] && exit 0
 # Before anything imports NumPy or torch: a CPU below the floor the installed wheels set gets one
 # line naming the dependency and what the CPU offers, not a SIGILL; on a CPU above it, the floor

@@ -11,7 +11,7 @@ node shape at 2 nodes) one ``benchmarks.compare`` run: the fair fight's settings
 1, prefetch of about one layer), the GPU issue mode at defaults, the link-bound regime (rates from
 an unshaped calibration, ``--link-share``), one round of ``zeropp``, ``frontier``, ``frontier`` with
 every tick hop in log steps (``frontier/log``; ``frontier``'s default at both shapes is direct,
-[Note: log-step hops] in comm/tick_plan.py) and ``auto``, then one unshaped pass of the same. Each
+[Note: log-step hops] in comm/tick/plan.py) and ``auto``, then one unshaped pass of the same. Each
 run's own file is ``compare_shapes_<shape>.json`` (benchmarks.compare's format); this module adds
 the cross-shape summary ``compare_shapes.json`` and ``compare_shapes.md``: per configuration the
 step shaped and unshaped, the ratio to ``zeropp``, the busiest link's utilisation (its bytes per

@@ -84,7 +84,7 @@ VARIANTS = {
     # before its node stage became int8; the recorded runs below that name it were made when
     # frontier sent int8 on the package links)
     "frontier/int4-gpu": {"kind": "ours", "preset": "frontier", "compression": FRONTIER_INT4_NODE},
-    # the tick mode ([Note: ticks] in zeropp_hier/comm/tick_plan.py): one issuing thread and one
+    # the tick mode ([Note: ticks] in zeropp_hier/comm/tick/plan.py): one issuing thread and one
     # communicator, as on a GPU, with each job's 4 chunks on different tiers inside one grouped
     # call per tick; the same in either --issue-mode (the configuration names its mode)
     "frontier/ticks": {"kind": "ours", "preset": "frontier", "overlap": "ticks", "pipeline": {"chunks": 4}},
@@ -102,7 +102,7 @@ VARIANTS = {
     # gloo's lanes with the tick mode's default 8 chunks: the default configuration's
     # "GPU mode within 10% of lanes" comparison in one run
     "frontier/lanes8": {"kind": "ours", "preset": "frontier", "overlap": "lanes", "pipeline": {"chunks": 8}},
-    # every tick hop in log steps, or every one direct ([Note: log-step hops] in comm/tick_plan.py):
+    # every tick hop in log steps, or every one direct ([Note: log-step hops] in comm/tick/plan.py):
     # the default ("auto") against each forced way, at the issue mode's chunks
     "frontier/log": {"kind": "ours", "preset": "frontier", "pipeline": {"hop_steps": "log"}},
     "frontier/direct": {"kind": "ours", "preset": "frontier", "pipeline": {"hop_steps": "direct"}},

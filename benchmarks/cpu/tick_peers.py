@@ -1,5 +1,5 @@
 """The tick mode's peers and ops per grouped call for one rank on all of Frontier (9,408 nodes x 4
-packages x 2 GCDs = 75,264 ranks), by the pure schedule (comm/tick_plan.py) of every piece
+packages x 2 GCDs = 75,264 ranks), by the pure schedule (comm/tick/plan.py) of every piece
 (forward, backward, reduce) at the default chunks, for a rank at each end and one in the middle:
 the figures docs/design.md's scale table quotes. ``python -m benchmarks.cpu.tick_peers`` writes
 ``benchmarks/results/tick_peers.json``; tests/unit/test_tick_plan.py asserts the bounds (40
@@ -13,8 +13,8 @@ import sys
 from benchmarks.tables.provenance import run_meta
 from zeropp_hier.comm import gather
 from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
-from zeropp_hier.comm.tick_plan import EXCHANGE, GATHER, rank_sequence
-from zeropp_hier.comm.ticks import plan_pieces
+from zeropp_hier.comm.tick import plan_pieces
+from zeropp_hier.comm.tick.plan import EXCHANGE, GATHER, rank_sequence
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology

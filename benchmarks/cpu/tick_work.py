@@ -9,7 +9,7 @@ as ``benchmarks/cpu/layer_cost.py`` lays them out ([Note: kernels of one layer] 
 tick mode each is one piece of work whose chunks advance together (``TickExecutor.submit_all``):
 
 * forward gather: ``column_ranges(S, align, chunks)`` chunks over the forward hops (node, gpu,
-  gcd; a node group above 32 members runs in log steps, ``comm/tick_plan.py``);
+  gcd; a node group above 32 members runs in log steps, ``comm/tick/plan.py``);
 * backward re-gather: the same ranges of the kept copy over the backward hops (gcd);
 * gradient reduce: the streamed column chunks of ``submit_reduce_scatter`` (at most 2^24
   elements over all W rows and at most 1/chunks of the row) over the reduce stages.
@@ -24,9 +24,9 @@ from __future__ import annotations
 from statistics import median
 from typing import Mapping, NamedTuple, Sequence
 
-from zeropp_hier.comm import tick_plan
 from zeropp_hier.comm.gather import chunk_align, column_ranges
 from zeropp_hier.comm.reduce import column_chunks
+from zeropp_hier.comm.tick import plan as tick_plan
 from zeropp_hier.core.plan import STREAM_CHUNK_ELEMS, CommPlan, Hop
 from zeropp_hier.core.policy import QUANTIZED
 from zeropp_hier.core.topology import Topology

@@ -1,5 +1,5 @@
 """How long the job's universal conversion takes ([Note: a conversion in shares] in
-zeropp_hier/deepspeed/universal_shared.py), on this machine: a GPT-NeoX of about 100M parameters
+zeropp_hier/deepspeed/checkpoint/universal.py), on this machine: a GPT-NeoX of about 100M parameters
 trained one step on 4 CPU ranks and saved, then converted by 2 ranks each doing its share (what a
 resume on half the ranks does) and by one process (``checkpoint.to_universal``, what
 ``zeropp-hier checkpoint to-universal`` does). Prints the job's conversion line and one line for
@@ -21,7 +21,8 @@ from benchmarks.tables.provenance import run_meta
 from zeropp_hier.app import run as app_run
 from zeropp_hier.app.longrun import io_cost
 from zeropp_hier.app.spec import ModelSpec, ds_config, n_params
-from zeropp_hier.deepspeed import checkpoint, universal_shared
+from zeropp_hier.deepspeed import checkpoint
+from zeropp_hier.deepspeed.checkpoint import universal as universal_shared
 from zeropp_hier.files import write_json_atomic
 from zeropp_hier.launch.world import LocalWorld
 
@@ -64,7 +65,13 @@ def main() -> None:
         "GB/s read and written)"
     )
     if a.out:
-        conditions = {"params": n_params(model), "saved_by_ranks": c.source_world, "converted_by_ranks": c.world}
+        conditions = {
+            "params": n_params(model),
+            "hidden": a.hidden,
+            "layers": a.layers,
+            "saved_by_ranks": c.source_world,
+            "converted_by_ranks": c.world,
+        }
         rows = {
             "shares": {"seconds": c.seconds, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written},
             "one_process": {"seconds": seconds, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written},

@@ -13,8 +13,8 @@ share ([Note: tick work of one layer] in benchmarks/cpu/tick_work.py). It runs t
 tick-mode work for that layer: the runtime's gather jobs (``comm.gather.chunk_jobs``, ending in
 ``finish_bucket``: decode, the kept copies, the values) for the forward gather and the backward
 re-gather from the kept copy, and the gradient jobs of ``comm.reduce.submit_reduce_scatter`` for
-the gradient reduce, each piece driven by ``comm.ticks.tick_job`` through
-``comm.ticks.LocalTickTransport``, a ``TickTransport`` whose network part (``post``) is a local
+the gradient reduce, each piece driven by ``comm.tick.tick_job`` through
+``comm.tick.LocalTickTransport``, a ``TickTransport`` whose network part (``post``) is a local
 stand-in (the one ``auto``'s host probe times per element).
 
 The stand-in does no transfer. It fills each receive buffer of a tick with a valid payload of
@@ -183,7 +183,7 @@ class Layer:
         from zeropp_hier.comm.context import CommContext
         from zeropp_hier.comm.groups import build_hop_groups, build_tick_group
         from zeropp_hier.comm.stats import CommStats
-        from zeropp_hier.comm.ticks import LocalTickTransport
+        from zeropp_hier.comm.tick import LocalTickTransport
         from zeropp_hier.core import layout
         from zeropp_hier.core.topology import Topology
 
@@ -258,7 +258,7 @@ class Layer:
 
 def run_piece(layer: Layer, phase: str, clock: _Clock | None) -> tuple[Any, int]:
     """One piece of ``phase`` in ticks: (its value, ticks); the stretches' times in ``clock``."""
-    from zeropp_hier.comm.ticks import tick_job
+    from zeropp_hier.comm.tick import tick_job
 
     jobs, lanes, kind = layer.jobs(phase)
     transport = layer.transport

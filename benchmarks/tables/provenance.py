@@ -28,7 +28,7 @@ def current_defaults() -> dict[str, Any]:
     and error feedback, the tick chunks, the tick hops' log-step thresholds and the issue mode a
     GPU backend resolves ``overlap`` true to."""
     from zeropp_hier.comm.issue import DEFAULT_TICK_CHUNKS
-    from zeropp_hier.comm.tick_plan import LOG_STEPS_ABOVE
+    from zeropp_hier.comm.tick.plan import LOG_STEPS_ABOVE
     from zeropp_hier.core.policy import PRESET_COMPRESSION, PRESET_ERROR_FEEDBACK
 
     return {

@@ -48,10 +48,17 @@ fi
 # torch from the ROCm wheel index OLCF names (PyPI's torch is a CUDA build)
 zh_run "$PY" -m pip install "torch==$ZH_TORCH_VERSION" --index-url "$ZH_TORCH_INDEX"
 zh_run "$PY" -m pip install setuptools wheel ninja
-# The extra `frontier` brings the monitors the job can switch on (tensorboard, wandb; pyproject.toml).
+# pyproject.toml declares the tested torch (2.13.0), not OLCF's: pip resolving it would replace this
+# ROCm torch with PyPI's CUDA build. So the requirements go in without torch (the extra `frontier`
+# brings the monitors the job can switch on: tensorboard, wandb), then the package with --no-deps;
+# at import it warns that this torch is untested, naming it ([Note: the torch versions claimed]).
+ZH_READER="$PY"; [[ -x "$PY" ]] || ZH_READER=python3  # rendered: the env may not exist yet
+mapfile -t ZH_REQUIREMENTS < <("$ZH_READER" "$ROOT/scripts/requirements.py" --without torch frontier)
+[[ ${#ZH_REQUIREMENTS[@]} -gt 0 ]] || zh_die "scripts/requirements.py listed no requirements"
+zh_run "$PY" -m pip install "${ZH_REQUIREMENTS[@]}"
 # Non-editable: the packed environment must hold the package itself, not a link to this checkout.
 # No build isolation, so the HIP kernels build with hipcc against this torch for gfx90a.
-zh_run env PYTORCH_ROCM_ARCH=gfx90a "$PY" -m pip install --no-build-isolation "$ROOT[frontier]"
+zh_run env PYTORCH_ROCM_ARCH=gfx90a "$PY" -m pip install --no-deps --no-build-isolation "$ROOT[frontier]"
 # The installed kernels must load (a login node has no GPU: loading the library is what is checked
 # here); not the first-use build, which every node would then repeat at the job's start.
 zh_run "$PY" -c "$(cat <<'PYEOF'

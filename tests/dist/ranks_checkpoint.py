@@ -113,14 +113,15 @@ def hash_error_on_one_rank(config: dict, root: str, victim: int) -> dict:
     """On ``victim``, reading any file of the checkpoint for its hash fails with EIO (a Lustre
     I/O error): at save, then at load. Every rank must raise, naming the victim and the file."""
     import zeropp_hier
-    from zeropp_hier.deepspeed import checkpoint, checkpoint_files
+    from zeropp_hier.deepspeed import checkpoint
+    from zeropp_hier.deepspeed.checkpoint import atomic, files
 
     rank = dist.get_rank()
     engine = app_run.build_engine(config)
     app_run.train_steps(engine, 1)
     engine.save_checkpoint(root, tag="good")
-    real = checkpoint.file_digest
-    modules = (checkpoint, checkpoint_files)  # the save hashes in one, the checks of a load in the other
+    real = files.file_digest
+    modules = (atomic, files)  # the save hashes in one, the checks of a load in the other
 
     def failing(path, sync=False):
         raise OSError(errno.EIO, os.strerror(errno.EIO), path)

@@ -1,5 +1,5 @@
 """Rank functions of tests/dist/test_tick_startup.py: the tick mode's connection warm-up
-([Note: connections before the first step] in comm/tick_connect.py) on real gloo ranks."""
+([Note: connections before the first step] in comm/tick/connect.py) on real gloo ranks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ RANK_MAP = [5, 0, 7, 2, 1, 4, 3, 6]
 
 def _frontier(rank_map):
     from zeropp_hier.comm import gather
-    from zeropp_hier.comm.ticks import plan_pieces
+    from zeropp_hier.comm.tick import plan_pieces
     from zeropp_hier.core.config import parse_section
     from zeropp_hier.core.plan import make_plan
     from zeropp_hier.core.topology import Topology
@@ -29,8 +29,8 @@ def agree_and_connect(rank_map: list, per_call: int) -> dict:
     in grouped calls of at most ``per_call`` peers; records each grouped call's ops (the real
     ``batch_isend_irecv`` runs underneath)."""
     from zeropp_hier.comm.groups import build_tick_group
-    from zeropp_hier.comm.tick_agree import agree_schedule
-    from zeropp_hier.comm.tick_connect import connect_peers
+    from zeropp_hier.comm.tick.agree import agree_schedule
+    from zeropp_hier.comm.tick.connect import connect_peers
 
     rank = dist.get_rank()
     topo, pieces = _frontier(rank_map)
@@ -56,7 +56,7 @@ def warmup_fails(config: dict, victim: int, how: str) -> str:
     replaced by a stop (``how`` = "stall": the process sleeps, its sockets open) or by a death
     ("die": SIGKILL); the other ranks run the real warm-up."""
     from zeropp_hier.app import run as training
-    from zeropp_hier.comm import tick_connect
+    from zeropp_hier.comm.tick import connect as tick_connect
 
     if dist.get_rank() == victim:
 

@@ -94,7 +94,7 @@ def _ctx(cfg, topo, plan, groups, tick_group, ticks: bool, chunks: int, steps: s
     from zeropp_hier.comm.executor import CommExecutor
     from zeropp_hier.comm.numerics import Numerics
     from zeropp_hier.comm.stats import CommStats
-    from zeropp_hier.comm.ticks import TickExecutor, TickTransport
+    from zeropp_hier.comm.tick import TickExecutor, TickTransport
 
     rank = dist.get_rank()
     stats = CommStats(topo, rank)
@@ -141,7 +141,7 @@ def _bytes(ctx, phase, before, view="bytes"):
 def _check_log(ctx, topo, rank, axes, kind, phase_bytes):
     """The transport's log of one piece against the pure schedule: the (tick, peer, sends?,
     receives?) sequence, and the bytes it sent per tier against the stats' count."""
-    from zeropp_hier.comm import tick_plan
+    from zeropp_hier.comm.tick import plan as tick_plan
     from zeropp_hier.core.vocab import TIERS
 
     transport = ctx.executor.transport
@@ -162,10 +162,11 @@ def _check_log(ctx, topo, rank, axes, kind, phase_bytes):
 def parity_run(cases: dict, rank_map: list, chunk_counts, steps_modes=("auto",), shape=(2, 2)) -> dict:
     """Each case at each (hop steps, chunk count): ticks against hop by hop. ``shape``: GPUs per
     node and GCDs per GPU of the 8 ranks."""
-    from zeropp_hier.comm import gather, tick_plan
+    from zeropp_hier.comm import gather
     from zeropp_hier.comm.collectives import Encoded
     from zeropp_hier.comm.reduce import submit_reduce_scatter
-    from zeropp_hier.comm.ticks import agree_schedule, plan_pieces
+    from zeropp_hier.comm.tick import agree_schedule, plan_pieces
+    from zeropp_hier.comm.tick import plan as tick_plan
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"cases": {}, "agreed": True}
@@ -302,11 +303,12 @@ def _pieces_of_data(world: int, rank: int, plan, backward, count: int):
 
 
 def stream_run(cases: dict, rank_map: list, chunk_counts, count: int) -> dict:
-    """[Note: one tick stream per call] in comm/ticks.py: ``count`` forward gathers submitted
+    """[Note: one tick stream per call] in comm/tick/executor.py: ``count`` forward gathers submitted
     inside ``fused()`` against each alone hop by hop; then a forward gather and a backward one
     (other hops) inside one ``fused()``, which must start a second stream."""
-    from zeropp_hier.comm import gather, tick_plan
+    from zeropp_hier.comm import gather
     from zeropp_hier.comm.collectives import Encoded
+    from zeropp_hier.comm.tick import plan as tick_plan
     from zeropp_hier.core import layout
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -459,7 +461,7 @@ def die_mid_tick(config: dict, victim: int, kill_call: int) -> str:
 def disagree_run(rank_map: list, odd_rank: int) -> dict:
     """Every rank agrees the tick schedule at start-up; ``odd_rank`` runs another chunk count."""
     from zeropp_hier.comm import gather
-    from zeropp_hier.comm.ticks import agree_schedule, plan_pieces
+    from zeropp_hier.comm.tick import agree_schedule, plan_pieces
     from zeropp_hier.core.config import parse_section
     from zeropp_hier.core.plan import make_plan
     from zeropp_hier.core.topology import Topology

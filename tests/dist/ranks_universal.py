@@ -1,12 +1,12 @@
 """Functions the shared-conversion tests run on every rank ([Note: a conversion in shares] in
-zeropp_hier/deepspeed/universal_shared.py). They return plain data; the tests assert."""
+zeropp_hier/deepspeed/checkpoint/universal.py). They return plain data; the tests assert."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
 from zeropp_hier.app import run as app_run
-from zeropp_hier.deepspeed import universal_shared
+from zeropp_hier.deepspeed.checkpoint import universal as universal_shared
 
 
 def train_and_save(config: dict, root: str, tag: str, steps: int) -> None:

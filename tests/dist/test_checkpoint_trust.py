@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from zeropp_hier.app.spec import ds_config
-from zeropp_hier.deepspeed import checkpoint, safe_load
+from zeropp_hier.deepspeed import checkpoint
+from zeropp_hier.deepspeed.checkpoint import safe_load
 
 from ..helpers import max_state_diff
 from . import ranks_checkpoint as rc

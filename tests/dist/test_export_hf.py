@@ -15,7 +15,7 @@ from zeropp_hier.app.model.models import ModelSpec
 from zeropp_hier.app.run import rank_main
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError
-from zeropp_hier.deepspeed.checkpoint_files import HierCheckpointError
+from zeropp_hier.deepspeed.checkpoint.files import HierCheckpointError
 from zeropp_hier.tools import export_hf
 
 from ..unit.test_prepare_stream import make_tokenizer

@@ -11,7 +11,7 @@ def probe_pieces() -> dict:
     import torch
     import torch.distributed as dist
 
-    from zeropp_hier.comm import tick_plan
+    from zeropp_hier.comm.tick import plan as tick_plan
     from zeropp_hier.core.config import parse_section
     from zeropp_hier.core.plan import make_plan
     from zeropp_hier.core.topology import Topology

@@ -2,7 +2,7 @@
 after a checkpoint is committed, then resumed with ``resume=latest``, trains on exactly as the
 uninterrupted run: the same losses from the step after the checkpoint and the same final
 weights. A step's checkpoint counts as committed once ``latest`` names it ([Note: atomic
-checkpoint] in zeropp_hier/deepspeed/checkpoint.py); anything the kill cut short after that is
+checkpoint] in zeropp_hier/deepspeed/checkpoint/atomic.py); anything the kill cut short after that is
 left on disk and must not be read."""
 
 import json

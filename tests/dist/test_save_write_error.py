@@ -1,7 +1,7 @@
 """A rank that cannot write: a write refused inside DeepSpeed's own save on one rank ends the save
 on every rank with the same named error (rank, file, cause), within the collective timeout; the
 previous checkpoint stays the one 'latest' names and loads bit for bit ([Note: a rank that
-cannot write] in zeropp_hier/deepspeed/checkpoint_writes.py)."""
+cannot write] in zeropp_hier/deepspeed/checkpoint/writes.py)."""
 
 import os
 

@@ -1,16 +1,17 @@
 """The tick mode's connection warm-up on real gloo ranks (8 ranks, 2 nodes x 2 GPUs x 2 GCDs):
 every tick peer connected before the first step in bounded grouped calls, and a peer that never
 answers (or dies) named by the ranks that wait on it ([Note: connections before the first step]
-in comm/tick_connect.py)."""
+in comm/tick/connect.py)."""
 
 import re
 
 import pytest
 
 from zeropp_hier.app.spec import ds_config
-from zeropp_hier.comm import gather, tick_agree
-from zeropp_hier.comm.tick_connect import warmup_calls
-from zeropp_hier.comm.ticks import plan_pieces
+from zeropp_hier.comm import gather
+from zeropp_hier.comm.tick import agree as tick_agree
+from zeropp_hier.comm.tick import plan_pieces
+from zeropp_hier.comm.tick.connect import warmup_calls
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology

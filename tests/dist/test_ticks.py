@@ -1,4 +1,4 @@
-"""The tick mode ([Note: ticks] in comm/tick_plan.py) on 8 real gloo ranks (2 nodes x 2 GPUs x 2
+"""The tick mode ([Note: ticks] in comm/tick/plan.py) on 8 real gloo ranks (2 nodes x 2 GPUs x 2
 GCDs, a permuted rank map) without DeepSpeed: every preset and compression, unchunked and in
 chunks, gives bit for bit the values, kept copies and per-tier bytes of today's hop-by-hop
 gathers and reduce-scatters (the project's executor on its lanes, the hop groups' own
@@ -6,7 +6,7 @@ collectives), while every transfer goes through one process group in one grouped
 issued from one host thread, with no hop collective at all; each rank's transfers are the
 schedule's (tick, peer, bytes), and the schedule is agreed at start-up. Hops run both ways,
 every member at once ("direct") and in log steps ("log": [Note: log-step hops] in
-comm/tick_plan.py), on the 2 x 2 x 2 shape (where zero3's and zeropp's world hops are groups of
+comm/tick/plan.py), on the 2 x 2 x 2 shape (where zero3's and zeropp's world hops are groups of
 8) and on 8 nodes x 1 GPU x 1 GCD and 8 x 1 x 2 (16 ranks; a node group of 8, frontier's shape
 beyond two nodes)."""
 
@@ -89,7 +89,7 @@ def test_log_step_and_direct_hops_on_a_node_group_of_8(bare8):
 
 
 def test_pieces_submitted_together_run_as_one_tick_stream_bit_for_bit(bare8):
-    """[Note: one tick stream per call] in comm/ticks.py: three gathers inside ``fused()`` run as
+    """[Note: one tick stream per call] in comm/tick/executor.py: three gathers inside ``fused()`` run as
     one stream of ``3 C + H - 1`` ticks (not ``3 (C + H - 1)``), each gather's values and kept
     copies bit for bit the hop-by-hop ones, its future settled as its last chunk ends (before the
     stream's end), the (tick, peer) sequence the pure schedule's over all the chunks; gathers of

@@ -1,4 +1,4 @@
-"""The tick mode ([Note: ticks] in comm/tick_plan.py) in a full DeepSpeed engine on 8 real gloo
+"""The tick mode ([Note: ticks] in comm/tick/plan.py) in a full DeepSpeed engine on 8 real gloo
 ranks (2 nodes x 2 GPUs x 2 GCDs): the same losses, weights and bytes as the hop-by-hop mode a
 GPU runs today ("one_lane") with the same chunks, every hop transfer through the one tick group
 from one thread, none on the training thread; and a rank killed in the middle of a tick ends
@@ -15,11 +15,11 @@ TIMEOUT_S = 5.0
 
 
 # DeepSpeed's prefetch handing each gather call several layers (backward still re-gathers):
-# the layers of one call run as one tick stream ([Note: one tick stream per call] in comm/ticks.py)
+# the layers of one call run as one tick stream ([Note: one tick stream per call] in comm/tick/executor.py)
 PREFETCH = {"stage3_prefetch_bucket_size": 10**7, "stage3_max_live_parameters": 10**7}
 PAIRS = {"frontier": ("frontier", None, 3, False), "zeropp": ("zeropp", "int8", 1, False)}
 PAIRS["frontier/prefetch"] = ("frontier", None, 3, True)
-# the tick mode's hops in log steps ([Note: log-step hops] in comm/tick_plan.py): zeropp's world
+# the tick mode's hops in log steps ([Note: log-step hops] in comm/tick/plan.py): zeropp's world
 # hop of 8 ranks gathers in 3 steps, its exchange too
 PAIRS["zeropp/log"] = ("zeropp", "int8", 3, False)
 HOP_STEPS = {"zeropp/log": "log"}

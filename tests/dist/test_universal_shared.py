@@ -1,5 +1,5 @@
 """The universal conversion made by the ranks of a job, each its share ([Note: a conversion in
-shares] in zeropp_hier/deepspeed/universal_shared.py): a 4-rank checkpoint converted by 2 ranks
+shares] in zeropp_hier/deepspeed/checkpoint/universal.py): a 4-rank checkpoint converted by 2 ranks
 gives, file for file and bit for bit, what DeepSpeed's ds_to_universal gives in one process
 (``checkpoint.to_universal``); what it read and wrote is counted; a damaged source file found by
 one rank's share is named on every rank, and nothing is committed."""
@@ -11,7 +11,7 @@ import pytest
 
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.deepspeed import checkpoint
-from zeropp_hier.deepspeed.checkpoint_files import read_manifest
+from zeropp_hier.deepspeed.checkpoint.files import read_manifest
 from zeropp_hier.launch.world import WorldError
 
 from . import ranks_universal as ru

@@ -8,7 +8,7 @@ Counted: the files this process opens, stats and lists under the checkpoint dire
 collectives it issues (by name), the bytes it receives in them, and the object collectives
 (``all_gather_object`` and friends), while it runs the coordinator's side of a save
 (``gather_to_root`` of each rank's digests, ``coordinate_files``) and the whole of a load's checks
-(``checkpoint_shares.verify_across``) on a synthetic tag of DeepSpeed's file names for that world,
+(``checkpoint.shares.verify_across``) on a synthetic tag of DeepSpeed's file names for that world,
 and the start-up agreements (``agree_same`` of a plan holding a world-sized rank map,
 ``agree_local``).
 """
@@ -107,7 +107,7 @@ def _received(name: str, a: tuple, k: dict) -> int:
 def synthetic_tag(root: str, world: int, rank: int) -> None:
     """``<root>/t``: a manifest of DeepSpeed's files for ``world`` ranks; the files of ``rank``'s
     share exist (tiny torch files, so the pickle scan reads real ones) with their true digests."""
-    from zeropp_hier.deepspeed.checkpoint_files import MANIFEST, MANIFEST_FORMAT, file_digest, share_of
+    from zeropp_hier.deepspeed.checkpoint.files import MANIFEST, MANIFEST_FORMAT, file_digest, share_of
 
     tag_dir = os.path.join(root, "t")
     os.makedirs(tag_dir, exist_ok=True)
@@ -125,7 +125,8 @@ def main(nodes: int, rank: int, root: str) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from zeropp_hier.comm import _coordinator as coordinator
-    from zeropp_hier.deepspeed import checkpoint, checkpoint_shares
+    from zeropp_hier.deepspeed import checkpoint
+    from zeropp_hier.deepspeed.checkpoint import shares as checkpoint_shares
 
     world = nodes * GPUS * GCDS
     synthetic_tag(root, world, rank)

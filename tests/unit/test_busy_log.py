@@ -101,7 +101,7 @@ def test_inline_records_each_collective_too():
 
 
 def test_a_slot_of_several_hops_records_each_hop_group_for_its_interval():
-    """A tick ([Note: ticks] in comm/tick_plan.py) moves several hops' transfers in one slot:
+    """A tick ([Note: ticks] in comm/tick/plan.py) moves several hops' transfers in one slot:
     each hop group is busy for the slot's interval, and the summary sees the tiers together."""
     from zeropp_hier.comm.busy import Several
 

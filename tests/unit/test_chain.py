@@ -12,7 +12,7 @@ from zeropp_hier.app.longrun import chain
 from zeropp_hier.app.longrun.resume_rules import decide, record
 from zeropp_hier.app.spec import JobSpec
 from zeropp_hier.core.errors import HierConfigError
-from zeropp_hier.deepspeed.checkpoint_files import TMP_PREFIX, commit
+from zeropp_hier.deepspeed.checkpoint.files import TMP_PREFIX, commit
 
 
 def _save(root, step: int) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from zeropp_hier.app.train import rank_overrides
 from zeropp_hier.deepspeed.checkpoint import coordinate_files, own_files
-from zeropp_hier.deepspeed.checkpoint_files import share_of
-from zeropp_hier.deepspeed.universal_shared import kept_slice, old_rank_file
+from zeropp_hier.deepspeed.checkpoint.files import share_of
+from zeropp_hier.deepspeed.checkpoint.universal import kept_slice, old_rank_file
 
 from .scale_counts import OBJECT_COLLECTIVES, ds_names
 
@@ -135,10 +135,10 @@ def test_old_ranks_files_are_named_from_old_rank_0s():
 
 
 PATH_MODULES = (
-    "deepspeed/checkpoint.py",
-    "deepspeed/checkpoint_shares.py",
-    "deepspeed/checkpoint_files.py",
-    "deepspeed/universal_shared.py",
+    "deepspeed/checkpoint/atomic.py",
+    "deepspeed/checkpoint/shares.py",
+    "deepspeed/checkpoint/files.py",
+    "deepspeed/checkpoint/universal.py",
     "comm/agree.py",
     "comm/_coordinator.py",
     "detect/probe.py",

@@ -157,12 +157,12 @@ def test_version_check_names_found_and_supported():
 
     check_deepspeed_version("0.19.8")
     check_deepspeed_version("0.19.8+cpu")
-    check_deepspeed_version("0.19.9")  # a later patch release: in range, untested
-    # 0.19.0 (tested: its Init lacks ds_zero_partition_world_size) and 0.19.7 (not run) are refused
-    for bad in ("0.18.9", "0.19.0", "0.19.7", "0.20.0", "1.0.0"):
+    # the declared version is the tested one: 0.19.0 (its Init lacks ds_zero_partition_world_size),
+    # 0.19.7 (not run) and a later patch release (not run) are refused
+    for bad in ("0.18.9", "0.19.0", "0.19.7", "0.19.9", "0.20.0", "1.0.0"):
         with pytest.raises(DeepSpeedVersionError) as e:
             check_deepspeed_version(bad)
-        assert f"found DeepSpeed {bad}" in str(e.value) and ">=0.19.8,<0.20.0" in str(e.value)
+        assert f"found DeepSpeed {bad}" in str(e.value) and "==0.19.8" in str(e.value)
 
 
 def test_torch_outside_the_tested_set_is_warned_on_rank_zero_and_refused_below_the_floor():
@@ -172,18 +172,19 @@ def test_torch_outside_the_tested_set_is_warned_on_rank_zero_and_refused_below_t
     from zeropp_hier.deepspeed._compat import SILENCE_ENV, UntestedTorchWarning, check_torch_version
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a tested torch (or a patch release of it) warns nothing
+        warnings.simplefilter("error")  # the tested torch (any local label) warns nothing
         check_torch_version("2.13.0+cpu", {})
-        check_torch_version("2.13.1", {})
+        check_torch_version("2.13.0", {})
         check_torch_version("2.10.0+rocm7.1", {"RANK": "3"})  # only rank 0 says it
         check_torch_version("2.10.0+rocm7.1", {SILENCE_ENV: "1"})
-    for untested in ("2.10.0+rocm7.1", "2.15.0", "3.0.0"):
+    # Frontier's OLCF torch, a patch release of the tested one (not run), a later one
+    for untested in ("2.10.0+rocm7.1", "2.13.1", "2.15.0", "3.0.0"):
         with pytest.warns(UntestedTorchWarning) as seen:
             check_torch_version(untested, {"SLURM_PROCID": "0"})
         text = str(seen[0].message)
         assert f"found torch {untested}" in text and "2.13.0" in text and f"{SILENCE_ENV}=1" in text
     with pytest.raises(
-        TorchVersionError, match=r"needs torch >= 2\.1 but found torch 2\.0\.1; install torch 2\.13\.0"
+        TorchVersionError, match=r"needs torch >= 2\.1 but found torch 2\.0\.1; install torch==2\.13\.0"
     ):
         check_torch_version("2.0.1", {"RANK": "5"})  # refused on every rank
 
@@ -192,11 +193,14 @@ def test_pyproject_declares_the_ranges_the_import_checks():
     import re
     from pathlib import Path
 
-    from zeropp_hier.deepspeed._compat import SUPPORTED_TEXT, TESTED_TORCH_TEXT, TORCH_FLOOR
+    from zeropp_hier.deepspeed._compat import SUPPORTED_DEEPSPEED, SUPPORTED_TEXT, TESTED_TORCH, TESTED_TORCH_TEXT
 
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert f'"deepspeed{SUPPORTED_TEXT}"' in text
-    assert re.search(r'"torch>=(\d+)\.(\d+)"', text).groups() == tuple(map(str, TORCH_FLOOR))
+    # the declared ranges are the tested versions, ends included: one DeepSpeed, one torch
+    lo, hi = SUPPORTED_DEEPSPEED
+    assert SUPPORTED_TEXT == "==" + ".".join(map(str, lo)) and hi == lo[:2] + (lo[2] + 1,)
+    assert re.findall(r'"torch([^"]*)"', text) == [f"=={TESTED_TORCH[0]}"] and len(TESTED_TORCH) == 1
     assert f"torch {TESTED_TORCH_TEXT}" in text, "pyproject's comment names the tested torch"
 
 

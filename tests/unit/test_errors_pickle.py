@@ -50,7 +50,7 @@ def test_checkpoint_error_round_trips_through_pickle():
 
 
 def test_untrusted_checkpoint_error_round_trips_through_pickle():
-    from zeropp_hier.deepspeed.safe_load import UntrustedCheckpointError, untrusted_problem
+    from zeropp_hier.deepspeed.checkpoint.safe_load import UntrustedCheckpointError, untrusted_problem
 
     err = UntrustedCheckpointError("/ckpt/t/x.pt", untrusted_problem(["builtins.exec"]))
     back = pickle.loads(pickle.dumps(err))

@@ -100,6 +100,50 @@ def test_existing_torch_is_kept():
     assert "-m pip install --no-build-isolation -e .\\[test\\,frontier\\]" in p.stdout  # shell-quoted
 
 
+def test_a_kept_torch_of_another_version_stays_the_package_goes_in_without_deps(bare_python, tmp_path):
+    """pyproject.toml declares the tested torch (2.13.0); a kept ROCm 2.10.0 (a stand-in module
+    with that version) must not be resolved against it: the other requirements without torch,
+    then the package with --no-deps ([Note: the torch versions claimed])."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "2.10.0+rocm7.1"\n')
+    env = {**_env(bare_python, _bin(tmp_path, hostname="echo ci-runner-3\n"), RENDER_ONLY="1")}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    p = _install(env)
+    assert p.returncode == 0, p.stderr
+    assert "[install] keeping torch 2.10.0+rocm7.1" in p.stdout
+    reqs = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"+ {bare_python} -m pip install deepspeed"))
+    assert "deepspeed==0.19.8" in reqs and "torch" not in reqs and "pytest" in reqs, reqs
+    assert f"+ {bare_python} -m pip install --no-deps --no-build-isolation -e .\\[test\\,frontier\\]" in p.stdout
+    assert p.stdout.index(reqs) < p.stdout.index("--no-deps")
+
+
+def test_requirements_reader_expands_own_extras_and_leaves_torch_out():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import requirements as r
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    project = {
+        "name": "zeropp-hier",
+        "dependencies": ["torch==2.13.0", "deepspeed==0.19.8", "numpy"],
+        "optional-dependencies": {"data": ["pyarrow"], "test": ["pytest", "zeropp-hier[data]", "numpy"]},
+    }
+    assert r.requirements(project, ["test"], {"torch"}) == ["deepspeed==0.19.8", "numpy", "pytest", "pyarrow"]
+    assert r.requirements(project, [], {"Torch"}) == ["deepspeed==0.19.8", "numpy"]
+    assert r.distribution("Hydra_Core>=1.3") == "hydra-core"
+    with pytest.raises(SystemExit, match="no extra 'gpu'"):
+        r.requirements(project, ["gpu"], set())
+    # the real file: every requirement of pyproject.toml but torch, the extras expanded
+    real = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "requirements.py"), "--without", "torch", "frontier"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "deepspeed==0.19.8" in real and not any(r.distribution(x) in ("torch", "zeropp-hier") for x in real)
+
+
 def test_frontier_install_renders_olcf_recipe(tmp_path):
     env = {**os.environ, "RENDER_ONLY": "1", "MEMBERWORK": "/lustre/orion/alice"}
     p = subprocess.run(
@@ -123,7 +167,10 @@ def test_frontier_install_renders_olcf_recipe(tmp_path):
     text = p.stdout
     assert f"+ {py} -m pip install torch==2.10.0 --index-url https://download.pytorch.org/whl/rocm7.1" in text
     # non-editable, no build isolation, HIP kernels for gfx90a; then checked to load; then packed
-    build = f"+ env PYTORCH_ROCM_ARCH=gfx90a {py} -m pip install --no-build-isolation {ROOT}\\[frontier\\]"
-    assert build in text and " -e " not in text
+    # OLCF's torch stays: the requirements without torch, then the package with --no-deps
+    reqs = next(ln for ln in lines if ln.startswith(f"+ {py} -m pip install deepspeed"))
+    assert "deepspeed==0.19.8" in reqs and "tensorboard" in reqs and "torch" not in reqs, reqs
+    build = f"+ env PYTORCH_ROCM_ARCH=gfx90a {py} -m pip install --no-deps --no-build-isolation {ROOT}\\[frontier\\]"
+    assert build in text and " -e " not in text and text.index(reqs) < text.index(build)
     assert text.index(build) < text.index("kernels loaded") < text.index("conda-pack --format tar.gz")
     assert "--output /lustre/orion/alice/zeropp-hier-env.tar.gz" in text

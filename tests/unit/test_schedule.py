@@ -214,7 +214,7 @@ def test_one_chunk_in_ticks_is_one_lane_and_a_mode_must_be_known():
 
 
 def test_in_ticks_the_gathers_one_prefetch_submits_together_are_one_stream():
-    """[Note: one tick stream per call] in comm/ticks.py: four layers, prefetch 3 ahead, no
+    """[Note: one tick stream per call] in comm/tick/executor.py: four layers, prefetch 3 ahead, no
     compute, one chunk each; a layer's hops take 1, 0.5 and 0.25 s. Layer 0 is fetched alone
     (3 ticks: 1.75 s); after its wait the prefetch submits layers 1-3 in one call: one stream of
     3 + 3 - 1 = 5 ticks, {1} 1 s, {0.5, 1} 1 s, {0.25, 0.5, 1} 1 s, {0.25, 0.5} 0.5 s, {0.25}

@@ -5,8 +5,10 @@ import random
 
 import pytest
 
-from zeropp_hier.comm import gather, tick_agree, tick_connect
-from zeropp_hier.comm.ticks import plan_pieces
+from zeropp_hier.comm import gather
+from zeropp_hier.comm.tick import agree as tick_agree
+from zeropp_hier.comm.tick import connect as tick_connect
+from zeropp_hier.comm.tick import plan_pieces
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology

@@ -8,10 +8,10 @@ import contextlib
 
 import torch
 
-from zeropp_hier.comm import tick_plan
 from zeropp_hier.comm.collectives import Wire
 from zeropp_hier.comm.groups import HopGroup
-from zeropp_hier.comm.ticks import HopRun
+from zeropp_hier.comm.tick import plan as tick_plan
+from zeropp_hier.comm.tick.executor import HopRun
 
 
 def _exchange_hop(n: int, me: int) -> None:
@@ -60,8 +60,8 @@ def test_every_hops_carry_is_recorded_on_the_tick_drivers_stream(monkeypatch):
     """tick_job hands each chunk's ``Move`` carry (tensors made on another stream) to
     ``record_carry`` (record_stream on the tick lane's stream on a GPU; a no-op for CPU tensors),
     as a lane does with ``_record_carry``; here the calls are collected."""
-    from zeropp_hier.comm import ticks
     from zeropp_hier.comm.job import Move
+    from zeropp_hier.comm.tick import executor as ticks
 
     seen: list[tuple[int, ...]] = []
     monkeypatch.setattr(ticks, "record_carry", lambda carry: seen.append(tuple(id(t) for t in carry)))

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from zeropp_hier import planner as P
-from zeropp_hier.comm import tick_plan
+from zeropp_hier.comm.tick import plan as tick_plan
 from zeropp_hier.planner import tick_latency as T
 from zeropp_hier.planner.workload import gpt_workload
 

@@ -1,11 +1,11 @@
-"""The tick schedule ([Note: ticks] in comm/tick_plan.py): pure, so checked here on topologies of
+"""The tick schedule ([Note: ticks] in comm/tick/plan.py): pure, so checked here on topologies of
 every shape the project runs: which hop of which chunk runs in which tick, and that every
 transfer a rank posts has its match at its peer in the same tick."""
 
 import pytest
 
-from zeropp_hier.comm import tick_plan
-from zeropp_hier.comm.tick_plan import EXCHANGE, GATHER, Slot
+from zeropp_hier.comm.tick import plan as tick_plan
+from zeropp_hier.comm.tick.plan import EXCHANGE, GATHER, Slot
 from zeropp_hier.core.config import parse_section
 from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.topology import Topology
@@ -67,7 +67,7 @@ FRONTIER_NODES = 9408  # Frontier: 9,408 nodes x 4 GPUs (MI250X packages) x 2 GC
 
 def _pieces(preset, topo):
     from zeropp_hier.comm import gather
-    from zeropp_hier.comm.ticks import plan_pieces
+    from zeropp_hier.comm.tick import plan_pieces
 
     plan = make_plan(preset, parse_section({"enabled": True, "preset": preset}).compression, topo)
     return plan_pieces(plan, gather.backward_hops(plan, all_levels=False))

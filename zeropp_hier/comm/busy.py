@@ -28,7 +28,7 @@ import torch
 
 class Several(tuple):
     """The hop groups of one slot that moves several hops' transfers together (a tick, [Note:
-    ticks] in comm/tick_plan.py): each is recorded busy for the slot's interval."""
+    ticks] in comm/tick/plan.py): each is recorded busy for the slot's interval."""
 
 
 # a collective's start or end: a host time on the CPU, a timing event on a GPU

@@ -137,7 +137,7 @@ Steps = Generator[Wire, torch.Tensor, R]  # a hop's work; returns its result (R)
 # needs (``Wire``) and is sent the received rows back; everything before (cast, encode, the
 # padding off the wire) and after (decode, merge, the stage sum) is the same code whoever moves
 # the bytes. ``drive`` moves them with the hop group's own collective (the hop-by-hop modes);
-# the tick mode ([Note: ticks] in comm/tick_plan.py) moves the transfers of several hops in one
+# the tick mode ([Note: ticks] in comm/tick/plan.py) moves the transfers of several hops in one
 # grouped point-to-point call. Bit-identical values by construction: only the transport differs.
 
 

@@ -47,7 +47,7 @@ class CommContext:
     def wire(self, steps: Steps[R]) -> Generator[Wire, torch.Tensor, R]:
         """A hop's transfer ([Note: collectives as steps] in comm/collectives.py): issued here by
         the hop group's collective, or, when the executor runs ticks ([Note: ticks] in
-        comm/tick_plan.py), yielded to it (the job's driver sends the received rows back)."""
+        comm/tick/plan.py), yielded to it (the job's driver sends the received rows back)."""
         if self.executor.yields_wires:
             return (yield from steps)
         return self.coll.drive(steps)

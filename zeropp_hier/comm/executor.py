@@ -32,9 +32,10 @@ group shares one lane: all collectives in one order on one thread and one stream
 pipelined across jobs, which NCCL and RCCL need (the lanes keep each communicator's order but not
 the order between them); ``serial`` (ROCm's default, ``"overlap": "serial"`` anywhere) also waits
 for each collective to complete before the next, and counts the host seconds of those waits
-(``serial_wait_s``). The tick mode (NCCL/RCCL's default otherwise; ``TickExecutor`` in comm/ticks.py) is one lane
-whose slots are ticks: the chunks of one piece of work advance together, each tick one grouped
-point-to-point call on one communicator ([Note: ticks] in comm/tick_plan.py).
+(``serial_wait_s``). The tick mode (NCCL/RCCL's default otherwise; ``TickExecutor`` in
+comm/tick/executor.py) is one lane whose slots are ticks: the chunks of one piece of work advance
+together, each tick one grouped point-to-point call on one communicator ([Note: ticks] in
+comm/tick/plan.py).
 
 [Note: executor failure semantics]
 A failed collective leaves the hop groups in an unknown state: its peers may have completed it,
@@ -144,7 +145,7 @@ class CommExecutor:
     ``timeout_s``: the collective timeout of the groups the jobs use (``collective_timeout_s``);
     it bounds every wait ([Note: executor failure semantics]). None: waits are unbounded."""
 
-    # jobs issue their own collectives; the tick executor (comm/ticks.py) has them yield each
+    # jobs issue their own collectives; the tick executor (comm/tick/executor.py) has them yield each
     # transfer instead ([Note: collectives as steps] in comm/collectives.py)
     yields_wires = False
 
@@ -253,7 +254,7 @@ class CommExecutor:
     def fused(self) -> contextlib.AbstractContextManager:
         """A context whose submissions may run as one piece of work: the tick executor runs the
         pieces submitted inside it as one tick stream ([Note: one tick stream per call] in
-        comm/ticks.py); here, where each lane pipelines jobs anyway, nothing changes."""
+        comm/tick/executor.py); here, where each lane pipelines jobs anyway, nothing changes."""
         return contextlib.nullcontext()
 
     def submit(
@@ -268,7 +269,7 @@ class CommExecutor:
         collective). Must be called from one thread, in the same program order on every rank.
         ``hops``: the hop group each slot records as busy ([Note: busy intervals]; None in it:
         a slot that issues no collective); default ``lanes``. ``kind``: "gather" or "exchange"
-        (the tick mode lays its hops out by it: comm/tick_plan.py). Raises
+        (the tick mode lays its hops out by it: comm/tick/plan.py). Raises
         ``ExecutorBrokenError`` once the executor is broken or closed."""
         hops = lanes if hops is None else hops
         refusal = self._refusal()

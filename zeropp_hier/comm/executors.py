@@ -9,7 +9,7 @@ import torch
 
 from .executor import CommExecutor
 from .issue import IssueMode
-from .ticks import TickExecutor, TickTransport
+from .tick import TickExecutor, TickTransport
 
 
 def executor_for(
@@ -21,7 +21,7 @@ def executor_for(
 ) -> CommExecutor:
     """The executor that runs hop collectives in ``mode``; ``timeout_s`` bounds its waits
     ([Note: executor failure semantics] in comm/executor.py); ``transport``: the tick mode's
-    (comm/ticks.py), required there."""
+    (comm/tick/executor.py), required there."""
     if mode.ticks:
         if transport is None:
             raise ValueError("zeropp_hier internal: the tick mode needs a TickTransport")

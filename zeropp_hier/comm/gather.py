@@ -230,7 +230,7 @@ def gather_bucket(
 # chunk 1's ...), and serial waits for each to complete before the next, because the GPU rules
 # ([Note: one issuing thread on GPUs] in comm/issue.py) allow no two communicators' collectives
 # in flight out of one agreed order; chunking then only adds latency. The tick mode (NCCL/RCCL's
-# default for one-tier hops) overlaps them inside one communicator: [Note: ticks] in comm/tick_plan.py.
+# default for one-tier hops) overlaps them inside one communicator: [Note: ticks] in comm/tick/plan.py.
 
 
 def column_ranges(width: int, align: int, chunks: int) -> list[tuple[int, int]]:

@@ -192,7 +192,7 @@ def release_hop_groups(groups: dict[tuple[str, ...], HopGroup]) -> None:
 
 def build_tick_group(topo: Topology, timeout_s: float | None = None) -> dist.ProcessGroup:
     """The one group of every rank that carries every hop's transfers in the tick mode ([Note:
-    ticks] in comm/tick_plan.py); collective: every rank creates it, after its hop groups.
+    ticks] in comm/tick/plan.py); collective: every rank creates it, after its hop groups.
     Our own, not the default group, so that it gets ``collective_timeout_s`` ([Note: failure
     detection]) and DeepSpeed's collectives never share its communicator."""
     pg = dist.new_group(ranks=list(range(topo.world_size)), timeout=as_timedelta(setup_timeout(timeout_s)))

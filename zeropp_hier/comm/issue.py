@@ -35,7 +35,7 @@ executor runs ([Note: one order of hop collectives] in comm/executor.py):
 * ``"ticks"``, on any backend (gloo too, so the emulated cluster runs what a GPU runs): one lane,
   and every hop's transfers as point-to-point calls on one communicator of every rank, one
   grouped call (``batch_isend_irecv``: one NCCL/RCCL group call) per tick, the chunks of a piece
-  of work on different tiers inside it ([Note: ticks] in comm/tick_plan.py). No host wait: the
+  of work on different tiers inside it ([Note: ticks] in comm/tick/plan.py). No host wait: the
   rule above holds because there is only one communicator, and each tick is issued after the
   previous one was waited for. With ``pipeline.chunks`` left out the tick mode cuts every piece
   of work into ``DEFAULT_TICK_CHUNKS`` chunks (``default_chunks``).

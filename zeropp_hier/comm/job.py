@@ -2,7 +2,7 @@
 holds (``Done``), and how it is stepped and checked against the lanes it declared, on the caller
 (``_run_inline``) or one collective at a time by a lane (``_advance``). The lanes, threads and
 streams that run jobs are comm/executor.py's ([Note: one order of hop collectives] there; the tick
-mode's in comm/ticks.py).
+mode's in comm/tick/executor.py).
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def _parse_auto(v: object, preset: Preset) -> AutoConfig:
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     # Checkpoint files are loaded tensors-only ([Note: tensors-only loading] in
-    # deepspeed/safe_load.py); true loads any pickle, i.e. runs whatever code the files name:
+    # deepspeed/checkpoint/safe_load.py); true loads any pickle, i.e. runs whatever code the files name:
     # only for checkpoints whose writer the user trusts.
     trust_pickles: bool = False
 
@@ -228,7 +228,7 @@ class PipelineConfig:
     # backward window] in deepspeed/inflight.py); None: as DeepSpeed's prefetch submits them
     backward_layers_ahead: int | None = None
     # how the tick mode runs a hop over a large group: "auto" (the planner's rule), "direct"
-    # (every member at once) or "log" (ceil(log2 N) steps) ([Note: log-step hops] in comm/tick_plan.py)
+    # (every member at once) or "log" (ceil(log2 N) steps) ([Note: log-step hops] in comm/tick/plan.py)
     hop_steps: str = "auto"
 
 
@@ -290,7 +290,7 @@ class HierConfig:
     # group; "one_lane": one lane for all; "serial": one lane, each collective issued after the
     # previous one completed, on any backend; "gpu": what true is on NCCL/RCCL, on any backend;
     # "ticks": one lane, each piece of work's chunks in
-    # ticks of one grouped point-to-point call ([Note: ticks] in comm/tick_plan.py); false: inline
+    # ticks of one grouped point-to-point call ([Note: ticks] in comm/tick/plan.py); false: inline
     overlap: bool | OverlapMode = True
     memory: MemoryConfig = MemoryConfig()
     auto: AutoConfig = AutoConfig()

@@ -26,7 +26,7 @@ algorithm the library runs for the collective, not the collective's definition:
 * ``direct``: all-to-all on gloo (``gloo/alltoall.cc``: each rank sends its block for rank
   r + i straight to it, i = 1..k-1) and on NCCL/RCCL (a point-to-point pair per peer), and the
   tick mode's transfers, which are point-to-point messages counted as sent ([Note: ticks] in
-  comm/tick_plan.py): one block to each peer.
+  comm/tick/plan.py): one block to each peer.
 
 NCCL's trees serve all-reduce only, which the library does not issue. ``comm_stats`` keeps the
 payload view beside this one ([Note: byte accounting] in comm/stats.py); the planner sums the

@@ -2,21 +2,26 @@
 
 DeepSpeed: the stage-3 subclass overrides private, name-mangled methods and replaces the
 per-parameter gather (docs/design.md#deepspeed-hook-points); those move between DeepSpeed
-releases. A version outside the range gets a clear error at import, not a traceback from deep
-inside a training step. The range is what ran: 0.19.8 passes the unit and dist lanes; 0.19.0 passes
-the unit lane and fails the dist lane (its ``Init`` sets no ``ds_zero_partition_world_size`` on a
-parameter, which partition.py reads; DeepSpeed added it in 0.19.3), and 0.19.1-0.19.7 have not run.
+releases. A version other than the declared one gets a clear error at import, not a traceback
+from deep inside a training step. The declared version is what ran: 0.19.8 passes the unit and
+dist lanes (the newest release the index listed on 2026-11-29); 0.19.0 passes the unit lane and
+fails the dist lane (its ``Init`` sets no ``ds_zero_partition_world_size`` on a parameter, which
+partition.py reads; DeepSpeed added it in 0.19.3), and 0.19.1-0.19.7 have not run.
 
 [Note: the torch versions claimed]
-pip's requirement on torch stays loose (``torch>=2.1`` in pyproject.toml) on purpose: torch comes
-from the platform's own index (ROCm on Frontier, scripts/frontier/install.sh; CPU or CUDA
-elsewhere) and PyPI's Linux torch is a CUDA build, so a floor above the user's installed torch
-would make ``pip install zeropp-hier`` replace their ROCm build with a CUDA one. The claim is made
-here instead, at import: the suites ran on ``TESTED_TORCH`` only; any other torch at or above
-the floor works as far as anyone knows but is untested, and gets one warning (from rank 0 only:
-at 75,264 ranks one line per rank would bury the job's log) naming the version, the tested ones
-and the fix. Below the floor (reachable only by installing with ``--no-deps``) is refused: the
-package calls APIs older torch lacks (``torch.load(mmap=True)``, model/pretrained.py).
+pyproject.toml declares the tested versions and nothing wider: ``torch==2.13.0`` and
+``deepspeed==0.19.8``, the ones the suites ran on, ends included. torch, though, comes from the
+platform's own index (OLCF's ROCm 2.10.0 on Frontier; a CUDA or ROCm build elsewhere), and PyPI's
+Linux torch is a CUDA build, so pip resolving the pin on such a machine would replace the
+platform's torch with a CUDA one. The install scripts therefore keep the installed torch: they
+install the other requirements (``scripts/requirements.py --without torch``) and the package
+with ``--no-deps`` (scripts/frontier/install.sh always, scripts/install.sh when it keeps a
+torch). Such a torch is untested, and is said to be at import, not hidden: one warning (from
+rank 0 only: at 75,264 ranks one line per rank would bury the job's log) naming the version
+found, the tested one and the fix; ``ZEROPP_HIER_UNTESTED_TORCH_OK=1`` silences it. A local
+label (``2.13.0+cpu``) is the same version; a patch release (``2.13.1``) is not, and warns. Below
+the floor (reachable only through ``--no-deps``) is refused: the package calls APIs older torch
+lacks (``torch.load(mmap=True)``, model/pretrained.py).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from typing import Mapping
 
 from ..core.errors import DeepSpeedVersionError, TorchVersionError
 
-SUPPORTED_DEEPSPEED = ((0, 19, 8), (0, 20, 0))  # [min, max): the tested 0.19.8 and any later 0.19.x
-SUPPORTED_TEXT = ">=0.19.8,<0.20.0"
-TORCH_FLOOR = (2, 1)  # pyproject.toml's torch>=2.1: refused below
-# every torch a whole suite ran on; a patch release of one of them counts as tested (same minor)
+SUPPORTED_DEEPSPEED = ((0, 19, 8), (0, 19, 9))  # [min, max): 0.19.8 only, the tested one
+SUPPORTED_TEXT = "==0.19.8"  # pyproject.toml's requirement, word for word
+TORCH_FLOOR = (2, 1)  # below: refused (reachable only through an install with --no-deps)
+# every torch a whole suite ran on (pyproject.toml declares the same); a local label such as
+# +cpu is the same version, a patch release is another one
 TESTED_TORCH = ("2.13.0",)
 TESTED_TORCH_TEXT = "2.13.0 (CPU build)"
 SILENCE_ENV = "ZEROPP_HIER_UNTESTED_TORCH_OK"
@@ -61,20 +67,21 @@ def check_deepspeed_version(version: str) -> None:
 def torch_version_problem(version: str) -> tuple[str, str] | None:
     """``("refuse" | "warn", message)`` for a torch outside the tested set, None for a tested one.
     Pure: the caller decides what to do with it."""
-    v = _parse(version)[:2]
-    if v in {_parse(t)[:2] for t in TESTED_TORCH}:
+    v = (_parse(version) + (0, 0, 0))[:3]
+    if v in {(_parse(t) + (0, 0, 0))[:3] for t in TESTED_TORCH}:
         return None
     fix = (
-        f"install torch {' or '.join(TESTED_TORCH)} from your platform's index (ROCm: "
+        f"install torch=={' or '.join(TESTED_TORCH)} from your platform's index (ROCm: "
         "https://download.pytorch.org/whl/rocm<version>, CPU: https://download.pytorch.org/whl/cpu; "
         "PyPI's Linux torch is a CUDA build)"
     )
-    if v < TORCH_FLOOR:
+    if v[:2] < TORCH_FLOOR:
         floor = ".".join(map(str, TORCH_FLOOR))
         return "refuse", f"zeropp_hier needs torch >= {floor} but found torch {version}; {fix}"
     return "warn", (
-        f"zeropp_hier was tested with torch {TESTED_TORCH_TEXT} only and found torch {version}, which is "
-        f"untested; to run on tested versions {fix}; to keep this torch and silence this warning set {SILENCE_ENV}=1"
+        f"zeropp_hier declares and was tested with torch {TESTED_TORCH_TEXT} only and found torch {version}, "
+        f"which is untested; to run on the tested version {fix}; to keep this torch and silence this warning "
+        f"set {SILENCE_ENV}=1"
     )
 
 

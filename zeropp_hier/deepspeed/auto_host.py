@@ -66,7 +66,7 @@ from ..planner.host import HostRates
 if TYPE_CHECKING:  # the runtime's tick machinery, imported where the probe runs
     from ..comm.context import CommContext
     from ..comm.stats import CommStats
-    from ..comm.ticks import TickExecutor, TickTransport
+    from ..comm.tick import TickExecutor, TickTransport
 
 HOST_REPS = 8
 TICK_REPS = 2
@@ -175,7 +175,7 @@ def _tick_context(
     from ..comm.context import CommContext
     from ..comm.groups import HopGroup
     from ..comm.stats import CommStats
-    from ..comm.ticks import LocalTickTransport, TickExecutor, TickTransport
+    from ..comm.tick import LocalTickTransport, TickExecutor, TickTransport
 
     world_pg = dist.group.WORLD
     assert world_pg is not None  # initialised: the caller ran collectives on it

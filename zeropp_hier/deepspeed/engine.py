@@ -33,7 +33,8 @@ from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, 
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
 from ..core.errors import HierConfigError, HierNonFiniteError, HierSkippedStepsError, HierUnsafeSaveError
 from ..detect.launch_env import check_launch_env
-from . import checkpoint, safe_load
+from . import checkpoint
+from .checkpoint import safe_load
 from .partition import HierOffload, _load_ds_config, runtime_of
 from .runtime import HierRuntime, topology_for
 from .stage3 import HierZeroOptimizer_Stage3
@@ -252,7 +253,7 @@ class HierEngine(DeepSpeedEngine):
     def _configure_checkpointing(self):
         super()._configure_checkpointing()
         # DeepSpeed's torch engine loads with weights_only=False: ours loads tensors-only
-        # ([Note: tensors-only loading] in safe_load.py). Other engines are refused at save.
+        # ([Note: tensors-only loading] in checkpoint/safe_load.py). Other engines are refused at save.
         if type(self.checkpoint_engine) is safe_load.TorchCheckpointEngine:
             self.checkpoint_engine.__class__ = safe_load.TensorsOnlyCheckpointEngine
             self.checkpoint_engine.trust_pickles = self.hier_config.checkpoint.trust_pickles
@@ -260,7 +261,7 @@ class HierEngine(DeepSpeedEngine):
     def _get_all_zero_checkpoint_names(self, load_dir, tag, bf16_mode):
         # DeepSpeed stats every old rank's optimizer file on every rank (world^2 stats over the
         # job) though a rank loads only its own unless the checkpoint is elastic: here only the
-        # one it loads is looked at ([Note: checks in shares] in checkpoint_shares.py; the
+        # one it loads is looked at ([Note: checks in shares] in checkpoint/shares.py; the
         # verification before it found every file present)
         if self.zero_elastic_checkpoint():
             return super()._get_all_zero_checkpoint_names(load_dir, tag, bf16_mode)

@@ -133,19 +133,19 @@ class HierRuntime:
             if chunked:
                 log.warning("zeropp_hier: %s", chunked)
         # the tick mode's one communicator, and every rank's schedule agreed before any tick
-        # ([Note: ticks] in comm/tick_plan.py)
+        # ([Note: ticks] in comm/tick/plan.py)
         self.tick_group = None
         transport = None
         if self.issue_mode.ticks:
-            from ..comm.tick_connect import connect_peers
-            from ..comm.ticks import TickTransport, agree_schedule, plan_pieces
+            from ..comm.tick import TickTransport, agree_schedule, plan_pieces
+            from ..comm.tick.connect import connect_peers
 
             self.tick_group = build_tick_group(topo, cfg.collective_timeout_s)
             steps = cfg.pipeline.hop_steps
             transport = TickTransport(self.tick_group, rank, topo, self.stats, cfg.collective_timeout_s, steps)
             agreed = agree_schedule(topo, rank, plan_pieces(self.plan, backward_hops), self.chunks, steps)
             # each tick peer's connection opened now, under its own bound, not inside the first
-            # node tick ([Note: connections before the first step] in comm/tick_connect.py)
+            # node tick ([Note: connections before the first step] in comm/tick/connect.py)
             connect_peers(self.tick_group, rank, topo, agreed.peers, cfg.collective_timeout_s, self.comm_device)
         self.executor = executor_for(
             self.issue_mode, f"rank{rank}", self.comm_device, timeout_s=cfg.collective_timeout_s, transport=transport
@@ -235,7 +235,7 @@ class HierRuntime:
         if phase == "backward_gather":  # backward uses the layers last to first
             layers.reverse()
         # the layers submitted now run as one tick stream in the tick mode ([Note: one tick
-        # stream per call] in comm/ticks.py); on lanes this changes nothing
+        # stream per call] in comm/tick/executor.py); on lanes this changes nothing
         with self.executor.fused():
             for layer in layers:  # submitted now, or when the backward window lets them go
                 self.window.add(layer)

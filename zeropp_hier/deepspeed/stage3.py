@@ -245,14 +245,14 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
 
     def load_hp_checkpoint_state(self, folder: str, key: str, param: Any = None) -> torch.Tensor:
         """DeepSpeed's per-parameter read of a universal checkpoint, reading only the rows this
-        rank keeps ([Note: universal rows] in universal_shared.py); AutoTP and AutoEP states
+        rank keeps ([Note: universal rows] in checkpoint/universal.py); AutoTP and AutoEP states
         (which the job never writes) go through DeepSpeed's full read."""
         import os
 
         from deepspeed.checkpoint.constants import PARAM
         from deepspeed.checkpoint.universal_checkpoint import _get_param_uc_restore_meta
 
-        from .universal_shared import kept_slice
+        from .checkpoint.universal import kept_slice
 
         if param is not None and _get_param_uc_restore_meta(param):
             return super().load_hp_checkpoint_state(folder, key, param)

@@ -58,7 +58,7 @@ def _manifest_problems_kept(into: list) -> Iterator[None]:
     """The load's manifest check runs in full (its file operations are counted), but what it
     finds is kept instead of raised: the manifest a mirrored save writes lists only this rank's
     share of the files ([Note: the SPMD mirror])."""
-    from ..deepspeed import checkpoint
+    from ..deepspeed.checkpoint import atomic as checkpoint
 
     real = checkpoint.raise_problems
     checkpoint.raise_problems = lambda problems, *a, **k: into.extend(problems)

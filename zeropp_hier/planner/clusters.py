@@ -57,7 +57,7 @@ class ClusterModel:
     # one lane otherwise: comm/issue.py)
     issue_mode: str | None = None
     # how the tick mode runs each hop (pipeline.hop_steps): "auto", "direct" or "log" ([Note:
-    # log-step hops] in comm/tick_plan.py)
+    # log-step hops] in comm/tick/plan.py)
     hop_steps: str = "auto"
     # bytes the transport puts on a link per message beside its payload ([Note: per-message
     # framing]); 0: framing not modelled

@@ -31,7 +31,7 @@ term is priced without latency (``without_latency``) and keeps the bytes and the
 (de)quantization.
 
 How the host's time meets the links' (``combine``) follows how the issue modes run
-(comm/issue.py, comm/executor.py, comm/ticks.py):
+(comm/issue.py, comm/executor.py, comm/tick/executor.py):
 
 * gloo: a collective and a tick's grouped call run on the calling host thread and return when
   the bytes have moved (``work.wait()`` waits on the host), so the thread's own work and the

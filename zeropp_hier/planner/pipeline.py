@@ -26,7 +26,7 @@ from .workload import Workload
 # and its own lane (gloo's lanes): hops that share a physical link (the gpu and node tiers both
 # cross a package's links) are one resource and should be passed as one stage, and with one
 # issuing lane (``one_lane``, serial on RCCL) the hops do not overlap: use ``sequential_time``.
-# In the tick mode ([Note: ticks] in comm/tick_plan.py) chunk ``c``'s hop ``h`` runs in tick
+# In the tick mode ([Note: ticks] in comm/tick/plan.py) chunk ``c``'s hop ``h`` runs in tick
 # ``c + h`` and a tick lasts as long as its slowest hop, or longer where its hops share a link:
 # ``ticked_time``.
 #

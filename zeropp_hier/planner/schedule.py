@@ -12,10 +12,10 @@ issue modes ([Note: one issuing thread on GPUs] in comm/issue.py; ``MODES``):
   hop collective runs after the previous one has ended, in submission order;
 * ``"ticks"``: one lane of *ticks*; a job's chunks advance in ticks (tick ``t`` holds hop 0 of
   chunk ``t``, hop 1 of chunk ``t - 1``, hop 2 of chunk ``t - 2``: [Note: ticks] in
-  comm/tick_plan.py), a tick's hops run at once sharing their links, the tick ends with its
+  comm/tick/plan.py), a tick's hops run at once sharing their links, the tick ends with its
   slowest hop, and the next tick (or the next job's first) starts then. Jobs one after another,
   except the gathers one prefetch submits together: they are one stream, their chunks numbered
-  in submission order ([Note: one tick stream per call] in comm/ticks.py).
+  in submission order ([Note: one tick stream per call] in comm/tick/executor.py).
 
 In every mode:
 
@@ -196,7 +196,7 @@ class _Lanes:
         """A job of ``share`` of each hop's pass, cut into the chunks, queued on its lanes (in
         the tick mode as ``chunks + len(hops) - 1`` ticks on the one lane; with ``fuse``, as the
         next chunks of the tick stream that the submission before opened, if it had these hops
-        and was fused too: [Note: one tick stream per call] in comm/ticks.py)."""
+        and was fused too: [Note: one tick stream per call] in comm/tick/executor.py)."""
         job = _Job()
         grid: list[list[_Task]] = []  # [chunk][hop]
         for _ in range(self.chunks):

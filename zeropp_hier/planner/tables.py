@@ -209,7 +209,7 @@ def tick_lines(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
     tick_latency.py): how the hop runs (direct or log steps), the peers and ops of its busiest
     sub-hop, its latency per chunk (alphas of its rounds, all sub-hops), the chunks chosen; and
     the distinct peers a rank talks to over its hops."""
-    from ..comm import tick_plan
+    from ..comm.tick import plan as tick_plan
     from .tick_latency import sub_hops
 
     topo = cluster.topology

@@ -1,8 +1,8 @@
 """A hop's cost in the tick mode from how the library runs a grouped point-to-point call, and
-its log-step sub-hops ([Note: log-step hops] in comm/tick_plan.py). Pure arithmetic.
+its log-step sub-hops ([Note: log-step hops] in comm/tick/plan.py). Pure arithmetic.
 
 [Note: grouped-call rounds]
-A tick is one grouped call per 64 ops ([Note: bounded calls] in comm/tick_plan.py). The library
+A tick is one grouped call per 64 ops ([Note: bounded calls] in comm/tick/plan.py). The library
 does not run a call's peers all at once: NCCL spreads a grouped call's peers over its p2p
 channels and runs them in rounds (``ncclP2pChannelBaseForRound`` and ``ncclP2pChannelForPart``
 place each round's peer on channels: both in RCCL's src/include/device.h, quoted in
@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..comm import tick_plan
+from ..comm.tick import plan as tick_plan
 
 P2P_CHANNELS = 8  # p2p channels RCCL logs on MI250X (issue 49)
 P2P_PER_BATCH = {"nccl": 8, "rccl": 1}  # NCCL_MAX_DEV_WORK_P2P_PER_BATCH (ROCm/rccl#1760)

@@ -19,7 +19,7 @@ nothing that looks complete. The consolidation holds the whole fp32 model in hos
 (4 bytes per parameter: 80 GB for GPT-NeoX-20B).
 
 ``fp32_script_main`` is what the ``zero_to_fp32.py`` the job leaves beside its tags runs
-(``deepspeed/recovery_script.py``): the same verified, tensors-only consolidation, written as
+(``deepspeed/checkpoint/recovery_script.py``): the same verified, tensors-only consolidation, written as
 safetensors under the engine's own names.
 """
 
@@ -41,7 +41,7 @@ def locate(path: str, tag: str | None = None) -> tuple[str, str | None]:
     """(checkpoint directory, tag) of ``path``: a tag directory (``ckpt/step30``), or the
     checkpoint directory itself (its ``latest``, or ``tag``)."""
     from ..core.errors import HierCheckpointError
-    from ..deepspeed.checkpoint_files import MANIFEST
+    from ..deepspeed.checkpoint.files import MANIFEST
 
     path = os.path.normpath(path)
     if not os.path.isdir(path):

@@ -53,7 +53,7 @@ def newest_step(ckpt_dir: str) -> tuple[int, str | None]:
     """(step, tag) of the checkpoint ``latest`` names when it is complete (has a manifest);
     (0, None) when there is none."""
     from ...core.errors import HierCheckpointError
-    from ...deepspeed.checkpoint_files import read_manifest, resolve_tag
+    from ...deepspeed.checkpoint.files import read_manifest, resolve_tag
 
     try:
         tag = resolve_tag(ckpt_dir, None)

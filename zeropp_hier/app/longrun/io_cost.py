@@ -43,7 +43,7 @@ def save_line(tag: str, where: str, sizes: Mapping[str, int], seconds: float) ->
 
 
 def conversion_line(tag: str, source_world: int, world: int, read: int, written: int, seconds: float) -> str:
-    """One universal conversion's cost ([Note: a conversion in shares] in deepspeed/universal_shared.py)."""
+    """One universal conversion's cost ([Note: a conversion in shares] in deepspeed/checkpoint/universal.py)."""
     return (
         f"converted checkpoint {tag} ({source_world} ranks -> {world}) to the universal format in {seconds:.2f} s, "
         f"each of the {world} ranks its share: read {read / GB:.3g} GB, wrote {written / GB:.3g} GB "

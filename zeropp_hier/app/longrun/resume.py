@@ -18,7 +18,7 @@ states file, checked against the manifest, loaded tensors-only) and ``resume_rul
 answers for every rank: the same world loads DeepSpeed's partitions as they are (another
 topology or preset included); another world goes through DeepSpeed's universal format. The job
 converts the tag itself into ``<checkpoint_dir>_universal/<tag>``, every rank its share of the
-files and parameters ([Note: a conversion in shares] in deepspeed/universal_shared.py: no rank
+files and parameters ([Note: a conversion in shares] in deepspeed/checkpoint/universal.py: no rank
 waits in a collective for the whole conversion, only for one share of it), says how long it took
 and how many bytes it read and wrote, and builds its engine with ``checkpoint.load_universal``. A
 conversion already there is used when its manifest names the source tag's manifest (same
@@ -52,8 +52,9 @@ import torch
 import torch.distributed as dist
 
 from ...core.errors import HierConfigError
-from ...deepspeed import safe_load, universal_shared
-from ...deepspeed.checkpoint_files import (
+from ...deepspeed.checkpoint import safe_load
+from ...deepspeed.checkpoint import universal as universal_shared
+from ...deepspeed.checkpoint.files import (
     MANIFEST,
     check_files,
     file_digest,

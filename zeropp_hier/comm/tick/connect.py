@@ -7,7 +7,7 @@ first node-hop tick would open every network peer's connections at once, in the 
 first training step and against the collective timeout; at scale this is where connection
 setup fails (all-to-all at 256 GPUs, NVIDIA/nccl-tests#78; ``ibv_create_cq`` ENOMEM at 700
 nodes, NVIDIA/nccl#1191; port exhaustion at 64+ MI200 nodes, ROCm/rccl#577). So at start-up,
-right after the schedule is agreed ([Note: tick agreement] in comm/tick_agree.py),
+right after the schedule is agreed ([Note: tick agreement] in comm/tick/agree.py),
 each rank exchanges one small message with each distinct peer of its tick sequences, on the
 tick group itself (the connections the ticks will use), and fails with an error that names the
 peers that did not answer.
@@ -40,10 +40,10 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.ranks_text import ranks_text
-from ..core.topology import Topology
-from .failures import classify
-from .issue import backend_for
+from ...core.ranks_text import ranks_text
+from ...core.topology import Topology
+from ..failures import classify
+from ..issue import backend_for
 
 PEERS_PER_CALL = 16  # peers per grouped call of the warm-up: 32 ops
 POLL_S = 0.001  # how often the host looks at the pending transfers (device backends)
@@ -132,7 +132,7 @@ def connect_peers(
     in the pairs' one order, all within ``timeout_s``; raise ``TickConnectError`` naming the
     peers that did not answer. Returns the number of grouped calls. Every rank with a peer in
     ``peers`` must call it with this rank among its own peers (the agreed schedule is
-    symmetric: comm/tick_agree.py)."""
+    symmetric: comm/tick/agree.py)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     calls = warmup_calls(rank, peers, topo.world_size, per_call)
     mine = torch.tensor([rank], dtype=torch.int64, device=device)

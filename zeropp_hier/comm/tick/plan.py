@@ -1,5 +1,5 @@
 """The tick schedule: which hop of which chunk runs in which tick, and what each rank sends and
-receives there. Pure: no tensors, no process groups (comm/ticks.py runs it).
+receives there. Pure: no tensors, no process groups (comm/tick/executor.py runs it).
 
 [Note: ticks]
 With ``zeropp_hier.overlap: "ticks"`` a piece of work (one gather bucket's chunks, or one
@@ -52,7 +52,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping, NamedTuple, Sequence
 
-from ..core.topology import Topology, normalize_axes
+from ...core.topology import Topology, normalize_axes
 
 GATHER, EXCHANGE = "gather", "exchange"  # an all-gather, an all-to-all
 DIRECT, LOG, AUTO = "direct", "log", "auto"  # how a hop's transfers are laid out

@@ -3,7 +3,7 @@
 DeepSpeed's ``save_checkpoint`` copies its own two scripts into the checkpoint directory; they
 load every file with ``torch.load(weights_only=False)``, so running them on a checkpoint whose
 files someone else could write runs whatever code a file names ([Note: tensors-only loading]
-in safe_load.py). Rank 0 overwrites both, after DeepSpeed's save, with a script of the same
+in checkpoint/safe_load.py). Rank 0 overwrites both, after DeepSpeed's save, with a script of the same
 name and arguments that runs the verified, tensors-only consolidation
 (``zeropp_hier.tools.export_hf.fp32_script_main``) and says where the Hugging Face export is.
 """

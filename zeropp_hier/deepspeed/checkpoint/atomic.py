@@ -10,7 +10,7 @@ it silently. Here a save is a transaction:
 1. every rank writes DeepSpeed's files into ``<dir>/.tmp-<tag>/`` (DeepSpeed's own save, with
    ``save_latest=False``); a write that fails on one rank is held until DeepSpeed's save returns
    on every rank, the failures are gathered, and every rank raises the same error naming the
-   rank, the file and the cause ([Note: a rank that cannot write] in ``checkpoint_writes.py``);
+   rank, the file and the cause ([Note: a rank that cannot write] in ``checkpoint/writes.py``);
 2. each rank fsyncs and hashes the files its own checkpoint engine wrote (size, sha256), and
    only those (two files a rank under ZeRO-3); an ``OSError`` while hashing is agreed by one
    flag all-reduce, so every rank raises the same error naming the rank, the file and the cause;
@@ -35,14 +35,14 @@ state loads. ``.tmp-*`` and ``.old-*`` leftovers are removed by the next save (o
 ``load_checkpoint`` agrees first on what every rank sees (the tag, from ``latest`` or given, by
 one digest all-reduce: a rank that sees another tag is named, with the fix that the checkpoint
 directory must be shared), then rank 0 reads the manifest and each rank checks its share of the
-files in its own view of the directory ([Note: checks in shares] in checkpoint_shares.py: a rank
+files in its own view of the directory ([Note: checks in shares] in checkpoint/shares.py: a rank
 lacking a file of its share is named), and *every* rank raises the same ``HierCheckpointError``
 (naming the file) before DeepSpeed reads anything, so no rank is left waiting for one that could
 not load. The manifest
 covers every file under the tag: a file it does not list, a symbolic link, or a listed name that
 is not a plain relative name (``..``, an absolute path, glob characters) is refused, and so are
 tags that are not plain names, whether given or read from ``latest``. Files are loaded
-tensors-only ([Note: tensors-only loading] in ``safe_load.py``).
+tensors-only ([Note: tensors-only loading] in ``checkpoint/safe_load.py``).
 
 The files are DeepSpeed's, so DeepSpeed's tools read them: ``zero_to_fp32`` (consolidated fp32
 weights; ``to_fp32`` below runs it tensors-only) and ``ds_to_universal`` (``to_universal`` below
@@ -63,43 +63,30 @@ from typing import Any, Callable, Mapping
 
 import torch.distributed as dist
 
-from ..comm import _coordinator as coordinator
-from ..core.errors import HierCheckpointError
-
-# the directory's files (pure): re-exported, this module is the public face of checkpoints
-from .checkpoint_files import (  # noqa: F401
-    COMMIT_STEPS,
-    CRASH_ENV,
+from ...comm import _coordinator as coordinator
+from ...core.errors import HierCheckpointError
+from .files import (
     MANIFEST,
-    MANIFEST_FORMAT,
     OLD_PREFIX,
-    POINTERS,
     SHARED_FIX,
     TMP_PREFIX,
     _rank_error,
-    check_files,
     check_tag_name,
     clean_leftovers,
     commit,
-    complete_tags,
     file_digest,
-    first_problem,
-    fsync_dir,
     leftovers,
     list_files,
     missing_latest_error,
-    name_problem,
     raise_problems,
     raise_rank_errors,
-    read_manifest,
     recover,
     resolve_tag,
-    tag_entries,
     verify_tag,
     write_atomic,
 )
-from .checkpoint_shares import verify_across
-from .checkpoint_writes import WRITE_FIX, held_writes
+from .shares import verify_across
+from .writes import WRITE_FIX, held_writes
 
 # -- the engine's save and load ------------------------------------------------------------------
 
@@ -109,7 +96,7 @@ def _dp_group(engine):
 
 
 def _guard(engine, phase: str):
-    from ..comm.failures import world_guard
+    from ...comm.failures import world_guard
 
     rt = engine.hier_runtime
     # these collectives run on DeepSpeed's data-parallel group: report the timeout it runs with
@@ -426,7 +413,7 @@ def to_fp32(src_dir: str, tag: Any = None, trust_pickles: bool = False) -> dict:
 
 def add_trust_pickles(parser: argparse.ArgumentParser) -> None:
     """The one opt-in to unpickling, worded alike in every command that loads a checkpoint
-    ([Note: tensors-only loading] in safe_load.py)."""
+    ([Note: tensors-only loading] in checkpoint/safe_load.py)."""
     parser.add_argument(
         "--trust-pickles",
         action="store_true",
@@ -479,7 +466,3 @@ def main(
         print(f"error: {e}")
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,7 +27,7 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator
 
-from .checkpoint_files import _rank_error
+from .files import _rank_error
 
 _MISSING = object()
 # what torch's own writer says about a write the file system refused is cryptic: the likely causes

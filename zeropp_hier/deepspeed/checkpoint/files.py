@@ -1,6 +1,6 @@
 """The files of a checkpoint directory, without torch.distributed: plain names, the manifest,
 the checks of a tag, and rank 0's commit and recovery ([Note: atomic checkpoint] in
-``checkpoint.py``, which runs them across ranks)."""
+``atomic.py``, which runs them across ranks)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import shutil
 import signal
 from typing import Any, Iterable
 
-from ..core.errors import HierCheckpointError
+from ...core.errors import HierCheckpointError
 
 MANIFEST = "zeropp_hier_manifest.json"
 MANIFEST_FORMAT = "zeropp_hier-checkpoint/1"
@@ -282,7 +282,7 @@ def verify_tag(
     """This rank's share of the checks of ``<root>/<tag>`` in one process (all of them with the
     defaults): the manifest, the files it does not list (rank 0), each of the share's files' size
     and hash and, unless ``trust_pickles``, the types its pickle names ([Note: tensors-only
-    loading]). Across ranks a load runs ``checkpoint_shares.verify_across`` instead, where only
+    loading]). Across ranks a load runs ``checkpoint.shares.verify_across`` instead, where only
     the coordinator reads the manifest."""
     tag_dir = os.path.join(root, tag)
     manifest, problem = read_manifest(tag_dir)

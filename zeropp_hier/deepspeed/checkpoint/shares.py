@@ -22,8 +22,8 @@ import os
 
 import torch.distributed as dist
 
-from ..comm import _coordinator as coordinator
-from .checkpoint_files import (
+from ...comm import _coordinator as coordinator
+from .files import (
     check_share,
     raise_problems,
     read_manifest,
@@ -76,7 +76,7 @@ def verify_across(
     problems = _pairs(head["own"]) if rank == 0 else []
     problems += check_share(os.path.join(root, tag), mine, dist.get_rank(), trust_pickles, scan_only=not check)
     if coordinator.any_rank(bool(problems), group):
-        from .checkpoint_files import first_problem
+        from .files import first_problem
 
         parts = coordinator.gather_to_root([list(p) for p in problems], group)
         first = list(first_problem([tuple(p) for part in parts for p in part])) if parts is not None else None

@@ -10,7 +10,7 @@ phases, so each wait is one share of the work (about one rank's save, which the 
 does between collectives):
 
 1. verify the source tag: each rank checks its share of the manifest's files, the manifest read
-   by rank 0 only ([Note: checks in shares] in checkpoint_shares.py);
+   by rank 0 only ([Note: checks in shares] in checkpoint/shares.py);
 2. rank 0 reads the small layout (the old world, old rank 0's file names, the parameter shapes)
    and broadcasts it; every rank derives the names of the old ranks' files of its share from it
    (pure: ``old_rank_file``), so no rank lists the source;
@@ -42,9 +42,9 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from ..comm import _coordinator as coordinator
-from ..core.errors import HierCheckpointError
-from .checkpoint_files import (
+from ...comm import _coordinator as coordinator
+from ...core.errors import HierCheckpointError
+from .files import (
     MANIFEST,
     SHARED_FIX,
     TMP_PREFIX,
@@ -148,7 +148,7 @@ def convert(src_dir: str, out_dir: str, tag: str, trust_pickles: bool = False) -
     from deepspeed.checkpoint import ds_to_universal as u
 
     from . import safe_load
-    from .checkpoint_shares import verify_across
+    from .shares import verify_across
 
     rank, world = dist.get_rank(), dist.get_world_size()
     t0 = time.perf_counter()

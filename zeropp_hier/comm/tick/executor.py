@@ -1,6 +1,6 @@
 """The tick mode's side effects: the executor that runs pieces of work in ticks, the transport
-that issues one grouped point-to-point call per tick, and the start-up agreement on the
-schedule ([Note: ticks] in comm/tick_plan.py, which holds the schedule itself).
+that issues one grouped point-to-point call per tick ([Note: ticks] in comm/tick/plan.py, which
+holds the schedule itself; the start-up agreement on it is comm/tick/agree.py).
 
 A job here is the same generator as on the lanes (comm/gather.py, comm/reduce.py), but with
 ``yields_wires`` set it yields each hop's transfer (``Wire``, [Note: collectives as steps] in
@@ -21,7 +21,7 @@ wait for layer k returns while the later layers are still in ticks. Only pieces 
 sequence whose hop groups are all different are fused (a piece of another sequence, or of the
 other kind, starts a new stream), so a stream is the same pure schedule as one piece of more
 chunks (a pair's messages in a tick, two where log steps of two chunks meet, posted in slot
-order at both ends: [Note: ticks] in comm/tick_plan.py). What breaks a stream: leaving the
+order at both ends: [Note: ticks] in comm/tick/plan.py). What breaks a stream: leaving the
 context, a submission of other hops, a wait (``result``), ``drain`` or ``close``, all at points
 of the one program order. Every chunk's job is the same generator as alone, so values, kept
 copies and bytes are unchanged; the order of local work between ticks changes only across
@@ -40,18 +40,17 @@ from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence, Type
 import torch
 import torch.distributed as dist
 
-from ..core.plan import CommPlan, Hop
-from ..core.topology import Topology
-from ..core.vocab import AXES
-from . import tick_plan
-from .busy import Several
-from .collectives import Wire
-from .executor import CommExecutor
-from .failures import as_timedelta, collective_guard, slowest_tier
-from .issue import backend_for
-from .job import Done, Job, JobOrderError, Move
-from .stats import CommStats
-from .tick_agree import TickScheduleError, agree_schedule  # noqa: F401 - the mode's start-up check
+from ...core.plan import CommPlan, Hop
+from ...core.topology import Topology
+from ...core.vocab import AXES
+from ..busy import Several
+from ..collectives import Wire
+from ..executor import CommExecutor
+from ..failures import as_timedelta, collective_guard, slowest_tier
+from ..issue import backend_for
+from ..job import Done, Job, JobOrderError, Move
+from ..stats import CommStats
+from . import plan as tick_plan
 
 R = TypeVar("R")
 
@@ -73,7 +72,7 @@ def _device_index(values: tuple[int, ...], device: torch.device) -> torch.Tensor
 
 class HopRun:
     """One hop of one chunk in ticks: its transfer (``Wire``) and, in log steps, the blocks held
-    between its sub-hops ([Note: log-step hops] in comm/tick_plan.py). ``units(step)`` gives the
+    between its sub-hops ([Note: log-step hops] in comm/tick/plan.py). ``units(step)`` gives the
     sub-hop's (peer, tensor sent, tensor received) in units, posting order; ``after(step)``
     places what it received; ``result()`` the received rows as the hop group's collective
     returns them (peer order)."""
@@ -133,7 +132,7 @@ class HopRun:
 class TickTransport:
     """Moves the transfers of one tick in grouped calls of at most ``bound`` ops
     (``batch_isend_irecv`` on ``group``, a group of every rank; [Note: bounded calls] in
-    comm/tick_plan.py), each waited for before the next; counts bytes as the hop collectives
+    comm/tick/plan.py), each waited for before the next; counts bytes as the hop collectives
     do ([Note: byte accounting] in comm/stats.py). ``steps``: how hops run ("auto", "direct",
     "log": [Note: log-step hops]). ``log``, when a list, gets (tick, hops in the tick, [(peer,
     bytes out, bytes in)]) per tick, in posting order; ``calls``, grouped calls issued."""
@@ -304,7 +303,7 @@ def tick_job(
     """One piece of work (``jobs[c]``: chunk ``c``, its hops of ``kind`` on ``lanes[c]``) in ticks: before
     each tick a ``Move`` for the executor's one lane, then the tick's transfers in its grouped
     calls; a log-step hop runs over consecutive ticks ([Note: log-step hops] in
-    comm/tick_plan.py). Returns the last chunk's value (the others return None: [Note: chunked
+    comm/tick/plan.py). Returns the last chunk's value (the others return None: [Note: chunked
     gathers]); ``on_end(c, value)`` is called as chunk ``c`` ends, on the lane ([Note: one tick
     stream per call])."""
     subs = [transport.sub_hops(x, kind) for x in lanes]
@@ -498,9 +497,7 @@ __all__ = [
     "HopRun",
     "LocalTickTransport",
     "TickExecutor",
-    "TickScheduleError",
     "TickTransport",
-    "agree_schedule",
     "plan_pieces",
     "tick_job",
 ]

@@ -7,13 +7,13 @@ function of exactly those inputs and of its rank, so agreeing on the inputs is a
 rank's sequence. The check therefore has two parts, neither of which grows with the world:
 
 * **One digest of the inputs, agreed in one all-reduce.** Each rank hashes the inputs (and the
-  source of comm/tick_plan.py with the package version, so two installs that would compute
+  source of comm/tick/plan.py with the package version, so two installs that would compute
   different schedules differ) into a 60-bit integer ``d`` and the world all-reduces
   ``[bad, d, -d]`` with MAX: the world agrees when ``max(d) == -max(-d)`` and no rank's own check
   failed. Three int64 per rank on the wire, O(1) memory, whatever the world.
 * **Each rank checks its own transfers by symmetry**, pure: it computes its own sequence and
   those of its actual peers (the ranks it sends to or receives from: at most a few dozen with
-  log-step hops, [Note: log-step hops] in comm/tick_plan.py), never the members of its hop groups
+  log-step hops, [Note: log-step hops] in comm/tick/plan.py), never the members of its hop groups
   (every node, for the node hop), and checks each of its transfers has the mirror transfer in the
   peer's sequence (``tick_plan.unmatched`` restricted to this rank). Cost O(peers x transfers per
   rank). The whole-world matcher stays in the unit tests, where it runs over whole small worlds.
@@ -35,16 +35,16 @@ from typing import Mapping, NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.topology import Topology
-from . import tick_plan
-from .agree import agree_local, digest
+from ...core.topology import Topology
+from ..agree import agree_local, digest
+from . import plan as tick_plan
 
 DIGEST_BITS = 60  # fits an int64 with room for its negation
 
 
 class Agreement(NamedTuple):
     """What the start-up check returns: the agreed digest (hex, the same on every rank) and this
-    rank's distinct tick peers, which the connection warm-up opens (comm/tick_connect.py)."""
+    rank's distinct tick peers, which the connection warm-up opens (comm/tick/connect.py)."""
 
     digest: str
     peers: tuple[int, ...]
@@ -55,8 +55,8 @@ class TickScheduleError(RuntimeError):
 
 
 def _code_digest() -> str:
-    """The schedule code this rank runs: the source of comm/tick_plan.py and the version."""
-    from .. import __version__
+    """The schedule code this rank runs: the source of comm/tick/plan.py and the version."""
+    from ... import __version__
 
     src = pathlib.Path(tick_plan.__file__).read_bytes()
     return hashlib.sha256(src + __version__.encode()).hexdigest()[:16]

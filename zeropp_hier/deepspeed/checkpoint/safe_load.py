@@ -41,7 +41,7 @@ from typing import Any, Iterator
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from ..core.errors import HierCheckpointError
+from ...core.errors import HierCheckpointError
 
 TRUST_FIX = (
     "if you trust whoever wrote this checkpoint, set zeropp_hier.checkpoint.trust_pickles: true "
