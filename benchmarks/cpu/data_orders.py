@@ -5,7 +5,9 @@ reads its micro-batches ([Note: data order caches] in zeropp_hier/app/data/order
 The token files are sparse (zeros: only the index is real), so 300B tokens' worth of samples
 (146,484,374 at 2,048 tokens each) costs no disk: the sample count is what the orders depend on,
 here reached with ``--seq-len 16``. Each role runs in its own process (``--role``), which prints
-one JSON line: seconds and the process's peak RSS (VmHWM) beside its RSS after imports.
+one JSON line: seconds, the process's peak RSS (VmHWM) beside its RSS after imports, and how
+much its private (RssAnon) and file-mapped (RssFile: page cache, shared by the node's ranks,
+reclaimable) memory grew.
 
     python -m benchmarks.cpu.data_orders --dir /tmp/orders --samples 146484374 --role build
     python -m benchmarks.cpu.data_orders --dir /tmp/orders --samples 146484374 --role open
@@ -63,7 +65,7 @@ def main() -> None:
     from zeropp_hier.app.data import order_cache, orders
     from zeropp_hier.app.data.tokens import Loader, open_tokens
 
-    base = _rss("VmRSS")
+    base, anon, mapped = _rss("VmRSS"), _rss("RssAnon"), _rss("RssFile")
     os.makedirs(a.dir, exist_ok=True)
     weights = [float(w) for w in a.weights.split(",")] if a.weights else [1.0]
     prefixes = []
@@ -85,7 +87,9 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     for i in range(a.steps):
-        loader.sample_ids(i)
+        for g in loader.sample_ids(i):
+            if len(weights) > 1:  # a blend's loader passes positions through: the blend orders them
+                loader.data.source(g, a.seq_len)
     read = time.perf_counter() - t1
     print(
         json.dumps(
@@ -97,6 +101,9 @@ def main() -> None:
                 "sample_ids_seconds_per_micro_batch": round(read / a.steps, 6),
                 "rss_after_imports_mib": round(base / 2**20, 1),
                 "peak_rss_mib": round(_rss("VmHWM") / 2**20, 1),
+                # private memory, and file pages mapped (the page cache, shared by a node's ranks)
+                "anon_growth_mib": round((_rss("RssAnon") - anon) / 2**20, 1),
+                "file_mapped_growth_mib": round((_rss("RssFile") - mapped) / 2**20, 1),
                 "cache_mib": round(
                     sum(f.stat().st_size for f in __import__("pathlib").Path(cache).glob("*")) / 2**20, 1
                 ),

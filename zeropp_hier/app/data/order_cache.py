@@ -19,9 +19,12 @@ Layout (little-endian): ``ZPHORDER`` (8 bytes), u32 version 1, u32 header length
 JSON (key, dtype, shape, the body's SHA-256, the builder's description), zeros to the next 4 KiB,
 then the array, C order. A file is written under a temporary name and renamed, so no rank sees
 half of one. Loading reads the JSON and maps the rest (no pickle: nothing in a file runs),
-advised as random access: a rank touches one page per entry it reads, not the kernel's
-read-ahead window around it (measured: 106 MiB more resident after 100 micro-batches of a
-146M-sample shuffle with this machine's 8 MiB read-ahead, 0.7 MiB advised). Every opening
+advised as random access: a rank maps the page of each entry it reads, not the kernel's
+read-ahead window around it (measured, 100 micro-batches of a 146M-sample shuffle with this
+machine's 8 MiB read-ahead: 106 MiB more resident unadvised, 0.7 MiB advised). A file whose
+pages are already cached in large folios (just written) is still mapped a folio at a time
+(121 MiB more file-mapped for a blend's fresh files): page cache, shared by a node's ranks and
+reclaimable; the rank's private memory grew 0.1 MiB in both (benchmarks/cpu/data_orders.py). Every opening
 checks magic, version, key, dtype, shape and the file's size (a truncated or foreign file is
 refused naming it and the fix); the builder (rank 0) also hashes the body of every file it
 uses at each start and rebuilds a corrupt one (said on stderr): one read of the files on one
