@@ -27,6 +27,7 @@ from ..core.errors import HierConfigError
 from ..core.vocab import TIERS
 from ..quant import kernel_info
 from . import report
+from .data import orders
 from .data.tokens import Loader, TokenData, open_tokens, synthetic_batch
 from .job_vocab import with_data_vocab
 from .longrun import deadline, io_cost, resume, resume_rules
@@ -157,21 +158,18 @@ class Run:
     and the per-step metrics. ``rank_main`` drives it with the job's reporting, resume and
     checkpoints; the benchmarks (``benchmarks/compare/rank.py``, ``benchmarks/cpu/convergence.py``)
     with their own hooks, so that what they measure is what the job runs.
-    ``ds_overrides``: see ``spec.ds_config``. Collective: every rank builds it."""
+    ``ds_overrides``: see ``spec.ds_config``; ``data``: the loader ``open_data`` returned (else
+    opened here). Collective: every rank builds it."""
 
-    def __init__(self, spec: JobSpec, ds_overrides: Mapping[str, Any] | None = None):
+    def __init__(self, spec: JobSpec, ds_overrides: Mapping[str, Any] | None = None, data: Loader | None = None):
         spec = with_data_vocab(spec)  # the model's vocabulary: the data's, or refused if smaller
         self.spec = spec
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         m = spec.model
-        self.loader: Loader | None = None
-        self.tokens: TokenData | IndexedTokens | BlendedTokens | None = None
-        if spec.data_path is not None:
-            self.tokens = open_tokens(spec.data_path, "train", spec.data_split, spec.seed)
-            if hasattr(self.tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
-                self.tokens.limit_vocab(m.vocab)
-            self.loader = Loader(self.tokens, m.seq_len, spec.micro_batch, self.rank, self.world, spec.seed)
         self.config = spec.ds_config(ds_overrides, world=self.world)
+        accum = int(self.config.get("gradient_accumulation_steps", 1))
+        self.loader: Loader | None = data if data is not None else open_data(spec, self.rank, self.world, accum)
+        self.tokens: TokenData | IndexedTokens | BlendedTokens | None = self.loader.data if self.loader else None
         init = (spec.init_method, spec.output_layer_init_method)
         self.engine = build_engine(self.config, m, spec.seed, spec.activation_checkpointing, init, spec.init_from)
         self.runtime = getattr(self.engine, "hier_runtime", None)
@@ -291,12 +289,44 @@ class _Checkpoints:
         return tag
 
 
-def _data_sha(spec: JobSpec) -> str | None:
-    """The token files' hash (a resume checks it); read before the model is built, so that a
-    wrong path costs nothing."""
+def open_data(spec: JobSpec, rank: int, world: int, accum: int) -> Loader | None:
+    """This rank's loader of the training split, its sample orders from the cache for the
+    positions of ``spec.steps`` steps (rank 0 builds or checks the cache, every rank maps it:
+    [Note: data order caches] in app/data/order_cache.py), or None for synthetic batches.
+    Collective (one object broadcast)."""
     if spec.data_path is None:
         return None
-    return open_tokens(spec.data_path, "train", spec.data_split).index.get("sha256")
+    tokens = open_tokens(spec.data_path, "train", spec.data_split, spec.seed)
+    if hasattr(tokens, "limit_vocab"):  # ids the model cannot embed stop the job, named
+        tokens.limit_vocab(spec.model.vocab)
+    loader = Loader(tokens, spec.model.seq_len, spec.micro_batch, rank, world, spec.seed)
+    loader.start_seconds = orders.start(
+        loader, 0, spec.steps * accum * world * spec.micro_batch, spec.data_cache_dir, rank
+    )
+    return loader
+
+
+_NOT_TOLD = "not told"
+
+
+def _data_sha(spec: JobSpec) -> str | None:
+    """The token files' hash (a resume checks it); read before the model is built, so that a
+    wrong path costs nothing, on rank 0 only (a Megatron pair's fingerprint reads up to 4 MiB of
+    it) and broadcast (collective)."""
+    if spec.data_path is None:
+        return None
+    told: list = [_NOT_TOLD]
+    if dist.get_rank() == 0:
+        try:
+            told[0] = open_tokens(spec.data_path, "train", spec.data_split).index.get("sha256")
+        except (ValueError, RuntimeError, OSError) as e:  # HierConfigError among them
+            told[0] = e
+    dist.broadcast_object_list(told, src=0)
+    if isinstance(told[0], BaseException):
+        raise told[0]
+    if told[0] == _NOT_TOLD:  # a dry run of another rank: the mirror leaves rank 0's object out
+        return open_tokens(spec.data_path, "train", spec.data_split).index.get("sha256")
+    return told[0]
 
 
 def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Reporter) -> tuple[int, Any]:
@@ -307,6 +337,9 @@ def _resume(run: Run, plan: resume.Plan, saves: _Checkpoints, rep: report.Report
     start = int(job["step"])
     if loader is not None:
         loader.resume_at(job["data"], start * saves.accum)  # the exact next global sample
+        first = loader.base_sample  # the cached orders of the positions left (collective)
+        last = first + (spec.steps - start) * saves.accum * run.world * spec.micro_batch
+        orders.start(loader, first, last, spec.data_cache_dir, run.rank)
     loaded = saves.hooks.loaded(engine) if saves.hooks is not None else None
     if start >= spec.steps:
         raise HierConfigError("steps", spec.steps, f"the checkpoint is at step {start}: ask for more steps")
@@ -395,6 +428,8 @@ def rank_main(spec: JobSpec, hooks: Any = None) -> dict:
     # before the model is built: a resume that cannot work costs nothing; another world converts
     plan = resume.plan(spec, world, data_sha) if spec.resume else None
     val = evaluate.val_loader(spec, rank, world)  # None without eval_every; a too small split costs nothing
+    if val is not None:  # the same batches at every evaluation: their orders from the cache (collective)
+        orders.start(val, 0, spec.eval_batches * world * spec.micro_batch, spec.data_cache_dir, rank)
     mrun, where = _monitor_run(spec, plan)  # one run in the monitor across the jobs of a chain
     monitor.begin_wandb(spec.monitor, mrun.dir, mrun.wandb_id)  # wandb.init (in the engine) reads its environment
     overrides: dict = {"checkpoint": {"load_universal": True}} if plan is not None and plan.universal else {}

@@ -154,6 +154,8 @@ class JobSpec:
     activation_checkpointing: Checkpointing = "none"  # per block: none | torch | deepspeed
     data_path: str | None = None  # a `zeropp-hier data prepare` directory; None: synthetic batches
     data_split: str | None = None  # Megatron pairs only: train,val,test parts by document (app/data/blend.py)
+    # the data orders' cache (app/data/order_cache.py); None: beside the data (its directory)
+    data_cache_dir: str | None = None
     save_every: int = 0  # checkpoint every N steps and after the last (0: never); app/longrun/resume.py
     checkpoint_dir: str | None = None  # None: <out_dir>/checkpoints
     resume: str | None = None  # "latest" or a tag in checkpoint_dir: continue that run up to `steps`

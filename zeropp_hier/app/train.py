@@ -74,6 +74,7 @@ def spec_from_config(cfg: Mapping[str, Any], out_dir: str | None = None, label: 
         activation_checkpointing=cfg["activation_checkpointing"],
         data_path=path,
         data_split=None if d.get("split") is None else str(d["split"]),
+        data_cache_dir=os.path.abspath(d["cache_dir"]) if d.get("cache_dir") else None,
         topology=t["section"],
         local_world=t["local_ranks"],
         regather=cfg["regather"],

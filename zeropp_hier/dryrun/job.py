@@ -127,10 +127,11 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
     spec.check()
     spec = with_data_vocab(spec)
     launch.memory_lines(spec, world.env(), 0)  # refuses a layout that cannot fit, as the job does
-    meters.begin("data")
+    meters.begin("data")  # the hash (rank 0), the loader and its orders' cache (rank 0 builds it)
     data_sha = run._data_sha(spec)
+    loader = run.open_data(spec, world.rank, world.world_size, spec.grad_accum)
     meters.begin("engine")
-    job = run.Run(spec)
+    job = run.Run(spec, data=loader)
     meters.begin("job_start")
     kernels = run._gather_kernels(world.world_size)
     saves = run._Checkpoints(spec, job, data_sha, None)
@@ -166,6 +167,7 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
         "kernels": kernels[0] if kernels else None,
         "executor": type(runtime.executor).__name__ if runtime is not None else None,
         "save_lines": lines.out,
+        "data_orders_seconds": None if loader is None else round(loader.start_seconds, 4),
         "profile_top15": top,
         # the manifest lists only the files rank 0 hashed (each rank hashes its share; the mirror
         # hands back rank 0's share as everyone's): the load's check finds the rest unlisted

@@ -79,7 +79,7 @@ def lines(rep: dict) -> list[str]:
     ]
     for name in [n for n in ph if n.startswith("step")][:1]:
         out.append(f"object collectives per step: {_objects(ph[name])}")
-    for name in ("engine", "job_start", "save", "load"):
+    for name in ("data", "engine", "job_start", "save", "load"):
         if name in ph:
             p = ph[name]
             out.append(

@@ -27,20 +27,25 @@ Followed from Megatron-LM (``megatron/core/datasets``: ``utils.get_blend_from_li
   order restarts after S samples, which keeps every prefix within one sample of the weights).
 
 Memory: the blended order is one byte per blended sample (two above 255 pairs) plus the
-pairs' counts every ``_CHECKPOINT`` samples, built once when the loader opens it, in Python
-(measured 0.45 s per million blended samples with 3 pairs on this repository's shared CPU: about
-a minute per rank for a 300B-token blend at 2,048 tokens per sample; Megatron builds it in C++
-and caches it on disk); a pair's permutation is 8 bytes per sample of that pair, as the
-unblended loader's.
+pairs' counts every ``_CHECKPOINT`` samples, built in Python (measured 0.45 s per million
+blended samples with 3 pairs on this repository's shared CPU: about a minute for a 300B-token
+blend at 2,048 tokens per sample). The job builds it once, on rank 0, into cache files that
+every other rank memory-maps, with each pair's shuffles ([Note: data order caches] in
+order_cache.py; orders.py); a rank then reads only the pages its own samples touch. Without the
+cache (a loader used alone: tests, benchmarks) it is built in memory when first used, as are
+the pairs' permutations (8 bytes per sample of a pair).
 """
 
 from __future__ import annotations
+
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from ...core.errors import HierConfigError
 from .indexed import IndexedTokens
+from .order_cache import Want
 
 _CHECKPOINT = 4096  # blended samples between stored per-pair counts
 
@@ -71,20 +76,63 @@ def is_blend(path: str | None) -> bool:
     return path is not None and len(path.split()) > 1
 
 
+def order_dtype(pairs: int) -> str:
+    return "uint8" if pairs <= 256 else "int16"
+
+
+def blending_pieces(weights: list[float], size: int, piece: int = 1 << 20) -> Iterator[np.ndarray]:
+    """``blending_indices`` in pieces of ``piece`` samples (the cache's builder holds one piece)."""
+    taken = [0] * len(weights)
+    for lo in range(0, size, piece):
+        out = np.empty(min(piece, size - lo), dtype=order_dtype(len(weights)))
+        for i in range(lo, lo + len(out)):
+            scale = float(max(i, 1))
+            best, best_err = 0, weights[0] * scale - taken[0]
+            for d in range(1, len(weights)):
+                err = weights[d] * scale - taken[d]
+                if err > best_err:
+                    best, best_err = d, err
+            out[i - lo] = best
+            taken[best] += 1
+        yield out
+
+
 def blending_indices(weights: list[float], size: int) -> np.ndarray:
     """Which pair each of ``size`` blended samples comes from: the largest deficit rule."""
-    order = np.empty(size, dtype=np.uint8 if len(weights) <= 256 else np.int16)
-    taken = [0] * len(weights)
-    for i in range(size):
-        scale = float(max(i, 1))
-        best, best_err = 0, weights[0] * scale - taken[0]
-        for d in range(1, len(weights)):
-            err = weights[d] * scale - taken[d]
-            if err > best_err:
-                best, best_err = d, err
-        order[i] = best
-        taken[best] += 1
-    return order
+    return np.concatenate([np.empty(0, dtype=order_dtype(len(weights))), *blending_pieces(weights, size)])
+
+
+def mark_pieces(order: np.ndarray, pairs: int) -> Iterator[np.ndarray]:
+    """Each pair's count before every ``_CHECKPOINT``-th blended sample (one row per checkpoint,
+    ``len(order) // _CHECKPOINT + 1`` rows), in pieces."""
+    counts = np.zeros(pairs, dtype=np.int64)
+    rows = len(order) // _CHECKPOINT + 1
+    yield counts[None, :].copy()
+    for lo in range(1, rows, 1024):
+        hi = min(rows, lo + 1024)
+        out = np.empty((hi - lo, pairs), dtype=np.int64)
+        for b in range(lo, hi):
+            counts += np.bincount(order[(b - 1) * _CHECKPOINT : b * _CHECKPOINT], minlength=pairs)
+            out[b - lo] = counts
+        yield out
+
+
+def blend_key(weights: list[float], sizes: list[int]) -> dict:
+    return {"kind": "blend-order", "rule": "largest-deficit/v1", "weights": list(weights), "sizes": list(sizes)}
+
+
+def blend_wants(weights: list[float], sizes: list[int], about: str = "") -> tuple[Want, Callable[[np.ndarray], Want]]:
+    """The blend order's cache file and (given the order) its counts' (nothing built here)."""
+    key, pairs, total = blend_key(weights, sizes), len(sizes), sum(sizes)
+    order = Want(key, order_dtype(pairs), (total,), lambda: blending_pieces(weights, total), about)
+    marks_key = key | {"kind": "blend-marks", "every": _CHECKPOINT}
+    rows = total // _CHECKPOINT + 1
+    return order, lambda o: Want(marks_key, "int64", (rows, pairs), lambda: mark_pieces(o, pairs), about)
+
+
+def pair_seed(seed: int, d: int, epoch: int) -> int:
+    """The generator seed of pair ``d``'s shuffle in its pass ``epoch``."""
+    return (seed * 1_000_003 + d) * 1_000_003 + epoch
 
 
 class BlendedTokens:
@@ -102,43 +150,84 @@ class BlendedTokens:
         self.seed = seed
         self.count = sum(p.count for p in self.parts)
         self.vocab_size: int | None = None
-        self.index: dict = {
+        self._index: dict = {
             "format": "megatron-blend",
             "blend": [(w, p.prefix) for w, p in zip(self.weights, self.parts)],
             "split": data_split,
             "tokens": {split: self.count},
-            "sha256": _combined([str(p.index["sha256"]) for p in self.parts], self.weights, data_split),
         }
         self._built: tuple[int, np.ndarray, np.ndarray, list[int]] | None = None
         self._perms: dict[int, tuple[int, torch.Tensor]] = {}
+        self._cached_perms: dict[tuple[int, int], np.ndarray] = {}  # (pair, pass): from the cache
+
+    def sizes(self, seq_len: int) -> list[int]:
+        """Each pair's samples (a pair of weight > 0 too small for one is refused by name)."""
+        sizes = [p.samples(seq_len) for p in self.parts]
+        for (w, p), n in zip(zip(self.weights, self.parts), sizes):
+            if w > 0 and n < 1:
+                raise HierConfigError(
+                    "data.path",
+                    p.prefix,
+                    f"its {p.split} split holds {p.count} tokens, fewer than one sample of seq_len + 1 = "
+                    f"{seq_len + 1}: give it weight 0, more data, or a larger share in data.split",
+                )
+        return sizes
+
+    @property
+    def index(self) -> dict:
+        """What the blend is; its ``sha256`` (each pair's fingerprint) only when first asked."""
+        if "sha256" not in self._index:
+            digests = [str(p.index["sha256"]) for p in self.parts]
+            self._index["sha256"] = _combined(digests, self.weights, self._index["split"])
+        return self._index
 
     def limit_vocab(self, vocab: int) -> None:
         for p in self.parts:
             p.limit_vocab(vocab)
 
     def _build(self, seq_len: int) -> tuple[int, np.ndarray, np.ndarray, list[int]]:
-        if self._built is None or self._built[0] != seq_len:
-            sizes = [p.samples(seq_len) for p in self.parts]
-            for (w, p), n in zip(zip(self.weights, self.parts), sizes):
-                if w > 0 and n < 1:
-                    raise HierConfigError(
-                        "data.path",
-                        p.prefix,
-                        f"its {p.split} split holds {p.count} tokens, fewer than one sample of seq_len + 1 = "
-                        f"{seq_len + 1}: give it weight 0, more data, or a larger share in data.split",
-                    )
-            total = sum(sizes)
-            order = blending_indices(self.weights, total)
-            marks = np.zeros((total // _CHECKPOINT + 1, len(sizes)), dtype=np.int64)
-            for b in range(1, len(marks)):  # counts of each pair before every _CHECKPOINT-th sample
-                block = order[(b - 1) * _CHECKPOINT : b * _CHECKPOINT]
-                marks[b] = marks[b - 1] + np.bincount(block, minlength=len(sizes))
-            self._per_pass = np.bincount(order, minlength=len(sizes))
-            self._built = (seq_len, order, marks, sizes)
+        if self._built is None or self._built[0] != seq_len:  # no cache attached: built here, in memory
+            sizes = self.sizes(seq_len)
+            order = blending_indices(self.weights, sum(sizes))
+            self._use(seq_len, order, np.concatenate(list(mark_pieces(order, len(sizes)))), sizes)
+        assert self._built is not None
         return self._built
 
+    def _use(self, seq_len: int, order: np.ndarray, marks: np.ndarray, sizes: list[int]) -> None:
+        tail = order[(len(marks) - 1) * _CHECKPOINT :]  # fewer than _CHECKPOINT samples
+        self._per_pass = marks[-1] + np.bincount(tail, minlength=len(sizes))
+        self._built = (seq_len, order, marks, sizes)
+
     def samples(self, seq_len: int) -> int:
-        return sum(self._build(seq_len)[3])  # built (and a pair too small refused) when the loader opens
+        return sum(self.sizes(seq_len))  # a pair too small refused when the loader opens
+
+    def order_wants(self, seq_len: int) -> tuple[Want, Callable[[np.ndarray], Want]]:
+        """The cache's blend order and (given the order) its counts ([Note: data order caches])."""
+        about = f"blend of {[p.prefix for p in self.parts]}, split {self._index['split']}"
+        return blend_wants(list(self.weights), self.sizes(seq_len), about)
+
+    def attach(self, seq_len: int, first: int, last: int, get: Callable[[Want], np.ndarray], shuffle) -> None:
+        """Use cached arrays (``get``) for the order and for every pair's shuffles that loader
+        positions ``first`` .. ``last - 1`` read; ``shuffle(n, seed_value, about)``: a shuffle's
+        Want."""
+        order_want, marks_want = self.order_wants(seq_len)
+        order = get(order_want)
+        self._use(seq_len, order, get(marks_want(order)), self.sizes(seq_len))
+        lo, hi = self.taken_before(first, seq_len), self.taken_before(max(first, last), seq_len)
+        for d, n in enumerate(self._built[3] if self._built else []):
+            if hi[d] == lo[d]:
+                continue  # these positions take nothing of this pair
+            for epoch in range(int(lo[d]) // n, -(-int(hi[d]) // n)):
+                about = f"{self.parts[d].prefix} ({self.parts[d].split}), pass {epoch}"
+                self._cached_perms[(d, epoch)] = get(shuffle(n, pair_seed(self.seed, d, epoch), about))
+
+    def taken_before(self, g: int, seq_len: int) -> np.ndarray:
+        """How many samples of each pair the loader positions before ``g`` take."""
+        _, order, marks, _ = self._build(seq_len)
+        k = g % len(order)
+        start = (k // _CHECKPOINT) * _CHECKPOINT
+        here = np.bincount(order[start:k], minlength=len(self.parts))
+        return marks[k // _CHECKPOINT] + here + (g // len(order)) * self._per_pass
 
     def source(self, g: int, seq_len: int) -> tuple[int, int]:
         """(pair, that pair's sample) of loader position ``g``."""
@@ -150,9 +239,12 @@ class BlendedTokens:
         n = sizes[d]
         j += (g // len(order)) * int(self._per_pass[d])  # earlier passes over the blended order
         epoch = j // n
+        from_cache = self._cached_perms.get((d, epoch))
+        if from_cache is not None:
+            return d, int(from_cache[j % n])
         cached = self._perms.get(d)
         if cached is None or cached[0] != epoch:
-            gen = torch.Generator().manual_seed((self.seed * 1_000_003 + d) * 1_000_003 + epoch)
+            gen = torch.Generator().manual_seed(pair_seed(self.seed, d, epoch))
             cached = (epoch, torch.randperm(n, generator=gen))
             self._perms[d] = cached
         return d, int(cached[1][j % n])

@@ -156,7 +156,7 @@ class IndexedTokens:
         self.tokens = tokens[first:stop] if tokens is not None else np.zeros(0, self.dtype)
         self.vocab_size: int | None = None  # not recorded in the pair: the model's (limit_vocab)
         self._limit: int | None = None
-        self.index = {
+        self._index: dict = {
             "format": "megatron-mmap",
             "prefix": prefix,
             "dtype": self.dtype.name,
@@ -164,8 +164,16 @@ class IndexedTokens:
             "sequences": self.sequences,
             "documents": {"train": self.documents},
             "split": data_split,
-            "sha256": fingerprint(prefix) if data_split is None else _with_split(fingerprint(prefix), data_split),
         }
+
+    @property
+    def index(self) -> dict:
+        """What the pair is; its ``sha256`` (``fingerprint``: reads up to 4 MiB) only when first
+        asked: the job asks on rank 0 alone ([Note: data order caches] in order_cache.py)."""
+        if "sha256" not in self._index:
+            digest, data_split = fingerprint(self.prefix), self._index["split"]
+            self._index["sha256"] = digest if data_split is None else _with_split(digest, data_split)
+        return self._index
 
     def limit_vocab(self, vocab: int) -> None:
         """Refuse, per sample, ids the model's ``vocab`` cannot embed (the pair does not say its

@@ -37,7 +37,8 @@ of a run is one number, the next position (``Loader.state``). A resumed run cont
 exact position whatever its world and micro-batch (``Loader.resume_at``): its micro-batch i takes
 positions s + ((i - i0) * world + r) * micro + j, s the saved position and i0 its first
 micro-batch, so the positions seen before and after the resume are 0, 1, 2, ... without a gap or
-a repeat.
+a repeat. The job does not draw ``perm_e`` on every rank: rank 0 writes it once to a cache file
+that every rank memory-maps ([Note: data order caches] in order_cache.py), the same numbers.
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ class TokenData:
                 "no index.json there (and no PREFIX.bin + PREFIX.idx pair): prepare it with "
                 "`zeropp-hier data prepare --out DIR ...`, or name a Megatron pair's prefix",
             )
+        self.path, self.split = str(path), split
         self.index = json.loads(index_path.read_text())
         if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
             raise HierConfigError(
@@ -313,13 +315,22 @@ class Loader:
                 f"fewer than one sample of seq_len + 1 = {seq_len + 1} tokens: use more text or a shorter seq_len",
             )
         self._perm: tuple[int, torch.Tensor] | None = None
+        # epochs' shuffles from the cache ([Note: data order caches] in order_cache.py; orders.py)
+        self.cached: dict[int, np.ndarray] = {}
+        self.start_seconds = 0.0  # this rank's time to check or build (rank 0) and open them
         # micro-batch base_index starts at global position base_sample (0, 0 for a fresh run;
         # resume_at moves them)
         self.base_sample, self.base_index = 0, 0
 
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+    def epoch_seed(self, epoch: int) -> int:
+        """The generator seed of epoch ``epoch``'s shuffle."""
+        return self.seed * 1_000_003 + epoch
+
+    def _permutation(self, epoch: int) -> torch.Tensor | np.ndarray:
+        if epoch in self.cached:  # memory-mapped: only the pages read are loaded
+            return self.cached[epoch]
+        if self._perm is None or self._perm[0] != epoch:  # no cache: built here, as a loader alone does
+            g = torch.Generator().manual_seed(self.epoch_seed(epoch))
             self._perm = (epoch, torch.randperm(self.n, generator=g))
         return self._perm[1]
 
