@@ -6,8 +6,8 @@ recipe=neox20b model=neox_20b ... dryrun.nodes=N``) beside the planner's memory 
 
 One process of a small shared machine cannot hold or step the whole 20B model (its kept package
 copies alone are 10 GB per rank), so the run is shortened, and every shortening is written into
-the result's ``meta.conditions``: ``--layers`` of the 44 transformer blocks (each block, the
-embeddings and the vocabulary are the 20B's: hidden 6144, 64 heads, MLP 24576, vocabulary 50432),
+the result's ``meta.conditions``: ``--layers`` of the 44 transformer blocks, ``--hidden`` (the
+20B's 6144 narrowed, its heads of 96 and MLP of 4 x hidden kept; the vocabulary stays 50432),
 ``--seq-len`` tokens instead of 2048, ``--steps`` steps; ``memory_gb=64`` (a MI250X GCD's: on a
 CPU the job's budget would be this machine's RAM over 8 ranks, and it refuses the layout); and,
 where the recipe's global batch of 1536 sequences cannot be split over the world (75,264 ranks
@@ -35,9 +35,13 @@ RECIPE_BATCH = 1536
 MICRO_BATCH = 4  # data.micro_batch's default, which the recipe keeps
 
 
-def overrides(nodes: int, layers: int | None, seq_len: int | None) -> tuple[list[str], list[str]]:
+def overrides(
+    nodes: int, layers: int | None, seq_len: int | None, hidden: int | None = None
+) -> tuple[list[str], list[str]]:
     """The dry run's overrides and the shortenings among them (said beside the figures)."""
     short: list[str] = []
+    if hidden is not None:  # narrowed as the 20B is shaped: heads of 96, an MLP of 4 x hidden
+        short += [f"model.hidden={hidden}", f"model.heads={hidden // 96}", f"model.intermediate={4 * hidden}"]
     if layers is not None:
         short.append(f"model.layers={layers}")
     if seq_len is not None:
@@ -66,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--layers", type=int, default=1, help="transformer blocks (the recipe's: 44)")
     ap.add_argument("--seq-len", type=int, default=16, help="tokens per sequence (the recipe's: 2048)")
+    ap.add_argument("--hidden", type=int, default=None, help="model width, a multiple of 96 (the recipe's: 6144)")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from zeropp_hier.dryrun.cli import run_from_config, settings
 
-    ovr, short = overrides(a.nodes, a.layers, a.seq_len)
+    ovr, short = overrides(a.nodes, a.layers, a.seq_len, a.hidden)
     out = a.out or f"benchmarks/results/dryrun_neox20b_{a.nodes}.json"
     full_ovr = RECIPE + [s for s in short if s == "global_batch=null"]
     recipe_table = planner_table(full_ovr, a.nodes)
