@@ -111,7 +111,7 @@ def neox20b() -> str:
     body += [total, rss]
     cond = runs[0]["meta"]["conditions"]
     note = (
-        f"Dry run: rank 0, {runs[0]['model']['params'] / 1e9:.3g}B parameters; shortened: "
+        f"Dry run: rank 0, {runs[0]['result']['params'] / 1e6:.1f}M parameters (the recipe's: 20.6B); shortened: "
         + ", ".join(f"`{s}`" for s in cond["shortened"])
         + " (9,408 nodes also `global_batch=null`: 1536 sequences do not split over 75,264 ranks); "
         "`memory_gb=64`.\n"
