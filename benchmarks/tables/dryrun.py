@@ -48,3 +48,72 @@ def render() -> str:
             ]
         )
     return fmt.table(header, body) + "\n" + sources.cite(FILES) + "\n"
+
+
+# docs/usage.md's 20B table: the GPT-NeoX-20B recipe's dry run (benchmarks/cpu/dryrun_20b.py,
+# shortened as its meta says) beside the planner's memory table for the same job, and the
+# planner's for the recipe unshortened
+FILES_20B = [f"{sources.RESULTS}/dryrun_neox20b_48.json", f"{sources.RESULTS}/dryrun_neox20b_9408.json"]
+KEPT = ("tertiary (package copy)", "secondary (node copy)", "kept copies (per-layer levels)")
+# the planner's parts, and the engine's name for the same bytes (None: not counted by the engine)
+PARTS_20B = [
+    ("primary", "primary"),
+    ("optimizer", "optimizer"),
+    ("gradients", "gradients"),
+    ("kept copies", "kept copies (peak)"),
+    ("error-feedback residuals", "error-feedback residuals"),
+    ("gradient staging", None),
+    ("gathered layers", "gathered parameters (peak)"),
+    ("pipeline staging", None),
+    ("activations", None),
+]
+
+
+def _planned(table: dict, part: str) -> float | None:
+    (row,) = table.values()  # a fixed preset: one layout
+    if part == "kept copies":
+        return next((row[k] for k in KEPT if k in row), None)
+    return row.get(part)
+
+
+def _gb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e9:.3g}"
+
+
+def neox20b() -> str:
+    runs = [sources.load(p) for p in FILES_20B]
+    header = ["part (GB per rank)"]
+    for r in runs:
+        n = f"{r['world']['nodes']:,}"
+        header += [f"{n}: dry run, engine holds", f"{n}: planner, same job", f"{n}: planner, recipe unshortened"]
+    body = []
+    for part, held in PARTS_20B:
+        row = [part]
+        for r in runs:
+            mem = r["memory"]
+            engine = mem["engine_memory"].get(held) if held else None
+            row += [
+                _gb(engine) if held else "not counted (in RSS)",
+                _gb(_planned(mem["planner_memory"], part)),
+                _gb(_planned(r["planner_recipe"]["table"], part)),
+            ]
+        body.append(row)
+    total = ["total"]
+    rss = ["host: peak RSS / tracemalloc peak"]
+    for r in runs:
+        mem = r["memory"]
+        total += [
+            f"{sum(mem['engine_memory'].values()) / 1e9:.3g} (counted parts)",
+            _gb(_planned(mem["planner_memory"], "total")),
+            _gb(_planned(r["planner_recipe"]["table"], "total")),
+        ]
+        rss += [f"{mem['peak_rss_bytes'] / 1e9:.3g} / {mem['tracemalloc_peak_bytes'] / 1e9:.3g}", "", ""]
+    body += [total, rss]
+    cond = runs[0]["meta"]["conditions"]
+    note = (
+        f"Dry run: rank 0, {runs[0]['result']['params'] / 1e6:.1f}M parameters (the recipe's: 20.6B); shortened: "
+        + ", ".join(f"`{s}`" for s in cond["shortened"])
+        + " (9,408 nodes also `global_batch=null`: 1536 sequences do not split over 75,264 ranks); "
+        "`memory_gb=64`.\n"
+    )
+    return fmt.table(header, body) + "\n" + note + sources.cite(FILES_20B) + "\n"

@@ -22,6 +22,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gloo-probe": probe.render,
     "tick-peers": peers.render,
     "dryrun": dryrun.render,
+    "dryrun-neox20b": dryrun.neox20b,
     "gpu-kernels": gpu.kernels,
     "gpu-engine": gpu.engine,
     "dsunit-readme": dsunit.with_rerun,

@@ -112,3 +112,19 @@ def test_need_bytes_is_what_the_check_compares_with_the_budget(preset):
     memory_check.check(replace(spec, memory_gb=1.001 * need / 1e9), 8, 8, None)
     with pytest.raises(HierConfigError):
         memory_check.check(replace(spec, memory_gb=0.999 * need / 1e9), 8, 8, None)
+
+
+def test_parts_are_the_printed_table_as_data():
+    """``parts`` (the dry run reports it beside what the engine holds) gives the rows ``check``
+    prints: each part and the total, per layout."""
+    spec = JobSpec(model=MODELS["neox_1_4b"], micro_batch=1, dtype="bf16", memory_gb=100.0)
+    table = memory_check.parts(spec, 8, 8, None)
+    lines = memory_check.check(spec, 8, 8, None)
+    header = [c.strip() for c in lines[1].strip("|").split("|")]
+    for layout, row in table.items():
+        assert row["total"] == pytest.approx(sum(v for k, v in row.items() if k != "total"))
+        printed = next(line for line in lines if line.startswith(f"| {layout} |"))
+        cells = [c.strip() for c in printed.strip("|").split("|")]
+        for part, value in row.items():
+            name = "total GB" if part == "total" else part
+            assert float(cells[header.index(name)]) == pytest.approx(value / 1e9, rel=1e-2), part

@@ -121,6 +121,16 @@ def _predictions(
     return preds, cluster, wl, head
 
 
+def parts(
+    spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
+) -> dict[str, dict[str, float]]:
+    """The memory table as data: bytes per rank by part (and ``total``) for each of the job's
+    layouts, keyed by the layout's name (the dry run reports it beside what the engine holds)."""
+    budget, _ = _budget(spec, ranks_per_node, device_name, device_bytes)
+    preds = _predictions(spec, world, ranks_per_node, device_name, budget)[0]
+    return {p.candidate.name: {**p.memory.parts, "total": p.memory.total} for p in preds}
+
+
 def need_bytes(
     spec: JobSpec, world: int, ranks_per_node: int, device_name: str | None, device_bytes: float | None = None
 ) -> float:

@@ -162,13 +162,17 @@ def split_full(
     slots: Sequence[int],
     numels: Sequence[int],
 ) -> list[torch.Tensor]:
-    """Every tensor's full values (1-D, ``numels[i]`` elements, rank order) from a gathered
-    buffer (decoded to ``dtype`` if encoded)."""
+    """Every tensor's full values (1-D, ``numels[i]`` elements, rank order, contiguous) from a
+    gathered buffer (decoded to ``dtype`` if encoded)."""
     buf = ctx.coll.decode(full, dtype) if isinstance(full, Encoded) else full
     rows = ctx.rows_by_rank(buf.reshape(ctx.world, -1))  # coordinate order -> global rank order
     out, off = [], 0
     for n, slot, numel in zip(sizes, slots, numels):
-        out.append(rows[:, off : off + n].reshape(-1)[:numel])
+        # A one-element partition (a tensor no larger than the world) beside other slots is a
+        # [world, 1] column, which reshape flattens to a strided view instead of a copy; the
+        # parameter's data would then be strided, and DeepSpeed's GatheredParameters broadcast
+        # (which views it as bytes) refuses it. contiguous() copies only that case.
+        out.append(rows[:, off : off + n].reshape(-1)[:numel].contiguous())
         off += slot
     return out
 

@@ -119,14 +119,16 @@ def dry_run_job(
 def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, meters: Meters, profile: bool) -> dict:
     import torch.distributed as dist
 
-    from ..app import launch, run
+    from ..app import launch, memory_check, run
     from ..app.job_vocab import with_data_vocab
     from ..app.longrun import resume
+    from . import holdings
 
     meters.begin("plan_and_memory_table")
     spec.check()
     spec = with_data_vocab(spec)
     launch.memory_lines(spec, world.env(), 0)  # refuses a layout that cannot fit, as the job does
+    planned = memory_check.parts(spec, world.world_size, world.per_node, None)  # the same table, as data
     meters.begin("data")  # the hash (rank 0), the loader and its orders' cache (rank 0 builds it)
     data_sha = run._data_sha(spec)
     loader = run.open_data(spec, world.rank, world.world_size, spec.grad_accum)
@@ -136,6 +138,7 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
     kernels = run._gather_kernels(world.world_size)
     saves = run._Checkpoints(spec, job, data_sha, None)
     _instrument(job.engine, meters)
+    gathered = holdings.GatheredPeak(job.engine.module)
     losses: list[float] = []
     top: str | None = None
     for k in range(steps):
@@ -145,6 +148,8 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
         else:
             rows = job.train(1, start=k)
         losses.append(rows[-1]["loss"])
+    gathered.close()
+    held = holdings.held(job.engine, gathered.peak)  # after the steps: Adam's moments exist
     lines = _Lines()
     if save:
         meters.begin("save")
@@ -172,6 +177,8 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
         # the manifest lists only the files rank 0 hashed (each rank hashes its share; the mirror
         # hands back rank 0's share as everyone's): the load's check finds the rest unlisted
         "manifest_problems_from_the_mirror": len(problems),
+        "engine_memory": held,
+        "planner_memory": planned,
     }
     job.release()
     dist.barrier()

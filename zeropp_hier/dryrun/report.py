@@ -37,7 +37,12 @@ def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict
         "startup_seconds": {n: phases[n]["seconds"] for n in STARTUP if n in phases},
         "per_step": per_step,
         "phases": phases,
-        "memory": memory,
+        # host peaks; with the job's dry run, what the engine holds by part and the planner's
+        # table for the same job (holdings.py, app/memory_check.parts)
+        "memory": {
+            **memory,
+            **{k: result.pop(k) for k in ("engine_memory", "planner_memory") if k in result},
+        },
         "result": result,
         "seconds": round(seconds, 2),
         "limits": list(LIMITS),
@@ -90,6 +95,15 @@ def lines(rep: dict) -> list[str]:
         f"peak host memory: RSS {m['peak_rss_bytes'] / MiB:.0f} MiB, "
         f"tracemalloc {m['tracemalloc_peak_bytes'] / MiB:.0f} MiB"
     )
+    if m.get("engine_memory"):
+        out.append(
+            "held by the engine (GB, what a GPU rank would hold): "
+            + ", ".join(f"{k} {v / 1e9:.3g}" for k, v in m["engine_memory"].items())
+        )
+    for layout, parts in (m.get("planner_memory") or {}).items():
+        out.append(
+            f"planner's memory table, {layout} (GB): " + ", ".join(f"{k} {v / 1e9:.3g}" for k, v in parts.items())
+        )
     unmatched = sum(p["unmatched_receives"] for p in ph.values())
     foreign = sum(p["foreign_object_broadcasts"] for p in ph.values())
     out.append(
