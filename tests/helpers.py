@@ -111,6 +111,16 @@ def set_path(section: dict, path: tuple, value) -> dict:
     return out
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None when the
+    process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def marked_processes(mark: str) -> list[int]:
     """Live processes (not zombies) whose initial environment carries ``mark`` (``NAME=value``):
     how a test proves that nothing it started survives it."""
@@ -123,10 +133,32 @@ def marked_processes(mark: str) -> list[int]:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if want not in f.read().split(b"\0"):
                     continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
         except OSError:
             continue
-        found.append(int(pid))
+        stat = _stat(pid)
+        if stat is not None and stat[0] != "Z":
+            found.append(int(pid))
     return found
+
+
+def world_processes(world) -> list[int]:
+    """Live processes (not zombies) of a ``LocalWorld``: its ranks, by pid, and every process
+    whose initial environment carries the world's mark (what a rank started; a spawned rank
+    itself), less this test process's multiprocessing fork server. A preloaded world's ranks are
+    forked by that server, so their own initial environment is the server's: they are found by
+    pid. The server starts on the session's first preloaded world (and so may carry that world's
+    mark) and serves every later one; it is no rank and outlives each world by design."""
+    import os
+
+    def my_fork_server(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            return False
+        stat = _stat(pid)
+        return b"multiprocessing.forkserver" in cmd and stat is not None and int(stat[1]) == os.getpid()
+
+    marked = marked_processes(f"ZEROPP_HIER_WORLD_ID={world.world_id}")
+    ranks = [pid for pid in world.pids if (stat := _stat(pid)) is not None and stat[0] != "Z"]
+    return sorted(pid for pid in {*marked, *ranks} if not my_fork_server(pid))

@@ -1,7 +1,6 @@
 """A dead or stuck rank ends the job within a bound, with errors naming tier and peer; no hang,
 no process left behind. Each test breaks its own world on purpose (never the shared world8)."""
 
-import os
 import re
 
 import pytest
@@ -10,7 +9,7 @@ from zeropp_hier.app.spec import ds_config
 from zeropp_hier.core.topology import Topology
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
-from ..helpers import marked_processes
+from ..helpers import world_processes
 from . import ranks_reliability as rs
 
 TIMEOUT_S = 5.0  # collective_timeout_s of these runs
@@ -42,26 +41,14 @@ def parse_error(text: str) -> dict | None:
 
 
 def processes_of(world: LocalWorld) -> list[int]:
-    """Live processes (not zombies) that carry this world's mark in their initial environment,
-    less this test process's multiprocessing fork server: a preloaded world starts it on first
-    use (so it inherits that world's mark) and it serves every later preloaded world of the
-    session; it is no rank and outlives each world by design."""
-    return [p for p in marked_processes(f"ZEROPP_HIER_WORLD_ID={world.world_id}") if not _my_fork_server(p)]
-
-
-def _my_fork_server(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-        with open(f"/proc/{pid}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return False
-    return b"multiprocessing.forkserver" in cmd and ppid == os.getpid()
+    """Live processes of ``world``: its ranks and anything they started (``world_processes``)."""
+    return world_processes(world)
 
 
 def broken_world(size: int, fn, *args) -> tuple[LocalWorld, WorldError]:
-    world = LocalWorld(size, timeout=600, pg_timeout_s=60.0, failure_grace_s=GRACE_S)
+    # forked from the session's preloaded fork server ([Note: preloaded ranks]): a world of its own,
+    # without 8 fresh imports of torch and DeepSpeed (tens of CPU-seconds on a 2-core machine)
+    world = LocalWorld(size, timeout=600, pg_timeout_s=60.0, failure_grace_s=GRACE_S, preload=True)
     alive_before = processes_of(world)
     try:
         with pytest.raises(WorldError) as e:

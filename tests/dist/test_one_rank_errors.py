@@ -14,7 +14,7 @@ import pytest
 from zeropp_hier.app.spec import ds_config
 from zeropp_hier.launch.world import LocalWorld, WorldError
 
-from ..helpers import marked_processes
+from ..helpers import world_processes
 from . import ranks_errors
 
 BOUND_S = 60.0  # "within the timeout": every rank's error within this of the first (measured: < 1 s)
@@ -100,7 +100,7 @@ def _run_signalled(tmp_path, sig, ranks):
     marker_dir.mkdir()
     cfg = _cfg()
     cfg["zeropp_hier"]["collective_timeout_s"] = 30
-    world = LocalWorld(2, timeout=600, failure_grace_s=BOUND_S)
+    world = LocalWorld(2, timeout=600, failure_grace_s=BOUND_S, preload=True)  # [Note: preloaded ranks]
     stop = threading.Event()
     sender = threading.Thread(target=_signal_when_all_wait, args=(world, str(marker_dir), sig, ranks, stop))
     sender.start()
@@ -111,7 +111,7 @@ def _run_signalled(tmp_path, sig, ranks):
         stop.set()
         sender.join()
         world.close(force=True)
-    left = marked_processes(f"ZEROPP_HIER_WORLD_ID={world.world_id}")
+    left = world_processes(world)
     return e.value, left, save_dir
 
 

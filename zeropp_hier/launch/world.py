@@ -241,8 +241,9 @@ class LocalWorld:
         # thread). What a fork server does not carry over is
         # the caller's environment at start: every rank applies the caller's whole ``os.environ``
         # first, as a spawned one inherits it. Only ``/proc/<pid>/environ`` still shows the fork
-        # server's, so the world's mark (``world_id``) is there only for spawned worlds. CPU
-        # ranks only: the fork server chose DeepSpeed's accelerator when it imported it.
+        # server's, so a preloaded rank's own entry there lacks the world's mark (``world_id``);
+        # whatever the rank starts carries it. CPU ranks only: the fork server chose DeepSpeed's
+        # accelerator when it imported it.
         preload = preload and not gpus and with_deepspeed
         ctx: Any = mp.get_context("forkserver" if preload else "spawn")  # both have Process and Queue
         if preload:
@@ -260,6 +261,10 @@ class LocalWorld:
         env = {"DS_ACCELERATOR": accel, "OMP_NUM_THREADS": "1", **(env or {})}
         if preload:
             env = {**os.environ, **env}
+        # the world's mark (below): a forked rank's /proc/<pid>/environ is the fork server's, so
+        # each rank sets the mark itself, and anything it starts inherits it
+        self.world_id = uuid.uuid4().hex
+        env["ZEROPP_HIER_WORLD_ID"] = self.world_id
         self.procs = [
             ctx.Process(
                 target=_worker,
@@ -268,13 +273,13 @@ class LocalWorld:
             )
             for r in range(world_size)
         ]
-        # A mark in the children's initial environment (visible in /proc/<pid>/environ, inherited
-        # by anything they start) lets a caller prove that no process of this world survives it.
+        # A mark in the children's initial environment (visible in /proc/<pid>/environ of spawned
+        # ranks and of anything any rank starts) lets a caller prove that no process of this world
+        # survives it (a preloaded rank itself: by ``pids``).
         # The resource tracker is started first so that it does not carry the mark.
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
-        self.world_id = uuid.uuid4().hex
         previous = os.environ.get("ZEROPP_HIER_WORLD_ID")
         os.environ["ZEROPP_HIER_WORLD_ID"] = self.world_id
         try:
