@@ -4,7 +4,6 @@ with the rule written out here), a rank reads only the entries of its own sample
 names another file, a foreign, truncated or corrupt file is refused naming it (or rebuilt by the
 builder), and the costs at 300B tokens on 75,264 ranks, by arithmetic."""
 
-
 import numpy as np
 import pytest
 import torch
