@@ -89,13 +89,13 @@ class KeptRow(NamedTuple):
 # [Note: kept copies of packed buckets]
 # A kept copy used to be cut per tensor, each on its own block boundaries, so a bucket that keeps
 # copies kept whole-block slots ([Note: blocks never straddle]) whatever the world: at 75,264
-# ranks a tertiary copy spans 37,632 peers, 256 bytes per peer per tensor (for a 1.3 M-parameter model,
-# 60 tensors: 580 MB). Where a bucket's row is packed
-# ([Note: per-rank costs flat in the world] in core/layout.py) its copy is kept whole instead,
-# once, as ``KeptRow``: the backward gathers the whole row (the tensors of the bucket that it
-# did not ask for too; their values are not handed out) from the same bytes the forward
-# delivered, so it decodes exactly the weights the forward used. Whole-block buckets (every
-# layout at test sizes) keep their copies per tensor as before.
+# ranks a tertiary copy spans 37,632 peers, 256 bytes per peer per tensor (the 52 tensors of a
+# 1.3 M-parameter GPT: 500 MB). Where a bucket's row is packed ([Note: per-rank costs flat in the
+# world] in core/layout.py) its copy is kept whole instead, once, as ``KeptRow``: the backward
+# gathers the whole row (the tensors of the bucket that it did not ask for too; their values are
+# not handed out) from the same bytes the forward delivered, so it decodes exactly the weights the
+# forward used (tests/dist/test_packed_rows.py). Whole-block buckets (every layout at test sizes)
+# keep their copies per tensor as before.
 
 
 def kept_copy(ctx: CommContext, full: Buffer, axes: tuple[str, ...]) -> Buffer:

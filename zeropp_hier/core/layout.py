@@ -127,7 +127,9 @@ def aligned(n: int, block: int) -> int:
 #   their padding costs at most the values themselves (or under ``PAD_ALLOWANCE`` elements in
 #   all, every case at test sizes), and otherwise packs the pieces side by side and pads the
 #   rank's row once, as DeepSpeed's flat buffers do: blocks may then straddle tensors, which at
-#   that size hold a few elements per rank each.
+#   that size hold a few elements per rank each; a row under a block takes a smaller one
+#   ([Note: a packed row's block]), and a bucket that keeps copies keeps its row whole
+#   ([Note: kept copies of packed buckets] in comm/gather.py).
 # - Lists as long as a send block's rows: ``Valid`` holds one row's runs and a repeat count, and
 #   makes its index with one broadcast add on the device.
 # - The per-step non-finite agreement (comm/numerics.py) and the byte counters (comm/stats.py):
