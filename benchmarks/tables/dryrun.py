@@ -1,12 +1,20 @@
-"""docs/usage.md's dry-run table: rank 0 of the same job at 48 and at 9,408 nodes x 4 x 2, from the
-dry run's own reports (``zeropp-hier train ... dryrun.nodes=N dryrun.out=FILE``): memory, host
+"""docs/usage.md's dry-run table: rank 0 of the same job at 48 and at 9,408 nodes x 4 x 2, for each
+preset, from the dry run's own reports (``zeropp-hier train ... dryrun.nodes=N dryrun.out=FILE``): memory, host
 seconds per step, collectives per step and the files touched at save and load."""
 
 from __future__ import annotations
 
 from . import fmt, sources
 
-FILES = [f"{sources.RESULTS}/dryrun_frontier_48.json", f"{sources.RESULTS}/dryrun_frontier_9408.json"]
+PRESETS = ("frontier", "zeropp", "zero3")
+FILES = [f"{sources.RESULTS}/dryrun_{preset}_{nodes}.json" for preset in PRESETS for nodes in (48, 9408)]
+
+
+def _load(path: str) -> str:
+    """The machine's 1-minute load when the run was recorded: host seconds taken beside other work
+    are wall times under that load, not comparable with a quiet run's."""
+    load = sources.meta(path).get("conditions", {}).get("load_1min")
+    return "quiet" if load is None else f"{load:.0f}"
 
 
 def _files(phase: dict) -> str:
@@ -17,6 +25,7 @@ def render() -> str:
     header = [
         "preset",
         "nodes (ranks)",
+        "load (2 cores)",
         "peak RSS",
         "tracemalloc peak",
         "host s per step",
@@ -37,6 +46,7 @@ def render() -> str:
             [
                 f"`{r['preset']}`",
                 f"{w['nodes']:,} ({w['ranks']:,})",
+                _load(path),
                 f"{mem['peak_rss_bytes'] / 2**20:,.0f} MiB",
                 f"{mem['tracemalloc_peak_bytes'] / 2**20:,.0f} MiB",
                 f"{r['per_step']['host_seconds']:.2f}",

@@ -175,3 +175,58 @@ def test_the_nonfinite_agreement_is_fixed_size_until_something_is_set():
     # a flag set: the same round, then one bit per rank and location to name them
     assert r["all"] == [16, 16, 4 * bitmap_bytes(WORLD)]
     assert r["seen"] == [{"phase": "grad_reduce", "tier": "gpu", "ranks": [0]}]
+
+
+def test_a_packed_row_is_one_small_block_at_75264_ranks():
+    # [Note: a packed row's block]: the 1.3 M-parameter GPT of the dry run (hidden 160, 4 layers),
+    # one layer's bucket: a few values per rank, so the row is one block of the smallest size
+    # that holds them, not 256
+    d, inter = 160, 640
+    layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, inter * d, inter, inter * d, d]
+    sizes = [-(-n // WORLD) for n in layer]
+    lay = layout.bucket_layout(sizes, BLOCK, WORLD)
+    assert lay.packed and lay.block < BLOCK
+    values = sum(sizes)
+    assert sum(lay.slots) == lay.block <= max(layout.SMALLEST_BLOCK, 2 * values)
+    # whole-block slots would be 12 blocks per rank: 96 times the row
+    assert sum(layout.aligned(n, BLOCK) for n in sizes) >= 96 * sum(lay.slots)
+    # the gathered bucket (every rank's row) and a tertiary copy (node x gpu rows of it), in
+    # elements: about twice the same bucket's at 48 nodes (384 ranks), in its whole-block slots
+    # there (the values themselves are the same; 32 elements per rank at most are padding)
+    at48 = layout.bucket_layout([-(-n // 384) for n in layer], BLOCK, 384)
+    assert not at48.packed
+    assert WORLD * sum(lay.slots) <= 2.1 * 384 * sum(at48.slots)
+    assert NODES * GPUS * sum(lay.slots) <= 2.1 * 48 * GPUS * sum(at48.slots)
+    # the codes are the ones the 256 block made: one block holds every value either way
+    x = torch.zeros(BLOCK)
+    x[:values] = torch.linspace(-1, 1, values)
+    from zeropp_hier import quant
+
+    big = quant.quantize(x, 8, BLOCK)
+    small = quant.quantize(x[: lay.block], 8, lay.block)
+    assert torch.equal(big.data[: lay.block], small.data) and torch.equal(big.scales[:1], small.scales)
+
+
+def test_a_packed_rows_block_is_bounded_by_the_hops_block():
+    assert layout.packed_block(1, BLOCK) == layout.SMALLEST_BLOCK
+    assert layout.packed_block(33, BLOCK) == 64
+    assert layout.packed_block(256, BLOCK) == BLOCK and layout.packed_block(5000, BLOCK) == BLOCK
+    assert layout.packed_block(7, 1) == 1  # nothing quantizes
+    from zeropp_hier.quant import _checks
+
+    assert layout.SMALLEST_BLOCK == _checks.MIN_BLOCK
+    # rows past a block keep the hops' block and are padded to it, as before
+    big = layout.bucket_layout([300] * 3, BLOCK, WORLD)
+    assert big.block == BLOCK and sum(big.slots) % BLOCK == 0
+    # whole-block slots where they cost little: the layout and block of every test size
+    assert layout.bucket_layout([5, 9], BLOCK, 16) == layout.BucketLayout((BLOCK, BLOCK), BLOCK, False)
+
+
+def test_a_packed_buckets_hops_take_its_block():
+    from zeropp_hier.core.plan import Hop
+
+    hops = (Hop(("node",), "int8", 256, False, 128), Hop(("gpu",), "none", 256, False, 0))
+    small = gather.with_block(hops, 32)
+    assert small[0].block_size == 32 and small[0].rotate == 32
+    assert small[1] == hops[1]  # an exact hop has no block
+    assert gather.with_block(hops, 256) == hops

@@ -63,6 +63,51 @@ def slots_of(sizes: Sequence[int], align: int, world: int = 1) -> list[int]:
     return list(layout.block_slots(sizes, align, world))
 
 
+def with_block(hops: Sequence[Hop], block: int) -> tuple[Hop, ...]:
+    """The hops as a bucket whose row is quantized in ``block`` runs them: every quantizing hop's
+    block (and rotation) at most ``block`` ([Note: a packed row's block] in core/layout.py)."""
+    return tuple(
+        h._replace(block_size=block, rotate=min(h.rotate, block))
+        if h.scheme in QUANTIZED and h.block_size > block
+        else h
+        for h in hops
+    )
+
+
+class KeptRow(NamedTuple):
+    """A kept copy of a whole packed bucket ([Note: kept copies of packed buckets]): the copy,
+    the bucket's layout and its tensors' keys (``ids``) in row order."""
+
+    buf: Buffer  # [n, p, g, S]: every block along the kept axes, this rank's along the others
+    ids: tuple[int, ...]
+    sizes: tuple[int, ...]
+    slots: tuple[int, ...]
+    numels: tuple[int, ...]
+    block: int  # the row's quantization block
+
+
+# [Note: kept copies of packed buckets]
+# A kept copy used to be cut per tensor, each on its own block boundaries, so a bucket that keeps
+# copies kept whole-block slots ([Note: blocks never straddle]) whatever the world: at 75,264
+# ranks a tertiary copy spans 37,632 peers, 256 bytes per peer per tensor (the 52 tensors of a
+# 1.3 M-parameter GPT: 500 MB). Where a bucket's row is packed ([Note: per-rank costs flat in the
+# world] in core/layout.py) its copy is kept whole instead, once, as ``KeptRow``: the backward
+# gathers the whole row (the tensors of the bucket that it did not ask for too; their values are
+# not handed out) from the same bytes the forward delivered, so it decodes exactly the weights the
+# forward used (tests/dist/test_packed_rows.py). Whole-block buckets (every layout at test sizes)
+# keep their copies per tensor as before.
+
+
+def kept_copy(ctx: CommContext, full: Buffer, axes: tuple[str, ...]) -> Buffer:
+    """The part of a gathered buffer this rank keeps for ``axes``: every block along them, its own
+    coordinate along the others."""
+    if isinstance(full, Encoded):
+        return full._replace(
+            data=layout.kept_shard(full.data, ctx.me, axes), scales=layout.kept_shard(full.scales, ctx.me, axes)
+        )
+    return layout.kept_shard(full, ctx.me, axes)
+
+
 def primary_buffer(
     parts: Sequence[torch.Tensor], sizes: Sequence[int], numels: Sequence[int], slots: Sequence[int], rank: int
 ) -> torch.Tensor:
@@ -140,13 +185,7 @@ def cut_kept(
         piece: Buffer | None = None
         if axes is not None:
             if axes not in cut:
-                if isinstance(full, Encoded):
-                    cut[axes] = full._replace(
-                        data=layout.kept_shard(full.data, ctx.me, axes),
-                        scales=layout.kept_shard(full.scales, ctx.me, axes),
-                    )
-                else:
-                    cut[axes] = layout.kept_shard(full, ctx.me, axes)
+                cut[axes] = kept_copy(ctx, full, axes)
             kept = cut[axes]
             piece = kept.payload(off, slot) if isinstance(kept, Encoded) else kept[..., off : off + slot].contiguous()
         out.append(piece)

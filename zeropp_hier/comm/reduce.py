@@ -27,6 +27,7 @@ import torch
 from ..core import layout
 from ..core.policy import QUANTIZED
 from .context import CommContext
+from .gather import with_block
 from .job import Done, Job, Move
 
 
@@ -70,6 +71,7 @@ def submit_reduce_scatter(
     packed = layout.pack_grad_rows(grads, world, pad, scale=1.0 / world, align_chunks=pad > 1)
     numels = [g.numel() for g in grads]
     width = packed.rows.shape[1]
+    pad = packed.block  # a packed row's own block ([Note: a packed row's block] in core/layout.py)
     if ctx.pipeline_chunks > 1:  # a job per chunk ([Note: chunked gathers] in comm/gather.py)
         per = world * -(-width // ctx.pipeline_chunks)
         chunks = column_chunks(width, pad, world, min(ctx.stream_chunk_elems, per))
@@ -132,7 +134,8 @@ def _chunk_stages(
     cols = None if valid is None else valid.columns(a, b)
     buf = ctx.rows_by_coord(rows[:, a:b]).contiguous().view(*ctx.topo.dims, -1)
     ckey = key if len(bucket.chunks) == 1 or key is None else (*key, f"columns {a}:{b}")
-    for s, hop in enumerate(ctx.plan.reduce):
+    # the stages quantize in the rows' block ([Note: a packed row's block] in core/layout.py)
+    for s, hop in enumerate(with_block(ctx.plan.reduce, bucket.packed.block)):
         # the rows and the output are read and written on several lanes (GPU streams)
         yield Move(hop.axes, (buf, rows) if out is None else (buf, rows, out))
         hook = ctx.hooks.reduce_hook(ckey, s, hop, bucket.loss_scale)

@@ -127,7 +127,9 @@ def aligned(n: int, block: int) -> int:
 #   their padding costs at most the values themselves (or under ``PAD_ALLOWANCE`` elements in
 #   all, every case at test sizes), and otherwise packs the pieces side by side and pads the
 #   rank's row once, as DeepSpeed's flat buffers do: blocks may then straddle tensors, which at
-#   that size hold a few elements per rank each.
+#   that size hold a few elements per rank each; a row under a block takes a smaller one
+#   ([Note: a packed row's block]), and a bucket that keeps copies keeps its row whole
+#   ([Note: kept copies of packed buckets] in comm/gather.py).
 # - Lists as long as a send block's rows: ``Valid`` holds one row's runs and a repeat count, and
 #   makes its index with one broadcast add on the device.
 # - The per-step non-finite agreement (comm/numerics.py) and the byte counters (comm/stats.py):
@@ -154,6 +156,54 @@ def block_slots(lengths: Sequence[int], block: int, world: int) -> tuple[int, ..
     return (*lengths[:-1], lengths[-1] + aligned(values, block) - values)
 
 
+# the quantizer's smallest block (quant/_checks.py's MIN_BLOCK; core imports no kernel code, a
+# unit test checks that the two agree)
+SMALLEST_BLOCK = 32
+
+
+class BucketLayout(NamedTuple):
+    """A bucket's row: each piece's slot, and the block its quantizing hops use."""
+
+    slots: tuple[int, ...]
+    block: int
+    packed: bool  # pieces side by side (not each in whole blocks)
+
+
+def bucket_layout(lengths: Sequence[int], block: int, world: int) -> BucketLayout:
+    """``block_slots``, and the block of the row: ``block`` for whole-block slots; for packed
+    pieces whose values fill less than a block, the smallest power of two that holds them (at
+    least ``SMALLEST_BLOCK``), the row padded to it ([Note: a packed row's block])."""
+    lengths = tuple(lengths)
+    slots = block_slots(lengths, block, world)
+    if block <= 1 or not lengths or slots == tuple(aligned(n, block) for n in lengths):
+        return BucketLayout(slots, block, False)
+    values = sum(lengths)
+    small = packed_block(values, block)
+    return BucketLayout((*lengths[:-1], lengths[-1] + aligned(values, small) - values), small, True)
+
+
+def packed_block(values: int, block: int) -> int:
+    """The block of a packed row of ``values`` elements ([Note: a packed row's block])."""
+    if block <= 1:
+        return block
+    return min(block, max(SMALLEST_BLOCK, 1 << max(0, values - 1).bit_length()))
+
+
+# [Note: a packed row's block]
+# Packed pieces ([Note: per-rank costs flat in the world]) still padded every rank's row to a
+# whole block: at 75,264 ranks a bucket of a small model holds a few values per rank, and its
+# row of 256 made every gathered bucket 19 M elements and every kept copy 256 bytes per peer
+# (a tertiary copy spans 37,632 of them). A row whose values fill less than a block is
+# quantized in a smaller block instead: the smallest power of two that holds its values, so the
+# row stays one block and the padding is under the values themselves or the quantizer's
+# smallest block. The codes are the same bytes: a symmetric block takes its scale from its
+# largest magnitude, and the one small block holds every value the one large block held with
+# fewer zeros beside them; only the zero blocks after it (and their scales) are gone. A
+# rotation ([Note: block rotation] in quant/reference.py) is capped at the small block. Only
+# packed rows change, and rows are packed only past ``PAD_ALLOWANCE`` (never at test sizes):
+# every layout the exactness tests run is the one they ran before.
+
+
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
 # gradient stages] in comm/reduce.py): defined in plan.py, which the planner reads without
 # importing torch
@@ -165,6 +215,7 @@ class GradRows(NamedTuple):
     chunk: tuple[int, ...]  # per-tensor chunk length (ceil(numel / world))
     width: int  # C before padding
     slots: tuple[int, ...] | None = None  # per-tensor slot width in a row (None: = chunk)
+    block: int = 1  # the rows' quantization block: pad_to, or a packed row's ([Note: a packed row's block])
 
 
 def pack_grad_rows(
@@ -177,9 +228,9 @@ def pack_grad_rows(
     ([Note: blocks never straddle]) within ``block_slots``'s bound. Values are converted to fp32
     and multiplied by ``scale`` (the averaging factor)."""
     chunks = tuple(-(-g.numel() // world) for g in grads)
-    slots = block_slots(chunks, pad_to, world) if align_chunks else chunks
+    slots, block = bucket_layout(chunks, pad_to, world)[:2] if align_chunks else (chunks, pad_to)
     width = sum(slots)
-    padded = aligned(width, pad_to) if width else 0
+    padded = aligned(width, block) if width else 0
     rows = torch.zeros(world, padded, dtype=torch.float32, device=grads[0].device if grads else None)
     off = 0
     for g, c, slot in zip(grads, chunks, slots):
@@ -193,7 +244,7 @@ def pack_grad_rows(
         off += slot
     if scale != 1.0:
         rows.mul_(scale)
-    return GradRows(rows, chunks, width, slots if align_chunks else None)
+    return GradRows(rows, chunks, width, slots if align_chunks else None, block)
 
 
 def unpack_my_chunks(

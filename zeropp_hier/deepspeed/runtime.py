@@ -160,7 +160,9 @@ class HierRuntime:
         # [Note: backward window] in deepspeed/inflight.py
         self.window = BackwardWindow(cfg.pipeline.backward_layers_ahead, self._submit_layer)
         # ds_id -> kept shard [n, p, g, partition_numel]; cleared whenever the primary changes
-        self.shards: dict[int, torch.Tensor | Encoded] = {}
+        # (or the whole row of a packed bucket, shared by its parameters: [Note: kept copies of
+        # packed buckets] in comm/gather.py)
+        self.shards: dict[int, torch.Tensor | Encoded | gather.KeptRow] = {}
         self._frozen: dict[int, ZeroParam] = {}  # kept shards of parameters that do not train
         # what the gather and reduce-scatter drivers run on
         self.comm = CommContext(
@@ -261,10 +263,22 @@ class HierRuntime:
             # the source: the primary (()), or a kept copy spanning these axes
             src = (self.kept_axes_of(p.ds_id) or ()) if use_shards and p.ds_id in self.shards else ()
             buckets.setdefault((src, p.ds_tensor.dtype), []).append(p)
-        work = [
-            (ps, src, [self.shards[p.ds_id] for p in ps] if src else None)
-            for (src, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
-        ]
+        work: list[tuple[list[ZeroParam], tuple[str, ...], list | gather.KeptRow | None]] = []
+        for (src, _), ps in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            if not src:
+                work.append((ps, src, None))
+                continue
+            # copies kept per tensor gather as one bucket; a whole packed row kept as one copy
+            # gathers on its own ([Note: kept copies of packed buckets] in comm/gather.py)
+            loose = [p for p in ps if not isinstance(self.shards[p.ds_id], gather.KeptRow)]
+            if loose:
+                work.append((loose, src, [self.shards[p.ds_id] for p in loose]))
+            rows: dict[int, tuple[gather.KeptRow, list[ZeroParam]]] = {}
+            for p in ps:
+                row = self.shards[p.ds_id]
+                if isinstance(row, gather.KeptRow):
+                    rows.setdefault(id(row), (row, []))[1].append(p)
+            work.extend((members, src, row) for row, members in rows.values())
         chunks = self.chunks
         if chunks > 1:  # [Note: chunked gathers] in comm/gather.py: a job per chunk of each bucket
             futures: list[Future] = []  # each chunk's, or each bucket's whole (``LayerWait.futures``)
@@ -293,29 +307,44 @@ class HierRuntime:
 
         layer.futures = [self.executor.submit(gather_all(), lanes)]
 
-    def _gather_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> Job:
+    def _gather_bucket(
+        self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | gather.KeptRow | None, phase: str
+    ) -> Job:
         """The job of one bucket, unchunked: its hops, then its ``finish``."""
         b = self._bucket(ps, src, shards, phase)
         return (yield from gather.gather_bucket(self.comm, b.hops, b.make_start(), phase, b.finish, b.carry, b.valid))
 
-    def _bucket(self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | None, phase: str) -> _Bucket:
+    def _bucket(
+        self, ps: list[ZeroParam], src: tuple[str, ...], shards: list | gather.KeptRow | None, phase: str
+    ) -> _Bucket:
         """One bucket: its parameters as plain tensors for the gather driver (``comm/gather.py``),
         run from the primary partitions (``src`` empty) or from kept copies spanning ``src``;
         ``finish`` hands the copies it keeps and the full tensors back to the parameters. The
         primary partitions are read by ``make_start``, called when the job starts (on its lane)."""
+        if isinstance(shards, gather.KeptRow):
+            return self._kept_row_bucket(ps, src, shards, phase)
         sizes = [p.ds_tensor.ds_numel for p in ps]
         numels = [p.ds_numel for p in ps]
+        # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
+        # the next steps): gathers outside the step (engine construction, GatheredParameters,
+        # persistent re-gathers) keep nothing, so a weight changed between steps by any route
+        # can never be served from a stale copy. Persistent parameters are never re-gathered,
+        # and a layer at level none keeps nothing.
+        keep = None
+        if not src and self.plan.kept_axes is not None and phase == "forward_gather":
+            keep = [None if getattr(p, "ds_persist", False) else self.kept_axes_of(p.ds_id) for p in ps]
         # each partition in a slot of whole blocks when a hop quantizes ([Note: blocks never
-        # straddle]); kept copies have the slots of the forward gather that made them. Exact
-        # gathers ([Note: every gather through the hierarchy]) need no padding.
-        # A bucket that keeps copies, or gathers from them, keeps every partition in whole-block
-        # slots whatever the world: a kept copy is cut per tensor on block boundaries (an int8
-        # copy is sliced by its blocks), so the packing bound ([Note: per-rank costs flat in the
-        # world]) applies only to buckets that keep nothing (at 9,408 nodes the dry run found a
-        # packed forward gather's kept cut off its block boundaries).
-        keeps = bool(src) or (phase == "forward_gather" and self.plan.kept_axes is not None)
-        packing_world = 1 if keeps else self.topo.world_size
-        slots = gather.slots_of(sizes, 1 if phase == "other_gather" else self._gather_align, packing_world)
+        # straddle]), packed where that padding grows past its bound ([Note: per-rank costs flat
+        # in the world]); copies kept per tensor have the slots of the forward gather that made
+        # them. Exact gathers ([Note: every gather through the hierarchy]) need no padding.
+        # A packed bucket that keeps copies keeps its row whole ([Note: kept copies of packed
+        # buckets] in comm/gather.py), which needs one kept level for the bucket: a bucket that
+        # keeps at several levels (a memory budget's mix) stays in whole-block slots.
+        kept_axes = {k for k in keep if k is not None} if keep is not None else set()
+        packing_world = 1 if src or len(kept_axes) > 1 else self.topo.world_size
+        lay = layout.bucket_layout(sizes, 1 if phase == "other_gather" else self._gather_align, packing_world)
+        slots = list(lay.slots)
+        row_axes = next(iter(kept_axes)) if lay.packed and kept_axes else None
         carry: tuple[torch.Tensor, ...] = ()
         start_block = 1
         if src:
@@ -336,24 +365,29 @@ class HierRuntime:
                 parts = [p.ds_tensor.data.reshape(-1) for p in ps]
                 return gather.primary_buffer(parts, sizes, numels, slots, self.rank)
 
-        # Copies are kept from forward gathers only, for the backward (and, for frozen parameters,
-        # the next steps): gathers outside the step (engine construction, GatheredParameters,
-        # persistent re-gathers) keep nothing, so a weight changed between steps by any route
-        # can never be served from a stale copy. Persistent parameters are never re-gathered,
-        # and a layer at level none keeps nothing.
-        keep = None
-        if not src and self.plan.kept_axes is not None and phase == "forward_gather":
-            keep = [None if getattr(p, "ds_persist", False) else self.kept_axes_of(p.ds_id) for p in ps]
         dtype = ps[0].ds_tensor.dtype
-        hops = gather.hops_for(self.plan, src, phase)
-        cut = gather.finish_bucket(self.comm, dtype, sizes, slots, numels, keep)
+        hops = gather.with_block(gather.hops_for(self.plan, src, phase), lay.block)
+        cut = gather.finish_bucket(self.comm, dtype, sizes, slots, numels, None if row_axes else keep)
+        ids = tuple(p.ds_id for p in ps)
 
         def finish(full: gather.Buffer) -> dict[int, torch.Tensor]:
             got = cut(full)
+            kept: Sequence[object] = got.kept
+            if row_axes is not None:  # the whole row, once, for every parameter that keeps
+                assert keep is not None
+                row = gather.KeptRow(
+                    gather.kept_copy(self.comm, full, row_axes),
+                    ids,
+                    tuple(sizes),
+                    tuple(slots),
+                    tuple(numels),
+                    lay.block,
+                )
+                kept = [None if k is None else row for k in keep]
             kept_now = False
-            for p, piece in zip(ps, got.kept):
+            for p, piece in zip(ps, kept):
                 if piece is not None:
-                    self.shards[p.ds_id] = piece
+                    self.shards[p.ds_id] = piece  # type: ignore[assignment]
                     kept_now = True
                     if not p.requires_grad:
                         self._frozen[p.ds_id] = p
@@ -367,6 +401,31 @@ class HierRuntime:
             carry,
             sum(slots),
             layout.valid_of(sizes, slots),
+            gather.chunk_align(hops, start_block),
+            finish,
+        )
+
+    def _kept_row_bucket(self, ps: list[ZeroParam], src: tuple[str, ...], row: gather.KeptRow, phase: str) -> _Bucket:
+        """The gather of a whole kept row ([Note: kept copies of packed buckets] in
+        comm/gather.py): every tensor of the bucket the forward packed, from its copy; only the
+        values of ``ps`` are handed out."""
+        buf = row.buf
+        hops = gather.with_block(gather.hops_for(self.plan, src, phase), row.block)
+        carry = (buf.data, buf.scales) if isinstance(buf, Encoded) else (buf,)
+        start_block = buf.block_size if isinstance(buf, Encoded) else 1
+        cut = gather.finish_bucket(self.comm, ps[0].ds_tensor.dtype, row.sizes, row.slots, row.numels)
+        at = {ds_id: i for i, ds_id in enumerate(row.ids)}
+
+        def finish(full: gather.Buffer) -> dict[int, torch.Tensor]:
+            values = cut(full).values
+            return {p.ds_id: values[at[p.ds_id]].view(p.ds_shape).to(p.ds_tensor.dtype) for p in ps}
+
+        return _Bucket(
+            hops,
+            lambda: buf,
+            carry,
+            sum(row.slots),
+            layout.valid_of(row.sizes, row.slots),
             gather.chunk_align(hops, start_block),
             finish,
         )
@@ -420,4 +479,6 @@ class HierRuntime:
 
     def shard_bytes(self) -> int:
         """Bytes of the kept copies on this rank (encoded ones at their encoded size)."""
-        return sum(t.nbytes if isinstance(t, Encoded) else t.numel() * t.element_size() for t in self.shards.values())
+        # a whole kept row is shared by its bucket's parameters: counted once
+        held = {id(t): t.buf if isinstance(t, gather.KeptRow) else t for t in self.shards.values()}
+        return sum(t.nbytes if isinstance(t, Encoded) else t.numel() * t.element_size() for t in held.values())
