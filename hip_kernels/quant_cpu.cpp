@@ -10,6 +10,10 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>  // _mm512_fmadd_ps in the AVX-512 rotation ([Note: CPU rotation layout])
+#endif
+
 #include "quant_api.h"
 #include "quant_math.h"
 

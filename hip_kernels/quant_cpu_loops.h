@@ -43,10 +43,11 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
 // laid out for SIMD (the order of independent pairs within a stride changes no bit):
 // - up to 64 values of a group are transformed in registers (vectors of W = 8 floats for AVX2,
 //   16 for AVX-512; GCC vector extensions): the strides below W inside each vector as
-//   y = x[j ^ h] (one permute) plus x[j] with its sign flipped where bit h of j is set (an xor):
-//   x[j ^ h] + x[j] is a + b exactly (addition commutes) and x[j ^ h] + (-x[j]) is a - b
-//   exactly; the strides from W to 32 between vectors; the multiply by hadamard_scale(R) and the
-//   absmax folded into the last stride's pass; full blocks read straight from the input;
+//   y = x[j ^ h] (one permute) plus x[j] with its sign flipped where bit h of j is set (an xor;
+//   for AVX-512 an FMA y + (+-1) * x, the same one rounding): x[j ^ h] + x[j] is a + b exactly
+//   (addition commutes) and x[j ^ h] + (-x[j]) is a - b exactly; the strides from W to 32 between
+//   vectors; the multiply by hadamard_scale(R) and the absmax folded into the last stride's pass;
+//   full blocks read straight from the input;
 // - larger strides (R > 64) as contiguous half-group loops over the block, the last one
 //   multiplying too.
 // In the baseline (SSE2) variant, where such permutes compile to scalar code, and without
@@ -56,6 +57,10 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
 constexpr int kW = ZQH_VECW;
 typedef float vf __attribute__((vector_size(4 * kW)));
 typedef int32_t vi __attribute__((vector_size(4 * kW)));
+// the same vector at any float's address, for the loads and stores of a group: one unaligned
+// vector move each (a memcpy of the whole array of vectors went through the stack in 16-byte
+// pieces and general registers, most of AVX2's rotation time)
+typedef float vf_mem __attribute__((vector_size(4 * kW), aligned(4), may_alias));
 // inlined wherever used: out of line, GCC passed the vectors through memory and left the
 // AVX state with vzeroupper at every call (AVX2 took twice AVX-512's time)
 #define ZQH_INLINE inline __attribute__((always_inline))
@@ -63,13 +68,21 @@ typedef int32_t vi __attribute__((vector_size(4 * kW)));
 // one stride h < W inside a vector of W consecutive values (W-aligned in the group)
 template <int H>
 ZQH_INLINE vf stride_in_vector(vf x) {
-  vi partner, flip;
-  for (int j = 0; j < kW; ++j) {  // constants after unrolling
-    partner[j] = j ^ H;
-    flip[j] = (j & H) ? INT32_MIN : 0;
-  }
+  vi partner;
+  for (int j = 0; j < kW; ++j) partner[j] = j ^ H;  // constants after unrolling
   const vf y = __builtin_shuffle(x, partner);
+#if ZQH_VECW == 16
+  // y + s * x with s = -1 where bit H of j is set, else +1, as one fused multiply-add: the
+  // product by +-1 is exact, so the one rounding is that of y + x or y - x, bit for bit (no
+  // rounded product is contracted); it saves the sign flip's xor (AVX-512F has the FMA)
+  vf s;
+  for (int j = 0; j < kW; ++j) s[j] = (j & H) ? -1.0f : 1.0f;
+  return (vf)_mm512_fmadd_ps((__m512)x, (__m512)s, (__m512)y);
+#else
+  vi flip;
+  for (int j = 0; j < kW; ++j) flip[j] = (j & H) ? INT32_MIN : 0;
   return y + (vf)((vi)x ^ flip);
+#endif
 }
 
 ZQH_INLINE int32_t max_lane(vi m) {
@@ -87,11 +100,11 @@ ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c,
   if constexpr (sizeof(T) == 4) {
     // straight into the vectors: through a staging array GCC copied 16 bytes at a time and
     // read 32, a failed store-to-load forward on every vector (AVX2 took 2.4x quantize alone)
-    memcpy(x, src, sizeof(x));
+    for (int i = 0; i < NV; ++i) x[i] = *reinterpret_cast<const vf_mem*>(src + kW * i);
   } else {
     float staged[kW * NV];
     for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(src[k]);
-    memcpy(x, staged, sizeof(x));
+    for (int i = 0; i < NV; ++i) x[i] = *reinterpret_cast<const vf_mem*>(staged + kW * i);
   }
   // NV > 1 only where r >= W * NV (see hadamard_block): then every stride below W * NV applies,
   // known at compile time, so the vectors stay in registers
@@ -117,7 +130,7 @@ ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c,
       amax = amax > bits ? amax : bits;
     }
   }
-  memcpy(dst, x, sizeof(x));
+  for (int i = 0; i < NV; ++i) *reinterpret_cast<vf_mem*>(dst + kW * i) = x[i];
 }
 
 // src [n] (n a multiple of r and of W) -> dst [n] rotated; returns the absmax bits of dst.
@@ -252,6 +265,12 @@ void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, 
     T* ob = o + start;
     if (rotate) {
       dequantize_block_f32(q, scale, bits, block_size, buf);
+      if constexpr (sizeof(T) == 4) {
+        if (len == block_size) {  // rotated straight into the output: no copy pass
+          hadamard_block<float>(buf, reinterpret_cast<float*>(ob), block_size, rotate);
+          continue;
+        }
+      }
       hadamard_block<float>(buf, buf, block_size, rotate);
       for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
       continue;
@@ -313,6 +332,12 @@ void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
     if (parts.rotate) {
       const int64_t span = std::min(kChunk, padded - begin);  // whole blocks
       sum_chunk(parts, begin, span, acc);
+      if constexpr (sizeof(T) == 4) {
+        if (len == span) {  // rotated straight into the output: no copy pass
+          hadamard_block<float>(acc, reinterpret_cast<float*>(o + begin), span, parts.rotate);
+          continue;
+        }
+      }
       hadamard_block<float>(acc, acc, span, parts.rotate);
     } else {
       sum_chunk(parts, begin, len, acc);
