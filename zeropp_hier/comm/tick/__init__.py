@@ -11,9 +11,36 @@ ticks, each tick one grouped point-to-point call on one communicator.
 The names the runtime and the benchmarks use are exported here; a test that replaces a function
 replaces it in its module (``connect.connect_peers``, ``executor.record_carry``)."""
 
-from .agree import TickScheduleError, agree_schedule
-from .connect import TickConnectError
-from .executor import LocalTickTransport, TickExecutor, TickTransport, plan_pieces, tick_job
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Lazy: ``plan`` is pure and the planner reads it before any rank exists (without torch); the
+# other modules import torch, so their names load on first use.
+_WHERE = {
+    "TickScheduleError": "agree",
+    "agree_schedule": "agree",
+    "TickConnectError": "connect",
+    "LocalTickTransport": "executor",
+    "TickExecutor": "executor",
+    "TickTransport": "executor",
+    "plan_pieces": "executor",
+    "tick_job": "executor",
+}
+
+if TYPE_CHECKING:
+    from .agree import TickScheduleError, agree_schedule
+    from .connect import TickConnectError
+    from .executor import LocalTickTransport, TickExecutor, TickTransport, plan_pieces, tick_job
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "LocalTickTransport",
