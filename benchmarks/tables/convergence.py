@@ -1,11 +1,8 @@
-"""docs/benchmarks.md's convergence tables: seed 0's configurations (convergence.json) and every
-seed's default, exact-gcd and int4-node rows against stock (convergence.json and
-convergence_seed<N>.json), with the means. Final loss = mean of the last 20 steps; held-out = the
+"""docs/benchmarks.md's unpaired convergence table: seed 0's configurations (convergence.json; the
+paired test's table is paired.py). Final loss = mean of the last 20 steps; held-out = the
 final weights on held-out text; "vs stock" = over stock ZeRO-3's of the same seed."""
 
 from __future__ import annotations
-
-import statistics
 
 from . import fmt, sources
 
@@ -25,7 +22,6 @@ LABELS = {
     "frontier, int8 gradients": "`frontier`, exact / int8 / int8",
     "frontier, exact gradients": "`frontier`, exact gradients (int8 node weights only)",
 }
-PER_SEED = ("frontier", "frontier, exact gcd gradients", "frontier, int4 node gradients")
 
 
 def _rows(path: str) -> dict[str, dict]:
@@ -64,34 +60,3 @@ def seed0() -> str:
             ]
         )
     return fmt.table(header, body) + "\n" + sources.cite([SEEDS[0]]) + "\n"
-
-
-def per_seed() -> str:
-    header = ["seed", "stock final loss"]
-    header += [f"{c} vs stock" for c in ("`frontier`", "exact gcd", "int4 node")]
-    header += ["stock held-out"] + [f"{c} held-out vs stock" for c in ("`frontier`", "exact gcd", "int4 node")]
-    body, diffs = [], {(n, k): [] for n in PER_SEED for k in ("final_loss", "held_out_loss")}
-    for path in SEEDS:
-        rows = _rows(path)
-        cells = [str(sources.load(path)["args"]["seed"]), f"{rows[STOCK]['final_loss']:.4f}"]
-        for key in ("final_loss", "held_out_loss"):
-            if key == "held_out_loss":
-                cells.append(f"{rows[STOCK][key]:.4f}")
-            for name in PER_SEED:
-                if name in rows:
-                    diffs[name, key].append(_vs(rows, name, key))
-                    cells.append(fmt.signed_pct(diffs[name, key][-1]))
-                else:
-                    cells.append("not run")
-        body.append(cells)
-    mean = ["**mean**", ""]
-    for key in ("final_loss", "held_out_loss"):
-        if key == "held_out_loss":
-            mean.append("")
-        for name in PER_SEED:
-            d = diffs[name, key]
-            mean.append(
-                f"**{fmt.signed_pct(statistics.mean(d))}**" + (f" ({len(d)} seeds)" if len(d) < len(SEEDS) else "")
-            )
-    body.append(mean)
-    return fmt.table(header, body) + "\n" + sources.cite(SEEDS) + "\n"

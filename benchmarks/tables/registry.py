@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import auto, convergence, dryrun, dsunit, gpu, headline, kernels, peers, probe, shapes, tier_bytes, wire
+from . import auto, convergence, dryrun, dsunit, gpu, headline, kernels, paired, peers, probe, shapes, tier_bytes, wire
 
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline.render,
@@ -14,7 +14,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "bytes-phases-8x1x2": tier_bytes.phases_8x1x2,
     "wire-links": wire.render,
     "convergence-seed0": convergence.seed0,
-    "convergence-seeds": convergence.per_seed,
+    "paired": paired.render,
     "shapes": shapes.render,
     "auto-four-cases": auto.four_cases,
     "auto-unshaped": auto.unshaped_two_rounds,
