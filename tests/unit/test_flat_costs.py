@@ -38,7 +38,10 @@ def test_a_gradient_buckets_rows_stay_near_its_values_at_75264_ranks():
     # per row (771 M elements, 3.1 GB in fp32)
     assert packed.rows.numel() <= 2 * values + WORLD * BLOCK
     assert WORLD * sum(layout.aligned(c, BLOCK) for c in packed.chunk) > 30 * packed.rows.numel()
-    assert packed.rows.shape[1] % BLOCK == 0  # rows are still whole blocks
+    # rows are still whole blocks: of the packed row's block ([Note: a packed row's block]), a power
+    # of two from 32 to BLOCK
+    assert 32 <= packed.block <= BLOCK and packed.block & (packed.block - 1) == 0
+    assert packed.rows.shape[1] % packed.block == 0
     mine = layout.unpack_my_chunks(packed.rows[WORLD - 1], numels, packed.chunk, WORLD - 1, packed.slots)
     assert [t.numel() for t in mine] == [max(0, min(c, n - (WORLD - 1) * c)) for n, c in zip(numels, packed.chunk)]
 

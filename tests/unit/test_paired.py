@@ -221,3 +221,17 @@ def test_a_full_run_takes_nothing_from_the_command_line_and_needs_a_committed_pr
     assert seeds == [7, 8] and arms == ["stock", "A/A"] and run["steps"] == 24
     with pytest.raises(SystemExit, match="not in the protocol"):
         paired_run.plan(p, _args(pilot=True, arms=["stock", "bogus"]))
+
+
+def test_the_committed_result_holds_the_analysis_of_its_own_runs():
+    """docs' table renders benchmarks/results/paired.json's stored analysis; it must be what the
+    protocol's rule gives for the runs recorded beside it (a hand edit or a stale analysis fails)."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.cpu.paired import analyze
+
+    rec = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/paired.json").read_text())
+    again = analyze.analyze({**rec["protocol"], "run": rec["run"]}, rec["runs"], rec["pilot"])
+    assert json.loads(json.dumps(again)) == rec["analysis"]
+    assert rec["analysis"]["verdict"].startswith("valid")

@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     with LocalWorld(8, timeout=6 * 3600) as w:
         execute(w, p, seeds, arms, record, data, out)
+    # the analysis beside the runs it came from: docs' table renders it (benchmarks/tables cannot
+    # import this folder), and tests/unit/test_paired.py re-derives it from the runs
+    record["analysis"] = analyze.analyze({**p.data, "run": record["run"]}, record["runs"], record["pilot"])
+    write_json_atomic(out, record, indent=1)
     print(report(p, record))
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s; wrote {out}")
     return 0
