@@ -15,22 +15,26 @@ so a crash loses at most the line being written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Replace ``path`` by ``data`` atomically ([Note: atomic output files])."""
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that replaces ``path`` when the block ends without an exception
+    ([Note: atomic output files]); for files too large to hold in memory, written piece by piece
+    (seek and rewrite allowed, as for a header filled in last)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    payload = data.encode() if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -41,6 +45,12 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
             pass
         raise
     _fsync_dir(directory)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Replace ``path`` by ``data`` atomically ([Note: atomic output files])."""
+    with atomic_writer(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, **dump_kwargs: Any) -> None:

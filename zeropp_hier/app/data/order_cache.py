@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-import os
 import struct
 import sys
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ...core.errors import HierConfigError
+from ...files import atomic_writer
 
 MAGIC = b"ZPHORDER"
 VERSION = 1
@@ -99,27 +99,21 @@ def _header(want: Want, body_sha: str) -> bytes:
 
 
 def write(path: Path, want: Want) -> None:
-    """Build ``want`` into ``path`` (a temporary name, then renamed): the body is written and
+    """Build ``want`` into ``path`` (files.atomic_writer: a temporary name, fsynced, renamed): the body is written and
     hashed piece by piece (only the builder's pieces are in memory), the header last."""
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     head_len = len(_header(want, "0" * 64))
     digest, written = hashlib.sha256(), 0
-    try:
-        with open(tmp, "wb") as f:
-            f.seek(head_len)
-            for piece in want.build():
-                data = np.ascontiguousarray(piece, dtype=want.dtype).tobytes()
-                digest.update(data)
-                f.write(data)
-                written += len(data)
-            if written != want.nbytes:
-                raise RuntimeError(f"{want.name}: built {written} bytes, its shape needs {want.nbytes}")
-            f.seek(0)
-            f.write(_header(want, digest.hexdigest()))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_writer(path) as f:
+        f.seek(head_len)
+        for piece in want.build():
+            data = np.ascontiguousarray(piece, dtype=want.dtype).tobytes()
+            digest.update(data)
+            f.write(data)
+            written += len(data)
+        if written != want.nbytes:
+            raise RuntimeError(f"{want.name}: built {written} bytes, its shape needs {want.nbytes}")
+        f.seek(0)
+        f.write(_header(want, digest.hexdigest()))
 
 
 def _fix(path: Path) -> str:
