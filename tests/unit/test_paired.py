@@ -235,3 +235,53 @@ def test_the_committed_result_holds_the_analysis_of_its_own_runs():
     again = analyze.analyze({**rec["protocol"], "run": rec["run"]}, rec["runs"], rec["pilot"])
     assert json.loads(json.dumps(again)) == rec["analysis"]
     assert rec["analysis"]["verdict"].startswith("valid")
+
+
+def test_version_2_protocol_arms_each_drop_one_of_frontiers_compressions():
+    """protocol_v2.json: version 1's run, seeds and margins; `frontier gpu8` differs from the
+    frontier preset only in int8 gradients on the gpu hop, `frontier w16` only in uncompressed
+    weights (as the policy parser resolves them, feedback included)."""
+    from dataclasses import replace
+
+    from zeropp_hier.core.policy import PerTier, parse_compression
+
+    v1, v2 = proto.load(), proto.load(proto.V2_PATH)
+    assert v2.version == 2 and v2.default_out(False) == "paired_v2.json" and v1.default_out(False) == "paired.json"
+    for key in ("margin", "control_margin", "level", "metric", "seeds", "run", "reference", "control"):
+        assert v2.data[key] == v1.data[key], key
+    assert list(v2.arms) == ["stock", "A/A", "frontier gpu8", "frontier w16"]
+    assert v2.contrasts == [("frontier gpu8", "frontier w16")]
+    assert v2.reproduce == {"file": "benchmarks/results/paired.json", "arm": "stock"}
+    frontier = parse_compression(None, "frontier", "c")
+    gpu8 = parse_compression(v2.arms["frontier gpu8"]["compression"], "frontier", "c")
+    w16 = parse_compression(v2.arms["frontier w16"]["compression"], "frontier", "c")
+    assert frontier.gradients.gpu == "int4" and frontier.forward_weights.node == "int8"
+    assert gpu8 == replace(frontier, gradients=replace(frontier.gradients, gpu="int8"))
+    none = PerTier(gcd="none", gpu="none", node="none")
+    assert w16 == replace(frontier, forward_weights=none, backward_weights=none)
+
+
+def test_protocol_refuses_a_bad_version_or_reproduce_entry(tmp_path):
+    good = json.loads(open(proto.V2_PATH).read())
+    for field, value in [("version", 0), ("version", "2"), ("reproduce", {"file": "x.json", "arm": "nope"})]:
+        (tmp_path / "p.json").write_text(json.dumps({**good, field: value}))
+        with pytest.raises(proto.ProtocolError, match=field):
+            proto.load(str(tmp_path / "p.json"))
+
+
+def test_reproduction_compares_one_arm_seed_by_seed_with_an_earlier_file():
+    now = {"1": {"stock": _record("stock", 1, 2.0)}, "2": {"stock": _record("stock", 2, 2.02)}, "3": {}}
+    then = {"1": {"stock": _record("stock", 1, 2.0)}, "2": {"stock": _record("stock", 2, 2.0)}}
+    out = analyze.reproduction(now, then, "stock")
+    assert out["seeds"] == ["1", "2"] and not out["all_identical"]
+    assert out["per_seed"]["1"] == {"losses_identical": True, "held_out_identical": True, "held_out_rel_diff": 0.0}
+    assert out["per_seed"]["2"]["held_out_rel_diff"] == pytest.approx(0.01)
+    assert out["max_abs_rel_diff"] == pytest.approx(0.01)
+    assert analyze.reproduction(now, {"1": now["1"]}, "stock")["all_identical"]
+    assert analyze.reproduction(now, {}, "stock") == {
+        "arm": "stock",
+        "seeds": [],
+        "per_seed": {},
+        "all_identical": False,
+        "max_abs_rel_diff": None,
+    }
