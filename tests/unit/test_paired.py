@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -223,18 +224,55 @@ def test_a_full_run_takes_nothing_from_the_command_line_and_needs_a_committed_pr
         paired_run.plan(p, _args(pilot=True, arms=["stock", "bogus"]))
 
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
 def test_the_committed_result_holds_the_analysis_of_its_own_runs():
     """docs' table renders benchmarks/results/paired.json's stored analysis; it must be what the
     protocol's rule gives for the runs recorded beside it (a hand edit or a stale analysis fails)."""
-    import json
-    from pathlib import Path
-
-    from benchmarks.cpu.paired import analyze
-
-    rec = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/paired.json").read_text())
+    rec = json.loads((ROOT / "benchmarks/results/paired.json").read_text())
     again = analyze.analyze({**rec["protocol"], "run": rec["run"]}, rec["runs"], rec["pilot"])
     assert json.loads(json.dumps(again)) == rec["analysis"]
     assert rec["analysis"]["verdict"].startswith("valid")
+
+
+def _plan_rows(lines: list[str]) -> dict[tuple[str, str], str]:
+    """(phase, tier) -> scheme from a run's recorded plan of hops (planner.tables.plan_lines)."""
+    head = lines[1]
+    cols = {name: head.index(name) for name in ("phase", "tier", "ranks", "scheme", "block")}
+    rows, phase = {}, ""
+    for line in lines[3:]:
+        phase = line[cols["phase"] : head.index("hop axes")].strip() or phase
+        tier = line[cols["tier"] : cols["ranks"]].strip()
+        rows[(phase, tier)] = line[cols["scheme"] : cols["block"]].strip()
+    return rows
+
+
+def test_the_committed_v2_result_holds_its_analysis_and_its_arms_ran_as_the_protocol_says():
+    """paired_v2.json (protocol version 2): the stored analysis, reproducibility check included,
+    is what the rule gives for its runs under the committed protocol_v2.json; each frontier arm's
+    own plan of hops compresses what the protocol says."""
+    from benchmarks.cpu.paired import run as paired_run
+
+    p = proto.load(proto.V2_PATH)
+    rec = json.loads((ROOT / "benchmarks/results/paired_v2.json").read_text())
+    assert rec["protocol_sha256"] == p.sha256 and not rec["pilot"]
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the protocol names the earlier file relative to the repository root
+    try:
+        again = paired_run.analysis(p, rec)
+    finally:
+        os.chdir(cwd)
+    assert json.loads(json.dumps(again)) == rec["analysis"]
+    assert rec["analysis"]["verdict"].endswith("valid: decisions stand as tabled")
+    assert rec["analysis"]["reproduction"]["seeds"]
+    for arms in rec["runs"].values():
+        assert arms["stock"]["plan"] is None
+        gpu8, w16 = _plan_rows(arms["frontier gpu8"]["plan"]), _plan_rows(arms["frontier w16"]["plan"])
+        assert [gpu8[("grad reduce", t)] for t in ("gcd", "gpu", "node")] == ["int8", "int8", "int8"]
+        assert [w16[("grad reduce", t)] for t in ("gcd", "gpu", "node")] == ["int8", "int4", "int8"]
+        assert gpu8[("forward gather", "node")] == "int8" and w16[("forward gather", "node")] == "none"
+        assert all(s == "none" for (phase, _), s in w16.items() if phase.endswith("gather"))
 
 
 def test_version_2_protocol_arms_each_drop_one_of_frontiers_compressions():
@@ -285,3 +323,12 @@ def test_reproduction_compares_one_arm_seed_by_seed_with_an_earlier_file():
         "all_identical": False,
         "max_abs_rel_diff": None,
     }
+
+
+def test_a_stopped_run_is_marked_partial_and_a_complete_one_is_not():
+    runs = {str(s): {a: _record(a, s, 2.0 + 1e-5 * s * (a == "A/A")) for a in ("stock", "A/A")} for s in (1, 2)}
+    proto_ = {**_protocol(("stock", "A/A")), "seeds": [1, 2, 3]}
+    out = analyze.analyze(proto_, runs, pilot=False)
+    assert out["verdict"].startswith("PARTIAL (2 of 3 seeds)") and "valid" in out["verdict"]
+    runs["3"] = {a: _record(a, 3, 2.0) for a in ("stock", "A/A")}
+    assert analyze.analyze(proto_, runs, pilot=False)["verdict"].startswith("valid")

@@ -84,6 +84,14 @@ def reproduction(runs: dict[str, dict[str, dict]], earlier: dict[str, dict[str, 
     }
 
 
+def incomplete(protocol: dict, runs: dict[str, dict[str, dict]]) -> str | None:
+    """What a stopped run lacks of the protocol's seeds x arms ("4 of 6 seeds"), or None when
+    it holds them all (or the protocol names no seeds, as a unit test's may not)."""
+    seeds = [str(s) for s in protocol.get("seeds", [])]
+    done = [s for s in seeds if all(a in runs.get(s, {}) for a in protocol["arms"])]
+    return f"{len(done)} of {len(seeds)} seeds" if len(done) < len(seeds) else None
+
+
 def analyze(protocol: dict, runs: dict[str, dict[str, dict]], pilot: bool) -> dict[str, Any]:
     """Intervals and decisions for every arm against the reference and for every contrast."""
     margin, level, ref, control = protocol["margin"], protocol["level"], protocol["reference"], protocol["control"]
@@ -121,6 +129,10 @@ def analyze(protocol: dict, runs: dict[str, dict[str, dict]], pilot: bool) -> di
         )
     else:
         out["verdict"] = "valid: decisions stand as tabled"
+    missing = incomplete(protocol, runs)
+    if missing and not pilot:
+        # a stopped run (whole pairs kept): its intervals are reported, its decisions are not final
+        out["verdict"] = f"PARTIAL ({missing}): decisions are provisional; " + out["verdict"]
     return out
 
 

@@ -5,6 +5,7 @@ by seed, then the protocol's intervals and decisions.
     python -m benchmarks.cpu.paired.run --pilot --seeds 1 2 --arms stock A/A --steps 40   # sizing only
     python -m benchmarks.cpu.paired.run --analyze benchmarks/results/paired.json       # the table again
     python -m benchmarks.cpu.paired.run --protocol benchmarks/cpu/paired/protocol_v2.json   # version 2
+    python -m benchmarks.cpu.paired.run --analyze FILE --store   # a stopped run: store its (partial) analysis
 
 Each (seed, arm) is the training job on 8 local CPU ranks = 2 nodes x 2 packages x 2 GCDs
 (``rank.py``), one after the other in one world, seed by seed, so that a stopped run holds whole
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=None, help="a `zeropp-hier data prepare` directory (default: the stdlib corpus)")
     ap.add_argument("--resume", action="store_true", help="keep the pairs already in --out (same protocol and run)")
     ap.add_argument("--analyze", metavar="FILE", default=None, help="print the table of a result file; run nothing")
+    ap.add_argument("--store", action="store_true", help="with --analyze: write the analysis into FILE")
     ap.add_argument("--pilot", action="store_true", help="allow the overrides below; results are marked pilot")
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--arms", nargs="+", default=None)
@@ -172,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             record = json.load(f)
         if record["protocol_sha256"] != p.sha256:
             raise SystemExit(f"{a.analyze} was run under another protocol than {p.path} (its hash differs)")
+        if a.store:  # a stopped run's file: its whole pairs' analysis beside them, for docs' table
+            record["analysis"] = analysis(p, record)
+            write_json_atomic(a.analyze, record, indent=1)
         print(report(p, record))
         return 0
     seeds, arms, run = plan(p, a)
