@@ -15,6 +15,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "wire-links": wire.render,
     "convergence-seed0": convergence.seed0,
     "paired": paired.render,
+    "paired-v2": paired.render_v2,
     "shapes": shapes.render,
     "auto-four-cases": auto.four_cases,
     "auto-unshaped": auto.unshaped_two_rounds,

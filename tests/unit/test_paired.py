@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -223,15 +224,111 @@ def test_a_full_run_takes_nothing_from_the_command_line_and_needs_a_committed_pr
         paired_run.plan(p, _args(pilot=True, arms=["stock", "bogus"]))
 
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
 def test_the_committed_result_holds_the_analysis_of_its_own_runs():
     """docs' table renders benchmarks/results/paired.json's stored analysis; it must be what the
     protocol's rule gives for the runs recorded beside it (a hand edit or a stale analysis fails)."""
-    import json
-    from pathlib import Path
-
-    from benchmarks.cpu.paired import analyze
-
-    rec = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/paired.json").read_text())
+    rec = json.loads((ROOT / "benchmarks/results/paired.json").read_text())
     again = analyze.analyze({**rec["protocol"], "run": rec["run"]}, rec["runs"], rec["pilot"])
     assert json.loads(json.dumps(again)) == rec["analysis"]
     assert rec["analysis"]["verdict"].startswith("valid")
+
+
+def _plan_rows(lines: list[str]) -> dict[tuple[str, str], str]:
+    """(phase, tier) -> scheme from a run's recorded plan of hops (planner.tables.plan_lines)."""
+    head = lines[1]
+    cols = {name: head.index(name) for name in ("phase", "tier", "ranks", "scheme", "block")}
+    rows, phase = {}, ""
+    for line in lines[3:]:
+        phase = line[cols["phase"] : head.index("hop axes")].strip() or phase
+        tier = line[cols["tier"] : cols["ranks"]].strip()
+        rows[(phase, tier)] = line[cols["scheme"] : cols["block"]].strip()
+    return rows
+
+
+def test_the_committed_v2_result_holds_its_analysis_and_its_arms_ran_as_the_protocol_says():
+    """paired_v2.json (protocol version 2): the stored analysis, reproducibility check included,
+    is what the rule gives for its runs under the committed protocol_v2.json; each frontier arm's
+    own plan of hops compresses what the protocol says."""
+    from benchmarks.cpu.paired import run as paired_run
+
+    p = proto.load(proto.V2_PATH)
+    rec = json.loads((ROOT / "benchmarks/results/paired_v2.json").read_text())
+    assert rec["protocol_sha256"] == p.sha256 and not rec["pilot"]
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the protocol names the earlier file relative to the repository root
+    try:
+        again = paired_run.analysis(p, rec)
+    finally:
+        os.chdir(cwd)
+    assert json.loads(json.dumps(again)) == rec["analysis"]
+    assert rec["analysis"]["verdict"].endswith("valid: decisions stand as tabled")
+    assert rec["analysis"]["reproduction"]["seeds"]
+    for arms in rec["runs"].values():
+        assert arms["stock"]["plan"] is None
+        gpu8, w16 = _plan_rows(arms["frontier gpu8"]["plan"]), _plan_rows(arms["frontier w16"]["plan"])
+        assert [gpu8[("grad reduce", t)] for t in ("gcd", "gpu", "node")] == ["int8", "int8", "int8"]
+        assert [w16[("grad reduce", t)] for t in ("gcd", "gpu", "node")] == ["int8", "int4", "int8"]
+        assert gpu8[("forward gather", "node")] == "int8" and w16[("forward gather", "node")] == "none"
+        assert all(s == "none" for (phase, _), s in w16.items() if phase.endswith("gather"))
+
+
+def test_version_2_protocol_arms_each_drop_one_of_frontiers_compressions():
+    """protocol_v2.json: version 1's run, seeds and margins; `frontier gpu8` differs from the
+    frontier preset only in int8 gradients on the gpu hop, `frontier w16` only in uncompressed
+    weights (as the policy parser resolves them, feedback included)."""
+    from dataclasses import replace
+
+    from zeropp_hier.core.policy import PerTier, parse_compression
+
+    v1, v2 = proto.load(), proto.load(proto.V2_PATH)
+    assert v2.version == 2 and v2.default_out(False) == "paired_v2.json" and v1.default_out(False) == "paired.json"
+    for key in ("margin", "control_margin", "level", "metric", "seeds", "run", "reference", "control"):
+        assert v2.data[key] == v1.data[key], key
+    assert list(v2.arms) == ["stock", "A/A", "frontier gpu8", "frontier w16"]
+    assert v2.contrasts == [("frontier gpu8", "frontier w16")]
+    assert v2.reproduce == {"file": "benchmarks/results/paired.json", "arm": "stock"}
+    frontier = parse_compression(None, "frontier", "c")
+    gpu8 = parse_compression(v2.arms["frontier gpu8"]["compression"], "frontier", "c")
+    w16 = parse_compression(v2.arms["frontier w16"]["compression"], "frontier", "c")
+    assert frontier.gradients.gpu == "int4" and frontier.forward_weights.node == "int8"
+    assert gpu8 == replace(frontier, gradients=replace(frontier.gradients, gpu="int8"))
+    none = PerTier(gcd="none", gpu="none", node="none")
+    assert w16 == replace(frontier, forward_weights=none, backward_weights=none)
+
+
+def test_protocol_refuses_a_bad_version_or_reproduce_entry(tmp_path):
+    good = json.loads(open(proto.V2_PATH).read())
+    for field, value in [("version", 0), ("version", "2"), ("reproduce", {"file": "x.json", "arm": "nope"})]:
+        (tmp_path / "p.json").write_text(json.dumps({**good, field: value}))
+        with pytest.raises(proto.ProtocolError, match=field):
+            proto.load(str(tmp_path / "p.json"))
+
+
+def test_reproduction_compares_one_arm_seed_by_seed_with_an_earlier_file():
+    now = {"1": {"stock": _record("stock", 1, 2.0)}, "2": {"stock": _record("stock", 2, 2.02)}, "3": {}}
+    then = {"1": {"stock": _record("stock", 1, 2.0)}, "2": {"stock": _record("stock", 2, 2.0)}}
+    out = analyze.reproduction(now, then, "stock")
+    assert out["seeds"] == ["1", "2"] and not out["all_identical"]
+    assert out["per_seed"]["1"] == {"losses_identical": True, "held_out_identical": True, "held_out_rel_diff": 0.0}
+    assert out["per_seed"]["2"]["held_out_rel_diff"] == pytest.approx(0.01)
+    assert out["max_abs_rel_diff"] == pytest.approx(0.01)
+    assert analyze.reproduction(now, {"1": now["1"]}, "stock")["all_identical"]
+    assert analyze.reproduction(now, {}, "stock") == {
+        "arm": "stock",
+        "seeds": [],
+        "per_seed": {},
+        "all_identical": False,
+        "max_abs_rel_diff": None,
+    }
+
+
+def test_a_stopped_run_is_marked_partial_and_a_complete_one_is_not():
+    runs = {str(s): {a: _record(a, s, 2.0 + 1e-5 * s * (a == "A/A")) for a in ("stock", "A/A")} for s in (1, 2)}
+    proto_ = {**_protocol(("stock", "A/A")), "seeds": [1, 2, 3]}
+    out = analyze.analyze(proto_, runs, pilot=False)
+    assert out["verdict"].startswith("PARTIAL (2 of 3 seeds)") and "valid" in out["verdict"]
+    runs["3"] = {a: _record(a, 3, 2.0) for a in ("stock", "A/A")}
+    assert analyze.analyze(proto_, runs, pilot=False)["verdict"].startswith("valid")

@@ -61,6 +61,37 @@ def bit_identical(runs: dict[str, dict[str, dict]], arm: str, ref: str) -> bool:
     return bool(both) and all(runs[s][arm]["losses"] == runs[s][ref]["losses"] for s in both)
 
 
+def reproduction(runs: dict[str, dict[str, dict]], earlier: dict[str, dict[str, dict]], arm: str) -> dict[str, Any]:
+    """How ``arm``'s runs compare with the same seeds' runs in an ``earlier`` result file: per
+    seed whether the training losses and held-out losses are bit-identical, and the largest
+    relative held-out difference. A reproducibility check, reported and not required."""
+    seeds = [s for s in runs if arm in runs[s] and arm in earlier.get(s, {})]
+    per: dict[str, dict[str, Any]] = {}
+    for s in seeds:
+        now, then = runs[s][arm], earlier[s][arm]
+        a, b = metric(now, "held_out", 1), metric(then, "held_out", 1)
+        per[s] = {
+            "losses_identical": now["losses"] == then["losses"],
+            "held_out_identical": now["held_out"] == then["held_out"],
+            "held_out_rel_diff": (a - b) / b,
+        }
+    return {
+        "arm": arm,
+        "seeds": seeds,
+        "per_seed": per,
+        "all_identical": bool(per) and all(v["losses_identical"] and v["held_out_identical"] for v in per.values()),
+        "max_abs_rel_diff": max((abs(v["held_out_rel_diff"]) for v in per.values()), default=None),
+    }
+
+
+def incomplete(protocol: dict, runs: dict[str, dict[str, dict]]) -> str | None:
+    """What a stopped run lacks of the protocol's seeds x arms ("4 of 6 seeds"), or None when
+    it holds them all (or the protocol names no seeds, as a unit test's may not)."""
+    seeds = [str(s) for s in protocol.get("seeds", [])]
+    done = [s for s in seeds if all(a in runs.get(s, {}) for a in protocol["arms"])]
+    return f"{len(done)} of {len(seeds)} seeds" if len(done) < len(seeds) else None
+
+
 def analyze(protocol: dict, runs: dict[str, dict[str, dict]], pilot: bool) -> dict[str, Any]:
     """Intervals and decisions for every arm against the reference and for every contrast."""
     margin, level, ref, control = protocol["margin"], protocol["level"], protocol["reference"], protocol["control"]
@@ -98,6 +129,10 @@ def analyze(protocol: dict, runs: dict[str, dict[str, dict]], pilot: bool) -> di
         )
     else:
         out["verdict"] = "valid: decisions stand as tabled"
+    missing = incomplete(protocol, runs)
+    if missing and not pilot:
+        # a stopped run (whole pairs kept): its intervals are reported, its decisions are not final
+        out["verdict"] = f"PARTIAL ({missing}): decisions are provisional; " + out["verdict"]
     return out
 
 
@@ -128,6 +163,13 @@ def table(result: dict) -> str:
         lines.append(f"\nA/A noise floor (half-width of its interval): {100 * result['noise_floor_half_width']:.3f}%")
     if result["control_bit_identical"]:
         lines.append("WARNING: the A/A control reproduced stock bit for bit: it measured no noise")
+    rep = result.get("reproduction")
+    if rep is not None and rep["seeds"]:
+        same = sum(v["losses_identical"] and v["held_out_identical"] for v in rep["per_seed"].values())
+        lines.append(
+            f"{rep['arm']} against the earlier file ({rep.get('file', '?')}): bit-identical at {same} of "
+            f"{len(rep['seeds'])} seeds; largest |held-out difference| {100 * rep['max_abs_rel_diff']:.2e}%"
+        )
     for p in result["problems"]:
         lines.append(f"PAIRING PROBLEM: {p}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PATH = os.path.join(HERE, "protocol.json")
+V2_PATH = os.path.join(HERE, "protocol_v2.json")  # version 2 (PROTOCOL.md), run beside version 1
 RUN_KEYS = {
     "steps": int,
     "micro_batch": int,
@@ -86,6 +87,21 @@ class Protocol:
     def contrasts(self) -> list[tuple[str, str]]:
         return [(a, b) for a, b in self.data.get("contrasts", [])]
 
+    @property
+    def version(self) -> int:
+        return int(self.data.get("version", 1))
+
+    @property
+    def reproduce(self) -> dict | None:
+        """An earlier result file and the arm whose per-seed losses this run should reproduce
+        (reported, not required: a check that the same seed and arm train alike run after run)."""
+        return self.data.get("reproduce")
+
+    def default_out(self, pilot: bool) -> str:
+        """``paired.json`` for version 1 (its committed result), ``paired_v<N>.json`` after."""
+        stem = "paired" if self.version == 1 else f"paired_v{self.version}"
+        return f"{stem}_pilot.json" if pilot else f"{stem}.json"
+
 
 def eval_steps(run: dict) -> list[int]:
     """The steps (1-based: after that many optimizer steps) whose held-out losses are averaged:
@@ -128,6 +144,16 @@ def check(data: Any, where: str) -> None:
     for pair in data.get("contrasts", []):
         if not (isinstance(pair, list) and len(pair) == 2 and all(p in arms for p in pair)):
             raise ProtocolError(f"{where}: contrast {pair!r}; use [arm, reference arm] with names from {list(arms)}")
+    version = data.get("version", 1)
+    if not (isinstance(version, int) and not isinstance(version, bool) and version >= 1):
+        raise ProtocolError(f"{where}: version={version!r}; use a whole number from 1 (a new design is a new version)")
+    rep = data.get("reproduce")
+    if rep is not None and not (
+        isinstance(rep, dict) and set(rep) == {"file", "arm"} and isinstance(rep["file"], str) and rep["arm"] in arms
+    ):
+        raise ProtocolError(
+            f'{where}: reproduce={rep!r}; use {{"file": an earlier result file, "arm": one of {list(arms)}}}'
+        )
     seeds = data["seeds"]
     if not (isinstance(seeds, list) and len(seeds) >= 2 and all(isinstance(s, int) for s in seeds)):
         raise ProtocolError(f"{where}: seeds={seeds!r}; use a list of at least 2 whole numbers")

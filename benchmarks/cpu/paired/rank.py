@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from zeropp_hier.app.spec import JobSpec, ModelSpec
+from zeropp_hier.planner.tables import plan_lines
 
 
 def model_spec(run: dict) -> ModelSpec:
@@ -77,6 +78,9 @@ def train_arm(name: str, arm: dict, run: dict, seed: int, data: str, eval_at: li
     val_batches = [val.batch(i) for i in range(run["eval_batches"])]
 
     job = app_run.Run(job_spec(arm, run, seed, data))
+    # the job's own plan of hops (schemes, feedback per tier): proof that the arm compresses
+    # what the protocol says; stock (no hierarchical runtime) has none
+    plan = None if job.runtime is None else plan_lines(job.runtime.plan, job.runtime.topo)
     init_digest = state_digest(app_run.gathered_state(job.engine))
     assert job.loader is not None
     order = hashlib.sha256(repr([job.loader.sample_ids(i) for i in range(4)]).encode()).hexdigest()
@@ -115,4 +119,5 @@ def train_arm(name: str, arm: dict, run: dict, seed: int, data: str, eval_at: li
         "order_sha256": hashlib.sha256("".join(orders).encode()).hexdigest(),
         "seconds": seconds,
         "params": job.n_params,
+        "plan": plan,
     }

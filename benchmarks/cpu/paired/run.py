@@ -4,6 +4,8 @@ by seed, then the protocol's intervals and decisions.
     python -m benchmarks.cpu.paired.run                       # the full run: protocol.json as committed
     python -m benchmarks.cpu.paired.run --pilot --seeds 1 2 --arms stock A/A --steps 40   # sizing only
     python -m benchmarks.cpu.paired.run --analyze benchmarks/results/paired.json       # the table again
+    python -m benchmarks.cpu.paired.run --protocol benchmarks/cpu/paired/protocol_v2.json   # version 2
+    python -m benchmarks.cpu.paired.run --analyze FILE --store   # a stopped run: store its (partial) analysis
 
 Each (seed, arm) is the training job on 8 local CPU ranks = 2 nodes x 2 packages x 2 GCDs
 (``rank.py``), one after the other in one world, seed by seed, so that a stopped run holds whole
@@ -84,8 +86,26 @@ def previous(path: str, p: proto.Protocol, run: dict, pilot: bool, data_sha: str
     return prev["runs"]
 
 
-def report(p: proto.Protocol, record: dict) -> str:
+def analysis(p: proto.Protocol, record: dict) -> dict:
+    """The protocol's analysis of ``record``'s runs, with the reproducibility check the protocol
+    may name (an earlier file's runs of one arm; reported, not required; skipped when that file
+    is absent)."""
     result = analyze.analyze({**p.data, "run": record["run"]}, record["runs"], record["pilot"])
+    rep = p.reproduce
+    if rep is not None and os.path.exists(rep["file"]):
+        with open(rep["file"]) as f:
+            earlier = json.load(f)
+        same_run = earlier.get("run") == record["run"]
+        result["reproduction"] = {
+            **analyze.reproduction(record["runs"], earlier["runs"] if same_run else {}, rep["arm"]),
+            "file": rep["file"],
+            "same_run_settings": same_run,
+        }
+    return result
+
+
+def report(p: proto.Protocol, record: dict) -> str:
+    result = analysis(p, record)
     head = "PILOT (sizing only, not evidence)\n" if record["pilot"] else ""
     return head + analyze.table(result)
 
@@ -131,10 +151,13 @@ def execute(world, p: proto.Protocol, seeds: list[int], arms: list[str], record:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--protocol", default=proto.DEFAULT_PATH)
-    ap.add_argument("--out", default=None, help=f"result file (default {RESULTS}/paired.json, or paired_pilot.json)")
+    ap.add_argument(
+        "--out", default=None, help=f"result file (default {RESULTS}/paired.json; paired_v<N>.json for version N > 1)"
+    )
     ap.add_argument("--data", default=None, help="a `zeropp-hier data prepare` directory (default: the stdlib corpus)")
     ap.add_argument("--resume", action="store_true", help="keep the pairs already in --out (same protocol and run)")
     ap.add_argument("--analyze", metavar="FILE", default=None, help="print the table of a result file; run nothing")
+    ap.add_argument("--store", action="store_true", help="with --analyze: write the analysis into FILE")
     ap.add_argument("--pilot", action="store_true", help="allow the overrides below; results are marked pilot")
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--arms", nargs="+", default=None)
@@ -151,10 +174,13 @@ def main(argv: list[str] | None = None) -> int:
             record = json.load(f)
         if record["protocol_sha256"] != p.sha256:
             raise SystemExit(f"{a.analyze} was run under another protocol than {p.path} (its hash differs)")
+        if a.store:  # a stopped run's file: its whole pairs' analysis beside them, for docs' table
+            record["analysis"] = analysis(p, record)
+            write_json_atomic(a.analyze, record, indent=1)
         print(report(p, record))
         return 0
     seeds, arms, run = plan(p, a)
-    out = a.out or os.path.join(RESULTS, "paired_pilot.json" if a.pilot else "paired.json")
+    out = a.out or os.path.join(RESULTS, p.default_out(a.pilot))
     data, index = corpus(a.data)
     runs: dict = previous(out, p, run, a.pilot, index["sha256"]) if a.resume else {}
     record = new_record(p, run, a.pilot, index, runs)
@@ -163,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         execute(w, p, seeds, arms, record, data, out)
     # the analysis beside the runs it came from: docs' table renders it (benchmarks/tables cannot
     # import this folder), and tests/unit/test_paired.py re-derives it from the runs
-    record["analysis"] = analyze.analyze({**p.data, "run": record["run"]}, record["runs"], record["pilot"])
+    record["analysis"] = analysis(p, record)
     write_json_atomic(out, record, indent=1)
     print(report(p, record))
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s; wrote {out}")
