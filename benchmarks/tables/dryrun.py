@@ -1,6 +1,7 @@
 """docs/usage.md's dry-run table: rank 0 of the same job at 48 and at 9,408 nodes x 4 x 2, for each
-preset, from the dry run's own reports (``zeropp-hier train ... dryrun.nodes=N dryrun.out=FILE``): memory, host
-seconds per step, collectives per step and the files touched at save and load."""
+preset, from the dry run's own reports (``zeropp-hier train ... dryrun.nodes=N dryrun.out=FILE``, run by
+benchmarks/cpu/dryrun_presets.py): memory, host seconds per step (wall; the process's CPU seconds beside
+them, and the mirror's share), collectives per step and the files touched at save and load."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def render() -> str:
         "peak RSS",
         "tracemalloc peak",
         "host s per step",
+        "CPU s per step",
+        "of it the mirror",
         "collectives per step",
         "largest payload",
         "object collectives in a step",
@@ -50,6 +53,8 @@ def render() -> str:
                 f"{mem['peak_rss_bytes'] / 2**20:,.0f} MiB",
                 f"{mem['tracemalloc_peak_bytes'] / 2**20:,.0f} MiB",
                 f"{r['per_step']['host_seconds']:.2f}",
+                f"{r['per_step']['cpu_seconds']:.2f}",
+                f"{r['per_step']['mirror_seconds']:.2f}",
                 str(last["collective_calls"]),
                 f"{last['largest_payload_bytes'] / 1e6:.2f} MB",
                 str(objects),

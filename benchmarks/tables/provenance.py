@@ -46,7 +46,11 @@ def run_meta(conditions: Mapping[str, Any]) -> dict[str, Any]:
     """The record a result file carries under ``"meta"``. ``conditions``: what the run held fixed
     (for the emulated cluster: shape, ranks, emulated nodes, issue mode, link rate; the writer's
     own arguments otherwise). The 1-minute load at the time of writing is added."""
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", "zeropp_hier", "benchmarks")
+    # the code's changes, not the results: a script writing several result files in one run
+    # would otherwise mark every run after its first as changed
+    status = _git(
+        "status", "--porcelain", "--untracked-files=no", "--", "zeropp_hier", "benchmarks", ":!benchmarks/results"
+    )
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown (not a git checkout)",
         "dirty": bool(status) if status is not None else None,

@@ -58,6 +58,8 @@ def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
         assert set(s["split"]) == {"forward", "backward", "step"}
         assert s["unmatched_receives"] == 0  # every receive of a grouped call had its mirrored send
         assert s["object_collectives"] == {}  # no object collective inside a step
+        # the process's CPU seconds and the mirror's share are reported beside the host seconds
+        assert s["cpu_seconds"] > 0 and s["mirror_seconds"] >= 0 and s["collective_calls"] > 0
     # save and load: each rank writes, hashes and checks only its own files, and the coordinator's
     # exchanges are fixed-size tensors: no world object gather, and the files one rank touches do
     # not grow with the world (the same bound at 2 and 48 nodes; at 48 the old load stat'ed 784)
@@ -68,6 +70,7 @@ def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
         assert phase["object_buffer_bytes"] < 4096, (name, phase["object_buffer_bytes"])
         files = (phase["files_opened"], phase["files_listed"], phase["files_stated"])
         assert files[0] <= 32 and files[1] <= 4 and files[2] <= 40, (name, files)
+    assert set(rep["per_step"]) >= {"host_seconds", "cpu_seconds", "mirror_seconds"}
     mem = rep["memory"]
     assert mem["tracemalloc_peak_bytes"] > 0 and mem["peak_rss_bytes"] > mem["tracemalloc_peak_bytes"]
     assert rep["limits"] and all(isinstance(x, str) for x in rep["limits"])

@@ -233,3 +233,65 @@ def test_a_packed_buckets_hops_take_its_block():
     assert small[0].block_size == 32 and small[0].rotate == 32
     assert small[1] == hops[1]  # an exact hop has no block
     assert gather.with_block(hops, 256) == hops
+
+
+def test_an_identity_topology_holds_no_table_of_the_world():
+    """``Topology`` kept a tuple of every rank's index even for the identity map (75,264 ints per
+    topology object at Frontier's size); it keeps one only for a given ``rank_map``."""
+    topo = Topology(NODES, GPUS, GCDS)
+    assert topo._index_of_rank is None
+    last = WORLD - 1
+    assert topo.index_of_rank(last) == last and topo.coord(last) == (NODES - 1, GPUS - 1, GCDS - 1)
+    for bad in (-1, WORLD):
+        try:
+            topo.index_of_rank(bad)
+        except IndexError:
+            continue
+        raise AssertionError(f"rank {bad} was accepted in a world of {WORLD}")
+    mapped = Topology(2, GPUS, GCDS, rank_map=tuple(reversed(range(2 * GPUS * GCDS))))
+    assert mapped._index_of_rank is not None and mapped.index_of_rank(0) == 2 * GPUS * GCDS - 1
+
+
+def test_a_log_step_exchanges_indices_are_cached_by_two_numbers_not_by_lists_of_the_members():
+    """A log-step exchange over a node group of 9,408 members made, at every call, a Python list
+    of the positions it sends (about 4,704 per step) and one of every member's position at its
+    end, and the index cache held each list as its key. The indices are now made once per
+    (members, step) and (members, me) by tensor ops: the same positions, keys of two numbers."""
+    from zeropp_hier.comm.tick import executor as tick_exec
+    from zeropp_hier.comm.tick import plan as tick_plan
+
+    cpu = torch.device("cpu")
+    tick_exec._exchange_index.cache_clear()
+    tick_exec._from_member_index.cache_clear()
+    steps = tick_plan.step_count(NODES, tick_plan.LOG)
+    for step in range(steps):
+        got = tick_exec._exchange_index(NODES, step, cpu)
+        assert got.tolist() == tick_plan.exchange_blocks(NODES, step)
+        assert got.numel() == tick_plan.exchange_block_count(NODES, step)
+    for me in (0, 1, NODES - 1):
+        assert tick_exec._from_member_index(NODES, me, cpu).tolist() == [(me - m) % NODES for m in range(NODES)]
+    for step in range(steps):  # a second hop of the same group: no new entry
+        tick_exec._exchange_index(NODES, step, cpu)
+    assert tick_exec._exchange_index.cache_info().currsize == steps
+    assert tick_exec._from_member_index.cache_info().currsize == 3
+
+
+def test_the_coordinators_gather_is_one_buffer_parsed_once_at_75264_ranks():
+    """Rank 0 of a save receives every rank's digests ([Note: a coordinator, not a world
+    gather]): it allocated a tensor per rank and parsed each rank's JSON on its own (75,264 of
+    each); it now receives into the rows of one buffer and parses them as one array. The rows
+    decode to each rank's object as before, an empty slot to None."""
+    from zeropp_hier.comm import _coordinator as coord
+
+    objs = [{f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt": r % 1000} for r in range(WORLD)]
+    objs[7] = None
+    blobs = [coord._encode(o) for o in objs]
+    width = max(len(b) for b in blobs)
+    rows = coord._pad_rows(blobs, width, torch.device("cpu"))
+    assert rows.shape == (WORLD, width + coord._LEN) and rows.is_contiguous()
+    assert rows.untyped_storage().nbytes() == WORLD * (width + coord._LEN)  # one storage for all
+    for r in (0, 7, WORLD - 1):  # each row is what _pad makes for that rank alone
+        assert torch.equal(rows[r], coord._pad(blobs[r], width, torch.device("cpu")))
+    assert coord._unpad_rows(rows) == objs
+    empty = torch.zeros(3, width + coord._LEN, dtype=torch.uint8)
+    assert coord._unpad_rows(empty) == [None, None, None]

@@ -83,28 +83,56 @@ def _unpad(t: torch.Tensor) -> Any:
     return json.loads(raw[_LEN : _LEN + n]) if n else None
 
 
+def _pad_rows(blobs: list[bytes], width: int, device: torch.device) -> torch.Tensor:
+    """``_pad`` of every blob, as the rows of one tensor: one buffer for a coordinator's
+    world of payloads, not a tensor (and its storage) per rank."""
+    stride = width + _LEN
+    rows = bytearray(len(blobs) * stride)
+    for r, blob in enumerate(blobs):
+        at = r * stride
+        rows[at : at + _LEN] = len(blob).to_bytes(_LEN, "little")
+        rows[at + _LEN : at + _LEN + len(blob)] = blob
+    flat = torch.frombuffer(rows, dtype=torch.uint8) if rows else torch.empty(0, dtype=torch.uint8)
+    return flat.view(len(blobs), stride).to(device)
+
+
+def _unpad_rows(rows: torch.Tensor) -> list:
+    """``_unpad`` of every row of ``rows``, parsed as one JSON array (one parse for a
+    coordinator's world of payloads, not one per rank)."""
+    raw = rows.cpu().numpy().tobytes()
+    parts = []
+    for at in range(0, len(raw), rows.shape[1]):
+        n = int.from_bytes(raw[at : at + _LEN], "little")
+        parts.append(raw[at + _LEN : at + _LEN + n] if n else b"null")
+    return json.loads(b"[" + b",".join(parts) + b"]")
+
+
 def gather_to_root(obj: Any, group: dist.ProcessGroup | None = None) -> list | None:
     """Collective: every rank's JSON-like ``obj`` to the group's rank 0 (a list in group-rank
-    order there; None on the other ranks). A rank receives nothing unless it is rank 0."""
+    order there; None on the other ranks). A rank receives nothing unless it is rank 0, which
+    receives into the rows of one buffer."""
     blob = _encode(obj)
     (width,) = _max([len(blob)], group)
     dev = _device(group)
     mine = _pad(blob, width, dev)
-    root = _group_rank(group) == 0
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))] if root else None
-    dist.gather(mine, out, group=group, group_dst=0)
-    return [_unpad(t) for t in out] if out is not None else None
+    if _group_rank(group) != 0:
+        dist.gather(mine, None, group=group, group_dst=0)
+        return None
+    rows = torch.empty((dist.get_world_size(group), width + _LEN), dtype=torch.uint8, device=dev)
+    dist.gather(mine, list(rows.unbind(0)), group=group, group_dst=0)
+    return _unpad_rows(rows)
 
 
 def scatter_from_root(objs: list | None, group: dist.ProcessGroup | None = None) -> Any:
     """Collective: rank 0 passes one JSON-like object per group rank (the others None); each
-    rank returns its own. A rank receives only its own object."""
+    rank returns its own. A rank receives only its own object; rank 0 sends the rows of one
+    buffer."""
     root = _group_rank(group) == 0
     blobs = [_encode(o) for o in objs] if root and objs is not None else []
     (width,) = _max([max((len(b) for b in blobs), default=0)], group)
     dev = _device(group)
     mine = torch.zeros(width + _LEN, dtype=torch.uint8, device=dev)
-    parts = [_pad(b, width, dev) for b in blobs] if root else None
+    parts = list(_pad_rows(blobs, width, dev).unbind(0)) if root else None
     dist.scatter(mine, parts, group=group, group_src=0)
     if root:  # some backends (the fake one) leave the root's own slot unfilled
         return objs[0] if objs else None

@@ -44,7 +44,9 @@ class Topology:
     # rank_map[i] = global rank placed at coordinate index i. None means the identity:
     # rank = gcd + gcds_per_gpu * (gpu + gpus_per_node * node).
     rank_map: tuple[int, ...] | None = None
-    _index_of_rank: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # the inverse of ``rank_map``; None for the identity (no table of the world for it:
+    # [Note: per-rank costs flat in the world] in core/layout.py)
+    _index_of_rank: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("num_nodes", "gpus_per_node", "gcds_per_gpu"):
@@ -62,7 +64,7 @@ class Topology:
                 inv[r] = i
             object.__setattr__(self, "_index_of_rank", tuple(inv))
         else:
-            object.__setattr__(self, "_index_of_rank", tuple(range(w)))
+            object.__setattr__(self, "_index_of_rank", None)
 
     @classmethod
     def for_world(
@@ -109,7 +111,11 @@ class Topology:
 
     # -- rank <-> coordinate ----------------------------------------------------------------
     def index_of_rank(self, rank: int) -> int:
-        return self._index_of_rank[rank]
+        if self._index_of_rank is not None:
+            return self._index_of_rank[rank]
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"rank {rank} is outside the world of {self.world_size}")
+        return rank
 
     def rank_of_index(self, index: int) -> int:
         return index if self.rank_map is None else self.rank_map[index]

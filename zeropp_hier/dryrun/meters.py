@@ -46,11 +46,19 @@ class Phase:
     foreign_objects: int = 0
     rss_bytes: int = 0
     split: dict[str, float] = field(default_factory=dict)  # host seconds by part (forward, ...)
+    # host seconds inside the mirror's answers (any thread): the fake harness standing in for
+    # the peers and the wire, part of ``seconds``, not what a rank of the job pays
+    mirror_seconds: float = 0.0
+    # this process's CPU seconds (every thread): beside other work on the machine a steadier
+    # measure than the host (wall) seconds, which include waiting for a core
+    cpu_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 4),
             "split": {k: round(v, 4) for k, v in self.split.items()},
+            "mirror_seconds": round(self.mirror_seconds, 4),
+            "cpu_seconds": round(self.cpu_seconds, 4),
             "collectives": dict(sorted(self.collectives.items())),
             "collective_calls": sum(self.collectives.values()),
             "collective_bytes": self.collective_bytes,
@@ -89,6 +97,7 @@ class Meters:
         self.phases: dict[str, Phase] = {}
         self.current: Phase | None = None
         self._t0 = 0.0
+        self._cpu0 = 0.0
         self.trace_memory = trace_memory
         self._real_stat: tuple[Callable, Callable] | None = None
 
@@ -98,11 +107,13 @@ class Meters:
         phase = self.phases.setdefault(name, Phase(name))
         self.current = phase
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
         return phase
 
     def end(self) -> None:
         if self.current is not None:
             self.current.seconds += time.perf_counter() - self._t0
+            self.current.cpu_seconds += time.process_time() - self._cpu0
             self.current.rss_bytes = rss_bytes()
             self.current = None
 
@@ -136,6 +147,12 @@ class Meters:
         p.objects[kind] = p.objects.get(kind, 0) + 1
         p.object_bytes += sent
         p.object_buffer_bytes = max(p.object_buffer_bytes, buffer)
+
+    def mirrored(self, seconds: float) -> None:
+        """Host seconds one of the mirror's answers took (from whichever thread called it)."""
+        p = self.current
+        if p is not None:
+            p.mirror_seconds += seconds
 
     def unmatched(self, n: int) -> None:
         if self.current is not None:

@@ -24,7 +24,10 @@ collective of ``KINDS`` is answered that way here, in Python, without calling th
   the same tag (a symmetric exchange), else what it sends anywhere with the same tag and shape;
   a receive with no such send keeps its buffer and is counted as unmatched.
 
-Every call is counted by ``meters.Meters`` (kind, bytes). The functions are replaced in
+Every call is counted by ``meters.Meters`` (kind, bytes) and timed: the host seconds of the
+answers (filling every slot of a gather, scaling a sum, copying each receive from its send)
+are the harness standing in for the peers and the wire, reported beside each phase's seconds
+(which include them) as ``mirror_seconds``. The functions are replaced in
 ``torch.distributed``, ``distributed_c10d`` and every module's ``from torch.distributed import``
 copy (``comm/foreign.rebind``), and in DeepSpeed's communication backend if it exists; direct
 ``ProcessGroup`` method calls and functional collectives still reach the fake backend. Each
@@ -35,6 +38,7 @@ checks cannot be mirrored).
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -328,7 +332,11 @@ class Mirror:
             mine = getattr(self, ALIASES.get(name, name))
 
             def bound(*args: Any, _f: Callable = mine, **kwargs: Any) -> Any:
-                return _f(*args, **kwargs)
+                t0 = time.perf_counter()
+                try:
+                    return _f(*args, **kwargs)
+                finally:
+                    self.meters.mirrored(time.perf_counter() - t0)
 
             bound.zeropp_mirror = True  # type: ignore[attr-defined]
             bound.__name__ = name

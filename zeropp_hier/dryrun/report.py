@@ -23,6 +23,10 @@ def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict
         "split": {k: round(sum(s["split"].get(k, 0.0) for s in later) / len(later), 4) for k in later[0]["split"]}
         if later
         else {},
+        # of host_seconds, the mirror's answers: the harness's stand-in for peers and wire
+        "mirror_seconds": round(sum(s["mirror_seconds"] for s in later) / max(len(later), 1), 4),
+        # this process's CPU seconds (all threads), steadier than host_seconds on a busy machine
+        "cpu_seconds": round(sum(s["cpu_seconds"] for s in later) / max(len(later), 1), 4),
         "collectives": later[-1]["collectives"] if later else {},
         "collective_calls": later[-1]["collective_calls"] if later else 0,
         "largest_payload_bytes": max((s["largest_payload_bytes"] for s in later), default=0),
@@ -77,7 +81,9 @@ def lines(rep: dict) -> list[str]:
         f"dry run: rank {rep['rank']} of {w['nodes']} nodes x {w['gpus']} x {w['gcds']} = {w['ranks']} ranks, "
         f"preset {rep['preset']}, {rep['model']['params']} parameters (fake process group, SPMD mirror)",
         "start-up (host s): " + ", ".join(f"{k} {v:.2f}" for k, v in rep["startup_seconds"].items()),
-        f"host s per step: {s['host_seconds']:.3f} (" + ", ".join(f"{k} {v:.3f}" for k, v in s["split"].items()) + ")",
+        f"host s per step: {s['host_seconds']:.3f} ("
+        + ", ".join(f"{k} {v:.3f}" for k, v in s["split"].items())
+        + f"; of it the mirror's answers {s['mirror_seconds']:.3f}; process CPU s {s['cpu_seconds']:.3f})",
         f"collectives per step: {s['collective_calls']} ("
         + ", ".join(f"{k} {v}" for k, v in s["collectives"].items())
         + f"); largest payload {s['largest_payload_bytes']} B",

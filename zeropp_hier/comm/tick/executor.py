@@ -62,12 +62,24 @@ class _End(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _device_index(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """An index tensor of ``values`` on ``device``, made once per (values, device): a log-step
-    exchange reads the same blocks at every call, and a list moved to a GPU inside a tick is a
-    copy from pageable memory that synchronises the host ([Note: no host traffic in the hot
-    path] in core/layout.py). A few hops x log2(members) steps: bounded, small."""
-    return torch.tensor(values, dtype=torch.long, device=device)
+def _exchange_index(members: int, step: int, device: torch.device) -> torch.Tensor:
+    """The positions a log-step exchange sends in ``step`` (``tick_plan.exchange_blocks``) as an
+    index tensor on ``device``, made once per (members, step, device): a log-step exchange reads
+    the same blocks at every call, and a list moved to a GPU inside a tick is a copy from
+    pageable memory that synchronises the host ([Note: no host traffic in the hot path] in
+    core/layout.py). Built by tensor ops, keyed by two numbers: no Python list of the members
+    per call, nor one held per key ([Note: per-rank costs flat in the world] in core/layout.py).
+    A few hops x log2(members) steps: bounded, small."""
+    every = torch.arange(members, dtype=torch.long)
+    return every[(every >> step) & 1 == 1].to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _from_member_index(members: int, me: int, device: torch.device) -> torch.Tensor:
+    """For each member m, the position of a log-step exchange's buffer that holds member m's
+    block once its steps are done: ``(me - m) % members`` ([Note: log-step hops]), as
+    ``_exchange_index`` makes its index (once per key, by tensor ops)."""
+    return ((me - torch.arange(members, dtype=torch.long)) % members).to(device)
 
 
 class HopRun:
@@ -109,13 +121,13 @@ class HopRun:
             rows = min(k, self.n - k)
             out, got = buf[:rows], buf[k : k + rows]
         else:
-            out = buf.index_select(0, _device_index(tuple(tick_plan.exchange_blocks(self.n, step)), buf.device))
+            out = buf.index_select(0, _exchange_index(self.n, step, buf.device))
             got = self._recv = torch.empty_like(out)
         return [[(peers[j], out if s else None, got if r else None) for j, s, r in u] for u in units]
 
     def after(self, step: int) -> None:
         if self._recv is not None:
-            idx = _device_index(tuple(tick_plan.exchange_blocks(self.n, step)), self.buf.device)
+            idx = _exchange_index(self.n, step, self.buf.device)
             self.buf.index_copy_(0, idx, self._recv)
             self._recv = None
 
@@ -126,7 +138,7 @@ class HopRun:
         if self.wire.kind == tick_plan.GATHER:  # member m's block is at position m - i
             return torch.roll(self.buf, i, 0)
         # position j holds the block from member i - j
-        return self.buf.index_select(0, _device_index(tuple((i - m) % n for m in range(n)), self.buf.device))
+        return self.buf.index_select(0, _from_member_index(n, i, self.buf.device))
 
 
 class TickTransport:
@@ -178,7 +190,9 @@ class TickTransport:
             phase=wires[0].phase if wires else "tick",
             tier=slowest_tier(self.topo, axes),
             axes=axes,
-            peers=sorted({p for w in wires for p in w.hg.peers}),
+            # the ranks this tick's calls wait on: its messages' peers, a few per hop (every
+            # member of every hop group would be a list of the world per tick at scale)
+            peers=sorted({op.peer for ops in batches for op in ops}),
             timeout_s=self.timeout_s,
         ):
             for ops in batches:

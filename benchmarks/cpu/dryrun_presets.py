@@ -1,0 +1,95 @@
+"""docs/usage.md's dry-run table: rank 0 of the same small job at 48 and at 9,408 nodes x 4 x 2
+for each preset, each run through the dry run's own entry (``zeropp-hier train ...
+dryrun.nodes=N``) in a fresh process, its report written with the run's record (``meta``).
+
+    python -m benchmarks.cpu.dryrun_presets                       # every preset, 48 and 9,408
+    python -m benchmarks.cpu.dryrun_presets --presets zero3 --nodes 9408
+
+Written to ``benchmarks/results/dryrun_<preset>_<nodes>.json``. Each run is one process of its
+own (the fake process group, the peak RSS and tracemalloc's peak are per process); the two sizes
+of a preset run back to back, so that they see the same load. Host seconds are wall times (the
+machine's 1-minute load is recorded beside them); the report's ``cpu_seconds`` are this
+process's CPU seconds, steadier beside other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.tables.provenance import run_meta
+from zeropp_hier.files import write_json_atomic
+
+PRESETS = ("frontier", "zeropp", "zero3")
+NODES = (48, 9408)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = ["model.arch=gpt", "model.hidden=160", "model.heads=4", "model.layers=4", "model.intermediate=640"]
+
+
+def command(preset: str, nodes: int) -> list[str]:
+    """The job's overrides, as the table's caption gives them."""
+    return [f"preset={preset}", *MODEL, f"dryrun.nodes={nodes}"]
+
+
+def run_one(preset: str, nodes: int, out: str) -> dict:
+    """One dry run in a child process; its report with ``meta``."""
+    import json
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="dryrun_presets_") as tmp:
+        report = os.path.join(tmp, "dryrun.json")
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from zeropp_hier.dryrun.cli import main; sys.exit(main(sys.argv[1:]))",
+            *command(preset, nodes),
+            f"dryrun.out={report}",
+        ]
+        path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+        t0 = time.perf_counter()
+        # in the temporary directory: the run's directory (its checkpoints) is made under it
+        subprocess.run(argv, check=True, cwd=tmp, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+        wall = time.perf_counter() - t0
+        with open(report) as f:
+            rep = json.load(f)
+    rep["meta"] = run_meta(
+        {
+            "command": "zeropp-hier train " + " ".join(command(preset, nodes)),
+            "rank": 0,
+            "world": f"{nodes} x 4 x 2",
+            "model": "the hand-written GPT, 1.29M parameters",
+            "steps": 2,
+            "machine": "2 shared CPU cores (load below; nice as run), OMP_NUM_THREADS=1: host seconds are "
+            "CPU host times, not a GPU's",
+            "wall_s": round(wall, 1),
+        }
+    )
+    write_json_atomic(out, rep, indent=1, default=str)
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
+    ap.add_argument("--nodes", nargs="+", type=int, default=list(NODES))
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    a = ap.parse_args(argv)
+    for preset in a.presets:
+        for nodes in a.nodes:
+            out = os.path.join(a.out_dir, f"dryrun_{preset}_{nodes}.json")
+            rep = run_one(preset, nodes, out)
+            s, m = rep["per_step"], rep["memory"]
+            print(
+                f"{preset} {nodes}: {s['host_seconds']:.3f} s/step (cpu {s.get('cpu_seconds', 0):.3f}, "
+                f"mirror {s.get('mirror_seconds', 0):.3f}), peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB, "
+                f"tracemalloc {m['tracemalloc_peak_bytes'] / 2**20:.0f} MiB; wrote {out}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
