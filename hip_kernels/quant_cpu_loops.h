@@ -48,7 +48,10 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
 //   (addition commutes) and x[j ^ h] + (-x[j]) is a - b exactly; the strides from W to 32 between
 //   vectors; the multiply by hadamard_scale(R) and the absmax folded into the last stride's pass;
 //   full blocks read straight from the input;
-// - larger strides (R > 64) as contiguous half-group loops over the block, the last one
+// - R = 128: for AVX-512 one group of 8 vectors in registers; for AVX2 (16 registers) the first
+//   half's 64 values stored unscaled, the second half's kept in registers and met with them in
+//   the last stride (no pass of its own; rotated dequantize at R = 128 took 1.8x the plain one);
+// - larger strides (R > 128) as contiguous half-group loops over the block, the last one
 //   multiplying too.
 // In the baseline (SSE2) variant, where such permutes compile to scalar code, and without
 // GCC's vector extensions, it is hadamard_inplace itself. The first version (the scalar
@@ -91,71 +94,123 @@ ZQH_INLINE int32_t max_lane(vi m) {
   return out;
 }
 
-// W * NV values (W * NV <= 64) read from src as fp32 (converted exactly), through the strides
-// below min(r, W * NV), stored to dst; when that is all of r, also scaled by c and their
-// absmax bits folded into amax (as abs_bits: non-finite values give >= kExpMask).
-template <int NV, typename T>
-ZQH_INLINE void group_in_registers(const T* src, float* dst, int64_t r, float c, vi& amax) {
-  vf x[NV];
-  if constexpr (sizeof(T) == 4) {
+// Where a group's W * NV values come from, as fp32 vectors (exact conversions): an fp32 array or
+// a 16-bit float array.
+struct FromF32 {
+  const float* p;
+  template <int NV>
+  ZQH_INLINE void get(int64_t i, vf (&x)[NV]) const {
     // straight into the vectors: through a staging array GCC copied 16 bytes at a time and
     // read 32, a failed store-to-load forward on every vector (AVX2 took 2.4x quantize alone)
-    for (int i = 0; i < NV; ++i) x[i] = *reinterpret_cast<const vf_mem*>(src + kW * i);
-  } else {
-    float staged[kW * NV];
-    for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(src[k]);
-    for (int i = 0; i < NV; ++i) x[i] = *reinterpret_cast<const vf_mem*>(staged + kW * i);
+    for (int k = 0; k < NV; ++k) x[k] = *reinterpret_cast<const vf_mem*>(p + i + kW * k);
   }
+};
+
+template <typename T>
+struct FromNarrow {
+  const T* p;
+  template <int NV>
+  ZQH_INLINE void get(int64_t i, vf (&x)[NV]) const {
+    float staged[kW * NV];
+    for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(p[i + k]);
+    for (int k = 0; k < NV; ++k) x[k] = *reinterpret_cast<const vf_mem*>(staged + kW * k);
+  }
+};
+
+// W * NV values from src at i, through the strides below min(r, W * NV), in registers.
+template <int NV, typename Src>
+ZQH_INLINE void group_strides(const Src& src, int64_t i, int64_t r, vf (&x)[NV]) {
+  src.template get<NV>(i, x);
   // NV > 1 only where r >= W * NV (see hadamard_block): then every stride below W * NV applies,
   // known at compile time, so the vectors stay in registers
-  for (int i = 0; i < NV; ++i) {
-    x[i] = stride_in_vector<1>(x[i]);
-    if (NV > 1 || r > 2) x[i] = stride_in_vector<2>(x[i]);
-    if (NV > 1 || r > 4) x[i] = stride_in_vector<4>(x[i]);
-    if (kW == 16 && (NV > 1 || r > 8)) x[i] = stride_in_vector < kW == 16 ? 8 : 1 > (x[i]);
+  for (int k = 0; k < NV; ++k) {
+    x[k] = stride_in_vector<1>(x[k]);
+    if (NV > 1 || r > 2) x[k] = stride_in_vector<2>(x[k]);
+    if (NV > 1 || r > 4) x[k] = stride_in_vector<4>(x[k]);
+    if (kW == 16 && (NV > 1 || r > 8)) x[k] = stride_in_vector < kW == 16 ? 8 : 1 > (x[k]);
   }
-  for (int s = 1; s < NV; s *= 2) {  // stride W * s: vector i with vector i + s
-    for (int i = 0; i < NV; ++i) {
-      if (i & s) continue;
-      const vf a = x[i], b = x[i + s];
-      x[i] = a + b;
-      x[i + s] = a - b;
+  for (int s = 1; s < NV; s *= 2) {  // stride W * s: vector k with vector k + s
+    for (int k = 0; k < NV; ++k) {
+      if (k & s) continue;
+      const vf a = x[k], b = x[k + s];
+      x[k] = a + b;
+      x[k + s] = a - b;
     }
   }
+}
+
+// The W * NV values at i through the strides below min(r, W * NV), stored to dst + i; when that
+// is all of r, also scaled by c and their absmax bits folded into amax (as abs_bits: non-finite
+// values give >= kExpMask).
+template <int NV, typename Src>
+ZQH_INLINE void group_in_registers(const Src& src, int64_t i, float* dst, int64_t r, float c,
+                                   vi& amax) {
+  vf x[NV];
+  group_strides<NV>(src, i, r, x);
   if (r <= kW * NV) {
     // vector op scalar broadcasts the scalar (a lane-by-lane loop built the vector every time)
-    for (int i = 0; i < NV; ++i) {
-      x[i] = x[i] * c;
-      const vi bits = (vi)x[i] & int32_t(kAbsMask);
+    for (int k = 0; k < NV; ++k) {
+      x[k] = x[k] * c;
+      const vi bits = (vi)x[k] & int32_t(kAbsMask);
       amax = amax > bits ? amax : bits;
     }
   }
-  for (int i = 0; i < NV; ++i) *reinterpret_cast<vf_mem*>(dst + kW * i) = x[i];
+  for (int k = 0; k < NV; ++k) *reinterpret_cast<vf_mem*>(dst + i + kW * k) = x[k];
 }
 
-// src [n] (n a multiple of r and of W) -> dst [n] rotated; returns the absmax bits of dst.
-// src may be dst (a group is read whole before it is written).
-template <typename T>
-ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+// r == 2 * W * NV: the first half's group stored as it is, the second half's kept in registers
+// and met with the first (reloaded from L1) in the last stride, scaled by c: the second half
+// is stored once, and the last stride needs no pass of its own.
+template <int NV, typename Src>
+ZQH_INLINE void halves_in_registers(const Src& src, int64_t i, float* dst, int64_t r, float c,
+                                    vi& amax) {
+  constexpr int kHalf = kW * NV;
+  group_in_registers<NV>(src, i, dst, r, c, amax);  // r > W * NV: not scaled
+  vf x[NV];
+  group_strides<NV>(src, i + kHalf, r, x);
+  for (int k = 0; k < NV; ++k) {
+    float* lo = dst + i + kW * k;
+    const vf a = *reinterpret_cast<const vf_mem*>(lo), b = x[k];
+    const vf sum = (a + b) * c, diff = (a - b) * c;
+    *reinterpret_cast<vf_mem*>(lo) = sum;
+    *reinterpret_cast<vf_mem*>(lo + kHalf) = diff;
+    const vi s_bits = (vi)sum & int32_t(kAbsMask), d_bits = (vi)diff & int32_t(kAbsMask);
+    amax = amax > s_bits ? amax : s_bits;
+    amax = amax > d_bits ? amax : d_bits;
+  }
+}
+
+// The values of src [n] (n a multiple of r and of W) -> dst [n] rotated; returns the absmax bits
+// of dst. src may read dst (a group is read whole before it is written).
+template <typename Src>
+ZQH_INLINE int32_t hadamard_from(const Src& src, float* dst, int64_t n, int64_t r) {
   const float c = hadamard_scale(r);
   vi amax = {};
   if (r <= kW) {
-    for (int64_t i = 0; i < n; i += kW) group_in_registers<1>(src + i, dst + i, r, c, amax);
+    for (int64_t i = 0; i < n; i += kW) group_in_registers<1>(src, i, dst, r, c, amax);
     return max_lane(amax);
   }
   if (r == 2 * kW) {
-    for (int64_t i = 0; i < n; i += 2 * kW) group_in_registers<2>(src + i, dst + i, r, c, amax);
+    for (int64_t i = 0; i < n; i += 2 * kW) group_in_registers<2>(src, i, dst, r, c, amax);
     return max_lane(amax);
   }
   if (r == 4 * kW) {
-    for (int64_t i = 0; i < n; i += 4 * kW) group_in_registers<4>(src + i, dst + i, r, c, amax);
+    for (int64_t i = 0; i < n; i += 4 * kW) group_in_registers<4>(src, i, dst, r, c, amax);
     return max_lane(amax);
   }
   if (kW == 8 && r == 64) {
-    for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src + i, dst + i, r, c, amax);
+    for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src, i, dst, r, c, amax);
     return max_lane(amax);
   }
-  for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src + i, dst + i, r, c, amax);
+  if (r == 128) {  // AVX2 (W = 8): two groups of 8 vectors; AVX-512: one group of 8 vectors
+    if (kW == 8) {
+      for (int64_t i = 0; i < n; i += 128) halves_in_registers<64 / kW>(src, i, dst, r, c, amax);
+    } else {
+      for (int64_t i = 0; i < n; i += 128) group_in_registers<128 / kW>(src, i, dst, r, c, amax);
+    }
+    return max_lane(amax);
+  }
+  for (int64_t i = 0; i < n; i += 64) group_in_registers<64 / kW>(src, i, dst, r, c, amax);
   int32_t m = 0;
   for (int64_t h = 64; h < r; h *= 2) {
     const bool last = 2 * h == r;
@@ -182,6 +237,17 @@ ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r
   }
   return m;
 }
+
+// src [n] (fp32 or a 16-bit float) -> dst [n] rotated; returns the absmax bits of dst.
+template <typename T>
+ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+  if constexpr (sizeof(T) == 4) {
+    return hadamard_from(FromF32{src}, dst, n, r);
+  } else {
+    return hadamard_from(FromNarrow<T>{src}, dst, n, r);
+  }
+}
+
 #undef ZQH_INLINE
 #else
 template <typename T>

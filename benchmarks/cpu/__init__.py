@@ -3,6 +3,9 @@ figures are the ones docs/benchmarks.md quotes.
 
 - kernels (``python -m benchmarks.cpu.kernels``): the CPU quantization kernels' throughput beside
   the PyTorch reference and a memory copy; ``benchmarks/results/kernels.json``.
+- rotation_instructions (``python -m benchmarks.cpu.rotation_instructions``): the block
+  rotation's cost in instructions (valgrind's callgrind, load-independent), rotated against plain
+  quantize/dequantize; ``benchmarks/results/rotation_instructions.json``.
 - convergence (``python -m benchmarks.cpu.convergence``): the job on real text under each
   compression scheme, held-out loss against stock ZeRO-3; ``benchmarks/results/convergence*.json``
   and ``convergence.png``.
