@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_gb": "64 (a MI250X GCD's; the CPU budget would refuse the layout)",
             "rank": 0,
             "world": f"{a.nodes} x 4 x 2",
-            "machine": "2 shared CPU cores under load (nice -n 15): host times are not a GPU's, nor an idle machine's",
+            "machine": "2 shared CPU cores (the 1-minute load recorded beside): host times are not a GPU's",
         }
     )
     write_json_atomic(out, rep, indent=1, default=str)
