@@ -70,22 +70,10 @@ def _encode(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), default=repr).encode()
 
 
-def _pad(blob: bytes, width: int, device: torch.device) -> torch.Tensor:
-    out = bytearray(width + _LEN)
-    out[:_LEN] = len(blob).to_bytes(_LEN, "little")
-    out[_LEN : _LEN + len(blob)] = blob
-    return torch.frombuffer(out, dtype=torch.uint8).to(device)
-
-
-def _unpad(t: torch.Tensor) -> Any:
-    raw = bytes(t.cpu().numpy().tobytes())
-    n = int.from_bytes(raw[:_LEN], "little")
-    return json.loads(raw[_LEN : _LEN + n]) if n else None
-
-
 def _pad_rows(blobs: list[bytes], width: int, device: torch.device) -> torch.Tensor:
-    """``_pad`` of every blob, as the rows of one tensor: one buffer for a coordinator's
-    world of payloads, not a tensor (and its storage) per rank."""
+    """Every blob framed (its length, then its bytes, zero-padded to ``width``) as the rows of
+    one tensor: one buffer for a coordinator's world of payloads, not a tensor (and its
+    storage) per rank."""
     stride = width + _LEN
     rows = bytearray(len(blobs) * stride)
     for r, blob in enumerate(blobs):
@@ -97,14 +85,22 @@ def _pad_rows(blobs: list[bytes], width: int, device: torch.device) -> torch.Ten
 
 
 def _unpad_rows(rows: torch.Tensor) -> list:
-    """``_unpad`` of every row of ``rows``, parsed as one JSON array (one parse for a
-    coordinator's world of payloads, not one per rank)."""
+    """The objects framed in the rows of ``rows`` (an empty row is None), parsed as one JSON
+    array (one parse for a coordinator's world of payloads, not one per rank)."""
     raw = rows.cpu().numpy().tobytes()
     parts = []
     for at in range(0, len(raw), rows.shape[1]):
         n = int.from_bytes(raw[at : at + _LEN], "little")
         parts.append(raw[at + _LEN : at + _LEN + n] if n else b"null")
     return json.loads(b"[" + b",".join(parts) + b"]")
+
+
+def _pad(blob: bytes, width: int, device: torch.device) -> torch.Tensor:
+    return _pad_rows([blob], width, device)[0]
+
+
+def _unpad(t: torch.Tensor) -> Any:
+    return _unpad_rows(t.view(1, -1))[0]
 
 
 def gather_to_root(obj: Any, group: dist.ProcessGroup | None = None) -> list | None:
