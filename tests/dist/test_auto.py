@@ -90,9 +90,10 @@ def test_auto_chooses_once_alike_on_every_rank_and_trains_as_the_choice(world8):
     probed = res[0]["probed"]["auto"]
     assert probed["source"].startswith("probed at initialize")
     assert all(v > 0 for v in probed["rates_gbps"].values())
-    # declared rates skip the probe
+    # declared rates skip the probe: the ranking used the declaration itself (no timing compared:
+    # the two runs' seconds depend on the machine's load)
     assert res[0]["frontier_rates"]["auto"]["source"] == "declared tier_gbps"
-    assert res[0]["frontier_rates"]["auto"]["seconds"] < res[0]["probed"]["auto"]["seconds"]
+    assert res[0]["frontier_rates"]["auto"]["rates_gbps"] == pytest.approx({"gcd": 200, "gpu": 50, "node": 12.5})
     # slow links: a compressed layout with a kept copy (for this tiny model the planner prefers
     # zeropp's flat int4 gradient stage on gloo); Frontier's rates: this tiny model's bytes take
     # microseconds, and the host's work decides ([Note: auto ranks communication and host work])
