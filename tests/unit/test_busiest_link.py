@@ -40,13 +40,17 @@ def test_package_links_carry_the_node_tier_and_bind_at_frontier_ratios():
     assert p.link_bound_s <= p.pipelined_comm_s <= p.comm_s
 
 
-def test_auto_takes_int4_on_the_gpu_hop_where_package_links_bind_and_zeropp_on_flat_links():
-    frontier_links = by_name(P.rank_auto(fair_cluster((16, 4, 1)), WL, P.auto_candidates()))
-    int4, int8 = frontier_links["frontier"], frontier_links["frontier/int8"]  # int8 gradients on both hops
-    assert int4.candidate.compression.gradients.gpu == "int4"
-    assert int4.link_bound_s < int8.link_bound_s  # fewer bytes on the busiest (package) link
-    ranked = P.rank_auto(fair_cluster((16, 4, 1)), WL, P.auto_candidates())
-    assert ranked[0].candidate.preset == "frontier" and ranked[0].candidate.compression.gradients.gpu == "int4"
+def test_auto_takes_frontier_where_package_links_bind_never_its_int4_and_zeropp_on_flat_links():
+    # int4 on the package links moves fewer bytes over the busiest (package) link, and plan ranks
+    # it; auto leaves it out ([Note: preset compression defaults]: it costs measured loss)
+    c = fair_cluster((16, 4, 1))
+    planned = by_name([P.predict(cand, c, WL) for cand in P.default_candidates(c)])
+    int8, int4 = planned["frontier"], planned["frontier/gpu-int4"]
+    assert int8.candidate.compression.gradients.gpu == "int8" and int4.candidate.compression.gradients.gpu == "int4"
+    assert int4.link_bound_s < int8.link_bound_s
+    ranked = P.rank_auto(c, WL, P.auto_candidates())
+    assert all(p.candidate.compression.gradients.gpu != "int4" for p in ranked if p.candidate.preset == "frontier")
+    assert ranked[0].candidate.preset == "frontier"
     # flat links: frontier's exact in-package stage makes the gcd link its busiest; zeropp's is lower
     flat = P.rank_auto(fair_cluster((1, 1, 1)), WL, P.auto_candidates())
     assert flat[0].candidate.name == "zeropp"

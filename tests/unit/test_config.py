@@ -112,12 +112,12 @@ def test_disabled_or_absent_section_is_stock():
 def test_presets_defaults_and_overrides():
     f = parse_section({"preset": "frontier"}).compression
     assert (f.weights.node, f.weights.gpu, f.weights.gcd) == ("int8", "none", "none")
-    assert (f.gradients.node, f.gradients.gpu, f.gradients.gcd) == ("int8", "int4", "int8")
+    assert (f.gradients.node, f.gradients.gpu, f.gradients.gcd) == ("int8", "int8", "int8")
     z = parse_section({"preset": "zeropp"}).compression
     assert (z.gradients.node, z.gradients.gpu) == ("int4", "int4")
     assert parse_section({"preset": "zero3"}).compression.gradients.node == "none"
     o = parse_section({"preset": "frontier", "compression": {"gradients": {"node": "int4"}, "block_size": 64}})
-    assert o.compression.gradients.node == "int4" and o.compression.gradients.gpu == "int4"
+    assert o.compression.gradients.node == "int4" and o.compression.gradients.gpu == "int8"
     assert o.compression.block_size == 64
     off = parse_section({"preset": "frontier", "compression": "none"}).compression
     assert {off.weights.node, off.gradients.node, off.gradients.gpu} == {"none"}
@@ -129,7 +129,7 @@ def test_plans_per_preset():
     assert [h.axes for h in f.forward] == [("node",), ("gpu",), ("gcd",)]
     assert [h.scheme for h in f.forward] == ["int8", "none", "none"]
     assert [h.axes for h in f.backward] == [("gcd",)] and f.kept_axes == ("node", "gpu")
-    assert [(h.axes, h.scheme) for h in f.reduce] == [(("gcd",), "int8"), (("gpu",), "int4"), (("node",), "int8")]
+    assert [(h.axes, h.scheme) for h in f.reduce] == [(("gcd",), "int8"), (("gpu",), "int8"), (("node",), "int8")]
     z = make_plan("zeropp", parse_section({"preset": "zeropp"}).compression, t)
     assert [h.axes for h in z.forward] == [("node", "gpu", "gcd")] and z.forward[0].scheme == "int8"
     assert [h.axes for h in z.backward] == [("gpu", "gcd")] and z.kept_axes == ("node",)

@@ -55,9 +55,9 @@ def test_frontier_layer_kernels_follow_the_plan(chunks):
     assert {c.op for c in calls if c.phase == "forward_gather"} == {"quantize", "dequantize"}
     # backward: the kept copy is encoded, so no quantize, and the whole layer decoded again
     assert [(c.op, c.numel, c.calls) for c in calls if c.phase == "backward_gather"] == [("dequantize", full, 1)]
-    # gradients: fp32 stages gcd int8 (k 2), gpu int4 (k 4), node int8 (k 48), each buffer 1/k of the last
+    # gradients: fp32 stages gcd int8 (k 2), gpu int8 (k 4), node int8 (k 48), each buffer 1/k of the last
     buf = full
-    for tier, bits, k in (("gcd", 8, 2), ("gpu", 4, 4), ("node", 8, 48)):
+    for tier, bits, k in (("gcd", 8, 2), ("gpu", 8, 4), ("node", 8, 48)):
         q = [c for c in calls if c.phase == "grad_reduce" and c.tier == tier and c.op == "quantize"]
         sums = [c for c in calls if c.phase == "grad_reduce" and c.tier == tier and c.op == "dequantize_sum"]
         assert {(c.bits, c.dtype) for c in q + sums} == {(bits, "float32")}

@@ -37,7 +37,7 @@ def test_per_kind_and_tier_reaches_the_hops():
     p = make_plan("frontier", c, Topology(2, 2, 2))
     assert [(h.tier, h.scheme, h.rotate) for h in p.reduce] == [
         ("gcd", "int8", 0),
-        ("gpu", "int4", 0),
+        ("gpu", "int8", 0),
         ("node", "int8", 32),
     ]
     assert [(h.tier, h.rotate) for h in p.forward] == [("node", 64), ("gpu", 0), ("gcd", 0)]

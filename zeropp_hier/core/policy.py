@@ -49,8 +49,8 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 # while compressing gradients hard over the slow link and weights gently reaches baseline
 # convergence. The reasons, as they apply here:
 # - Gradients are averaged over every rank, so per-element quantization noise is averaged
-#   down; they cross each link once per step. So: compressed on every hop, int8 inside the
-#   package (below), int4 over the package links, int8 over the network.
+#   down; they cross each link once per step. So: compressed on every hop, int8 on each (below:
+#   int4 on the package links or the network cost loss that int8 did not).
 # - int8 on the gcd hop: in backward the in-package link carries both the re-gather of every
 #   layer (exact bf16 weights, below) and the first stage of every gradient bucket, and a
 #   stage's bytes are largest on that first hop (the whole bucket; later hops move 1/2 and 1/8
@@ -63,18 +63,14 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   exact, a paired difference of +0.05% (standard deviation 0.69%): none that the harness can
 #   see. Its error feedback is "auto", off for int8 (a residual there would be as large as every
 #   gradient bucket).
-# - int4 on the gpu hop: the link that bounds a step is the busiest one, and a package's
-#   links carry both the gpu tier's bytes and the node tier's (a node's traffic leaves through
-#   its packages' links). With links in Frontier's 16:4:1 per-GCD ratio those package links
-#   bind: in the fair-fight benchmark (docs/benchmarks.md, 16 ranks) int8 gpu gradients put
-#   47.1 + 6.0 MB per step on them, int4 35.7 + 6.0 (zeropp: 71.2 + 9.3). The planner's
-#   ``auto`` weighs the same busiest-link bound ([Note: busiest-link bound] in
-#   planner/pipeline.py) and has int8 on both hops as its candidate for links where the package
-#   links do not bind. Accuracy, paired against stock over 6 seeds (benchmarks/cpu/paired,
-#   protocols 1 and 2, 0.23M parameters): this default +0.36% [+0.19, +0.53] of the held-out loss,
-#   int8 here +0.05% [-0.03, +0.13] (inside the 0.3% margin), uncompressed weights with int4 here
-#   +0.40%: the gpu hop's int4 is the whole cost. int8 here becomes the default once the speed
-#   figures published for this preset are measured under it.
+# - int8 on the gpu hop (accuracy first): paired against stock over 6 seeds
+#   (benchmarks/cpu/paired, protocols 1 and 2, 0.23M parameters, margin 0.3%), int4 there cost
+#   +0.36% [+0.19, +0.53] of the held-out loss and int8 +0.05% [-0.03, +0.13], equivalent;
+#   uncompressed weights with int4 there +0.40%: the gpu hop's int4 (no error feedback) was the
+#   whole cost. int4 there is faster where the package links bind (a package's links carry the
+#   gpu tier's bytes and the node tier's; int8 doubles the gpu stage's gradient bytes): it stays a
+#   user's choice (``"gradients": {"gpu": "int4"}``) and the planner's ``frontier/gpu-int4``
+#   row, and ``auto`` does not take it (it does not trade measured loss for speed).
 # - int8 on the node hop: accuracy, measured (benchmarks/cpu/convergence.py,
 #   docs/benchmarks.md#convergence-on-real-text). Every setting with int4 gradients on the node
 #   hop ended 1.1-1.6% above stock's loss at two seeds, with or without error feedback, at
@@ -87,11 +83,11 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 #   link-bound benchmark), so int8 costs little of the step.
 # - Error feedback ([Note: error feedback] in comm/error_feedback.py: the part int4 drops is
 #   sent a step later) is "auto" on the node stage: on where it is int4 (a user's choice), off
-#   for the default's int8. Not on the gpu stage: a stage's residual is the size of its send
-#   buffer, the gpu stage's 1/gcds_per_gpu, half of every gradient, which for a 20B model on
+#   for the default's int8. Not on the gpu stage, where a user sets int4: a stage's residual is
+#   the size of its send buffer, the gpu stage's 1/gcds_per_gpu, half of every gradient, which for a 20B model on
 #   384 GCDs is 40 GB per GCD in fp32 (the planner's memory model; it does not fit beside the
-#   rest). Without feedback the gpu stage's int4 error stays in that step's averaged gradient,
-#   as on zeropp's in-node stage (ZeRO++'s qgZ has none either). ``"error_feedback": {"gpu":
+#   rest). Without feedback a gpu stage's int4 error stays in that step's averaged gradient, as
+#   on zeropp's in-node stage (ZeRO++'s qgZ has none either). ``"error_feedback": {"gpu":
 #   true}`` turns it on there where memory allows.
 # - Weights are used as-is by every rank's forward and backward pass: their error is not
 #   averaged away and not fed back (the next gather starts again from the exact master
@@ -104,10 +100,10 @@ DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 PRESET_COMPRESSION: dict[FixedPreset, dict[str, dict[str, Scheme]]] = {
     "zero3": {"weights": {}, "gradients": {}},
     "zeropp": {"weights": {"node": "int8"}, "gradients": {"gpu": "int4", "node": "int4"}},
-    "frontier": {"weights": {"node": "int8"}, "gradients": {"gcd": "int8", "gpu": "int4", "node": "int8"}},
+    "frontier": {"weights": {"node": "int8"}, "gradients": {"gcd": "int8", "gpu": "int8", "node": "int8"}},
 }
-# frontier: none on the gpu stage, whose residual would hold half of every gradient bucket
-# ([Note: preset compression defaults])
+# frontier: none on the gpu stage, whose residual would hold half of every gradient bucket (a
+# user's int4 there runs without; [Note: preset compression defaults])
 PRESET_ERROR_FEEDBACK: dict[FixedPreset, ErrorFeedback | Mapping[str, ErrorFeedback]] = {
     "zero3": "auto",
     "zeropp": False,

@@ -158,6 +158,8 @@ def explain(preds: Sequence[Prediction], cluster: ClusterModel) -> list[str]:
             f"best: {best.candidate.name} at {best.step_s:.3g} s/step ({comm_share:.0%} communication; "
             f"the {best.dominant_tier} tier takes {best.tier_s[best.dominant_tier]:.3g} s of it)"
         )
+        if best.candidate.caveat:
+            lines.append(f"  but {best.candidate.name} costs {best.candidate.caveat}")
         for p in fitting[1:3]:
             lines.append(
                 f"  {p.candidate.name}: {p.step_s / best.step_s:.2f}x slower; its {p.dominant_tier} "
