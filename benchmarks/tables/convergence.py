@@ -11,7 +11,7 @@ STOCK = "stock ZeRO-3"
 # the rows of seed 0 in the order shown, each with what it ran (gradients gcd / gpu / node hop)
 LABELS = {
     STOCK: "stock DeepSpeed ZeRO-3",
-    "frontier": "**`frontier`** (default: int8 node weights; int8 / int4 / int8, no feedback)",
+    "frontier": "`frontier` of that run (int8 node weights; int8 / int4 / int8, no feedback)",
     "frontier, exact gcd gradients": "`frontier`, exact gcd gradients (int4 / int8)",
     "frontier, int4 node gradients": "`frontier`, int4 node gradients (exact / int4 / int4, feedback on node)",
     "frontier, int4 node gradients, no error feedback": "… error feedback off",
