@@ -49,9 +49,16 @@ def test_frontier_example_is_the_hybrid_rule_at_384_gcds():
     assert [(h.axes, h.scheme) for h in plan.backward] == [(("gcd",), "none")]
     assert [(h.axes, h.scheme, h.error_feedback) for h in plan.reduce] == [
         (("gcd",), "int8", False),
-        (("gpu",), "int4", False),
+        (("gpu",), "int8", False),
         (("node",), "int8", False),
     ]
+    # and it spells out the preset's own defaults: the example is today's frontier
+    assert (
+        cfg.compression
+        == hier_config_from_ds(
+            {**_load("frontier_bf16.json"), "zeropp_hier": {"enabled": True, "preset": "frontier"}}
+        ).compression
+    )
 
 
 def test_zeropp_example_is_the_baseline_and_stock_example_has_no_section():

@@ -124,7 +124,7 @@ def frontier(nodes: int = 48) -> ClusterModel:
 # message (benchmarks/compare/wire_links.py), the Ethernet/IP/TCP headers of its segments and the
 # receiver's ACKs. Interface counters against ``comm_stats``' link view over the same steps
 # (benchmarks/results/wire_links_8x1x2.json and wire_links_2x4x2.json, links unshaped) put the
-# excess at 366-473 bytes per message on every link class with traffic, for both presets, at
+# excess at 353-469 bytes per message on every link class with traffic, for both presets, at
 # messages of 2.7-17 KB: about 4.5 packets per message whatever its size, so the excess goes
 # with the message count, not the bytes (a fit with a per-byte term finds that term ~0).
 # ``EMULATED_MESSAGE_OVERHEAD`` is the excess over every message of both files
@@ -134,7 +134,7 @@ def frontier(nodes: int = 48) -> ClusterModel:
 # (core/wire.messages). Frontier: 0. Slingshot/libfabric framing per message (a few tens of
 # bytes against RCCL's chunks of hundreds of KB) is not modelled; RCCL's fixed cost per message
 # is time, which the tiers' alpha and the tick rounds already price.
-EMULATED_MESSAGE_OVERHEAD = 428.0
+EMULATED_MESSAGE_OVERHEAD = 418.0
 
 
 # Exposed fractions per phase on the emulated cluster with DeepSpeed's prefetch on
