@@ -38,8 +38,10 @@ def secs(x: float) -> str:
 
 
 def mb(x: float) -> str:
-    """Bytes as MB (10^6) with two decimals."""
-    return f"{x / 1e6:.2f}"
+    """Bytes as MB (10^6) with two decimals; a few bytes below zero (counters less estimated
+    headers on an idle link) print as 0.00, not -0.00."""
+    s = f"{x / 1e6:.2f}"
+    return "0.00" if s == "-0.00" else s
 
 
 def kb(x: float) -> str:
