@@ -34,7 +34,7 @@ def rows(topo: Topology, rotations: Sequence[int], beta: float) -> dict[str, tup
     out: dict[str, tuple[Stage, ...] | str] = {
         "zero3 (exact fp32; control)": plan_stages("zero3", None, topo),
         "zeropp defaults (int4 in-node, int4 network)": plan_stages("zeropp", None, topo),
-        "frontier defaults (int8 gcd, int4 gpu, int8 network)": plan_stages("frontier", None, topo),
+        _defaults_name(plan_stages("frontier", None, topo)): plan_stages("frontier", None, topo),
         "frontier, int4 network": frontier_int4,
         "frontier, int4 network + feedback (package, network stage)": frontier_int4_fb,
         f"frontier, int4 network + LoCo beta={beta} (network + previous stage)": _loco(frontier_int4, beta),
@@ -49,10 +49,15 @@ def rows(topo: Topology, rotations: Sequence[int], beta: float) -> dict[str, tup
     for r in rotations:
         out[f"network stage alone: int4 rotated R={r}"] = modify(alone_net, "node", rotate=r)
     if topo.gpus_per_node > 1:
-        out["gpu stage alone: int4 (frontier's default there)"] = plan_stages(
+        out["gpu stage alone: int4"] = plan_stages(
             "frontier", {"gradients": {**ALONE, "gpu": "int4"}, "error_feedback": False}, topo
         )
     return out
+
+
+def _defaults_name(stages: Sequence[Stage]) -> str:
+    """The defaults' row named by what they run (the policy's defaults, read now)."""
+    return "frontier defaults (" + ", ".join(f"{s.hop.scheme} {s.hop.tier}" for s in stages) + ")"
 
 
 QGZ_NAME = "DeepSpeed qgZ (int4 both hops, its groups, fp16 sums; CPU reimplementation)"
