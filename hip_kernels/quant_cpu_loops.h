@@ -420,15 +420,14 @@ void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, 
     const float scale = scales[b];
     T* ob = o + start;
     if (rotate) {
+      float* dst = buf;
       if constexpr (sizeof(T) == 4) {
-        if (len == block_size) {  // rotated straight into the output: no copy pass
-          dequantize_rotated(q, scale, bits, block_size, rotate, c, buf,
-                             reinterpret_cast<float*>(ob));
-          continue;
-        }
+        if (len == block_size) dst = reinterpret_cast<float*>(ob);  // no copy pass
       }
-      dequantize_rotated(q, scale, bits, block_size, rotate, c, buf, buf);
-      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
+      dequantize_rotated(q, scale, bits, block_size, rotate, c, buf, dst);  // inlined once
+      if (dst == buf) {
+        for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
+      }
       continue;
     }
     if (bits == 8) {
