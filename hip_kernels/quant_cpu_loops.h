@@ -430,16 +430,26 @@ void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, 
       }
       continue;
     }
-    if (bits == 8) {
-      const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
-      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(dequantize_value(q8[i], scale));
-    } else {
-      const int64_t pairs = len / 2;
-      for (int64_t j = 0; j < pairs; ++j) {
-        ob[2 * j] = from_f32<T>(dequantize_value(int4_low(q[j]), scale));
-        ob[2 * j + 1] = from_f32<T>(dequantize_value(int4_high(q[j]), scale));
+    // value(code): dequantize_value, or the plain product where no code's product can
+    // saturate (nearly every block), which GCC vectorises without the select (AVX2, callgrind:
+    // int8 1.70 -> 1.05 instructions per element, int4 2.14 -> 1.47)
+    const auto blockwise = [&](auto value) {
+      if (bits == 8) {
+        const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
+        for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(value(q8[i]));
+      } else {
+        const int64_t pairs = len / 2;
+        for (int64_t j = 0; j < pairs; ++j) {
+          ob[2 * j] = from_f32<T>(value(int4_low(q[j])));
+          ob[2 * j + 1] = from_f32<T>(value(int4_high(q[j])));
+        }
+        if (len & 1) ob[len - 1] = from_f32<T>(value(int4_low(q[pairs])));
       }
-      if (len & 1) ob[len - 1] = from_f32<T>(dequantize_value(int4_low(q[pairs]), scale));
+    };
+    if (dequantize_is_plain_product(scale, bits)) {
+      blockwise([scale](int v) { return mul_rn(float(v), scale); });
+    } else {
+      blockwise([scale](int v) { return dequantize_value(v, scale); });
     }
   }
 }
