@@ -11,7 +11,7 @@
 #include <algorithm>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>  // _mm512_fmadd_ps in the AVX-512 rotation ([Note: CPU rotation layout])
+#include <immintrin.h>  // _mm256/_mm512_fmadd_ps in the rotation ([Note: CPU rotation layout])
 #endif
 
 #include "quant_api.h"
@@ -47,9 +47,11 @@ struct Loops {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ZQH_X86_VARIANTS 1
-// No "fma" in either list: the loops must not contract (-ffp-contract=off keeps it so anyway).
+// "fma" in the AVX2 list only for the rotation's explicit FMA with +-1 (an exact product, so one
+// rounding as a + b or a - b; [Note: CPU rotation layout]); nothing else may contract, which
+// -ffp-contract=off guarantees (hip_kernels/build.py; [Note: bit-exact arithmetic]).
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,fma")
 #define ZQH_ISA isa_avx2
 #define ZQH_VECW 8
 #include "quant_cpu_loops.h"
@@ -86,7 +88,9 @@ Isa best_isa() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     return Isa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+  // every AVX2 CPU of Intel and AMD has FMA3; the variant asks for both (a CPU with AVX2 and
+  // no FMA, if any exists, runs the baseline variant)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
 #endif
   return Isa::kDefault;
 }

@@ -43,19 +43,30 @@ inline int32_t absmax_of(const float* buf, int64_t len) {
 // laid out for SIMD (the order of independent pairs within a stride changes no bit):
 // - up to 64 values of a group are transformed in registers (vectors of W = 8 floats for AVX2,
 //   16 for AVX-512; GCC vector extensions): the strides below W inside each vector as
-//   y = x[j ^ h] (one permute) plus x[j] with its sign flipped where bit h of j is set (an xor;
-//   for AVX-512 an FMA y + (+-1) * x, the same one rounding): x[j ^ h] + x[j] is a + b exactly
-//   (addition commutes) and x[j ^ h] + (-x[j]) is a - b exactly; the strides from W to 32 between
-//   vectors; the multiply by hadamard_scale(R) and the absmax folded into the last stride's pass;
-//   full blocks read straight from the input;
-// - R = 128: for AVX-512 one group of 8 vectors in registers; for AVX2 (16 registers) the first
-//   half's 64 values stored unscaled, the second half's kept in registers and met with them in
-//   the last stride (no pass of its own; rotated dequantize at R = 128 took 1.8x the plain one);
+//   y = x[j ^ h] (one permute) plus x[j] times -1 where bit h of j is set, else +1, as one FMA
+//   y + (+-1) * x (the product is exact, so the one rounding is that of the addition; an xor of
+//   the sign and an add before AVX2 had FMA): x[j ^ h] + x[j] is a + b exactly (addition
+//   commutes) and x[j ^ h] + (-x[j]) is a - b exactly; the strides from W to 32 between vectors;
+//   the multiply by hadamard_scale(R) and the absmax folded into the last stride's pass; full
+//   blocks read straight from the input, and dequantize's codes converted straight into the
+//   vectors where no product can saturate (dequantize_is_plain_product: nearly every block);
+// - R = 128: for AVX-512 one group of 8 vectors in registers; for AVX2 (16 registers) both
+//   halves' 64 values through their strides, then met in the last stride (no pass of its own;
+//   the compiler spills one half);
 // - larger strides (R > 128) as contiguous half-group loops over the block, the last one
 //   multiplying too.
 // In the baseline (SSE2) variant, where such permutes compile to scalar code, and without
 // GCC's vector extensions, it is hadamard_inplace itself. The first version (the scalar
 // butterfly, one pass per stride) took 4-5x the time of quantize alone.
+
+// inlined wherever used: out of line, GCC passed the vectors through memory and left the
+// AVX state with vzeroupper at every call (AVX2 took twice AVX-512's time)
+#if defined(__GNUC__)
+#define ZQH_INLINE inline __attribute__((always_inline))
+#else
+#define ZQH_INLINE inline
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__) && ZQH_VECW
 constexpr int kW = ZQH_VECW;
 typedef float vf __attribute__((vector_size(4 * kW)));
@@ -64,9 +75,6 @@ typedef int32_t vi __attribute__((vector_size(4 * kW)));
 // vector move each (a memcpy of the whole array of vectors went through the stack in 16-byte
 // pieces and general registers, most of AVX2's rotation time)
 typedef float vf_mem __attribute__((vector_size(4 * kW), aligned(4), may_alias));
-// inlined wherever used: out of line, GCC passed the vectors through memory and left the
-// AVX state with vzeroupper at every call (AVX2 took twice AVX-512's time)
-#define ZQH_INLINE inline __attribute__((always_inline))
 
 // one stride h < W inside a vector of W consecutive values (W-aligned in the group)
 template <int H>
@@ -74,17 +82,16 @@ ZQH_INLINE vf stride_in_vector(vf x) {
   vi partner;
   for (int j = 0; j < kW; ++j) partner[j] = j ^ H;  // constants after unrolling
   const vf y = __builtin_shuffle(x, partner);
-#if ZQH_VECW == 16
   // y + s * x with s = -1 where bit H of j is set, else +1, as one fused multiply-add: the
   // product by +-1 is exact, so the one rounding is that of y + x or y - x, bit for bit (no
-  // rounded product is contracted); it saves the sign flip's xor (AVX-512F has the FMA)
+  // rounded product is contracted); it saves a sign flip's xor (AVX-512F has the FMA; the AVX2
+  // variant is compiled with "fma" and picked only where the CPU has it)
   vf s;
   for (int j = 0; j < kW; ++j) s[j] = (j & H) ? -1.0f : 1.0f;
+#if ZQH_VECW == 16
   return (vf)_mm512_fmadd_ps((__m512)x, (__m512)s, (__m512)y);
 #else
-  vi flip;
-  for (int j = 0; j < kW; ++j) flip[j] = (j & H) ? INT32_MIN : 0;
-  return y + (vf)((vi)x ^ flip);
+  return (vf)_mm256_fmadd_ps((__m256)x, (__m256)s, (__m256)y);
 #endif
 }
 
@@ -114,6 +121,68 @@ struct FromNarrow {
     float staged[kW * NV];
     for (int k = 0; k < kW * NV; ++k) staged[k] = to_f32(p[i + k]);
     for (int k = 0; k < NV; ++k) x[k] = *reinterpret_cast<const vf_mem*>(staged + kW * k);
+  }
+};
+
+// The codes of a payload block, dequantized: float(q) * scale, for a scale where that product
+// never saturates (dequantize_is_plain_product), so it is dequantize_value's result with no
+// select; read straight into the vectors (no fp32 copy of the block in memory).
+typedef uint32_t vu __attribute__((vector_size(4 * kW)));
+
+// W / 2 (Half) or W bytes at p, sign-extended to W int32 lanes (lanes past the bytes read
+// unspecified). Intrinsics: GCC 12 turned __builtin_convertvector of a byte vector into one
+// scalar load and insert per lane.
+template <bool Half>
+ZQH_INLINE vi widen_bytes(const void* p) {
+  const __m128i* m = static_cast<const __m128i*>(p);
+#if ZQH_VECW == 16
+  const __m128i bytes = Half ? _mm_loadl_epi64(m) : _mm_loadu_si128(m);
+  // the maskz form keeping every lane: the plain one reads _mm512_undefined_epi32, which GCC 12
+  // warns may be used uninitialised
+  return (vi)_mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), bytes);
+#else
+  return (vi)_mm256_cvtepi8_epi32(Half ? _mm_loadu_si32(p) : _mm_loadl_epi64(m));
+#endif
+}
+
+struct FromInt8 {
+  const int8_t* q;
+  float scale;
+  template <int NV>
+  ZQH_INLINE void get(int64_t i, vf (&x)[NV]) const {
+    for (int k = 0; k < NV; ++k) {
+      x[k] = __builtin_convertvector(widen_bytes<false>(q + i + kW * k), vf) * scale;
+    }
+  }
+};
+
+struct FromInt4 {
+  const uint8_t* q;  // element i in byte i / 2 ([Note: quantization format])
+  float scale;
+  template <int NV>
+  ZQH_INLINE void get(int64_t i, vf (&x)[NV]) const {
+    const uint8_t* p = q + i / 2;
+    vi pick_lo, pick_hi, shift;
+    for (int j = 0; j < kW; ++j) {
+      pick_lo[j] = j / 2;           // lanes 2m and 2m + 1 both take byte m (of the first W / 2)
+      pick_hi[j] = kW / 2 + j / 2;  // (of the second W / 2)
+      shift[j] = j & 1 ? 24 : 28;   // its high nibble, its low nibble, to the top bits
+    }
+    // the nibble in bits 28-31, then an arithmetic shift: int4_low / int4_high's value
+    const auto decode = [&](vi bytes) {
+      return __builtin_convertvector((vi)((vu)bytes << (vu)shift) >> 28, vf) * scale;
+    };
+    if constexpr (NV % 2 == 0) {  // W bytes for two vectors
+      for (int k = 0; k < NV; k += 2) {
+        const vi bytes = widen_bytes<false>(p + kW * k / 2);
+        x[k] = decode(__builtin_shuffle(bytes, pick_lo));
+        x[k + 1] = decode(__builtin_shuffle(bytes, pick_hi));
+      }
+    } else {  // W / 2 bytes (no more: the block's last may end the buffer)
+      for (int k = 0; k < NV; ++k) {
+        x[k] = decode(__builtin_shuffle(widen_bytes<true>(p + kW * k / 2), pick_lo));
+      }
+    }
   }
 };
 
@@ -158,22 +227,21 @@ ZQH_INLINE void group_in_registers(const Src& src, int64_t i, float* dst, int64_
   for (int k = 0; k < NV; ++k) *reinterpret_cast<vf_mem*>(dst + i + kW * k) = x[k];
 }
 
-// r == 2 * W * NV: the first half's group stored as it is, the second half's kept in registers
-// and met with the first (reloaded from L1) in the last stride, scaled by c: the second half
-// is stored once, and the last stride needs no pass of its own.
+// r == 2 * W * NV: both halves through the strides below W * NV, then met in the last stride,
+// scaled by c, and stored once. Twice W * NV vectors are more than AVX2's 16 registers: the
+// compiler spills half of them (a store to dst of the first half, to be reloaded, made GCC keep
+// both that store and its own spill).
 template <int NV, typename Src>
 ZQH_INLINE void halves_in_registers(const Src& src, int64_t i, float* dst, int64_t r, float c,
                                     vi& amax) {
   constexpr int kHalf = kW * NV;
-  group_in_registers<NV>(src, i, dst, r, c, amax);  // r > W * NV: not scaled
-  vf x[NV];
-  group_strides<NV>(src, i + kHalf, r, x);
+  vf lo[NV], hi[NV];
+  group_strides<NV>(src, i, r, lo);
+  group_strides<NV>(src, i + kHalf, r, hi);
   for (int k = 0; k < NV; ++k) {
-    float* lo = dst + i + kW * k;
-    const vf a = *reinterpret_cast<const vf_mem*>(lo), b = x[k];
-    const vf sum = (a + b) * c, diff = (a - b) * c;
-    *reinterpret_cast<vf_mem*>(lo) = sum;
-    *reinterpret_cast<vf_mem*>(lo + kHalf) = diff;
+    const vf sum = (lo[k] + hi[k]) * c, diff = (lo[k] - hi[k]) * c;
+    *reinterpret_cast<vf_mem*>(dst + i + kW * k) = sum;
+    *reinterpret_cast<vf_mem*>(dst + i + kHalf + kW * k) = diff;
     const vi s_bits = (vi)sum & int32_t(kAbsMask), d_bits = (vi)diff & int32_t(kAbsMask);
     amax = amax > s_bits ? amax : s_bits;
     amax = amax > d_bits ? amax : d_bits;
@@ -183,8 +251,7 @@ ZQH_INLINE void halves_in_registers(const Src& src, int64_t i, float* dst, int64
 // The values of src [n] (n a multiple of r and of W) -> dst [n] rotated; returns the absmax bits
 // of dst. src may read dst (a group is read whole before it is written).
 template <typename Src>
-ZQH_INLINE int32_t hadamard_from(const Src& src, float* dst, int64_t n, int64_t r) {
-  const float c = hadamard_scale(r);
+ZQH_INLINE int32_t hadamard_from(const Src& src, float* dst, int64_t n, int64_t r, float c) {
   vi amax = {};
   if (r <= kW) {
     for (int64_t i = 0; i < n; i += kW) group_in_registers<1>(src, i, dst, r, c, amax);
@@ -238,20 +305,21 @@ ZQH_INLINE int32_t hadamard_from(const Src& src, float* dst, int64_t n, int64_t 
   return m;
 }
 
-// src [n] (fp32 or a 16-bit float) -> dst [n] rotated; returns the absmax bits of dst.
+// src [n] (fp32 or a 16-bit float) -> dst [n] rotated; returns the absmax bits of dst. c is
+// hadamard_scale(r), computed once per call of the block loops (its loop over the exponent was
+// about 40 instructions a block at R = 128).
 template <typename T>
-ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+ZQH_INLINE int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r, float c) {
   if constexpr (sizeof(T) == 4) {
-    return hadamard_from(FromF32{src}, dst, n, r);
+    return hadamard_from(FromF32{src}, dst, n, r, c);
   } else {
-    return hadamard_from(FromNarrow<T>{src}, dst, n, r);
+    return hadamard_from(FromNarrow<T>{src}, dst, n, r, c);
   }
 }
 
-#undef ZQH_INLINE
 #else
 template <typename T>
-inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r) {
+inline int32_t hadamard_block(const T* src, float* dst, int64_t n, int64_t r, float) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
   hadamard_inplace(dst, n, r);
   return absmax_of(dst, n);
@@ -286,16 +354,17 @@ void quantize_blocks(const void* x, int64_t numel, int bits, int64_t block_size,
                      int64_t b0, int64_t b1, uint8_t* data, float* scales) {
   const T* xt = static_cast<const T*>(x);
   const int64_t block_bytes = data_bytes(1, block_size, bits);
+  const float c = rotate ? hadamard_scale(rotate) : 0.0f;
   float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
     const int64_t len = std::min(block_size, numel - start);
     int32_t amax;
     if (rotate && len == block_size) {  // straight from the input, rotated in registers
-      amax = hadamard_block(xt + start, buf, block_size, rotate);
+      amax = hadamard_block(xt + start, buf, block_size, rotate, c);
     } else {
       amax = stage_block(xt + start, len, block_size, buf);
-      if (rotate) amax = hadamard_block<float>(buf, buf, block_size, rotate);
+      if (rotate) amax = hadamard_block<float>(buf, buf, block_size, rotate, c);
     }
     scales[b] = quantize_staged(buf, amax, bits, block_size, data + b * block_bytes);
   }
@@ -315,6 +384,26 @@ inline void dequantize_block_f32(const uint8_t* q, float scale, int bits, int64_
   }
 }
 
+// One whole payload block dequantized and rotated back -> dst [B] (fp32; buf [B] is scratch,
+// dst may be buf). Where no product can saturate, the codes go straight into the rotation's
+// vectors; else dequantized to buf first, saturating as dequantize_value does.
+ZQH_INLINE void dequantize_rotated(const uint8_t* q, float scale, int bits, int64_t block_size,
+                                   int64_t rotate, float c, float* buf, float* dst) {
+#if defined(__GNUC__) && !defined(__clang__) && ZQH_VECW
+  if (dequantize_is_plain_product(scale, bits)) {
+    if (bits == 8) {
+      hadamard_from(FromInt8{reinterpret_cast<const int8_t*>(q), scale}, dst, block_size, rotate,
+                    c);
+    } else {
+      hadamard_from(FromInt4{q, scale}, dst, block_size, rotate, c);
+    }
+    return;
+  }
+#endif
+  dequantize_block_f32(q, scale, bits, block_size, buf);
+  hadamard_block<float>(buf, dst, block_size, rotate, c);
+}
+
 // Blocks [b0, b1) of a payload -> out [numel]; rotate > 0: each whole block dequantized to fp32,
 // rotated back, then its first elements cast.
 template <typename T>
@@ -322,6 +411,7 @@ void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, 
                        int64_t block_size, int64_t rotate, int64_t b0, int64_t b1, void* out) {
   T* o = static_cast<T*>(out);
   const int64_t block_bytes = data_bytes(1, block_size, bits);
+  const float c = rotate ? hadamard_scale(rotate) : 0.0f;
   float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * block_size;
@@ -330,27 +420,36 @@ void dequantize_blocks(const uint8_t* data, const float* scales, int64_t numel, 
     const float scale = scales[b];
     T* ob = o + start;
     if (rotate) {
-      dequantize_block_f32(q, scale, bits, block_size, buf);
+      float* dst = buf;
       if constexpr (sizeof(T) == 4) {
-        if (len == block_size) {  // rotated straight into the output: no copy pass
-          hadamard_block<float>(buf, reinterpret_cast<float*>(ob), block_size, rotate);
-          continue;
-        }
+        if (len == block_size) dst = reinterpret_cast<float*>(ob);  // no copy pass
       }
-      hadamard_block<float>(buf, buf, block_size, rotate);
-      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
+      dequantize_rotated(q, scale, bits, block_size, rotate, c, buf, dst);  // inlined once
+      if (dst == buf) {
+        for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(buf[i]);
+      }
       continue;
     }
-    if (bits == 8) {
-      const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
-      for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(dequantize_value(q8[i], scale));
-    } else {
-      const int64_t pairs = len / 2;
-      for (int64_t j = 0; j < pairs; ++j) {
-        ob[2 * j] = from_f32<T>(dequantize_value(int4_low(q[j]), scale));
-        ob[2 * j + 1] = from_f32<T>(dequantize_value(int4_high(q[j]), scale));
+    // value(code): dequantize_value, or the plain product where no code's product can
+    // saturate (nearly every block), which GCC vectorises without the select (AVX2, callgrind:
+    // int8 1.70 -> 1.05 instructions per element, int4 2.14 -> 1.47)
+    const auto blockwise = [&](auto value) {
+      if (bits == 8) {
+        const int8_t* q8 = reinterpret_cast<const int8_t*>(q);
+        for (int64_t i = 0; i < len; ++i) ob[i] = from_f32<T>(value(q8[i]));
+      } else {
+        const int64_t pairs = len / 2;
+        for (int64_t j = 0; j < pairs; ++j) {
+          ob[2 * j] = from_f32<T>(value(int4_low(q[j])));
+          ob[2 * j + 1] = from_f32<T>(value(int4_high(q[j])));
+        }
+        if (len & 1) ob[len - 1] = from_f32<T>(value(int4_low(q[pairs])));
       }
-      if (len & 1) ob[len - 1] = from_f32<T>(dequantize_value(int4_low(q[pairs]), scale));
+    };
+    if (dequantize_is_plain_product(scale, bits)) {
+      blockwise([scale](int v) { return mul_rn(float(v), scale); });
+    } else {
+      blockwise([scale](int v) { return dequantize_value(v, scale); });
     }
   }
 }
@@ -391,6 +490,7 @@ template <typename T>
 void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
   T* o = static_cast<T*>(out);
   float acc[kChunk];
+  const float hc = parts.rotate ? hadamard_scale(parts.rotate) : 0.0f;
   const int64_t padded = num_blocks(parts.numel, parts.block_size) * parts.block_size;
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
@@ -400,11 +500,11 @@ void sum_chunks(const Parts& parts, int64_t c0, int64_t c1, void* out) {
       sum_chunk(parts, begin, span, acc);
       if constexpr (sizeof(T) == 4) {
         if (len == span) {  // rotated straight into the output: no copy pass
-          hadamard_block<float>(acc, reinterpret_cast<float*>(o + begin), span, parts.rotate);
+          hadamard_block<float>(acc, reinterpret_cast<float*>(o + begin), span, parts.rotate, hc);
           continue;
         }
       }
-      hadamard_block<float>(acc, acc, span, parts.rotate);
+      hadamard_block<float>(acc, acc, span, parts.rotate, hc);
     } else {
       sum_chunk(parts, begin, len, acc);
     }
@@ -452,3 +552,5 @@ inline Loops loops() {
 }  // namespace ZQH_ISA
 }  // namespace cpu
 }  // namespace zqh
+
+#undef ZQH_INLINE

@@ -246,6 +246,15 @@ QH_HD float dequantize_value(int q, float scale) {
   return bits_f32(select_u32((u & kAbsMask) == kExpMask, (u & 0x80000000u) | kFltMaxBits, u));
 }
 
+// Whether dequantize_value(q, scale) is the plain product for every code q of a `bits` payload
+// (|q| <= 128 for int8, 8 for int4, malformed codes included): rounding is monotonic, so
+// |float(q) * scale| <= |float(2^(bits-1)) * scale|, which is exact unless it overflows; when it
+// is finite, no product saturates. False for a NaN or infinite scale. (The CPU kernels skip the
+// saturation where it holds.)
+QH_HD bool dequantize_is_plain_product(float scale, int bits) {
+  return abs_bits(mul_rn(bits == 4 ? 8.0f : 128.0f, scale)) < kExpMask;
+}
+
 // int4: two's-complement nibbles, element 2i in the low nibble of byte i, 2i+1 in the high.
 QH_HD uint8_t pack_int4(int lo, int hi) {
   return uint8_t((uint32_t(lo) & 0xfu) | ((uint32_t(hi) & 0xfu) << 4));

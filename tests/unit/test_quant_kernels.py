@@ -34,7 +34,7 @@ def ops():
 # The CPU loop variants and what each needs beyond the floor; a variant this CPU cannot run
 # skips, naming it, and carries the marker ``cpu_isa`` (``python -m pytest -m cpu_isa tests``
 # on a CPU with AVX-512 runs them all; docs/usage.md lists the host-gated tests).
-ISAS = {"default": None, "avx2": "AVX2", "avx512": "AVX-512 (F, BW, VL, DQ)"}
+ISAS = {"default": None, "avx2": "AVX2 and FMA", "avx512": "AVX-512 (F, BW, VL, DQ)"}
 
 
 def _runs_here(name: str) -> bool:
