@@ -3,8 +3,10 @@ of 48 nodes x 4 packages x 2 GCDs for ``frontier``, ``zeropp`` and ``zero3`` (an
 ``frontier``), the hand-written GPT of 1.3M parameters: start-up, 2 steps, a save and a load of
 that save, each in its own process (one fake world per process, as a job has one world). Counts
 and sizes are asserted, never times. 25-60 CPU-seconds each (mostly imports and the engine's
-build; 9,408 nodes the most)."""
+build; 9,408 nodes the most), on one core each: the module's fixture runs the selected ones two at
+a time, and each test asserts on its own run."""
 
+import concurrent.futures as cf
 import json
 import os
 import subprocess
@@ -16,14 +18,57 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # the hand-written GPT (quick to build); the job's GPT-NeoX has its own case below
 MODEL = ["model.arch=gpt", "model.hidden=160", "model.heads=4", "model.layers=4", "model.intermediate=640"]
+NEOX = ["model=tiny"]
+NEOX_CASE = (48, "frontier", "neox")
+# CPU-seconds of a case in a full run of the suite (the others ~27): the longest start first, so that
+# the last two to start, side by side, are short
+COST = {(9408, "frontier", "gpt"): 54, NEOX_CASE: 44, (9408, "zeropp", "gpt"): 43, (2, "frontier", "gpt"): 29}
 
 
-def _dry_run(tmp_path: Path, preset: str, nodes: int, model: list[str] = MODEL) -> dict:
+def _dry_run(tmp_path: Path, preset: str, nodes: int, model: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "dryrun.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, "-m", "zeropp_hier", "train", f"preset={preset}", *model, f"dryrun.nodes={nodes}"]
     cmd += [f"dryrun.out={out}", f"checkpoint_dir={tmp_path / 'ckpt'}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
+    return proc, out
+
+
+def _selected(session) -> list[tuple]:
+    """The cases of this module's tests that the session runs (-k and the like respected)."""
+    cases = []
+    for item in session.items:
+        if Path(str(item.path)) != Path(__file__) or not hasattr(item, "originalname"):
+            continue
+        if item.originalname == "test_a_neox_dry_run_reports_what_the_engine_holds_beside_the_planner":
+            cases.append(NEOX_CASE)
+        elif item.originalname == "test_dry_run_of_the_job_steps_saves_and_loads":
+            cases.append((item.callspec.params["nodes"], item.callspec.params["preset"], "gpt"))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def dry_runs(request, tmp_path_factory) -> dict:
+    """Every selected dry run of this module, two at a time: each is one process on one core, so
+    one after another they would leave the other core of a 2-core machine idle. Each process has
+    its own directory and output; a failed one fails its own test only."""
+    cases = sorted(_selected(request.session), key=lambda c: -COST.get(c, 27))
+
+    def one(case):
+        nodes, preset, arch = case
+        work = tmp_path_factory.mktemp(f"dry-{nodes}-{preset}-{arch}")
+        try:
+            return _dry_run(work, preset, nodes, {"gpt": MODEL, "neox": NEOX}[arch])
+        except subprocess.TimeoutExpired as e:  # its own test fails, the others still get theirs
+            return e, work / "dryrun.json"
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        return dict(zip(cases, pool.map(one, cases)))
+
+
+def _report(dry_runs: dict, case: tuple) -> dict:
+    proc, out = dry_runs[case]
+    assert not isinstance(proc, subprocess.TimeoutExpired), f"{case}: {proc}"
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     assert "dry run: rank 0 of" in proc.stdout and "not shown" in proc.stdout  # the printed table
     return json.loads(out.read_text())
@@ -41,8 +86,8 @@ CASES = [(2, "frontier")] + [(48, p) for p in ("frontier", "zeropp", "zero3")] +
 
 @pytest.mark.system
 @pytest.mark.parametrize(("nodes", "preset"), CASES)
-def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
-    rep = _dry_run(tmp_path, preset, nodes)
+def test_dry_run_of_the_job_steps_saves_and_loads(dry_runs, preset, nodes):
+    rep = _report(dry_runs, (nodes, preset, "gpt"))
     assert rep["world"] == {"nodes": nodes, "gpus": 4, "gcds": 2, "ranks": nodes * 8} and rep["rank"] == 0
     assert rep["preset"] == preset
     res = rep["result"]
@@ -77,13 +122,13 @@ def test_dry_run_of_the_job_steps_saves_and_loads(tmp_path, preset, nodes):
 
 
 @pytest.mark.system
-def test_a_neox_dry_run_reports_what_the_engine_holds_beside_the_planner(tmp_path):
+def test_a_neox_dry_run_reports_what_the_engine_holds_beside_the_planner(dry_runs):
     """transformers' GPT-NeoX (the job's ``tiny``, hidden 64) at 48 nodes: its weights are
     initialised under GatheredParameters(modifier_rank=0), whose broadcast views each gathered
     parameter as bytes; every LayerNorm (64 elements, 384 ranks) gathers from one-element
     partitions, which once came back strided and stopped the run here. The report holds what the
     engine holds by part beside the planner's table for the same job."""
-    rep = _dry_run(tmp_path, "frontier", 48, ["model=tiny"])
+    rep = _report(dry_runs, NEOX_CASE)
     assert rep["result"]["loaded_step"] == 2
     held = rep["memory"]["engine_memory"]
     # primary: this rank's share of the weights (fp32: 4 bytes each), padded to whole partitions
