@@ -228,27 +228,35 @@ def _kernel_tests(select: str) -> str:
     )
 
 
+# The mixed job: the main job on 2 nodes x 1 package x 2 GCDs (the smallest world with a node tier
+# and a tier below it), its last rank on the emulated CPU without AVX2, the others native
+JOB_WORLD = 4
+EMULATED_RANK = JOB_WORLD - 1
+
+
 def _job_rank(qemu: str, cpu: str, rank: int, run_dir: Path, port: int) -> tuple[list, dict]:
-    """Rank ``rank`` of the 8-rank main job (torchrun-style: one process per rank); rank 7 on
-    the CPU without AVX2, the others native."""
+    """Rank ``rank`` of the mixed job (torchrun-style: one process per rank); ``EMULATED_RANK``
+    on the CPU without AVX2, the others native."""
     args = [
         "-m",
         "zeropp_hier.app.train",
         "steps=2",
         "progress=off",
+        "topology.section.gpus_per_node=1",
+        f"topology.local_ranks={JOB_WORLD}",
         f"hydra.run.dir={run_dir}",
         "hydra.output_subdir=null",
     ]
-    cmd = _emulated(qemu, cpu, *args) if rank == 7 else [sys.executable, *args]
-    return cmd, rank_env(rank, 8, port)
+    cmd = _emulated(qemu, cpu, *args) if rank == EMULATED_RANK else [sys.executable, *args]
+    return cmd, rank_env(rank, JOB_WORLD, port)
 
 
 @pytest.fixture(scope="module")
 def emulated(qemu, cpus, tmp_path_factory) -> dict:
     """Every emulated workload of this module, started at once: an emulated process runs on one
     core, so run one after another they would leave the other core idle for minutes (the
-    8-rank job's native ranks mostly wait for the emulated one). Each writes to files of its
-    own (a full pipe would stall a process while another is being read); the 8 ranks of the job
+    job's native ranks mostly wait for the emulated one). Each writes to files of its
+    own (a full pipe would stall a process while another is being read); the ranks of the job
     are one group, ended as soon as one of them fails (``processes.run_all``). Each test then
     asserts on its own runs only, so one failing workload fails one test."""
     role = cpus["role"]
@@ -261,7 +269,7 @@ def emulated(qemu, cpus, tmp_path_factory) -> dict:
     }
     fp16 = ["-m", "zeropp_hier.app.train", "dtype=fp16", "steps=1", f"hydra.run.dir={fp16_dir}"]
     cmds[("fp16",)] = (_emulated(qemu, role[NO_AVX512], *fp16), cpu_env(HYDRA_FULL_ERROR="0"), "fp16")
-    for rank in range(8):
+    for rank in range(JOB_WORLD):
         cmd, env = _job_rank(qemu, role[NO_AVX2], rank, job_dir, port)
         cmds[("job", rank)] = (cmd, env, "job")
     runs = run_all(cmds, logs, deadline_s=1500, cwd=ROOT, clean=_clean)
@@ -299,24 +307,30 @@ def test_fp16_job_stops_before_starting_ranks_on_a_cpu_without_fp16(emulated):
     assert not (emulated["fp16_dir"] / "summary.json").exists()
 
 
-def test_eight_rank_training_with_ranks_on_narrower_cpus(emulated):
-    """8 ranks of the main job (torchrun-style: one process per rank): ranks 0-6 native, rank 7
-    on the emulated CPU without AVX2 (the narrowest the wheels accept). Gathers and reductions
-    pass through the compiled kernels on every rank, so the narrowest variant meets the native
-    one's bytes (AVX-512 or AVX2, the build machine's). Each variant's bytes equal the
-    reference quantizer's on its CPU (the kernel tests above), which is what lets any two meet;
-    a second emulated rank (AVX2-only) would add the AVX2 variant's bytes in a job on an AVX-512
-    machine, which that already implies, for 30 s of this test on 2 cores."""
-    outs = [emulated["runs"][("job", rank)].out for rank in range(8)]
-    for rank in range(8):
+def test_mixed_job_trains_with_a_rank_on_a_narrower_cpu(emulated):
+    """4 ranks of the main job (torchrun-style: one process per rank) on 2 nodes x 1 package x 2
+    GCDs: ranks 0-2 native, rank 3 on the emulated CPU without AVX2 (the narrowest the wheels
+    accept). Gathers and reductions pass through the compiled kernels on every rank, on both of
+    the job's hops (the frontier preset compresses the gradients on each and the weights over the
+    node), so the narrowest variant meets the native one's bytes (AVX-512 or AVX2, the build
+    machine's). Each variant's bytes equal the reference quantizer's on its CPU (the kernel tests
+    above), which is what lets any two meet; the 8 ranks of 2 x 2 x 2 would add a third hop of
+    the same kernels and four native ranks' start-up (~50 CPU-s); a second emulated rank
+    (AVX2-only) would add the AVX2 variant's bytes in a job on an AVX-512 machine, which that
+    already implies, for 30 s of this test on 2 cores."""
+    outs = [emulated["runs"][("job", rank)].out for rank in range(JOB_WORLD)]
+    for rank in range(JOB_WORLD):
         run = emulated["runs"][("job", rank)]
         assert run.returncode == 0, f"rank {rank} exit {run.returncode} {run.ended_because}\n{outs[rank][-3000:]}"
-    print(f"rank 7 on an emulated {emulated['role'][NO_AVX2]}")
+    print(f"rank {EMULATED_RANK} on an emulated {emulated['role'][NO_AVX2]}")
     summary = json.loads((emulated["job_dir"] / "summary.json").read_text())
+    assert summary["world"] == JOB_WORLD and summary["topology"]["dims"] == [2, 1, 2], summary["topology"]
     native = summary["kernels"][0]
     assert native.startswith("cpu-ext/"), native
-    assert summary["kernels"] == [native] * 7 + ["cpu-ext/default"], outs[0][-3000:]
-    assert "quantization kernels: " in outs[0] and "cpu-ext/default on ranks 7" in outs[0]
-    # it trained: finite, falling loss, compressed node traffic went through the kernels
+    assert summary["kernels"] == [native] * EMULATED_RANK + ["cpu-ext/default"], outs[0][-3000:]
+    assert "quantization kernels: " in outs[0] and f"cpu-ext/default on ranks {EMULATED_RANK}" in outs[0]
+    # it trained: finite, falling loss, compressed traffic on both hops went through the kernels
     assert summary["final_loss"] < summary["first_loss"] < 10
-    assert summary["bytes_per_step"]["forward_gather"]["node"] > 0
+    sent = summary["bytes_per_step"]
+    assert sent["forward_gather"]["node"] > 0
+    assert sent["grad_reduce"]["gcd"] > 0 and sent["grad_reduce"]["node"] > 0, sent
