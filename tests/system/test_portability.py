@@ -219,12 +219,14 @@ _SELECT = {NO_AVX512: f"{_NOT_ON_ANY} and not default", NO_AVX2: _NOT_ON_ANY}
 
 
 def _kernel_tests(select: str) -> str:
+    # os._exit once pytest has reported and the output is flushed: the interpreter's own exit would
+    # walk and free every object of torch and pytest once more, on the emulated core
     return (
-        "import sys, torch, pytest, zeropp_hier.quant as q; "
+        "import os, sys, torch, pytest, zeropp_hier.quant as q; "
         "print('CPU capability:', torch.backends.cpu.get_cpu_capability(), '| kernels:', q.kernel_info('cpu'), "
-        "flush=True); sys.exit(pytest.main(['-v', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py', "
+        "flush=True); rc = pytest.main(['-v', '-p', 'no:cacheprovider', 'tests/unit/test_quant_kernels.py', "
         "'tests/unit/test_quant_rotation.py', "
-        f"'-k', {select!r}]))"
+        f"'-k', {select!r}]); sys.stdout.flush(); sys.stderr.flush(); os._exit(int(rc))"
     )
 
 
