@@ -88,10 +88,13 @@ class RunsCode:
 
 
 def _rehash(tag_dir):
-    """Rewrite the manifest to match the files (what a writer of the directory can do)."""
+    """Rewrite the manifest to match the files (what a writer of the directory can do): one list
+    of every file, the pieces' included."""
     path = os.path.join(tag_dir, checkpoint.MANIFEST)
     with open(path) as f:
         m = json.load(f)
+    m["format"] = checkpoint.MANIFEST_FORMAT
+    m.pop("ranks", None)
     m["files"] = {rel: checkpoint.file_digest(os.path.join(tag_dir, rel)) for rel in checkpoint.list_files(tag_dir)}
     with open(path, "w") as f:
         json.dump(m, f)
