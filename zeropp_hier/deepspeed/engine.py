@@ -264,6 +264,13 @@ class HierEngine(DeepSpeedEngine):
             self.checkpoint_engine.__class__ = safe_load.TensorsOnlyCheckpointEngine
             self.checkpoint_engine.trust_pickles = self.hier_config.checkpoint.trust_pickles
 
+    def _create_zero_checkpoint_files(self, save_dir, tag):
+        # DeepSpeed walks every rank of the data-parallel group to find this one (75,264 turns of
+        # a Python loop on every rank at every save): the same file, created directly
+        if 0 <= self.global_rank < dist.get_world_size(self.optimizer.dp_process_group):
+            return self._create_checkpoint_file(save_dir, tag, True)
+        return True
+
     def _get_all_zero_checkpoint_names(self, load_dir, tag, bf16_mode):
         # DeepSpeed names (and stats) every old rank's optimizer file on every rank, though a
         # rank loads only its own unless the checkpoint is elastic: here only the one it loads
@@ -271,10 +278,6 @@ class HierEngine(DeepSpeedEngine):
         # ([Note: one rank's names at load]; the verification before it found every file present)
         if self.zero_elastic_checkpoint() or getattr(self, "_autoep_folding_spec", None) is not None:
             return super()._get_all_zero_checkpoint_names(load_dir, tag, bf16_mode)
-        import os
-
-        import torch.distributed as dist
-
         own = dist.get_rank(group=self.optimizer.dp_process_group)
         name = self._get_rank_zero_ckpt_name(load_dir, tag, self.checkpoint_mp_rank, own, bf16_mode)
         if not os.path.exists(name):  # DeepSpeed's older file name
