@@ -296,7 +296,7 @@ def test_directory_one_rank_does_not_see_is_named_on_every_rank(world2, tmp_path
     dirs = {0: str(tmp_path / "node0"), 1: str(tmp_path / "node1")}
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2)  # 2 ranks: 1 node x 1 GPU x 2 GCDs
     out = world2.run(rc.save_load_in_own_dirs, cfg, dirs, str(tmp_path / "shared"))
-    missing = os.path.join(dirs[1], "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    missing = os.path.join(dirs[1], "t", "zero_pp_rank_1_mp_rank_00_optim_states.pt")
     for r in out:
         assert "rank 1 does not see the file rank 0 just wrote" in r["save"]["message"], r["save"]
         assert "every rank sees" in r["save"]["message"]
