@@ -91,10 +91,10 @@ def save_load_in_own_dirs(config: dict, dirs: dict, shared: str) -> dict:
     except zeropp_hier.HierCheckpointError as e:
         out["save"] = {"path": e.path, "message": str(e)}
     engine.save_checkpoint(shared, tag="t")
-    if rank == 1:  # this node's copy lacks a file
+    if rank == 1:  # this node's copy lacks a file of this rank's share (its own: its piece's)
         shutil.rmtree(dirs[rank], ignore_errors=True)
         shutil.copytree(shared, dirs[rank])
-        os.remove(os.path.join(dirs[rank], "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+        os.remove(os.path.join(dirs[rank], "t", "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
     dist.barrier()
     fresh = app_run.build_engine(config, seed=123)
     try:

@@ -88,10 +88,13 @@ class RunsCode:
 
 
 def _rehash(tag_dir):
-    """Rewrite the manifest to match the files (what a writer of the directory can do)."""
+    """Rewrite the manifest to match the files (what a writer of the directory can do): one list
+    of every file, the pieces' included."""
     path = os.path.join(tag_dir, checkpoint.MANIFEST)
     with open(path) as f:
         m = json.load(f)
+    m["format"] = checkpoint.MANIFEST_FORMAT
+    m.pop("ranks", None)
     m["files"] = {rel: checkpoint.file_digest(os.path.join(tag_dir, rel)) for rel in checkpoint.list_files(tag_dir)}
     with open(path, "w") as f:
         json.dump(m, f)
@@ -293,7 +296,7 @@ def test_directory_one_rank_does_not_see_is_named_on_every_rank(world2, tmp_path
     dirs = {0: str(tmp_path / "node0"), 1: str(tmp_path / "node1")}
     cfg = ds_config("frontier", gpus_per_node=1, gcds_per_gpu=2)  # 2 ranks: 1 node x 1 GPU x 2 GCDs
     out = world2.run(rc.save_load_in_own_dirs, cfg, dirs, str(tmp_path / "shared"))
-    missing = os.path.join(dirs[1], "t", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    missing = os.path.join(dirs[1], "t", "zero_pp_rank_1_mp_rank_00_optim_states.pt")
     for r in out:
         assert "rank 1 does not see the file rank 0 just wrote" in r["save"]["message"], r["save"]
         assert "every rank sees" in r["save"]["message"]

@@ -7,10 +7,10 @@ tests/unit/test_checkpoint_at_scale.py: ``python -m tests.unit.scale_counts NODE
 Counted: the files this process opens, stats and lists under the checkpoint directory, the
 collectives it issues (by name), the bytes it receives in them, and the object collectives
 (``all_gather_object`` and friends), while it runs the coordinator's side of a save
-(``gather_to_root`` of each rank's digests, ``coordinate_files``) and the whole of a load's checks
-(``checkpoint.shares.verify_across``) on a synthetic tag of DeepSpeed's file names for that world,
-and the start-up agreements (``agree_same`` of a plan holding a world-sized rank map,
-``agree_local``).
+(the all-reduced sums of the other ranks' pieces, ``own_and_rest``) and the whole of a load's
+checks (``checkpoint.shares.verify_across``) on a synthetic tag in pieces for that world,
+DeepSpeed's naming and loading of this rank's optimizer file (``HierEngine``'s), and the start-up
+agreements (``agree_same`` of a plan holding a world-sized rank map, ``agree_local``).
 """
 
 from __future__ import annotations
@@ -105,28 +105,63 @@ def _received(name: str, a: tuple, k: dict) -> int:
 
 
 def synthetic_tag(root: str, world: int, rank: int) -> None:
-    """``<root>/t``: a manifest of DeepSpeed's files for ``world`` ranks; the files of ``rank``'s
-    share exist (tiny torch files, so the pickle scan reads real ones) with their true digests."""
-    from zeropp_hier.deepspeed.checkpoint.files import MANIFEST, MANIFEST_FORMAT, file_digest, share_of
+    """``<root>/t``: a save in pieces of DeepSpeed's files for ``world`` ranks as rank ``rank``
+    sees it ([Note: a manifest in pieces]): the top manifest (rank 0's two files) and this rank's
+    own files and piece exist (tiny torch files, so the pickle scan reads real ones) with their
+    true digests. The fake backend hands rank 0 its own sums back (nothing, rank 0 having no
+    piece), so the tag records those totals: the checks pass, and what rank 0 opens, lists and
+    receives does not depend on the totals' values."""
+    from zeropp_hier.deepspeed.checkpoint import pieces
+    from zeropp_hier.deepspeed.checkpoint.files import MANIFEST, MANIFEST_FORMAT_2, file_digest
 
     tag_dir = os.path.join(root, "t")
-    os.makedirs(tag_dir, exist_ok=True)
-    names = ds_names(world)
-    files = {n: {"bytes": 0, "sha256": "0" * 64} for n in names}
-    for n in share_of(names, rank, world):
-        torch.save({"x": torch.zeros(4)}, os.path.join(tag_dir, n))
-        files[n] = file_digest(os.path.join(tag_dir, n))
-    manifest = {"format": MANIFEST_FORMAT, "tag": "t", "world_size": world, "files": files}
+    os.makedirs(os.path.join(tag_dir, pieces.PIECES_DIR), exist_ok=True)
+
+    def write(r: int) -> dict:
+        out = {}
+        for n in ds_names(world)[2 * r : 2 * r + 2]:
+            torch.save({"optimizer_state_dict": {"x": torch.zeros(4)}}, os.path.join(tag_dir, n))
+            out[n] = file_digest(os.path.join(tag_dir, n))
+        return out
+
+    top = write(0) if rank == 0 else {n: {"bytes": 0, "sha256": "0" * 64} for n in ds_names(1)}
+    if rank != 0:
+        pieces.write_piece(tag_dir, rank, write(rank))
+    ranks = pieces.totals_record(pieces.ZERO, 0)
+    manifest = {"format": MANIFEST_FORMAT_2, "tag": "t", "world_size": world, "ranks": ranks, "files": top}
     with open(os.path.join(tag_dir, MANIFEST), "w") as f:
         json.dump(manifest, f)
+
+
+class _Engine:
+    """What ``HierEngine``'s optimizer-file naming and loading read of an engine (DeepSpeed's
+    own naming methods), for a ``world``-rank save."""
+
+    def __init__(self, world: int) -> None:
+        from types import SimpleNamespace
+
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        from zeropp_hier.deepspeed.checkpoint.safe_load import TensorsOnlyCheckpointEngine
+
+        self.optimizer = SimpleNamespace(dp_process_group=None)
+        self.checkpoint_mp_rank = 0
+        self.loaded_checkpoint_dp_world_size = world
+        self.checkpoint_engine = TensorsOnlyCheckpointEngine()
+        self._get_rank_zero_ckpt_name = DeepSpeedEngine._get_rank_zero_ckpt_name.__get__(self)
+        self._get_zero_ckpt_prefix = DeepSpeedEngine._get_zero_ckpt_prefix.__get__(self)
+
+    def zero_elastic_checkpoint(self) -> bool:
+        return False
 
 
 def main(nodes: int, rank: int, root: str) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from zeropp_hier.comm import _coordinator as coordinator
-    from zeropp_hier.deepspeed import checkpoint
+    from zeropp_hier.deepspeed.checkpoint import atomic, pieces
     from zeropp_hier.deepspeed.checkpoint import shares as checkpoint_shares
+    from zeropp_hier.deepspeed.engine import HierEngine
 
     world = nodes * GPUS * GCDS
     synthetic_tag(root, world, rank)
@@ -134,17 +169,23 @@ def main(nodes: int, rank: int, root: str) -> dict:
     out: dict = {"world": world}
     counts = Counts(root)
     counts.install()
-    # a load's checks: the coordinator reads the manifest and sends each rank its share
+    # a load's checks: the coordinator reads the top manifest, each rank its piece, the sums
     checkpoint_shares.verify_across(root, "t", check=True, trust_pickles=False)
     out["load"] = dict(counts.c)
     counts.c.clear()
-    # a save's coordinator side: this rank's digests to rank 0, rank 0 merges them with its listing
+    # DeepSpeed's part of the load: the optimizer file this rank names, stats and opens
+    engine = _Engine(world)
+    names = HierEngine._get_all_zero_checkpoint_names(engine, root, "t", False)  # type: ignore[arg-type]
+    states = HierEngine._get_all_zero_checkpoint_state_dicts(engine, names)  # type: ignore[arg-type]
+    out["ds_load"] = {**counts.c, "names": len(names), "states": len(states), "mine": states[rank] is not None}
+    counts.c.clear()
+    # a save's coordinator side: the sums of the other ranks' pieces, rank 0's one listing
     tag_dir = os.path.join(root, "t")
-    mine = {n: {"bytes": 1 << 30, "sha256": "f" * 64} for n in ("zero_pp_rank_75263_mp_rank_00_model_states.pt",)}
-    parts = coordinator.gather_to_root(mine)
-    if parts is not None:
-        checkpoint.coordinate_files(tag_dir, parts, checkpoint.list_files(tag_dir))
-    out["save"] = dict(counts.c)
+    total = coordinator.sums(pieces.ZERO + [0, 0])
+    coordinator.maxima([1 << 30])
+    mine = {n: {"bytes": 1, "sha256": "0"} for n in ds_names(1)} if rank == 0 else {}
+    files, error, rest = atomic.own_and_rest(tag_dir, mine, total, atomic.list_files(tag_dir), world)
+    out["save"] = {**counts.c, "error": error, "rest": rest}
     counts.c.clear()
     # start-up agreements: the plan's summary holds the (world-sized) rank map
     from zeropp_hier.comm.agree import agree_local, agree_same

@@ -1,8 +1,8 @@
 """What one rank does at a checkpoint's save and load, and at start-up, does not grow with the
 world: counted at 48 and 9,408 nodes x 4 packages x 2 GCDs (75,264 ranks), by pure code and
 through PyTorch's fake process group in a child process (tests/unit/scale_counts.py), never
-timed ([Note: checks in shares], [Note: a coordinator, not a world gather], [Note: universal
-rows])."""
+timed ([Note: checks in shares], [Note: a manifest in pieces], [Note: a coordinator, not a world
+gather], [Note: one rank's names at load], [Note: universal rows])."""
 
 import ast
 import json
@@ -17,6 +17,7 @@ import pytest
 from zeropp_hier.app.train import rank_overrides
 from zeropp_hier.deepspeed.checkpoint import coordinate_files, own_files
 from zeropp_hier.deepspeed.checkpoint.files import share_of
+from zeropp_hier.deepspeed.checkpoint.pieces import SUM_FIELDS
 from zeropp_hier.deepspeed.checkpoint.universal import kept_slice, old_rank_file
 
 from .scale_counts import OBJECT_COLLECTIVES, ds_names
@@ -53,25 +54,34 @@ def _objects(c: dict) -> int:
 def test_load_checks_touch_the_same_files_on_the_coordinator_at_48_and_9408_nodes(coordinator_counts):
     small, big = coordinator_counts[48]["load"], coordinator_counts[FRONTIER_NODES]["load"]
     assert coordinator_counts[FRONTIER_NODES]["world"] == WORLD
-    # the manifest, and its share of two files (each hashed, and its pickle scanned)
+    # the top manifest, and its own two files (each hashed, and its pickle scanned): no piece
     assert big["open"] == small["open"] == 1 + 2 * 2, big
-    assert big["list"] == small["list"] == 1  # one walk of the tag, for files the manifest lacks
+    # one walk of the tag (it and its pieces directory), for files no manifest lists
+    assert big["list"] == small["list"] == 2
     assert big["stat"] == small["stat"] <= 16, big  # of its own files and the tag, not of the world's
-    assert _objects(big) == 0  # no object collective: a broadcast, a scatter and flag all-reduces
-    # what it receives: its own share and the small head, a constant (the scatter's slot)
+    assert _objects(big) == 0  # no object collective: a broadcast and a few all-reduces
+    assert "call:scatter" not in big and "call:gather" not in big  # nothing dealt out, nothing gathered
+    # what it receives: the small head and the sums, a constant ([Note: a manifest in pieces])
     received = sum(v for k, v in big.items() if k.startswith("bytes:"))
     assert received < 1024 and received - sum(v for k, v in small.items() if k.startswith("bytes:")) < 16
 
 
-def test_save_gathers_digests_to_the_coordinator_only(coordinator_counts):
+def test_deepspeeds_load_names_and_opens_only_this_ranks_optimizer_file(coordinator_counts):
     for nodes, c in coordinator_counts.items():
+        ds = c["ds_load"]
+        assert ds["names"] == ds["states"] == nodes * 8 and ds["mine"]  # the saved world's length
+        assert ds["open"] == 1 and ds.get("stat", 0) <= 1 and ds.get("list", 0) == 0, ds
+
+
+def test_save_sums_the_pieces_on_the_coordinator(coordinator_counts):
+    for c in coordinator_counts.values():
         save = c["save"]
-        world = nodes * 8
-        assert _objects(save) == 0
-        assert save["call:gather"] == 1 and save["call:all_reduce"] == 1  # the width, then the payloads
-        # rank 0 receives each rank's few entries (a fixed-width slot per rank); others receive none
-        assert save["bytes:gather"] <= world * 256, save
-        assert save["list"] == 1  # rank 0's one listing of the temporary directory
+        assert _objects(save) == 0 and "call:gather" not in save
+        assert save["call:all_reduce"] == 2  # the pieces' sums, the largest rank's bytes
+        assert save["bytes:all_reduce"] == 8 * (len(SUM_FIELDS) + 2) + 8, save  # whatever the world
+        # one walk of the temporary tag (it and its pieces directory); no piece read
+        assert save["list"] == 2 and save.get("open", 0) == 0
+        assert save["error"] is None and save["rest"] == []
 
 
 def test_start_up_agreements_are_fixed_size_all_reduces(coordinator_counts):

@@ -285,7 +285,7 @@ class _Checkpoints:
         tag = resume.save(self.run.engine, where, done, self.data_state(done), self.record, self.monitor)
         seconds = time.perf_counter() - t0  # save_checkpoint returns after the commit, on every rank
         if self.run.rank == 0:
-            rep.line(io_cost.save_line(tag, where, resume.saved_sizes(where, tag), seconds))
+            rep.line(io_cost.totals_line(tag, where, *resume.saved_totals(where, tag), seconds))
         return tag
 
 

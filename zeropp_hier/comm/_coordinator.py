@@ -6,7 +6,8 @@
 the start-up agreements use these exchanges instead, none of which hands a rank more than a
 constant unless it is the coordinator:
 
-* ``any_rank``: a flag all-reduced (MAX), 8 bytes per rank whatever the world;
+* ``any_rank``: a flag all-reduced (MAX), 8 bytes per rank whatever the world (``sums`` and
+  ``maxima``: a few counts, likewise);
 * ``same_everywhere``: a 60-bit digest all-reduced as ``[d, -d]`` with MAX (agreed when
   ``max(d) == -max(-d)``, as [Note: tick agreement]);
 * ``gather_to_root``: each rank's bytes to rank 0 only (one length all-reduce, then one tensor
@@ -46,6 +47,18 @@ def _max(values: list[int], group: dist.ProcessGroup | None) -> list[int]:
     t = torch.tensor(values, dtype=torch.int64, device=_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return [int(x) for x in t.tolist()]
+
+
+def sums(values: list[int], group: dist.ProcessGroup | None = None) -> list[int]:
+    """Collective: the element-wise sum of every rank's ``values`` (int64), on every rank."""
+    t = torch.tensor(values, dtype=torch.int64, device=_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return [int(x) for x in t.tolist()]
+
+
+def maxima(values: list[int], group: dist.ProcessGroup | None = None) -> list[int]:
+    """Collective: the element-wise maximum of every rank's ``values`` (int64), on every rank."""
+    return _max(values, group)
 
 
 def any_rank(flag: bool, group: dist.ProcessGroup | None = None) -> bool:

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import deepspeed
 import deepspeed.runtime.engine as _ds_engine_module
@@ -31,7 +31,13 @@ from ..comm.agree import agree_local, agree_same
 from ..comm.boundary import check_alone, quiesce
 from ..comm.failures import DEEPSPEED_OWN_TIMEOUT, bound_groups, group_timeout, restore_groups, world_guard
 from ..core.config import MODEL_PARALLEL_FIX, HierConfig, hier_config_from_ds
-from ..core.errors import HierConfigError, HierNonFiniteError, HierSkippedStepsError, HierUnsafeSaveError
+from ..core.errors import (
+    HierCheckpointError,
+    HierConfigError,
+    HierNonFiniteError,
+    HierSkippedStepsError,
+    HierUnsafeSaveError,
+)
 from ..detect.launch_env import check_launch_env
 from . import checkpoint
 from .checkpoint import safe_load
@@ -258,30 +264,53 @@ class HierEngine(DeepSpeedEngine):
             self.checkpoint_engine.__class__ = safe_load.TensorsOnlyCheckpointEngine
             self.checkpoint_engine.trust_pickles = self.hier_config.checkpoint.trust_pickles
 
+    def _create_zero_checkpoint_files(self, save_dir, tag):
+        # DeepSpeed walks every rank of the data-parallel group to find this one (75,264 turns of
+        # a Python loop on every rank at every save): the same file, created directly
+        if 0 <= self.global_rank < dist.get_world_size(self.optimizer.dp_process_group):
+            return self._create_checkpoint_file(save_dir, tag, True)
+        return True
+
     def _get_all_zero_checkpoint_names(self, load_dir, tag, bf16_mode):
-        # DeepSpeed stats every old rank's optimizer file on every rank (world^2 stats over the
-        # job) though a rank loads only its own unless the checkpoint is elastic: here only the
-        # one it loads is looked at ([Note: checks in shares] in checkpoint/shares.py; the
-        # verification before it found every file present)
-        if self.zero_elastic_checkpoint():
+        # DeepSpeed names (and stats) every old rank's optimizer file on every rank, though a
+        # rank loads only its own unless the checkpoint is elastic: here only the one it loads
+        # is named, the others are None, which DeepSpeed's loader reads as "not this rank's"
+        # ([Note: one rank's names at load]; the verification before it found every file present)
+        if self.zero_elastic_checkpoint() or getattr(self, "_autoep_folding_spec", None) is not None:
             return super()._get_all_zero_checkpoint_names(load_dir, tag, bf16_mode)
-        import os
-
-        import torch.distributed as dist
-
-        names = self._get_mp_rank_zero_checkpoint_names(
-            load_dir=load_dir,
-            tag=tag,
-            mp_rank=self.checkpoint_mp_rank,
-            dp_world_size=self.loaded_checkpoint_dp_world_size,
-            bf16_mode=bf16_mode,
-        )
         own = dist.get_rank(group=self.optimizer.dp_process_group)
-        if own < len(names) and not os.path.exists(names[own]):  # DeepSpeed's older file name
-            older = names[own].replace("_optim_states.pt", "optim_states.pt")
+        name = self._get_rank_zero_ckpt_name(load_dir, tag, self.checkpoint_mp_rank, own, bf16_mode)
+        if not os.path.exists(name):  # DeepSpeed's older file name
+            older = name.replace("_optim_states.pt", "optim_states.pt")
             if os.path.exists(older):
-                names[own] = older
-        return names
+                name = older
+        return OwnOnly(self.loaded_checkpoint_dp_world_size, own, name)
+
+    def _get_all_zero_checkpoint_state_dicts(self, zero_ckpt_names):
+        """[Note: one rank's names at load]
+        DeepSpeed's ZeRO-3 load builds a list of every saved rank's optimizer file name (one
+        ``os.path.join`` and, for the older name, one stat each), then walks it, asking the
+        process group for this rank's number at each entry, to load the one entry that is this
+        rank's; ``load_state_dict`` then reads only ``list[dp_rank]``. At 75,264 ranks that is
+        75,264 names and group look-ups on every rank at every load (most of a rank's load time
+        in the dry run). Here a non-elastic load (the only kind ZeRO-3 supports) names only this
+        rank's file (``OwnOnly``: a sequence of the saved world's length, None but at this rank)
+        and loads it through the checkpoint engine (tensors-only) as DeepSpeed would; what is
+        loaded is unchanged."""
+        if not isinstance(zero_ckpt_names, OwnOnly):
+            return super()._get_all_zero_checkpoint_state_dicts(zero_ckpt_names)
+        from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
+        state = self.checkpoint_engine.load(zero_ckpt_names.name, map_location="cpu")
+        # DeepSpeed's check of its own entry (no folded AutoEP here: refuses a folded checkpoint)
+        DeepSpeedEngine._validate_autoep_folding_checkpoint_metadata(
+            state,
+            folding_spec=None,
+            family="zero_optimizer_state",
+            zero_partition_group="per_family",
+            zero_partition_count=None,
+        )
+        return OwnOnly(len(zero_ckpt_names), zero_ckpt_names.rank, state[OPTIMIZER_STATE_DICT])
 
     def load_checkpoint(
         self,
@@ -390,3 +419,33 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     engine_cls = functools.partial(HierEngine, hier_config=cfg)
     with _rebound(deepspeed, "DeepSpeedEngine", engine_cls):
         return deepspeed.initialize(*args, config=config, config_params=config_params, **kwargs)
+
+
+class OwnOnly(Sequence):
+    """A saved world's list with one entry, this rank's (``rank``); every other entry is None
+    ([Note: one rank's names at load]). Deleting this rank's entry (DeepSpeed's serial loading)
+    leaves None."""
+
+    def __init__(self, length: int, rank: int, name: Any) -> None:
+        if not 0 <= rank < length:
+            raise HierCheckpointError(
+                f"rank {rank}",
+                f"this rank is not one of the {length} ranks that saved the checkpoint",
+                "load it on the number of ranks that saved it, or convert it to the universal format",
+            )
+        self.rank, self.name, self._length = rank, name, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._length))]
+        j = i + self._length if i < 0 else i
+        if not 0 <= j < self._length:
+            raise IndexError(i)
+        return self.name if j == self.rank else None
+
+    def __delitem__(self, i: int) -> None:
+        if i == self.rank:
+            self.name = None

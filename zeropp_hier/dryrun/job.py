@@ -56,16 +56,17 @@ def _profiled(fn: Any) -> tuple[Any, str]:
 @contextlib.contextmanager
 def _manifest_problems_kept(into: list) -> Iterator[None]:
     """The load's manifest check runs in full (its file operations are counted), but what it
-    finds is kept instead of raised: the manifest a mirrored save writes lists only this rank's
-    share of the files ([Note: the SPMD mirror])."""
-    from ..deepspeed.checkpoint import atomic as checkpoint
+    finds is kept instead of raised: a mirrored save's manifest records rank 0's files and the
+    sums the mirror hands back for the other ranks' pieces ([Note: the SPMD mirror], [Note: a
+    manifest in pieces]), which a check may find wanting."""
+    from ..deepspeed.checkpoint import atomic, shares
 
-    real = checkpoint.raise_problems
-    checkpoint.raise_problems = lambda problems, *a, **k: into.extend(problems)
+    real = atomic.raise_problems, shares.raise_problems
+    atomic.raise_problems = shares.raise_problems = lambda problems, *a, **k: into.extend(problems)
     try:
         yield
     finally:
-        checkpoint.raise_problems = real
+        atomic.raise_problems, shares.raise_problems = real
 
 
 def dry_run_job(
@@ -174,8 +175,8 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
         "save_lines": lines.out,
         "data_orders_seconds": None if loader is None else round(loader.start_seconds, 4),
         "profile_top15": top,
-        # the manifest lists only the files rank 0 hashed (each rank hashes its share; the mirror
-        # hands back rank 0's share as everyone's): the load's check finds the rest unlisted
+        # the manifest lists rank 0's files and the other ranks' pieces as the mirror sums them
+        # (rank 0 has no piece: none); what the load's check finds is counted here
         "manifest_problems_from_the_mirror": len(problems),
         "engine_memory": held,
         "planner_memory": planned,

@@ -32,9 +32,11 @@ def save_line(tag: str, where: str, sizes: Mapping[str, int], seconds: float) ->
     """One save's cost: the largest rank's bytes (the one the save waits for), the total over
     the ranks, the seconds, and the rate in all and per rank."""
     per_rank = bytes_by_rank(sizes)
-    total = sum(per_rank.values())
-    top = max(per_rank.values(), default=0)
-    ranks = len(per_rank)
+    return totals_line(tag, where, max(per_rank.values(), default=0), sum(per_rank.values()), len(per_rank), seconds)
+
+
+def totals_line(tag: str, where: str, top: int, total: int, ranks: int, seconds: float) -> str:
+    """``save_line`` from the totals (the largest rank's bytes, the bytes in all, the ranks)."""
     return (
         f"checkpoint {tag} saved in {where}: {top / GB:.3g} GB per rank (the largest of {ranks}), "
         f"{total / GB:.3g} GB in all, in {seconds:.2f} s: {rate_gbps(total, seconds):.3g} GB/s in all, "

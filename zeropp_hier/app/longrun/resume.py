@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ...core.errors import HierConfigError
-from ...deepspeed.checkpoint import safe_load
+from ...deepspeed.checkpoint import pieces, safe_load
 from ...deepspeed.checkpoint import universal as universal_shared
 from ...deepspeed.checkpoint.files import (
     MANIFEST,
@@ -65,7 +65,7 @@ from ...deepspeed.checkpoint.files import (
 )
 from ...deepspeed.engine import HierEngine
 from ..spec import JobSpec
-from . import resume_rules
+from . import io_cost, resume_rules
 
 KEY = "zeropp_hier_job"
 
@@ -108,8 +108,24 @@ def saved_sizes(ckpt_dir: str, tag: str) -> dict[str, int]:
     tag_dir = os.path.join(ckpt_dir, tag)
     manifest, _ = read_manifest(tag_dir)
     if manifest is not None:
-        return {rel: int(f["bytes"]) for rel, f in manifest["files"].items()}
+        out = {rel: int(f["bytes"]) for rel, f in manifest["files"].items()}
+        for r in range(1, int(manifest["world_size"]) if "ranks" in manifest else 0):  # in pieces: each read
+            out.update({rel: int(f["bytes"]) for rel, f in pieces.read_piece(tag_dir, r)[1].items()})
+        return out
     return {rel: os.path.getsize(os.path.join(tag_dir, rel)) for rel in list_files(tag_dir)}
+
+
+def saved_totals(ckpt_dir: str, tag: str) -> tuple[int, int, int]:
+    """(the largest rank's bytes, the bytes in all, the ranks) of a saved tag, from its top
+    manifest alone when it is in pieces ([Note: a manifest in pieces]): what rank 0 reports after
+    each save, without reading a piece per rank."""
+    manifest, _ = read_manifest(os.path.join(ckpt_dir, tag))
+    if manifest is not None and "ranks" in manifest:
+        ranks = manifest["ranks"]
+        own = sum(int(f["bytes"]) for f in manifest["files"].values())
+        return max(own, int(ranks["largest_bytes"])), own + int(ranks["bytes"]), 1 + int(ranks["pieces"])
+    per_rank = io_cost.bytes_by_rank(saved_sizes(ckpt_dir, tag))
+    return max(per_rank.values(), default=0), sum(per_rank.values()), len(per_rank)
 
 
 @dataclass(frozen=True)

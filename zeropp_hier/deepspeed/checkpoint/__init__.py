@@ -5,7 +5,10 @@ deepspeed/checkpoint/atomic.py), and what reads and converts them:
   (``to_universal``, ``to_fp32``) and the ``zeropp-hier checkpoint`` command (``main``);
 - ``files``: a checkpoint directory's files without torch.distributed (names, the manifest, the
   checks of a tag, rank 0's commit and recovery);
-- ``shares``: a tag's checks across ranks, each rank its share ([Note: checks in shares]);
+- ``shares``: a tag's checks across ranks, each rank its share ([Note: checks in shares]), and
+  in one process (``verify_tag``);
+- ``pieces``: a manifest in pieces, each rank's own ([Note: a manifest in pieces]);
+- ``names``: the plain relative names a checkpoint records;
 - ``writes``: DeepSpeed's own file writes during a save, a failure held ([Note: a rank that
   cannot write]);
 - ``universal``: the conversion to the universal format in shares ([Note: a conversion in shares]);
@@ -46,9 +49,9 @@ from .files import (
     recover,
     resolve_tag,
     tag_entries,
-    verify_tag,
     write_atomic,
 )
+from .shares import verify_tag
 
 __all__ = [
     "COMMIT_STEPS",

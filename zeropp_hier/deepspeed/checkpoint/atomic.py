@@ -14,15 +14,17 @@ it silently. Here a save is a transaction:
 2. each rank fsyncs and hashes the files its own checkpoint engine wrote (size, sha256), and
    only those (two files a rank under ZeRO-3); an ``OSError`` while hashing is agreed by one
    flag all-reduce, so every rank raises the same error naming the rank, the file and the cause;
-3. the digests go to rank 0 only (``coordinator.gather_to_root``: a fixed-width slot per rank,
-   [Note: a coordinator, not a world gather] in comm/_coordinator.py), and rank 0 lists the
-   directory once: a file a rank wrote that rank 0 does not see means the directory is not
-   shared (named, with the rank); a file nobody hashed is hashed by rank 0;
-4. rank 0 writes ``MANIFEST`` inside the temporary directory and commits (``commit``): when the
-   tag exists already it is first renamed to ``.old-<tag>``; then ``.tmp-<tag>`` is renamed to
-   ``<tag>`` (a directory rename: atomic on POSIX file systems, Lustre included), ``<dir>`` is
-   fsynced, ``latest`` is replaced (temporary file, fsync, ``os.replace``), and ``.old-<tag>``
-   is removed;
+3. each rank but rank 0 records its digests in its own piece of the manifest, and rank 0
+   receives only their sums (one SUM and one MAX all-reduce: [Note: a manifest in pieces] in
+   ``checkpoint/pieces.py``); rank 0 lists the directory once: when the other files there do not
+   match the pieces' count and names (a file a rank wrote that rank 0 does not see: the directory
+   is not shared, named with the rank; or a file nobody hashed, which rank 0 hashes), rank 0
+   reads the pieces to name them;
+4. rank 0 writes ``MANIFEST`` (its own files and the pieces' sums) inside the temporary
+   directory and commits (``commit``): when the tag exists already it is first renamed to
+   ``.old-<tag>``; then ``.tmp-<tag>`` is renamed to ``<tag>`` (a directory rename: atomic on
+   POSIX file systems, Lustre included), ``<dir>`` is fsynced, ``latest`` is replaced
+   (temporary file, fsync, ``os.replace``), and ``.old-<tag>`` is removed;
 5. rank 0's outcome is broadcast: ``save_checkpoint`` returns on any rank only once the tag is
    committed, and raises on every rank if the commit failed.
 
@@ -65,6 +67,7 @@ import torch.distributed as dist
 
 from ...comm import _coordinator as coordinator
 from ...core.errors import HierCheckpointError
+from . import pieces
 from .files import (
     MANIFEST,
     OLD_PREFIX,
@@ -75,6 +78,7 @@ from .files import (
     clean_leftovers,
     commit,
     file_digest,
+    fsync_dir,
     leftovers,
     list_files,
     missing_latest_error,
@@ -82,10 +86,9 @@ from .files import (
     raise_rank_errors,
     recover,
     resolve_tag,
-    verify_tag,
     write_atomic,
 )
-from .shares import verify_across
+from .shares import verify_across, verify_tag
 from .writes import WRITE_FIX, held_writes
 
 # -- the engine's save and load ------------------------------------------------------------------
@@ -148,6 +151,32 @@ def coordinate_files(tmp_dir: str, parts: list, listed: list[str]) -> tuple[dict
     return files, None, [rel for rel in listed if rel not in files]
 
 
+def own_and_rest(
+    tmp_dir: str, mine: dict, total: list[int], listed: list[str], world: int
+) -> tuple[dict, tuple | None, list[str]]:
+    """Rank 0's part of a save ([Note: a manifest in pieces]), pure but for reading: its own
+    files ``mine``, the all-reduced ``total`` of the other ranks' pieces (SUM_FIELDS, then the
+    names' sums) and its one listing of ``tmp_dir``. Returns (the top manifest's files so far,
+    the first rank error, the listed names nobody hashed). When the listing's other files match
+    the pieces' count and names' sums, nothing else is read; otherwise (a failure, or files
+    written outside DeepSpeed's checkpoint engine) rank 0 reads every piece to name them."""
+    in_pieces = [rel for rel in listed if rel.split("/")[0] == pieces.PIECES_DIR]
+    others = [rel for rel in listed if rel not in mine and rel.split("/")[0] != pieces.PIECES_DIR]
+    n = len(pieces.SUM_FIELDS)
+    if len(in_pieces) == total[0] and [len(others), *pieces.name_sums(others)] == [total[1], *total[n:]]:
+        return dict(mine), None, []
+    parts: list = [mine]
+    for r in range(1, world):
+        try:
+            parts.append(pieces.read_piece(tmp_dir, r)[1])
+        except (OSError, ValueError) as e:
+            path = os.path.join(tmp_dir, pieces.piece_rel(r))
+            return dict(mine), (r, path, f"rank {r} wrote it, but rank 0 cannot read it ({e}): {SHARED_FIX}"), []
+    skip = set(in_pieces)
+    files, error, rest = coordinate_files(tmp_dir, parts, [rel for rel in listed if rel not in skip])
+    return {k: files[k] for k in mine}, error, rest
+
+
 def save(
     engine,
     ds_save: Callable,
@@ -186,6 +215,7 @@ def save(
             try:
                 os.makedirs(save_dir, exist_ok=True)
                 clean_leftovers(save_dir, tag)  # an earlier crash's
+                os.makedirs(os.path.join(tmp_dir, pieces.PIECES_DIR))  # each rank's piece goes there
                 write_atomic(probe, nonce.encode())
             except OSError as e:
                 prepared = _rank_error(0, save_dir, e)
@@ -235,25 +265,39 @@ def save(
             except OSError as e:
                 failure = _rank_error(rank, os.path.join(tmp_dir, rel), e)
                 break
-        raise_rank_errors(_agreed_errors(failure, group), "hashing the saved files")
-        parts = coordinator.gather_to_root(mine, group)  # a few entries per rank, to rank 0 only
+        # each rank but rank 0 records them in its piece of the manifest; rank 0 gets the sums
+        # ([Note: a manifest in pieces])
+        grank = dist.get_rank(group)
+        sums = pieces.ZERO + [0, 0]
+        if failure is None and not lead:
+            try:
+                data = pieces.write_piece(tmp_dir, grank, mine)
+                sums = pieces.piece_sums(data, mine) + pieces.name_sums(mine)
+            except OSError as e:
+                failure = _rank_error(rank, os.path.join(tmp_dir, pieces.piece_rel(grank)), e)
+        raise_rank_errors(_agreed_errors(failure, group), "hashing and recording the saved files")
+        total = coordinator.sums(sums, group)
+        (largest,) = coordinator.maxima([sum(int(d["bytes"]) for d in mine.values())], group)
         outcome: tuple[int, str, str] | None = None
         if lead:
-            assert parts is not None
             try:
                 # one listing, on rank 0: a file a rank wrote that rank 0 does not see means the
                 # directory is not shared; a file nobody hashed (written outside DeepSpeed's
-                # checkpoint engine) is hashed here
-                files, outcome, rest = coordinate_files(tmp_dir, parts, list_files(tmp_dir))
+                # checkpoint engine) is hashed here and listed in the top manifest
+                files, outcome, rest = own_and_rest(
+                    tmp_dir, mine, total, list_files(tmp_dir), dist.get_world_size(group)
+                )
                 if outcome is None:
                     for rel in rest:
                         files[rel] = file_digest(os.path.join(tmp_dir, rel), sync=True)
+                    fsync_dir(os.path.join(tmp_dir, pieces.PIECES_DIR))  # the pieces' names
                     rt = engine.hier_runtime
                     meta = {
                         "world_size": world,
                         "preset": rt.cfg.preset,
                         "topology": list(rt.topo.dims),
                         "global_steps": int(engine.global_steps),
+                        "ranks": pieces.totals_record(total[: len(pieces.SUM_FIELDS)], largest),
                     }
                     commit(save_dir, tmp_dir, tag, files, meta, save_latest)
             except OSError as e:

@@ -13,14 +13,15 @@ import signal
 from typing import Any, Iterable
 
 from ...core.errors import HierCheckpointError
+from .names import name_problem
 
 MANIFEST = "zeropp_hier_manifest.json"
-MANIFEST_FORMAT = "zeropp_hier-checkpoint/1"
+MANIFEST_FORMAT = "zeropp_hier-checkpoint/1"  # every file in one list (older saves, conversions)
+MANIFEST_FORMAT_2 = "zeropp_hier-checkpoint/2"  # in pieces ([Note: a manifest in pieces] in pieces.py)
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
 POINTERS = ("latest", "latest_universal")
 _CHUNK = 8 << 20
-_GLOB_CHARS = "*?[]"
 # Fault injection for the tests: the saving process SIGKILLs itself right after the named step
 # of ``commit`` (one of COMMIT_STEPS). Unset in any real job.
 CRASH_ENV = "ZEROPP_HIER_CHECKPOINT_CRASH_AT"
@@ -32,25 +33,6 @@ SHARED_FIX = (
 
 
 # -- names -----------------------------------------------------------------------------------------
-
-
-def name_problem(name: Any) -> str | None:
-    """Why ``name`` is not a plain relative file name (None if it is): DeepSpeed joins tags and
-    file names into paths and glob patterns, so ``..``, absolute paths and glob characters would
-    reach files outside the tag."""
-    if not isinstance(name, str) or not name:
-        return "empty"
-    if any(ord(c) < 32 for c in name):
-        return "a control character"
-    if name.startswith("/") or os.path.isabs(name):
-        return "an absolute path"
-    if "\\" in name:
-        return "a backslash"
-    if any(c in name for c in _GLOB_CHARS):
-        return f"a glob character ({_GLOB_CHARS})"
-    if any(part in ("", ".", "..") for part in name.split("/")):
-        return "a '.', '..' or empty path component"
-    return None
 
 
 def check_tag_name(tag: Any, source: str | None = None) -> str:
@@ -205,8 +187,14 @@ def read_manifest(tag_dir: str) -> tuple[dict | None, tuple[str, str] | None]:
     try:
         with open(path, "rb") as f:
             m = json.loads(f.read().decode("utf-8"))
-        if m.get("format") != MANIFEST_FORMAT or not isinstance(m.get("files"), dict):
+        if m.get("format") not in (MANIFEST_FORMAT, MANIFEST_FORMAT_2) or not isinstance(m.get("files"), dict):
             raise ValueError(f"format {m.get('format')!r}")
+        if m["format"] == MANIFEST_FORMAT_2:
+            from .pieces import check_record
+
+            why = check_record(m.get("ranks"))
+            if why is not None or not isinstance(m.get("world_size"), int):
+                raise ValueError(why or f"'world_size' is {m.get('world_size')!r}")
         for rel, e in m["files"].items():
             if name_problem(rel) is not None:
                 raise ValueError(f"entry {rel!r} is not a plain relative name: it has {name_problem(rel)}")
@@ -274,24 +262,6 @@ def check_share(
                 if found:
                     problems.append((path, safe_load.untrusted_problem(found)))
     return problems
-
-
-def verify_tag(
-    root: str, tag: str, rank: int = 0, world: int = 1, trust_pickles: bool = False
-) -> list[tuple[str, str]]:
-    """This rank's share of the checks of ``<root>/<tag>`` in one process (all of them with the
-    defaults): the manifest, the files it does not list (rank 0), each of the share's files' size
-    and hash and, unless ``trust_pickles``, the types its pickle names ([Note: tensors-only
-    loading]). Across ranks a load runs ``checkpoint.shares.verify_across`` instead, where only
-    the coordinator reads the manifest."""
-    tag_dir = os.path.join(root, tag)
-    manifest, problem = read_manifest(tag_dir)
-    if problem is not None:
-        return [problem]
-    assert manifest is not None  # read_manifest returns a manifest or a problem
-    problems = unlisted_problems(tag_dir, manifest) if rank == 0 else []
-    names = share_of(manifest["files"], rank, world)
-    return problems + check_share(tag_dir, {n: manifest["files"][n] for n in names}, rank, trust_pickles)
 
 
 def first_problem(problems: list[tuple[str, str]]) -> tuple[str, str]:
@@ -388,7 +358,9 @@ def commit(
     rename it to ``<root>/<tag>``, then ``latest`` (in that order). A crash at any point leaves
     a loadable state ([Note: atomic checkpoint])."""
     final = os.path.join(root, tag)
-    manifest = {"format": MANIFEST_FORMAT, "tag": tag, **meta, "files": files}
+    # the other ranks' pieces summed in ``ranks``: a manifest in pieces ([Note: a manifest in pieces])
+    fmt = MANIFEST_FORMAT_2 if "ranks" in meta else MANIFEST_FORMAT
+    manifest = {"format": fmt, "tag": tag, **meta, "files": files}
     write_atomic(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
     _crash_point("manifest_written")
     old = None

@@ -167,7 +167,10 @@ def convert(src_dir: str, out_dir: str, tag: str, trust_pickles: bool = False) -
             layout = _source_layout(src)
         manifest, _ = read_manifest(src)
         assert manifest is not None  # verified above
-        layout["bytes_read"] = sum(int(f["bytes"]) for f in manifest["files"].values())
+        # a manifest in pieces records the other ranks' bytes as one total
+        layout["bytes_read"] = sum(int(f["bytes"]) for f in manifest["files"].values()) + int(
+            (manifest.get("ranks") or {}).get("bytes", 0)
+        )
         return layout
 
     layout = _phase(rank, scratch, "reading the layout", prepare if rank == 0 else lambda: None)
