@@ -1,7 +1,8 @@
 """docs/usage.md's dry-run table: rank 0 of the same job at 48 and at 9,408 nodes x 4 x 2, for each
 preset, from the dry run's own reports (``zeropp-hier train ... dryrun.nodes=N dryrun.out=FILE``, run by
 benchmarks/cpu/dryrun_presets.py): memory, host seconds per step (wall; the process's CPU seconds beside
-them, and the mirror's share), collectives per step and the files touched at save and load."""
+them, and the mirror's share), the CPU seconds of the engine's build, the save and the load, collectives
+per step and the files touched at save and load."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def render() -> str:
         "host s per step",
         "CPU s per step",
         "of it the mirror",
+        "CPU s: engine build / save / load",
         "collectives per step",
         "largest payload",
         "object collectives in a step",
@@ -55,6 +57,7 @@ def render() -> str:
                 f"{r['per_step']['host_seconds']:.2f}",
                 f"{r['per_step']['cpu_seconds']:.2f}",
                 f"{r['per_step']['mirror_seconds']:.2f}",
+                " / ".join(f"{ph[k]['cpu_seconds']:.2f}" for k in ("engine", "save", "load")),
                 str(last["collective_calls"]),
                 f"{last['largest_payload_bytes'] / 1e6:.2f} MB",
                 str(objects),
