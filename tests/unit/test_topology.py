@@ -38,6 +38,34 @@ def test_group_plan_partitions_the_world(shape, axes):
             assert t.peers(r, axes) == grp  # same order seen from every member
 
 
+def _plan_by_peers(t: Topology, axes) -> tuple:
+    """The group plan as first defined: walk the coordinate indices, each unseen rank's peers."""
+    seen: set[int] = set()
+    plan = []
+    for index in range(t.world_size):
+        r = t.rank_of_index(index)
+        if r not in seen:
+            members = t.peers(r, axes)
+            seen.update(members)
+            plan.append(members)
+    return tuple(plan)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(7, 2, 3), (4, 4, 2)])
+@pytest.mark.parametrize("mapping", ["identity", "reversed", "shuffled"])
+def test_group_plan_by_index_arithmetic_is_the_walk_over_peers(shape, mapping):
+    """Every rank creates the groups in this order: the arithmetic (one pass, no per-rank peers
+    lists) must give the walk's groups, members and order exactly, under any rank map."""
+    import random
+
+    n, p, g = shape
+    w = n * p * g
+    rank_map = {"identity": None, "reversed": list(range(w))[::-1], "shuffled": random.Random(w).sample(range(w), w)}
+    t = Topology.for_world(w, p, g, rank_map=rank_map[mapping])
+    for axes in [a for k in range(1, 4) for a in itertools.combinations(AXES, k)]:
+        assert t.group_plan(axes) == _plan_by_peers(t, axes), axes
+
+
 def test_rank_map_is_honoured_and_validated():
     rank_map = [3, 6, 0, 5, 2, 7, 1, 4]
     t = Topology.for_world(8, 2, 2, rank_map)
