@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zeropp_hier.core.config import (
+    _SECTION_KEYS,
+    _TOPOLOGY_KEYS,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     PRESETS,
     hier_config_from_ds,
@@ -136,8 +138,10 @@ MUTATIONS = [
 ]
 UNKNOWN_KEY_AT = [(), ("topology",), ("compression",), ("compression", "weights"), ("compression", "gradients")]
 ALLOWED = {
-    (): SECTION_KEYS,
-    ("topology",): ("mode", "gcds_per_gpu", "gpus_per_node", "rank_map"),
+    # every key the parser takes (the generator above draws only a subset): a key drawn at random
+    # that happens to be a real one ("pipeline", "memory") is not unknown
+    (): _SECTION_KEYS,
+    ("topology",): _TOPOLOGY_KEYS,
     ("compression",): _COMPRESSION_KEYS,
     ("compression", "weights"): TIERS,
     ("compression", "gradients"): TIERS,
