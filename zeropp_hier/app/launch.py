@@ -20,7 +20,7 @@ from ..detect.slurm_env import expand_hostlist, slurm_task
 from ..launch.ports import job_port
 from ..launch.rendezvous import init_distributed
 from ..launch.shm_hygiene import release_deepspeed_shm
-from ..launch.world import LocalWorld
+from ..launch.world import NEOX_MODULE, RANK_MODULES, LocalWorld, import_frozen
 from . import memory_check
 from .job_vocab import with_data_vocab
 from .recipe import toy_settings_warning
@@ -118,6 +118,10 @@ def launch(spec: JobSpec) -> dict:
         init_distributed(None if gpus else "gloo", gpus)  # [Note: a bounded join]
         if not gpus:
             release_deepspeed_shm()  # [Note: DeepSpeed shm leak]
+        # once joined, what the rank imports anyway, at once and frozen ([Note: frozen start-up
+        # objects]); a rank that cannot join has not paid for them
+        neox = [NEOX_MODULE] if spec.model.arch == "neox" else []
+        import_frozen([*RANK_MODULES, *neox, "zeropp_hier.app.run"])
         out = _rank(spec)
         dist.destroy_process_group()
         return out
