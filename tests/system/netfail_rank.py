@@ -23,6 +23,11 @@ warnings.filterwarnings("ignore", category=UserWarning)
 
 def main() -> int:
     plan = json.loads(sys.argv[1])
+    from zeropp_hier.launch.world import RANK_MODULES, import_frozen
+
+    # what the job's own ranks do ([Note: frozen start-up objects]): the imports frozen, so that
+    # neither engine's build and release nor the exit walks them again
+    import_frozen([*RANK_MODULES, "zeropp_hier.app.run", "benchmarks.cluster.rankside"])
     import torch
 
     torch.set_num_threads(1)
