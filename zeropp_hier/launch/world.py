@@ -125,7 +125,8 @@ def _worker(
 # collects once (they leave ~14,000 unreachable objects) and freezes what exists. Its exit then
 # skips them too: the interpreter's last collection walked them all (1.4-1.6 CPU-s; 0.2 frozen).
 # Measured, one rank of the main job (tiny model, 3 steps) as a process on a loaded 2-core
-# machine: 12.1-12.3 -> 8.9-9.8 CPU-s.
+# machine: 12.1-12.3 -> 8.9-9.8 CPU-s. A preloading world's fork server imports the same way
+# (``launch/preloaded.py``): the ranks it forks start frozen, and its own exit is quick.
 
 
 def import_frozen(modules: Sequence[str]) -> None:
@@ -280,7 +281,7 @@ class LocalWorld:
         ctx: Any = mp.get_context("forkserver" if preload else "spawn")  # both have Process and Queue
         if preload:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
-            ctx.set_forkserver_preload(list(_PRELOAD))
+            ctx.set_forkserver_preload(["zeropp_hier.launch.preloaded"])  # _PRELOAD, frozen
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = free_port()
