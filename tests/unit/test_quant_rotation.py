@@ -14,7 +14,7 @@ from zeropp_hier import quant
 from zeropp_hier.quant import reference as R
 
 from . import test_quant_kernels as qk
-from .test_quant_kernels import BITS, assert_payload_equal, assert_values_equal, lengths, torture_input
+from .test_quant_kernels import BITS, assert_payload_equal, assert_values_equal, lengths, sum_lengths, torture_input
 
 # the kernels' fixtures: the loaded ops, and each CPU instruction-set variant this CPU runs
 ops = qk.ops
@@ -86,7 +86,7 @@ def test_quantize_and_dequantize_match_reference(isa, ops, dtype, block):
 @pytest.mark.parametrize("block", [32, 256])
 def test_fused_sums_match_reference(isa, ops, bits, block):
     k = 3
-    for n in (1, block + 1, 3 * block - 5, 5000):
+    for n in sum_lengths(block):
         for r in rotations(block):
             parts = [R.quantize(torture_input(n, block, torch.float32, n + j), bits, block, r) for j in range(k)]
             data = torch.stack([p.data for p in parts])
