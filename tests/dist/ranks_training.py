@@ -41,7 +41,9 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
 
     first = app_run.build_engine(config)
     app_run.train_steps(first, steps_before)
+    rank_lists = _counting_rank_lists(first.optimizer)
     first.save_checkpoint(ckpt_dir, tag="step5")
+    partition_metadata = {"rank_lists_in_save": rank_lists[0], **_partition_metadata(first.optimizer, rank_lists)}
     app_run.release(first)
 
     second = app_run.build_engine(config, seed=123)  # different init: the load must overwrite it
@@ -68,7 +70,43 @@ def checkpoint_resume(config: dict, ckpt_dir: str, steps_before: int, steps_afte
         "shards_after_load": shards_after_load,
         "shard_errors": shard_errors,
         "stats": stats,
+        "partition_metadata": partition_metadata,
     }
+
+
+def _counting_rank_lists(optimizer) -> list[int]:
+    """Counts the calls of DeepSpeed's ``_get_sub_group_partition_ranks`` (each lists every rank
+    of a sub-group's partition group) on this optimizer, which still runs DeepSpeed's."""
+    count = [0]
+    real = optimizer._get_sub_group_partition_ranks
+
+    def counted(sub_group_id):
+        count[0] += 1
+        return real(sub_group_id)
+
+    optimizer._get_sub_group_partition_ranks = counted
+    return count
+
+
+def _partition_metadata(optimizer, count: list[int]) -> dict:
+    """[Note: partition groups only for AutoEP]: ours and DeepSpeed's method on this engine,
+    as it is and with one parameter marked as an AutoEP expert (then unmarked)."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stock
+
+    out = {
+        "ours": optimizer._zero3_partition_group_metadata(),
+        "deepspeed": Stock._zero3_partition_group_metadata(optimizer),
+    }
+    param = optimizer.fp16_groups[0][0]
+    param.ds_zero_placement_family = "autoep_expert"
+    try:
+        before = count[0]
+        out["ours_autoep"] = optimizer._zero3_partition_group_metadata()
+        out["rank_lists_autoep"] = count[0] - before
+        out["deepspeed_autoep"] = Stock._zero3_partition_group_metadata(optimizer)
+    finally:
+        del param.ds_zero_placement_family
+    return out
 
 
 def compare_shards_with_gather(engine) -> dict:

@@ -27,3 +27,16 @@ def test_shards_invalidated_on_load_and_rebuilt_from_loaded_weights(resumed):
         assert r["shard_errors"]["max"] == 0.0
         # the continued run used the kept shards for its backward gathers
         assert r["stats"]["calls"]["backward_gather"]["gcd"] > 0
+
+
+def test_a_save_lists_no_partition_group_ranks_without_autoep_experts(resumed):
+    """[Note: partition groups only for AutoEP]: DeepSpeed's metadata of partition groups lists
+    every rank of each sub-group's group at every save, then drops it unless a parameter is an
+    AutoEP expert. Our save lists none and returns what DeepSpeed's returns (None); with an
+    expert parameter, DeepSpeed's own metadata, its group's 8 ranks listed."""
+    for rank, r in enumerate(resumed):
+        m = r["partition_metadata"]
+        assert m["rank_lists_in_save"] == 0, rank
+        assert m["ours"] is None and m["deepspeed"] is None, rank
+        assert m["rank_lists_autoep"] > 0 and m["ours_autoep"] == m["deepspeed_autoep"], rank
+        assert all(g["partition_ranks"] == list(range(8)) for g in m["ours_autoep"]), rank

@@ -115,6 +115,9 @@ def test_dry_run_of_the_job_steps_saves_and_loads(dry_runs, preset, nodes):
         assert phase["object_buffer_bytes"] < 4096, (name, phase["object_buffer_bytes"])
         files = (phase["files_opened"], phase["files_listed"], phase["files_stated"])
         assert files[0] <= 32 and files[1] <= 4 and files[2] <= 40, (name, files)
+    # groups as a GPU job makes them: one split per hop axes (5 at most, the union of every
+    # preset's), whatever the world ([Note: groups at scale])
+    assert 1 <= ph["engine"]["collectives"].get("split_group", 0) <= 5, ph["engine"]["collectives"]
     assert set(rep["per_step"]) >= {"host_seconds", "cpu_seconds", "mirror_seconds"}
     mem = rep["memory"]
     assert mem["tracemalloc_peak_bytes"] > 0 and mem["peak_rss_bytes"] > mem["tracemalloc_peak_bytes"]

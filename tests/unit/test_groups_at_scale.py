@@ -30,7 +30,7 @@ from zeropp_hier.core.plan import make_plan
 from zeropp_hier.core.policy import CompressionConfig
 from zeropp_hier.core.topology import Topology
 
-rank, nodes, gpus, gcds, reverse = (int(a) for a in sys.argv[1:6])
+rank, nodes, gpus, gcds, reverse, mirror = (int(a) for a in sys.argv[1:7])
 world = nodes * gpus * gcds
 topo = Topology(nodes, gpus, gcds, tuple(reversed(range(world))) if reverse else None)
 # every hop of every preset, each kept level included: the union a job of any preset may build
@@ -40,6 +40,10 @@ for preset in ("zero3", "zeropp", "frontier"):
     hops = [*plan.forward, *plan.reduce, *(h for _, level in plan.by_level for h in level)]
     axes_sets += [h.axes for h in hops]
 dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=topo.world_size)
+if mirror:  # the dry run's stand-in: groups split as on GPUs
+    from zeropp_hier.dryrun.meters import Meters
+    from zeropp_hier.dryrun.mirror import Mirror
+    Mirror(Meters(trace_memory=False)).install()
 calls = []
 real_new_group = dist.new_group
 def counted(*args, **kwargs):  # records, then creates the group for real (fake backend)
@@ -66,10 +70,20 @@ print(json.dumps(out))
 """
 
 
-def _view(rank: int, nodes: int = NODES, reverse: bool = False) -> dict:
+def _view(rank: int, nodes: int = NODES, reverse: bool = False, mirror: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rank), str(nodes), str(GPUS), str(GCDS), str(int(reverse))],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(rank),
+            str(nodes),
+            str(GPUS),
+            str(GCDS),
+            str(int(reverse)),
+            str(int(mirror)),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -154,6 +168,32 @@ def test_group_construction_at_all_of_frontier_is_one_call_per_group_of_the_worl
         len(calls) == sum(world // topo.axes_size(tuple(n.split("+"))) for n in asked) == 65_865
     )  # the union of every preset
     assert sum(member for _, _, member in calls) == 5 and not any(local for _, local, _ in calls)
+    for name, g in view.items():
+        axes = tuple(name.split("+"))
+        assert g["group_size"] == g["peer_count"] == topo.axes_size(axes), name
+        if g["peers"]:
+            assert g["peers"] == list(topo.peers(rank, axes)) and g["torch_ranks"] == sorted(g["peers"])
+            assert g["my_group_rank"] == sorted(g["peers"]).index(rank)
+
+
+def test_the_dry_run_splits_as_a_gpu_job_and_makes_only_its_own_groups_at_all_of_frontier():
+    """[Note: groups at scale], [Note: the SPMD mirror]: under the dry run's mirror a rank takes
+    the GPU job's path, one split per hop axes, each answered by a ``new_group`` of its own
+    group alone (local synchronization: no other member calls it), not one call per group of
+    the world; its five groups are the same as the per-group path's, under a reversed map."""
+    from zeropp_hier.core.topology import Topology
+
+    nodes = 9408
+    world = nodes * GPUS * GCDS
+    rank = 75_261
+    view = _view(rank, nodes, reverse=True, mirror=True)
+    calls = view.pop("_calls")
+    asked = view.pop("_asked")
+    assert view.pop("_mode") == "split"
+    topo = Topology(nodes, GPUS, GCDS, tuple(reversed(range(world))))
+    assert sorted(view) == asked and len(asked) == 5
+    assert len(calls) == 5 and all(local and member for _, local, member in calls)
+    assert sorted(n for n, _, _ in calls) == sorted(topo.axes_size(tuple(a.split("+"))) for a in asked)
     for name, g in view.items():
         axes = tuple(name.split("+"))
         assert g["group_size"] == g["peer_count"] == topo.axes_size(axes), name

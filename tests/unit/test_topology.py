@@ -66,6 +66,37 @@ def test_group_plan_by_index_arithmetic_is_the_walk_over_peers(shape, mapping):
         assert t.group_plan(axes) == _plan_by_peers(t, axes), axes
 
 
+def _peers_by_coordinates(t: Topology, rank: int, axes) -> tuple:
+    """``peers`` as first defined: every combination of coordinates along ``axes`` (row-major,
+    canonical order), the others ``rank``'s, each mapped to its rank."""
+    c = t.coord(rank)._asdict()
+    out = []
+    for vals in itertools.product(*(range(t.axis_size(a)) for a in axes)):
+        cc = {**c, **dict(zip(axes, vals))}
+        out.append(t.rank_of((cc["node"], cc["gpu"], cc["gcd"])))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(7, 2, 3), (4, 4, 2)])
+@pytest.mark.parametrize("mapping", ["identity", "reversed", "shuffled"])
+def test_peers_by_index_arithmetic_are_the_coordinate_walk(shape, mapping):
+    """``peers`` (index arithmetic, O(group)) gives, for every rank and hop, the members and
+    order of the walk over coordinates, under any rank map."""
+    import random
+
+    n, p, g = shape
+    w = n * p * g
+    rank_map = {
+        "identity": None,
+        "reversed": list(range(w))[::-1],
+        "shuffled": random.Random(w + 1).sample(range(w), w),
+    }
+    t = Topology.for_world(w, p, g, rank_map=rank_map[mapping])
+    for axes in [a for k in range(1, 4) for a in itertools.combinations(AXES, k)]:
+        for r in range(w):
+            assert t.peers(r, axes) == _peers_by_coordinates(t, r, axes), (axes, r)
+
+
 def test_rank_map_is_honoured_and_validated():
     rank_map = [3, 6, 0, 5, 2, 7, 1, 4]
     t = Topology.for_world(8, 2, 2, rank_map)

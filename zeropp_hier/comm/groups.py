@@ -23,13 +23,17 @@ parent, so the non-members' absence hangs it; and a group re-created in one proc
 probe, then the engine) gets the same hashed name and meets its predecessor's stale rendezvous
 keys (gloo "Connection refused" on 8 ranks). The split path has not run yet: no GPU machine with
 two or more devices has been lent to this project (docs/gpu.md); on the CPU torch cannot split (it needs an
-accelerator), so ``creation_mode`` takes one call per group there.
+accelerator), so ``creation_mode`` takes one call per group there. The dry run (dryrun/mirror.py)
+takes the split path, each split answered by this rank's own group: what a Frontier rank's start-up
+pays, not the CPU loop's.
 
 A split group is named by torch from its members alone, and two live groups may not share a
 name; so a partition split before and still alive (a second hop with the same members, as
 ("node",) and ("node", "gpu") are with one package per node, or a second engine in the process)
 is not split again but shared, counted in ``SPLITS``, and destroyed when its last user releases it
-(``release_hop_groups``).
+(``release_hop_groups``). A partition is known there by its topology and its axes that span more
+than one rank (the same groups exactly), not by a copy of its groups: that would keep every rank
+of the world in memory for each hop.
 """
 
 from __future__ import annotations
@@ -168,7 +172,9 @@ def build_hop_groups(
         if how == SPLIT:
             mine = next(m for m in call.groups if rank in m)  # each rank is in one group of a partition
             split_ranks = [sorted(m) for m in call.groups]
-            key = tuple(tuple(m) for m in split_ranks)
+            # the partition's identity without a copy of it (every rank of the world) kept
+            # alive: its axes that span more than one rank, in this topology
+            key = (topo, tuple(a for a in call.axes if topo.axis_size(a) > 1))
             desc = "hop:" + "+".join(call.axes)
             pg = SPLITS.acquire(key, lambda: dist.split_group(split_ranks=split_ranks, timeout=setup, group_desc=desc))
             if not isinstance(pg, dist.ProcessGroup):  # a partition holds every rank: torch said otherwise

@@ -14,7 +14,6 @@ expressed in that order, and ``rank_of_index`` translates back to global ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import product
 from typing import Iterable, NamedTuple, Sequence
 
 from .errors import HierTopologyError
@@ -150,17 +149,32 @@ class Topology:
         """Ranks that share every coordinate of ``rank`` except those along ``axes``.
 
         Ordered row-major by their coordinates along ``axes`` (canonical axis order), which is
-        the order every layout function assumes for the blocks of a collective.
+        the order every layout function assumes for the blocks of a collective. Index
+        arithmetic, O(group): the node group holds every node at Frontier's size, and a rank's
+        start-up computes it for itself and its tick peers ([Note: tick agreement]).
         """
         axes = normalize_axes(axes)
+        i = self.index_of_rank(rank)
+        strides = self._strides()
         c = self.coord(rank)._asdict()
-        ranges = [range(self.axis_size(a)) for a in axes]
-        out = []
-        for vals in product(*ranges):
-            cc = dict(c)
-            cc.update(zip(axes, vals))
-            out.append(self.rank_of((cc["node"], cc["gpu"], cc["gcd"])))
-        return tuple(out)
+        base = i - sum(c[a] * strides[a] for a in axes)  # the member with zeros along ``axes``
+        rmap = self.rank_map
+        if rmap is None:
+            return tuple(base + o for o in self._offsets(axes))
+        return tuple(rmap[base + o] for o in self._offsets(axes))
+
+    def _strides(self) -> dict[str, int]:
+        _, p, g = self.dims
+        return {"node": p * g, "gpu": g, "gcd": 1}
+
+    def _offsets(self, which: Sequence[str]) -> list[int]:
+        """Coordinate-index offsets of every combination along ``which``, row-major."""
+        strides = self._strides()
+        out = [0]
+        for a in which:  # canonical order: the last axis varies fastest
+            steps = [v * strides[a] for v in range(self.axis_size(a))]
+            out = [o + s for o in out for s in steps]
+        return out
 
     def group_plan(self, axes: Iterable[str]) -> tuple[tuple[int, ...], ...]:
         """Every group of ranks that differ only along ``axes``; deterministic order, so every
@@ -170,17 +184,8 @@ class Topology:
         this at start-up for every hop ([Note: groups at scale] in comm/groups.py), 56,448
         groups at Frontier's size."""
         axes = normalize_axes(axes)
-        n, p, g = self.dims
-        sizes = {"node": n, "gpu": p, "gcd": g}
-        strides = {"node": p * g, "gpu": g, "gcd": 1}
-
-        def offsets(which: Sequence[str]) -> list[int]:
-            return [
-                sum(v * strides[a] for a, v in zip(which, vals)) for vals in product(*(range(sizes[a]) for a in which))
-            ]
-
-        within = offsets(axes)  # a group's members, row-major along ``axes``
-        bases = offsets([a for a in AXES if a not in axes])  # each group's first index
+        within = self._offsets(axes)  # a group's members, row-major along ``axes``
+        bases = self._offsets([a for a in AXES if a not in axes])  # each group's first index
         rmap = self.rank_map
         if rmap is None:
             return tuple(tuple(b + o for o in within) for b in bases)

@@ -22,6 +22,7 @@ from .runtime import HierRuntime
 from .zero_param import ZeroParam
 
 ERROR_FEEDBACK_KEY = "zeropp_hier_error_feedback"
+AUTOEP_EXPERT = "autoep_expert"  # DeepSpeed's placement family of AutoEP expert parameters
 
 
 class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
@@ -242,6 +243,20 @@ class HierZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):
             numerics.restore_error_feedback(state_dict.get(ERROR_FEEDBACK_KEY), self.hier_runtime.comm_device)
         else:  # residuals belong to the optimizer trajectory that was just replaced
             numerics.error_feedback.reset()
+
+    # [Note: partition groups only for AutoEP]
+    # DeepSpeed 0.19's ``_zero3_partition_group_metadata`` (called at every save, and at a load
+    # whose checkpoint carries the metadata) lists every rank of each sub-group's partition
+    # group (``_get_sub_group_partition_ranks``: the whole world, 75,264 ranks at Frontier's
+    # size) and then returns None unless a parameter has the AutoEP placement family
+    # "autoep_expert". The families are read first here: without AutoEP experts, None at once;
+    # with them, DeepSpeed's own method (tests/dist/test_checkpoint.py).
+    def _zero3_partition_group_metadata(self) -> list[dict] | None:
+        if any(
+            getattr(p, "ds_zero_placement_family", "replicated") == AUTOEP_EXPERT for g in self.fp16_groups for p in g
+        ):
+            return super()._zero3_partition_group_metadata()
+        return None
 
     def load_hp_checkpoint_state(self, folder: str, key: str, param: Any = None) -> torch.Tensor:
         """DeepSpeed's per-parameter read of a universal checkpoint, reading only the rows this

@@ -24,6 +24,13 @@ collective of ``KINDS`` is answered that way here, in Python, without calling th
   the same tag (a symmetric exchange), else what it sends anywhere with the same tag and shape;
   a receive with no such send keeps its buffer and is counted as unmatched.
 
+Group creation takes the GPU path (``comm/groups.py``'s ``SPLIT``, [Note: groups at scale]): a
+Frontier job splits its hop groups from the default group, one call per hop axes, while on the
+CPU torch cannot split and a job enters ``new_group`` once per group of the world (56,456 calls
+for ``frontier`` at 9,408 nodes, whose host time no rank of a GPU job pays). Each
+``split_group`` is answered by ``new_group`` of this rank's own group only (the fake backend has
+no rendezvous for the other members to join), counted as one ``split_group`` collective.
+
 Every call is counted by ``meters.Meters`` (kind, bytes) and timed: the host seconds of the
 answers (filling every slot of a gather, scaling a sum, copying each receive from its send)
 are the harness standing in for the peers and the wire, reported beside each phase's seconds
@@ -55,6 +62,8 @@ LIMITS = (
     "calls made on a ProcessGroup object directly or through torch's functional collectives "
     "(answered by the fake backend: all-gathers correct, reductions not scaled)",
     "wire and link time, other ranks' timing and skew, device kernels when run on CPUs",
+    "torch's own split of a group (its walk over the parent's ranks, the communicator split): each "
+    "split_group is answered by a new_group of this rank's own group",
 )
 
 REDUCE_SAME = {"avg", "min", "max", "band", "bor"}
@@ -315,6 +324,25 @@ class Mirror:
         self.meters.object_collective("recv_object_list", 0, 0)
         return src if src is not None else 0
 
+    # -- group creation as on GPUs --------------------------------------------------------------
+    def split_group(
+        self, parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None, backend=None
+    ):
+        """torch's ``split_group`` (every rank of ``parent_pg`` enters with the same partition
+        ``split_ranks``, in the parent's ranks): this rank's group made on the fake backend, or
+        None where the partition leaves it out, as torch returns."""
+        if not split_ranks:
+            raise ValueError("split_ranks cannot be None or empty")
+        parent = None if parent_pg is None or parent_pg is dist.GroupMember.WORLD else parent_pg
+        me = dist.get_rank(parent)
+        mine = next((m for m in split_ranks if me in m), None)
+        self.meters.collective("split_group", 0)
+        if mine is None:
+            return None
+        members = sorted(mine if parent is None else (dist.get_global_rank(parent, r) for r in mine))
+        # this rank's group alone: no other member calls here to meet it
+        return dist.new_group(ranks=members, timeout=timeout, use_local_synchronization=True, group_desc=group_desc)
+
     # -- installing ------------------------------------------------------------------------------
     def _done(self, kind: str, nbytes: int, async_op: bool) -> Done | None:
         self.meters.collective(kind, nbytes)
@@ -344,6 +372,22 @@ class Mirror:
             wrappers[id(real)] = (real, bound)
         self.undo = rebind(wrappers)
         self._patch_deepspeed()
+        self._groups_as_on_gpus()
+
+    def _groups_as_on_gpus(self) -> None:
+        """``comm/groups.py`` splits, as where a device is bound ([Note: groups at scale])."""
+        from ..comm import groups
+
+        if getattr(dist.split_group, "zeropp_mirror", False):
+            return
+
+        def split(*args: Any, **kwargs: Any) -> Any:
+            return self.split_group(*args, **kwargs)
+
+        split.zeropp_mirror = True  # type: ignore[attr-defined]
+        self.undo += [(dist, "split_group", dist.split_group), (groups, "creation_mode", groups.creation_mode)]
+        dist.split_group = split
+        groups.creation_mode = lambda: groups.SPLIT
 
     def _patch_deepspeed(self) -> None:
         """DeepSpeed's backend keeps its gather and reduce-scatter functions as attributes."""
