@@ -1,8 +1,8 @@
 """The serial lane on a GPU ([Note: one issuing thread on GPUs] in zeropp_hier/comm/issue.py):
-with ``serial`` (the ROCm default) the lane's thread issues a collective only after the previous
-one completed on the device; without it (the CUDA default) it issues at once, behind it on the
-same stream. A long kernel stands for job A's collective; job B checks, when it is issued,
-whether A's work is done."""
+in the one-lane default (a plan with a hop that spans several tiers; ticks otherwise) on ROCm the
+lane is ``serial``, its thread issuing a collective only after the previous one completed on the
+device; on CUDA it issues at once, behind it on the same stream. A long kernel stands for job A's
+collective; job B checks, when it is issued, whether A's work is done."""
 
 import torch
 
@@ -15,7 +15,9 @@ CYCLES = 200_000_000  # ~0.1 s of device time
 
 def _b_sees_a_done(is_hip: bool) -> bool:
     dev = torch.device("cuda", torch.cuda.current_device())
-    ex = executor_for(resolve_issue_mode(True, "nccl", is_hip), "test", dev)
+    mode = resolve_issue_mode(True, "nccl", is_hip, one_tier=False)
+    assert mode.one_lane and not mode.ticks and mode.serial == is_hip, mode
+    ex = executor_for(mode, "test", dev)
     a_done = torch.cuda.Event()
     seen = {}
 
