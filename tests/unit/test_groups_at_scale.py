@@ -168,6 +168,12 @@ def test_group_construction_at_all_of_frontier_is_one_call_per_group_of_the_worl
         len(calls) == sum(world // topo.axes_size(tuple(n.split("+"))) for n in asked) == 65_865
     )  # the union of every preset
     assert sum(member for _, _, member in calls) == 5 and not any(local for _, local, _ in calls)
+    _assert_groups_are_this_ranks(view, topo, rank)
+
+
+def _assert_groups_are_this_ranks(view: dict, topo, rank: int) -> None:
+    """Each hop's group as the rank sees it: its size, and where it has peers, the topology's
+    peers of ``rank`` in order, torch's ranks of the group and this rank's place in it."""
     for name, g in view.items():
         axes = tuple(name.split("+"))
         assert g["group_size"] == g["peer_count"] == topo.axes_size(axes), name
@@ -194,12 +200,7 @@ def test_the_dry_run_splits_as_a_gpu_job_and_makes_only_its_own_groups_at_all_of
     assert sorted(view) == asked and len(asked) == 5
     assert len(calls) == 5 and all(local and member for _, local, member in calls)
     assert sorted(n for n, _, _ in calls) == sorted(topo.axes_size(tuple(a.split("+"))) for a in asked)
-    for name, g in view.items():
-        axes = tuple(name.split("+"))
-        assert g["group_size"] == g["peer_count"] == topo.axes_size(axes), name
-        if g["peers"]:
-            assert g["peers"] == list(topo.peers(rank, axes)) and g["torch_ranks"] == sorted(g["peers"])
-            assert g["my_group_rank"] == sorted(g["peers"]).index(rank)
+    _assert_groups_are_this_ranks(view, topo, rank)
 
 
 def test_split_creation_is_one_call_per_hop_axes_at_all_of_frontier():
