@@ -39,6 +39,7 @@ from ..core.errors import (
     HierUnsafeSaveError,
 )
 from ..detect.launch_env import check_launch_env
+from ..launch.deferred_compile import MUON_MODULE, import_deferring_compile
 from . import checkpoint
 from .checkpoint import safe_load
 from .partition import HierOffload, _load_ds_config, runtime_of
@@ -389,6 +390,9 @@ def initialize(*args, config: Any = None, config_params: Any = None, **kwargs):
     torch.distributed is already up, every rank learns every rank's failure (one small
     all-gather, [Note: agreed local checks]).
     """
+    # DeepSpeed's engine imports its Muon optimizer (the optimizer check, ZeRO-3's constructor),
+    # whichever optimizer the config names: imported here first, its compiling deferred
+    import_deferring_compile(MUON_MODULE)  # [Note: compile on first call]
     ds_config = config if config is not None else config_params
     # DeepSpeed's first parameter, ``args`` (an argparse namespace), positional or by keyword
     ns = args[0] if args else kwargs.get("args")

@@ -32,20 +32,16 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable, Sequence, cast
 
+from .deferred_compile import MUON_MODULE
 from .ports import free_port
 
 # What a preloading world's fork server imports once ([Note: preloaded ranks]): torch, DeepSpeed,
 # the Muon optimizer that DeepSpeed's ZeRO-3 optimizer imports when each rank builds its first
-# engine (the import compiles Muon's kernels, which pulls in torch's inductor: about 4 s of CPU
-# and 115 MB per rank, 46 s under an emulated CPU), and the main job's model class
-# (transformers' GPT-NeoX). The fork server skips a module that this DeepSpeed lacks. A rank a
-# launcher started imports the same itself (``import_frozen``), the model's only for a NeoX job.
-RANK_MODULES = (
-    "torch",
-    "torch.distributed",
-    "deepspeed",
-    "deepspeed.runtime.zero.muon.muon_optimizer",
-)
+# engine (its functions compiled on first call: [Note: compile on first call]), and the main
+# job's model class (transformers' GPT-NeoX). The fork server skips a module that this DeepSpeed
+# lacks. A rank a launcher started imports the same itself (``import_frozen``), the model's only
+# for a NeoX job.
+RANK_MODULES = ("torch", "torch.distributed", "deepspeed", MUON_MODULE)
 NEOX_MODULE = "transformers.models.gpt_neox.modeling_gpt_neox"
 _PRELOAD = (*RANK_MODULES, NEOX_MODULE)
 
@@ -134,14 +130,15 @@ def import_frozen(modules: Sequence[str]) -> None:
     the collector off, collect once and freeze every object that exists ([Note: frozen start-up
     objects]): the start-up a preloaded world gives its ranks, for a rank a launcher started."""
     import gc
-    import importlib
+
+    from .deferred_compile import import_deferring_compile
 
     enabled = gc.isenabled()
     gc.disable()
     try:
         for name in modules:
             try:
-                importlib.import_module(name)
+                import_deferring_compile(name)  # [Note: compile on first call]
             except ImportError:
                 pass
     finally:
