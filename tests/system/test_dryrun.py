@@ -1,10 +1,11 @@
 """The dry run of the job (``zeropp-hier train ... dryrun.nodes=N``, zeropp_hier/dryrun/): rank 0
 of 48 nodes x 4 packages x 2 GCDs for ``frontier``, ``zeropp`` and ``zero3`` (and of 2 nodes for
 ``frontier``), the hand-written GPT of 1.3M parameters: start-up, 2 steps, a save and a load of
-that save, each in its own process (one fake world per process, as a job has one world). Counts
-and sizes are asserted, never times. 25-60 CPU-seconds each (mostly imports and the engine's
-build; 9,408 nodes the most), on one core each: the module's fixture runs the selected ones two at
-a time, and each test asserts on its own run."""
+that save, each in its own process (one fake world per process, as a job has one world): the
+2-node case as the user's command in a fresh interpreter, the others the same command forked from
+the session's preloaded fork server (tests/system/forked_cli.py), which spares each ~7 CPU-seconds
+of imports. Counts and sizes are asserted, never times. On one core each: the module's fixture
+runs the selected ones two at a time, and each test asserts on its own run."""
 
 import concurrent.futures as cf
 import json
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from . import forked_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # the hand-written GPT (quick to build); the job's GPT-NeoX has its own case below
@@ -25,11 +28,21 @@ NEOX_CASE = (48, "frontier", "neox")
 COST = {(9408, "frontier", "gpt"): 54, NEOX_CASE: 44, (9408, "zeropp", "gpt"): 43, (2, "frontier", "gpt"): 29}
 
 
-def _dry_run(tmp_path: Path, preset: str, nodes: int, model: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+# the case run as the user's command, a fresh ``python -m zeropp_hier`` process; the others are the
+# same command forked from the session's preloaded fork server (forked_cli: the imports once)
+FRESH_CASE = (2, "frontier", "gpt")
+
+
+def _dry_run(
+    tmp_path: Path, preset: str, nodes: int, model: list[str], fresh: bool
+) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "dryrun.json"
+    args = ["train", f"preset={preset}", *model, f"dryrun.nodes={nodes}"]
+    args += [f"dryrun.out={out}", f"checkpoint_dir={tmp_path / 'ckpt'}"]
+    if not fresh:
+        return forked_cli.run(args, tmp_path, timeout=1800), out
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "zeropp_hier", "train", f"preset={preset}", *model, f"dryrun.nodes={nodes}"]
-    cmd += [f"dryrun.out={out}", f"checkpoint_dir={tmp_path / 'ckpt'}"]
+    cmd = [sys.executable, "-m", "zeropp_hier", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
     return proc, out
 
@@ -58,7 +71,7 @@ def dry_runs(request, tmp_path_factory) -> dict:
         nodes, preset, arch = case
         work = tmp_path_factory.mktemp(f"dry-{nodes}-{preset}-{arch}")
         try:
-            return _dry_run(work, preset, nodes, {"gpt": MODEL, "neox": NEOX}[arch])
+            return _dry_run(work, preset, nodes, {"gpt": MODEL, "neox": NEOX}[arch], fresh=case == FRESH_CASE)
         except subprocess.TimeoutExpired as e:  # its own test fails, the others still get theirs
             return e, work / "dryrun.json"
 
