@@ -179,7 +179,17 @@ def test_a_chain_of_allocations_equals_one_uninterrupted_job(slurm, tmp_path):
     data.prepare(stdlib_files()[:41], str(tokens))
     # no compression: the hops of 2 ranks are not those of 4, and quantized sums would differ by more than order;
     # topology auto: each host one node (auto_sim's simulated nodes of 4 ranks cannot hold 2)
-    common = [MICRO, BATCH, "data=tokens", f"data.path={tokens}", "compression=none", "topology=auto"]
+    # the tiny model's sizes in the package's GPT: 18 ranks start without importing transformers
+    # (the job's GPT-NeoX under Slurm: tests/system/test_slurm.py)
+    common = [
+        MICRO,
+        BATCH,
+        "model.arch=gpt",
+        "data=tokens",
+        f"data.path={tokens}",
+        "compression=none",
+        "topology=auto",
+    ]
     # the reference: one job, chain off, saving at its last step
     ref = tmp_path / "ref"
     ref.mkdir()
