@@ -244,6 +244,9 @@ def _job_rank(qemu: str, cpu: str, rank: int, run_dir: Path, port: int) -> tuple
         "zeropp_hier.app.train",
         "steps=2",
         "progress=off",
+        # the tiny model's sizes in the package's GPT: the emulated rank does not import
+        # transformers (tens of CPU-seconds under emulation); the kernels are the same
+        "model.arch=gpt",
         "topology.section.gpus_per_node=1",
         f"topology.local_ranks={JOB_WORLD}",
         f"hydra.run.dir={run_dir}",
@@ -268,7 +271,9 @@ def emulated(qemu, cpus, tmp_path_factory) -> dict:
     cmds = {
         ("kernels", r): (
             _emulated(qemu, role[r], "-c", _kernel_tests(_SELECT[r])),
-            cpu_env(ZEROPP_HIER_TEST_EMULATED="1"),  # the kernel tests' short inputs only
+            # the kernel tests' short inputs only; none of the installed pytest plugins (Hypothesis,
+            # Hydra's, ...: the kernel tests use none, and their imports were a quarter of each run)
+            cpu_env(ZEROPP_HIER_TEST_EMULATED="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),
             ("kernels", r),
         )
         for r in _SELECT
