@@ -43,12 +43,13 @@ def _main(argv: list[str], cwd: str, out: str, err: str) -> None:
 
 def run(argv: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m zeropp_hier *argv`` in ``cwd``, forked; ``subprocess.run``'s result and timeout.
-    ``env`` is applied to the forked process only (the fork server's environment is the session's)."""
+    The forked process takes this process's whole environment, then ``env``, as a new process would
+    inherit it (the fork server's own is the session's at its start)."""
     ctx: Any = mp.get_context("forkserver")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import, as a world's
     ctx.set_forkserver_preload(["zeropp_hier.launch.preloaded"])  # no effect once it runs
     out, err = cwd / "stdout.txt", cwd / "stderr.txt"
-    proc = ctx.Process(target=_with_env, args=(env or {}, argv, str(cwd), str(out), str(err)))
+    proc = ctx.Process(target=_with_env, args=({**os.environ, **(env or {})}, argv, str(cwd), str(out), str(err)))
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
