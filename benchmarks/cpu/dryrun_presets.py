@@ -26,7 +26,9 @@ from zeropp_hier.files import write_json_atomic
 PRESETS = ("frontier", "zeropp", "zero3")
 NODES = (48, 9408)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODEL = ["model.arch=gpt", "model.hidden=160", "model.heads=4", "model.layers=4", "model.intermediate=640"]
+# the hand-written GPT of 3.2M parameters: the size issue 59 measured and set its bound at (a GPT of a
+# few million parameters, held fixed); the suite's dry runs take one of 1.29M (tests/system/test_dryrun.py)
+MODEL = ["model.arch=gpt", "model.hidden=256", "model.heads=4", "model.layers=4", "model.intermediate=1024"]
 
 
 def command(preset: str, nodes: int) -> list[str]:
