@@ -8,16 +8,18 @@ so that the command itself is what is tested there."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+from zeropp_hier.launch.world import preloading_context
 
 
-def _main(argv: list[str], cwd: str, out: str, err: str) -> None:
-    """In the forked process: the command's output to its files, its exit status as the process's."""
+def _main(env: dict[str, str], argv: list[str], cwd: str, out: str, err: str) -> None:
+    """In the forked process: the caller's environment, the command's output to its files, its exit
+    status as the process's."""
+    os.environ.update(env)
     os.chdir(cwd)
     for fd, path in ((1, out), (2, err)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -45,11 +47,9 @@ def run(argv: list[str], cwd: Path, timeout: float, env: dict[str, str] | None =
     """``python -m zeropp_hier *argv`` in ``cwd``, forked; ``subprocess.run``'s result and timeout.
     The forked process takes this process's whole environment, then ``env``, as a new process would
     inherit it (the fork server's own is the session's at its start)."""
-    ctx: Any = mp.get_context("forkserver")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import, as a world's
-    ctx.set_forkserver_preload(["zeropp_hier.launch.preloaded"])  # no effect once it runs
     out, err = cwd / "stdout.txt", cwd / "stderr.txt"
-    proc = ctx.Process(target=_with_env, args=({**os.environ, **(env or {})}, argv, str(cwd), str(out), str(err)))
+    args = ({**os.environ, **(env or {})}, argv, str(cwd), str(out), str(err))
+    proc = preloading_context().Process(target=_main, args=args)
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
@@ -57,8 +57,3 @@ def run(argv: list[str], cwd: Path, timeout: float, env: dict[str, str] | None =
         proc.join()
         raise subprocess.TimeoutExpired(["zeropp_hier", *argv], timeout, out.read_text(), err.read_text())
     return subprocess.CompletedProcess(["zeropp_hier", *argv], proc.exitcode, out.read_text(), err.read_text())
-
-
-def _with_env(env: dict[str, str], argv: list[str], cwd: str, out: str, err: str) -> None:
-    os.environ.update(env)
-    _main(argv, cwd, out, err)

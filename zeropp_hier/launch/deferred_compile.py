@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-# DeepSpeed's ZeRO-3 optimizer imports this when it is built (to ask whether its optimizer is
-# Muon), and every rank of a job imports it at start-up (``world.RANK_MODULES``).
+# DeepSpeed's engine imports this when it is built (its optimizer check and its ZeRO-3 optimizer
+# ask whether the optimizer is Muon), and every rank of a job imports it at start-up
+# (``world.RANK_MODULES``).
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 # [Note: compile on first call]
 # DeepSpeed's Muon module decorates three functions with ``torch.compile`` when it is imported, and
-# DeepSpeed's ZeRO-3 optimizer imports that module when it is built, whatever the optimizer. torch
+# DeepSpeed's engine imports that module when it is built, whatever the optimizer. torch
 # compiles nothing until a decorated function is first called, but building the decorator imports
 # dynamo and inductor, paid by each of a job's ranks for functions that a job without Muon never
 # calls. Measured by importing the module in a fresh process after torch and DeepSpeed (torch
@@ -27,8 +29,8 @@ MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 # that returned, so a job with Muon compiles the same functions the same way, a call later. Inside a
 # region torch is compiling, the wrapper calls the plain function: the compiler traces it inline,
 # as it treats a compiled function it meets while tracing. The swap holds only while the import
-# runs, under a lock, and only the start-up imports and the ZeRO-3 optimizer's own import of Muon
-# get it.
+# runs, under a lock, and only the ranks' start-up imports (``world.import_frozen``) and
+# ``zeropp_hier.initialize``'s import of Muon, before DeepSpeed's own, get it.
 _SWAP = threading.Lock()
 
 
@@ -83,8 +85,6 @@ def compile_on_first_call() -> Iterator[None]:
 def import_deferring_compile(name: str) -> Any:
     """``importlib.import_module(name)``, with the module's own ``torch.compile`` calls deferred
     to first call when this process imports it now ([Note: compile on first call])."""
-    import sys
-
     if name in sys.modules:
         return sys.modules[name]
     with compile_on_first_call():

@@ -32,7 +32,7 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable, Sequence, cast
 
-from .deferred_compile import MUON_MODULE
+from .deferred_compile import MUON_MODULE, import_deferring_compile
 from .ports import free_port
 
 # What a preloading world's fork server imports once ([Note: preloaded ranks]): torch, DeepSpeed,
@@ -130,8 +130,6 @@ def import_frozen(modules: Sequence[str]) -> None:
     the collector off, collect once and freeze every object that exists ([Note: frozen start-up
     objects]): the start-up a preloaded world gives its ranks, for a rank a launcher started."""
     import gc
-
-    from .deferred_compile import import_deferring_compile
 
     enabled = gc.isenabled()
     gc.disable()
@@ -238,6 +236,17 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def preloading_context() -> Any:
+    """multiprocessing's fork-server context whose server imports ``_PRELOAD`` once, frozen, for
+    CPU processes ([Note: preloaded ranks]): the ranks of preloading worlds, and any other process
+    to be started without importing them again. One server per process: its first start fixes its
+    preload and its environment."""
+    ctx = mp.get_context("forkserver")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
+    ctx.set_forkserver_preload(["zeropp_hier.launch.preloaded"])  # _PRELOAD, frozen
+    return ctx
+
+
 class LocalWorld:
     """``pg_timeout_s``: timeout of the default process group (torch's default is 30 min);
     ``failure_grace_s``: after a failure, how long a quiet spell (no rank failing or exiting)
@@ -275,10 +284,8 @@ class LocalWorld:
         # whatever the rank starts carries it. CPU ranks only: the fork server chose DeepSpeed's
         # accelerator when it imported it.
         preload = preload and not gpus and with_deepspeed
-        ctx: Any = mp.get_context("forkserver" if preload else "spawn")  # both have Process and Queue
-        if preload:
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read by the fork server's import
-            ctx.set_forkserver_preload(["zeropp_hier.launch.preloaded"])  # _PRELOAD, frozen
+        # both have Process and Queue
+        ctx: Any = preloading_context() if preload else mp.get_context("spawn")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = free_port()
