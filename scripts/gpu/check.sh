@@ -11,6 +11,8 @@
 #   job1     the main job at world size 1, ours beside stock DeepSpeed ZeRO-3          (~3 min)
 #   modes    the issue modes on 8 ranks sharing the GPU                                (~2 min)
 #   tests    the gpu test lane (kernels, the engine beside stock, probe, serial lane)  (~1.5 min)
+#   dryrun   the dry run with its engine on the GPU: device memory of rank 0 at 48 and 9,408 nodes,
+#            presets and the 20B recipe, beside the planner's table                     (~4 min, estimate)
 #   kernels  the kernel bandwidth benchmark; engine: the engine benchmark; job: the job on one
 #            rank (NCCL) and on 8 (gloo)                                               (~1 min each)
 # With no step named: probe layer tickwork profile job1 modes tests (too long for one call of the
@@ -91,6 +93,11 @@ if want tests; then
   section "pytest tests/gpu"
   ran_probe=(); want probe && ran_probe=(--ignore=tests/gpu/test_probe_timing.py)  # its log is above
   timeout 420 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -rs "${ran_probe[@]}" 2>&1 | tail -n 40
+fi
+if want dryrun; then
+  section "benchmarks.gpu.dryrun: rank 0 at 48 and 9,408 nodes with its engine on the GPU (device memory)"
+  timeout 480 "$PY" -m benchmarks.gpu.dryrun --jobs "${DRYRUN_JOBS:-6}" --timeout "${DRYRUN_TIMEOUT:-300}" \
+    --out "$OUT/gpu_dryrun.json" 2>&1 | grep -v "^\[W" | tail -n 40
 fi
 if want kernels; then
   section "benchmarks.gpu.kernels"

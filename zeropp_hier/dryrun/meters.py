@@ -52,6 +52,9 @@ class Phase:
     # this process's CPU seconds (every thread): beside other work on the machine a steadier
     # measure than the host (wall) seconds, which include waiting for a core
     cpu_seconds: float = 0.0
+    # the most device memory the caching allocator handed out during the phase (None: no CUDA
+    # device in use, as in a CPU dry run)
+    device_peak_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,7 +77,33 @@ class Phase:
             "unmatched_receives": self.unmatched_receives,
             "foreign_object_broadcasts": self.foreign_objects,
             "rss_bytes": self.rss_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
         }
+
+
+def _cuda_in_use() -> bool:
+    """Whether this process has initialised a CUDA (or ROCm) device: asking the allocator before
+    would initialise one, which a CPU dry run must not do."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def device_peaks() -> tuple[int, int] | None:
+    """The caching allocator's peaks on the current device since the last reset: (allocated,
+    reserved) bytes; None where no device is in use."""
+    if not _cuda_in_use():
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+
+def _reset_device_peaks() -> None:
+    if _cuda_in_use():
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
 
 
 def rss_bytes(peak: bool = False) -> int:
@@ -100,12 +129,16 @@ class Meters:
         self._cpu0 = 0.0
         self.trace_memory = trace_memory
         self._real_stat: tuple[Callable, Callable] | None = None
+        # the device's peaks over the whole run (the allocator's are reset at every phase)
+        self.device_peak_allocated: int | None = None
+        self.device_peak_reserved: int | None = None
 
     # -- phases ----------------------------------------------------------------------------------
     def begin(self, name: str) -> Phase:
         self.end()
         phase = self.phases.setdefault(name, Phase(name))
         self.current = phase
+        _reset_device_peaks()  # each phase's device peak is its own
         self._t0 = time.perf_counter()
         self._cpu0 = time.process_time()
         return phase
@@ -115,6 +148,12 @@ class Meters:
             self.current.seconds += time.perf_counter() - self._t0
             self.current.cpu_seconds += time.process_time() - self._cpu0
             self.current.rss_bytes = rss_bytes()
+            peaks = device_peaks()
+            if peaks is not None:
+                allocated, reserved = peaks
+                self.current.device_peak_bytes = max(self.current.device_peak_bytes or 0, allocated)
+                self.device_peak_allocated = max(self.device_peak_allocated or 0, allocated)
+                self.device_peak_reserved = max(self.device_peak_reserved or 0, reserved)
             self.current = None
 
     def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -206,10 +245,17 @@ class Meters:
             os.stat, os.lstat = self._real_stat
         _active.remove(self)
 
-    def memory(self) -> dict[str, int]:
-        """Peak host memory so far: tracemalloc's peak of Python allocations, and the peak RSS."""
+    def memory(self) -> dict[str, int | None]:
+        """Peak memory so far: tracemalloc's peak of Python allocations, the host's peak RSS and,
+        where a device is in use, the caching allocator's peaks (allocated: what tensors held;
+        reserved: what it kept from the device, the figure a job's out-of-memory depends on)."""
         traced = tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else 0
-        return {"tracemalloc_peak_bytes": traced, "peak_rss_bytes": rss_bytes(peak=True)}
+        return {
+            "tracemalloc_peak_bytes": traced,
+            "peak_rss_bytes": rss_bytes(peak=True),
+            "device_peak_allocated_bytes": self.device_peak_allocated,
+            "device_peak_reserved_bytes": self.device_peak_reserved,
+        }
 
     def steps(self) -> Iterator[Phase]:
         return (p for name, p in self.phases.items() if name.startswith("step"))

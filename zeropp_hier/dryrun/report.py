@@ -32,11 +32,16 @@ def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict
         "largest_payload_bytes": max((s["largest_payload_bytes"] for s in later), default=0),
         "object_collectives": later[-1]["object_collectives"] if later else {},
         "object_bytes": later[-1]["object_bytes"] if later else 0,
+        # the most device memory a step after the first held (None: a CPU dry run)
+        "device_peak_bytes": max((s["device_peak_bytes"] or 0 for s in later), default=0)
+        if later and later[0].get("device_peak_bytes") is not None
+        else None,
     }
     return {
         "world": {"nodes": world.nodes, "gpus": world.gpus, "gcds": world.gcds, "ranks": world.world_size},
         "rank": world.rank,
         "preset": spec.preset,
+        "device": _device_name(),
         "model": {"hidden": spec.model.hidden, "layers": spec.model.layers, "params": result.get("params")},
         "startup_seconds": {n: phases[n]["seconds"] for n in STARTUP if n in phases},
         "per_step": per_step,
@@ -51,6 +56,17 @@ def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict
         "seconds": round(seconds, 2),
         "limits": list(LIMITS),
     }
+
+
+def _device_name() -> str:
+    """Where the engine's tensors lived: the GPU's name, or "cpu"."""
+    from .meters import device_peaks
+
+    if device_peaks() is None:
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def write(rep: dict, path: str) -> str:
@@ -101,6 +117,14 @@ def lines(rep: dict) -> list[str]:
         f"peak host memory: RSS {m['peak_rss_bytes'] / MiB:.0f} MiB, "
         f"tracemalloc {m['tracemalloc_peak_bytes'] / MiB:.0f} MiB"
     )
+    if m.get("device_peak_allocated_bytes") is not None:
+        by_phase = ", ".join(
+            f"{name} {p['device_peak_bytes'] / 1e9:.3g}" for name, p in ph.items() if p.get("device_peak_bytes")
+        )
+        out.append(
+            f"peak device memory ({rep.get('device')}): allocated {m['device_peak_allocated_bytes'] / 1e9:.3g} GB, "
+            f"reserved {m['device_peak_reserved_bytes'] / 1e9:.3g} GB; allocated by phase (GB): {by_phase}"
+        )
     if m.get("engine_memory"):
         out.append(
             "held by the engine (GB, what a GPU rank would hold): "

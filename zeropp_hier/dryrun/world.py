@@ -68,6 +68,7 @@ def init_fake_world(world: DryWorld) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     world.check()
+    _check_device(world)
     if dist.is_initialized():
         if dist.get_backend() != "fake" or dist.get_world_size() != world.world_size or dist.get_rank() != world.rank:
             raise RuntimeError(
@@ -78,6 +79,24 @@ def init_fake_world(world: DryWorld) -> None:
     os.environ.update(world.env())
     dist.init_process_group("fake", store=FakeStore(), rank=world.rank, world_size=world.world_size)
     _no_shared_memory_op()
+
+
+def _check_device(world: DryWorld) -> None:
+    """On a machine with GPUs the engine takes the device of the rank's ``LOCAL_RANK`` (as a GPU
+    job does: DeepSpeed binds it); one that this machine lacks is refused before anything runs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    local, have = world.rank % world.per_node, torch.cuda.device_count()
+    if local >= have:
+        raise HierConfigError(
+            "dryrun.rank",
+            world.rank,
+            f"its local rank is {local} and this machine has {have} GPU(s) (devices 0 .. {have - 1}): run a rank "
+            f"whose local rank (rank % {world.per_node}) is below {have}, or the dry run on the CPU "
+            "(CUDA_VISIBLE_DEVICES= with no device)",
+        )
 
 
 def _no_shared_memory_op() -> None:
