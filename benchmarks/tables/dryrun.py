@@ -80,6 +80,7 @@ PARTS_20B = [
     ("gradients", "gradients"),
     ("kept copies", "kept copies (peak)"),
     ("error-feedback residuals", "error-feedback residuals"),
+    ("gradient bucket (DeepSpeed)", "gradient bucket (DeepSpeed)"),
     ("gradient staging", None),
     ("gathered layers", "gathered parameters (peak)"),
     ("pipeline staging", None),

@@ -96,7 +96,7 @@ if want tests; then
 fi
 if want dryrun; then
   section "benchmarks.gpu.dryrun: rank 0 at 48 and 9,408 nodes with its engine on the GPU (device memory)"
-  timeout 480 "$PY" -m benchmarks.gpu.dryrun --jobs "${DRYRUN_JOBS:-6}" --timeout "${DRYRUN_TIMEOUT:-300}" \
+  timeout 480 "$PY" -m benchmarks.gpu.dryrun --runs ${DRYRUN_RUNS:-presets neox20b_4 neox20b} --jobs "${DRYRUN_JOBS:-6}" --timeout "${DRYRUN_TIMEOUT:-300}" \
     --out "$OUT/gpu_dryrun.json" 2>&1 | grep -v "^\[W" | tail -n 40
 fi
 if want kernels; then

@@ -287,6 +287,14 @@ def test_memory_counts_error_feedback_residuals_and_gradient_staging():
     assert mem.parts["error-feedback residuals"] == 4 * 20e9 / 384 * 48
     # two buckets' packed rows, and one streamed chunk's four staging buffers, in fp32
     assert mem.parts["gradient staging"] == 4 * (2 * 5e8 + 4 * 2**24)
+    # DeepSpeed's own bucket buffer: reduce_bucket_size elements of the gradients' dtype, not
+    # capped by the model (a model smaller than the bucket still gets all of it)
+    assert mem.parts["gradient bucket (DeepSpeed)"] == 2 * 5e8
+    tiny = P.memory(frontier, cl, P.Workload(params=3e6, tokens_per_gcd=2048, weight_bytes=4, reduce_bucket=5e8))
+    assert tiny.parts["gradient bucket (DeepSpeed)"] == 4 * 5e8
+    assert tiny.parts["gradient staging"] == 4 * (2 * 3e6 + 4 * 3e6)
+    on_cpu = P.memory(frontier, cl, P.Workload(3e6, 2048, weight_bytes=4, reduce_bucket=5e8, bucket_committed=False))
+    assert on_cpu.parts["gradient bucket (DeepSpeed)"] == 4 * 3e6  # only the pages gradients reach
     half = P.memory(frontier, cl, P.Workload(params=20e9, tokens_per_gcd=2048, reduce_bucket=5e8, residual_bytes=2))
     assert half.parts["error-feedback residuals"] * 2 == mem.parts["error-feedback residuals"]
     assert mem.total - half.total == half.parts["error-feedback residuals"]

@@ -112,7 +112,11 @@ def _predictions(
         # DeepSpeed's 5e7 when the config leaves it unset (prefetch on: what backward still holds)
         prefetch_bucket=float(zero.get("stage3_prefetch_bucket_size", 5e7)),
     )
-    wl = replace(wl, reduce_bucket=float(zero.get("reduce_bucket_size", wl.reduce_bucket)))
+    wl = replace(
+        wl,
+        reduce_bucket=float(zero.get("reduce_bucket_size", wl.reduce_bucket)),
+        bucket_committed=device_name is not None,  # a device's allocator commits DeepSpeed's bucket whole
+    )
     preds = [P.predict(c, cluster, wl) for c in _as_run(_candidates(spec), spec, cluster, world)]
     head = (
         f"memory per rank (planner's model, docs/design.md#memory-per-gcd), {world} ranks as "

@@ -7,6 +7,7 @@ activations, the gathers' wire buffers) are not counted here; they are inside th
 - primary: this rank's partition of every parameter (``ds_tensor``);
 - optimizer: the fp32 master partitions and the optimizer's state tensors (Adam's moments);
 - gradients: the gradient partitions (DeepSpeed's flat buffer);
+- gradient bucket (DeepSpeed): its reduce bucket's contiguous buffers (``ipg_buckets``);
 - kept copies: the most bytes of kept copies held at once (``stats.kept_bytes_peak``);
 - error-feedback residuals: their bytes now;
 - gathered parameters: the most bytes of full (gathered) parameters present at once, sampled
@@ -73,6 +74,9 @@ def held(engine: Any, gathered_peak: int) -> dict[str, int]:
         "primary": _bytes(p.ds_tensor for p in params),
         "optimizer": _bytes([*getattr(opt, "fp32_partitioned_groups_flat", []), *_state_tensors(opt.optimizer.state)]),
         "gradients": _bytes([getattr(opt, "grad_partitions_flat_buffer", None)]),
+        "gradient bucket (DeepSpeed)": _bytes(
+            getattr(b, "buffer", None) for b in (getattr(opt, "ipg_buckets", None) or {}).values()
+        ),
         "gathered parameters (peak)": gathered_peak,
     }
     runtime = getattr(engine, "hier_runtime", None)

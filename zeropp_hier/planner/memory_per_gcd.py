@@ -3,8 +3,8 @@
 Memory per GCD follows docs/design.md#memory-per-gcd: primary 2M/W + kept shard (secondary 2M/gcds_per_node for
 ZeRO++, tertiary 2M/gcds_per_gpu for frontier) + optimizer 12M/W + gradient partition 2M/W
 (bytes for 16-bit weights; other widths scale), plus the error-feedback residuals (one per
-compressed stage that feeds back, the size of that stage's send buffer; fp32 or bf16), the fp32
-staging of one reduce bucket, two gathered layers and activations.
+compressed stage that feeds back, the size of that stage's send buffer; fp32 or bf16), DeepSpeed's
+gradient bucket, the fp32 staging of the reduce buckets, two gathered layers and activations.
 """
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ from .candidates import Candidate
 from .clusters import ClusterModel
 from .workload import Workload
 
+# DeepSpeed's gradient bucket: with ``contiguous_gradients`` (its default, which the job keeps)
+# ZeRO-3 allocates one buffer of ``reduce_bucket_size`` elements per gradient dtype up front,
+# whatever the model's size (``IPGBucketZ3.buffer`` in its stage3.py): 2 GB of fp32 at the
+# default 5e8 elements, measured on one H200 as a dry run's 3.2M-parameter model's whole
+# engine (benchmarks/results/gpu_dryrun_h200.json). On a CPU the buffer's pages are resident only
+# once gradients are copied into them: at most the model's (``Workload.bucket_committed``).
 # gradient staging ([Note: streamed gradient stages] in comm/reduce.py): the packed fp32
 # rows of two buckets (the one in flight beside backward and the next being packed), plus, per
 # streamed chunk, its reordering, stage layout, wire and receive buffers
@@ -83,6 +89,7 @@ def memory(cand: Candidate, cluster: ClusterModel, wl: Workload, kept: float | N
         rows //= cluster.topology.axes_size(hop.axes)
     if residual_elems:
         parts["error-feedback residuals"] = wl.residual_bytes * residual_elems
+    parts["gradient bucket (DeepSpeed)"] = b * (wl.reduce_bucket if wl.bucket_committed else min(wl.reduce_bucket, m))
     bucket = min(wl.reduce_bucket, m)
     parts["gradient staging"] = 4 * (STAGED_BUCKETS * bucket + CHUNK_STAGING_COPIES * min(STREAM_CHUNK_ELEMS, bucket))
     parts["gathered layers"] = 2 * b * wl.largest_layer_params + 4 * wl.largest_layer_params

@@ -17,6 +17,9 @@ class Workload:
     activation_bytes: float = 0.0  # per GCD
     flops_per_token: float | None = None  # default 6 * params (forward + backward)
     reduce_bucket: float = 5e8  # DeepSpeed's reduce_bucket_size (elements)
+    # whether DeepSpeed's bucket buffer is resident whole: a GPU's allocator commits it at once,
+    # while on a CPU only the pages its gradients are copied into are (at most the model's)
+    bucket_committed: bool = True
     residual_bytes: int = 4  # error-feedback residual storage: 4 (fp32) or 2 (numerics.residual_dtype bf16)
     layers: int = 1  # equal layers the kept levels are chosen over ([Note: kept levels])
     # elements the backward's first layers still hold gathered from forward ([Note: the turn])
