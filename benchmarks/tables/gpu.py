@@ -45,3 +45,49 @@ def engine() -> str:
     header = ["config", "fp32: max rel. loss diff / max weight diff vs stock", "bf16: same"]
     body = [[label, cell(f"{k}_fp32"), cell(f"{k}_bf16")] for k, label in CONFIGS.items()]
     return fmt.table(header, body) + "\n" + sources.cite([ENGINE]) + "\n"
+
+
+# docs/gpu.md's dry-run table: rank 0's engine on one H200 at 48 and 9,408 nodes
+# (benchmarks/gpu/dryrun.py): the device memory its caching allocator handed out, beside what the
+# engine holds by name and the planner's total for the same job
+DRYRUN = f"{sources.RESULTS}/gpu_dryrun_h200.json"
+DRYRUN_ORDER = ("frontier", "zeropp", "zero3", "neox20b_4")
+
+
+def dryrun() -> str:
+    doc = sources.load(DRYRUN)
+    runs = doc["runs"]
+    header = [
+        "job (rank 0)",
+        "nodes (ranks)",
+        "device peak allocated / reserved (GB)",
+        "in a step after the first (GB)",
+        "engine holds by name (GB)",
+        "of it DeepSpeed's gradient bucket",
+        "planner's total (GB)",
+        "allocated / planner",
+    ]
+    body = []
+    for job in DRYRUN_ORDER:
+        for nodes in (48, 9408):
+            r = runs[f"{job}_{nodes}"]["report"]
+            m, w = r["memory"], r["world"]
+            held = m["engine_memory"]
+            (planned,) = (t["total"] for t in m["planner_memory"].values())
+            alloc = m["device_peak_allocated_bytes"]
+            name = "GPT-NeoX-20B recipe, 4 of 44 blocks" if job == "neox20b_4" else f"`{job}`, 3.24M GPT"
+            body.append(
+                [
+                    name,
+                    f"{w['nodes']:,} ({w['ranks']:,})",
+                    f"{alloc / 1e9:.2f} / {m['device_peak_reserved_bytes'] / 1e9:.2f}",
+                    f"{r['per_step']['device_peak_bytes'] / 1e9:.2f}",
+                    f"{sum(held.values()) / 1e9:.2f}",
+                    f"{held['gradient bucket (DeepSpeed)'] / 1e9:.2f}",
+                    f"{planned / 1e9:.2f}",
+                    f"{alloc / planned:.2f}",
+                ]
+            )
+    cond = sources.meta(DRYRUN)["conditions"]
+    note = f"Device: {cond['device']}. {cond['concurrency']}.\n"
+    return fmt.table(header, body) + "\n" + note + sources.cite([DRYRUN]) + "\n"

@@ -26,6 +26,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "dryrun-neox20b": dryrun.neox20b,
     "gpu-kernels": gpu.kernels,
     "gpu-engine": gpu.engine,
+    "gpu-dryrun": gpu.dryrun,
     "dsunit-readme": dsunit.with_rerun,
     "dsunit-first": dsunit.first_run,
     "dsunit-overlap": dsunit.overlap_sample,
