@@ -38,6 +38,20 @@ def command(preset: str, nodes: int) -> list[str]:
     return [f"preset={preset}", *MODEL, f"dryrun.nodes={nodes}", f"dryrun.steps={STEPS}"]
 
 
+def child(overrides: list[str], report: str, threads: int = 1) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a dry run in a process of its own (the dry run's own
+    entry, as ``zeropp-hier train ... dryrun.nodes=N`` runs it), its report written to ``report``."""
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; from zeropp_hier.dryrun.cli import main; sys.exit(main(sys.argv[1:]))",
+        *overrides,
+        f"dryrun.out={report}",
+    ]
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return argv, {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+
+
 def run_one(preset: str, nodes: int, out: str) -> dict:
     """One dry run in a child process; its report with ``meta``."""
     import json
@@ -45,17 +59,10 @@ def run_one(preset: str, nodes: int, out: str) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="dryrun_presets_") as tmp:
         report = os.path.join(tmp, "dryrun.json")
-        argv = [
-            sys.executable,
-            "-c",
-            "import sys; from zeropp_hier.dryrun.cli import main; sys.exit(main(sys.argv[1:]))",
-            *command(preset, nodes),
-            f"dryrun.out={report}",
-        ]
-        path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+        argv, env = child(command(preset, nodes), report)
         t0 = time.perf_counter()
         # in the temporary directory: the run's directory (its checkpoints) is made under it
-        subprocess.run(argv, check=True, cwd=tmp, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+        subprocess.run(argv, check=True, cwd=tmp, env=env)
         wall = time.perf_counter() - t0
         with open(report) as f:
             rep = json.load(f)

@@ -15,4 +15,7 @@ check the claims (all of them from scripts/gpu/check.sh, whose log lands in
 - tick_work (``python -m benchmarks.gpu.tick_work``): the tick mode's local work per tick on one
   rank's device tensors, host time beside device time, for one 20B layer at 48 x 4 x 2, the
   network replaced by a local stand-in; ``benchmarks/results/gpu_tick_work.json``.
+- dryrun (``python -m benchmarks.gpu.dryrun``): the dry run's rank 0 at 48 and 9,408 nodes with its
+  engine on the GPU, its device memory beside the planner's table;
+  ``benchmarks/results/gpu_dryrun_h200.json``.
 """

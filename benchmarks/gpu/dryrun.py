@@ -56,15 +56,7 @@ def run_one(overrides: list[str], timeout: float) -> dict:
     """One dry run in a child process: its report, or the end of its log where it failed."""
     with tempfile.TemporaryDirectory(prefix="gpu_dryrun_") as tmp:
         report = os.path.join(tmp, "dryrun.json")
-        argv = [
-            sys.executable,
-            "-c",
-            "import sys; from zeropp_hier.dryrun.cli import main; sys.exit(main(sys.argv[1:]))",
-            *overrides,
-            f"dryrun.out={report}",
-        ]
-        path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": path}
+        argv, env = dryrun_presets.child(overrides, report, threads=2)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
