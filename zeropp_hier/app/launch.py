@@ -56,6 +56,23 @@ def launcher_env(env: Mapping[str, str], gpus_visible: int) -> dict | None:
     return out
 
 
+def visible_gpus() -> int:
+    """The GPUs torch sees here (0 on a CPU machine): the job's ranks take one each."""
+    import torch  # the Hydra face imports this module: torch only once the job runs
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_memory(gpus: int) -> tuple[str | None, float | None]:
+    """The first GPU's name and memory in bytes, what the memory check holds a rank to; (None,
+    None) without GPUs (a CPU rank's budget is its share of the RAM)."""
+    if not gpus:
+        return None, None
+    import torch
+
+    return torch.cuda.get_device_name(0), float(torch.cuda.get_device_properties(0).total_memory)
+
+
 def memory_lines(spec: JobSpec, env: Mapping[str, str] | None, gpus: int) -> list[str]:
     """The planner's memory table for this job (printed by rank 0, or by the process that spawns
     the ranks); raises ``HierConfigError`` when the layout cannot fit. ``env``: ``launcher_env``'s."""
@@ -65,12 +82,7 @@ def memory_lines(spec: JobSpec, env: Mapping[str, str] | None, gpus: int) -> lis
         merged = {**os.environ, **env}
         world, rank = int(merged["WORLD_SIZE"]), int(merged["RANK"])
         per_node = int(merged.get("LOCAL_SIZE") or merged.get("LOCAL_WORLD_SIZE") or world)
-    name, total = None, None
-    if gpus:
-        import torch  # the Hydra face imports this module: torch only once the job runs
-
-        name = torch.cuda.get_device_name(0)
-        total = float(torch.cuda.get_device_properties(0).total_memory)
+    name, total = gpu_memory(gpus)
     notes: list[str] = []
     # the user's DeepSpeed keys, and the section they leave: refused here, before any rank builds
     hier_config_from_ds(spec.ds_config(world=world, notes=notes))
@@ -94,10 +106,9 @@ def launch(spec: JobSpec) -> dict:
     Returns this process's rank result (rank 0's when it spawned the ranks)."""
     spec.check()
     spec = with_data_vocab(spec)  # before any rank starts: the memory table uses the vocabulary
-    import torch  # once the job runs, not when the Hydra face loads
-    import torch.distributed as dist
+    import torch.distributed as dist  # once the job runs, not when the Hydra face loads
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = visible_gpus()
     if spec.dtype == "fp16":
         # before any rank starts: otherwise every rank dies in deepspeed.initialize with a
         # ValueError that names neither the CPU feature nor the way out ([Note: fp16 on CPUs])

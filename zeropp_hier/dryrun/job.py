@@ -117,16 +117,6 @@ def dry_run_job(
     return report.build(spec, world, meters, memory, result, time.perf_counter() - t_start)
 
 
-def _device() -> tuple[int, str | None, float | None]:
-    """The GPUs torch sees, and the first one's name and memory (0, None, None on a CPU)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return 0, None, None
-    props = torch.cuda.get_device_properties(0)
-    return torch.cuda.device_count(), torch.cuda.get_device_name(0), float(props.total_memory)
-
-
 def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, meters: Meters, profile: bool) -> dict:
     import torch.distributed as dist
 
@@ -139,7 +129,8 @@ def _phases(spec: JobSpec, world: DryWorld, steps: int, save: bool, load: bool, 
     spec.check()
     spec = with_data_vocab(spec)
     # as the job checks: against the GPU's memory where the engine will be on one, else the CPU's
-    gpus, name, total = _device()
+    gpus = launch.visible_gpus()
+    name, total = launch.gpu_memory(gpus)
     launch.memory_lines(spec, world.env(), gpus)  # refuses a layout that cannot fit, as the job does
     planned = memory_check.parts(spec, world.world_size, world.per_node, name, total)  # the same table, as data
     meters.begin("data")  # the hash (rank 0), the loader and its orders' cache (rank 0 builds it)

@@ -81,7 +81,7 @@ class Phase:
         }
 
 
-def _cuda_in_use() -> bool:
+def cuda_in_use() -> bool:
     """Whether this process has initialised a CUDA (or ROCm) device: asking the allocator before
     would initialise one, which a CPU dry run must not do."""
     import torch
@@ -92,7 +92,7 @@ def _cuda_in_use() -> bool:
 def device_peaks() -> tuple[int, int] | None:
     """The caching allocator's peaks on the current device since the last reset: (allocated,
     reserved) bytes; None where no device is in use."""
-    if not _cuda_in_use():
+    if not cuda_in_use():
         return None
     import torch
 
@@ -100,7 +100,7 @@ def device_peaks() -> tuple[int, int] | None:
 
 
 def _reset_device_peaks() -> None:
-    if _cuda_in_use():
+    if cuda_in_use():
         import torch
 
         torch.cuda.reset_peak_memory_stats()
@@ -270,4 +270,4 @@ def _audit(event: str, args: tuple) -> None:
         _active[0]._file("list", args[0])
 
 
-__all__ = ["Meters", "Phase", "rss_bytes"]
+__all__ = ["Meters", "Phase", "cuda_in_use", "device_peaks", "rss_bytes"]

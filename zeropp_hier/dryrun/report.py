@@ -60,9 +60,9 @@ def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict
 
 def _device_name() -> str:
     """Where the engine's tensors lived: the GPU's name, or "cpu"."""
-    from .meters import device_peaks
+    from .meters import cuda_in_use
 
-    if device_peaks() is None:
+    if not cuda_in_use():
         return "cpu"
     import torch
 
