@@ -114,3 +114,28 @@ def test_each_collective_answers_as_if_every_peer_sent_this_ranks_data():
     assert m["unmatched_receives"] == 1 and m["foreign_object_broadcasts"] == 1
     # the buffer torch would allocate for the object all-gather: 8 x the pickled object
     assert m["object_buffer_bytes"] > 8 * 10
+
+
+def test_a_cpu_dry_run_flushes_subnormals_in_its_threads_and_restores_them():
+    """[Note: subnormals in a CPU dry run]: flushed on this thread and on the threads started
+    after (the engine's communication lanes), kept again afterwards, so that a test or job run
+    later in the same process computes with subnormals as torch does by default."""
+    import threading
+
+    import torch
+
+    from zeropp_hier.dryrun.world import flush_subnormals, keep_subnormals
+
+    tiny = torch.full((4,), 1e-39)  # subnormal in fp32
+    assert (tiny * 0.5)[0].item() > 0  # torch's default: kept
+    assert flush_subnormals() is True  # no GPU here: the engine is on the CPU
+    try:
+        assert (tiny * 0.5)[0].item() == 0.0
+        seen = []
+        t = threading.Thread(target=lambda: seen.append((tiny * 0.5)[0].item()))
+        t.start()
+        t.join()
+        assert seen == [0.0]
+    finally:
+        keep_subnormals()
+    assert (tiny * 0.5)[0].item() > 0

@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple, Sequence, TypeVar
 
 import torch
 
+from .. import quant
 from ..core import layout
 from ..core.plan import CommPlan, Hop
 from ..core.policy import QUANTIZED
@@ -203,6 +204,8 @@ def split_full(
 ) -> list[torch.Tensor]:
     """Every tensor's full values (1-D, ``numels[i]`` elements, rank order, contiguous) from a
     gathered buffer (decoded to ``dtype`` if encoded)."""
+    if isinstance(full, Encoded) and not full.rotate and 2 * sum(sizes) <= full.row_elems:
+        return _decoded_columns(ctx, full, dtype, sizes, slots, numels)
     buf = ctx.coll.decode(full, dtype) if isinstance(full, Encoded) else full
     rows = ctx.rows_by_rank(buf.reshape(ctx.world, -1))  # coordinate order -> global rank order
     out, off = [], 0
@@ -212,6 +215,28 @@ def split_full(
         # parameter's data would then be strided, and DeepSpeed's GatheredParameters broadcast
         # (which views it as bytes) refuses it. contiguous() copies only that case.
         out.append(rows[:, off : off + n].reshape(-1)[:numel].contiguous())
+        off += slot
+    return out
+
+
+def _decoded_columns(
+    ctx: CommContext,
+    full: Encoded,
+    dtype: torch.dtype,
+    sizes: Sequence[int],
+    slots: Sequence[int],
+    numels: Sequence[int],
+) -> list[torch.Tensor]:
+    """``split_full`` of an encoded buffer whose tensors use at most half of each row: each
+    tensor's columns decoded by themselves, the padding never ([Note: decoding a few columns]
+    in quant/__init__.py; at 9,408 nodes most rows of a small model are one block holding a
+    few values)."""
+    data = ctx.rows_by_rank(full.data.reshape(ctx.world, -1))
+    scales = ctx.rows_by_rank(full.scales.reshape(ctx.world, -1))
+    out, off = [], 0
+    for n, slot, numel in zip(sizes, slots, numels):
+        cols = quant.dequantize_columns(data, scales, full.bits, full.block_size, off, off + n, dtype)
+        out.append(cols.reshape(-1)[:numel])  # a fresh tensor: its prefix is contiguous
         off += slot
     return out
 

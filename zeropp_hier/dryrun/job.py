@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from ..app.spec import JobSpec
 from .meters import Meters
 from .mirror import Mirror
-from .world import DryWorld, init_fake_world
+from .world import DryWorld, flush_subnormals, init_fake_world, keep_subnormals
 
 
 class _Lines:
@@ -105,11 +105,15 @@ def dry_run_job(
         meters.begin("process_group")
         init_fake_world(world)
         mirror.install()
+        flushed = flush_subnormals()
         try:
             result = _phases(spec, world, steps, save, load, meters, profile)
         finally:
+            if flushed:
+                keep_subnormals()
             meters.end()
             mirror.uninstall()
+        result["subnormals_flushed"] = flushed
         memory = meters.memory()
         import torch.distributed as dist
 

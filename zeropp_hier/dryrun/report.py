@@ -42,6 +42,8 @@ def build(spec: Any, world: DryWorld, meters: Meters, memory: dict, result: dict
         "rank": world.rank,
         "preset": spec.preset,
         "device": _device_name(),
+        # fp32 subnormals flushed to zero ([Note: subnormals in a CPU dry run] in dryrun/world.py)
+        "subnormals_flushed": bool(result.pop("subnormals_flushed", False)),
         "model": {"hidden": spec.model.hidden, "layers": spec.model.layers, "params": result.get("params")},
         "startup_seconds": {n: phases[n]["seconds"] for n in STARTUP if n in phases},
         "per_step": per_step,
@@ -95,7 +97,8 @@ def lines(rep: dict) -> list[str]:
     ph = rep["phases"]
     out = [
         f"dry run: rank {rep['rank']} of {w['nodes']} nodes x {w['gpus']} x {w['gcds']} = {w['ranks']} ranks, "
-        f"preset {rep['preset']}, {rep['model']['params']} parameters (fake process group, SPMD mirror)",
+        f"preset {rep['preset']}, {rep['model']['params']} parameters (fake process group, SPMD mirror"
+        + ("; fp32 subnormals flushed to zero on the CPU)" if rep.get("subnormals_flushed") else ")"),
         "start-up (host s): " + ", ".join(f"{k} {v:.2f}" for k, v in rep["startup_seconds"].items()),
         f"host s per step: {s['host_seconds']:.3f} ("
         + ", ".join(f"{k} {v:.3f}" for k, v in s["split"].items())

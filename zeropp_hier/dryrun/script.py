@@ -21,7 +21,7 @@ from typing import Any
 from .job import _manifest_problems_kept
 from .meters import Meters
 from .mirror import Mirror
-from .world import DryWorld, init_fake_world
+from .world import DryWorld, flush_subnormals, init_fake_world, keep_subnormals
 
 
 class Session:
@@ -35,6 +35,7 @@ class Session:
         self.steps = 0
         self._real_initialize: Any = None
         self.manifest_problems: list = []
+        self.flushed = False  # subnormals ([Note: subnormals in a CPU dry run])
 
     def _engine(self, engine: Any) -> None:
         m = self.meters
@@ -73,6 +74,7 @@ class Session:
         self.meters.begin("process_group")
         init_fake_world(self.world)
         self.mirror.install()
+        self.flushed = flush_subnormals()
         self.meters.begin("engine")
         real = zeropp_hier.initialize
         self._real_initialize = real
@@ -99,6 +101,8 @@ class Session:
         memory = self.meters.memory()
         self.meters.__exit__(None, None, None)
         self.mirror.uninstall()
+        if self.flushed:
+            keep_subnormals()
         if self._real_initialize is not None:
             zeropp_hier.initialize = self._real_initialize
 
@@ -108,7 +112,11 @@ class Session:
             class model:  # noqa: N801 - a namespace
                 hidden = layers = None
 
-        result = {"manifest_problems_from_the_mirror": len(self.manifest_problems), "steps": self.steps}
+        result = {
+            "manifest_problems_from_the_mirror": len(self.manifest_problems),
+            "steps": self.steps,
+            "subnormals_flushed": self.flushed,
+        }
         rep = report.build(_Spec, self.world, self.meters, memory, result, time.perf_counter() - self.t0)
         path = report.write(rep, out or "dryrun.json")
         print("\n".join(report.lines(rep)), flush=True)
