@@ -151,9 +151,14 @@ def block_slots(lengths: Sequence[int], block: int, world: int) -> tuple[int, ..
         return lengths
     slots = tuple(aligned(n, block) for n in lengths)
     values = sum(lengths)
-    if world * (sum(slots) - values) <= max(world * values, PAD_ALLOWANCE):
+    if not _over(slots, values, world):
         return slots
     return (*lengths[:-1], lengths[-1] + aligned(values, block) - values)
+
+
+def _over(slots: Sequence[int], values: int, world: int) -> bool:
+    """Whether the padding of ``slots`` over ``world`` rows exceeds what is always accepted."""
+    return world * (sum(slots) - values) > max(world * values, PAD_ALLOWANCE)
 
 
 # the quantizer's smallest block (quant/_checks.py's MIN_BLOCK; core imports no kernel code, a
@@ -175,9 +180,15 @@ def bucket_layout(lengths: Sequence[int], block: int, world: int) -> BucketLayou
     least ``SMALLEST_BLOCK``), the row padded to it ([Note: a packed row's block])."""
     lengths = tuple(lengths)
     slots = block_slots(lengths, block, world)
-    if block <= 1 or not lengths or slots == tuple(aligned(n, block) for n in lengths):
-        return BucketLayout(slots, block, False)
     values = sum(lengths)
+    # whole-block slots whose padding is allowed; a bucket of one tensor past the allowance has
+    # the same slot either way and takes the small block too
+    if (
+        block <= 1
+        or not lengths
+        or (slots == tuple(aligned(n, block) for n in lengths) and not _over(slots, values, world))
+    ):
+        return BucketLayout(slots, block, False)
     small = packed_block(values, block)
     return BucketLayout((*lengths[:-1], lengths[-1] + aligned(values, small) - values), small, True)
 
@@ -199,7 +210,10 @@ def packed_block(values: int, block: int) -> int:
 # smallest block. The codes are the same bytes: a symmetric block takes its scale from its
 # largest magnitude, and the one small block holds every value the one large block held with
 # fewer zeros beside them; only the zero blocks after it (and their scales) are gone. A
-# rotation ([Note: block rotation] in quant/reference.py) is capped at the small block. Only
+# rotation ([Note: block rotation] in quant/reference.py) is capped at the small block. A bucket
+# of one tensor past the allowance (a LayerNorm of its own: one value per rank at 9,408 nodes)
+# is such a row too: its one slot is the same packed or not, and a whole block of 256 made its
+# gather 256 elements per rank for one value. Only
 # packed rows change, and rows are packed only past ``PAD_ALLOWANCE`` (never at test sizes):
 # every layout the exactness tests run is the one they ran before.
 
