@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from zeropp_hier.comm import gather
@@ -142,6 +143,7 @@ def test_rank_lists_in_messages_are_bounded():
 
 AGREE = r"""
 import json, sys
+import pytest
 import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -295,3 +297,32 @@ def test_the_coordinators_gather_is_one_buffer_parsed_once_at_75264_ranks():
     assert coord._unpad_rows(rows) == objs
     empty = torch.zeros(3, width + coord._LEN, dtype=torch.uint8)
     assert coord._unpad_rows(empty) == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    "runs,period,reps,per_unit",
+    [
+        ([(0, 10)], 32, 1, 1),  # a packed row: its values, then padding (the slice path)
+        ([(0, 11)], 32, 1, 2),  # int4: the half-used last byte is kept
+        ([(0, 5), (8, 3)], 32, 1, 1),  # two runs: the index path
+        ([(0, 10)], 32, 3, 1),  # rows of a send block side by side: the index path
+        ([(2, 10)], 32, 1, 1),  # a run that starts later: the index path
+    ],
+)
+def test_keep_and_restore_by_slice_equal_the_index_path(runs, period, reps, per_unit):
+    """``_keep`` / ``_restore`` take a slice where the valid units are one run from the row's
+    start (``Valid.prefix_units``); they must give exactly what the index path gives."""
+    from zeropp_hier.comm.collectives import _keep, _restore
+
+    valid = layout.Valid(runs, period, reps)
+    rows = torch.randint(
+        0, 255, (7, valid.length // per_unit), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
+    idx = valid.index(per_unit, torch.device("cpu"))
+    kept = rows.index_select(1, idx)
+    got = _keep(rows, valid, per_unit)
+    assert torch.equal(got, kept) and got.is_contiguous()
+    assert torch.equal(
+        _restore(kept, valid, rows.shape[1], per_unit), torch.zeros_like(rows).index_copy_(1, idx, kept)
+    )
+    assert (valid.prefix_units(per_unit) is not None) == (len(runs) == 1 and runs[0][0] == 0 and reps == 1)

@@ -38,6 +38,9 @@ def _keep(rows: torch.Tensor, valid: layout.Valid | None, per_unit: int = 1) -> 
     """[R, L] rows -> only the columns that can hold a value ([Note: padding stays off the wire])."""
     if valid is None or valid.full:
         return rows
+    u = valid.prefix_units(per_unit)
+    if u is not None:  # one run from the row's start: a slice (a quarter of index_select's time)
+        return rows[:, :u].contiguous()
     return rows.index_select(1, valid.index(per_unit, rows.device))
 
 
@@ -45,6 +48,9 @@ def _restore(rows: torch.Tensor, valid: layout.Valid | None, length: int, per_un
     """Inverse of ``_keep``: [R, kept] -> [R, length], zeros in the padding."""
     if valid is None or valid.full:
         return rows
+    u = valid.prefix_units(per_unit)
+    if u is not None:  # one run from the row's start: the padding after it
+        return torch.nn.functional.pad(rows, (0, length - u))
     out = torch.zeros(rows.shape[0], length, dtype=rows.dtype, device=rows.device)
     return out.index_copy_(1, valid.index(per_unit, rows.device), rows)
 

@@ -322,6 +322,13 @@ class Valid:
         # one padding element, so two runs never share a unit
         return [(s // per_unit, -(-(s + n) // per_unit) - s // per_unit) for s, n in self.runs]
 
+    def prefix_units(self, per_unit: int) -> int | None:
+        """``u`` when the units ``index`` lists are exactly [0, u) (one row whose values are one
+        run from its start, as a packed row's are), else None."""
+        if self.reps != 1 or len(self.runs) != 1 or self.runs[0][0] != 0:
+            return None
+        return -(-self.runs[0][1] // per_unit)
+
     def index(self, per_unit: int, device: torch.device) -> torch.Tensor:
         """Indices of the units of ``per_unit`` elements (1: elements or int8 bytes, 2: int4
         bytes) that hold any valid element, on ``device``, ascending. One row's indices, then
