@@ -10,12 +10,12 @@ from zeropp_hier import quant
 ROWS = 6
 
 
-def _rows(bits: int, block: int, row: int, scale_fill=None, seed: int = 0):
-    """ROWS rows of ``row`` elements quantized with ``block``-blocks: (data [R, bytes], scales
-    [R, row / block], the whole rows dequantized by ``quant.dequantize`` as fp32 and the codes)."""
+def _rows(bits: int, block: int, row: int, scale_fill=None, seed: int = 0, device: str = "cpu"):
+    """ROWS rows of ``row`` elements quantized with ``block``-blocks on ``device``: (data [R,
+    bytes], scales [R, row / block], the payload)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(ROWS * row, generator=g) * torch.logspace(-3, 3, ROWS * row)
-    q = quant.quantize(x, bits, block)
+    q = quant.quantize(x.to(device), bits, block)
     scales = q.scales.clone()
     if scale_fill is not None:
         scales[1::2] = scale_fill  # every other block: the scale under test
@@ -26,25 +26,33 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize(
-    "block,row,cols",
-    [
-        (32, 32, (0, 1)),  # one value of a one-block row (a LayerNorm at 75,264 ranks)
-        (32, 32, (3, 8)),  # an odd start: int4 reads half a byte on each side
-        (256, 256, (5, 6)),
-        (32, 128, (30, 70)),  # across two block boundaries: a scale per column
-        (64, 256, (0, 256)),  # every column
-    ],
-)
-def test_columns_equal_whole_rows_sliced(dtype, bits, block, row, cols):
-    data, scales, q = _rows(bits, block, row)
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CASES = [
+    (32, 32, (0, 1)),  # one value of a one-block row (a LayerNorm at 75,264 ranks)
+    (32, 32, (3, 8)),  # an odd start: int4 reads half a byte on each side
+    (256, 256, (5, 6)),
+    (32, 128, (30, 70)),  # across two block boundaries: a scale per column
+    (64, 256, (0, 256)),  # every column
+]
+
+
+def check_columns(device: str, dtype, bits: int, block: int, row: int, cols: tuple[int, int]) -> None:
+    """Columns decoded by themselves on ``device`` against the whole rows decoded there (the
+    compiled kernel where it exists) and sliced; the GPU lane runs it on CUDA."""
+    data, scales, q = _rows(bits, block, row, device=device)
     whole = quant.dequantize(q, dtype).view(ROWS, row)
     a, b = cols
     got = quant.dequantize_columns(data, scales, bits, block, a, b, dtype)
     assert got.shape == (ROWS, b - a) and got.dtype == dtype and got.is_contiguous()
+    assert got.device == whole.device
     assert torch.equal(_bits(got), _bits(whole[:, a:b].contiguous()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("block,row,cols", CASES)
+def test_columns_equal_whole_rows_sliced(dtype, bits, block, row, cols):
+    check_columns("cpu", dtype, bits, block, row, cols)
 
 
 @pytest.mark.parametrize("fill", [float("nan"), 3.0e38, float("inf")])
