@@ -177,11 +177,15 @@ def gather_calls(
     encoded: Hop | None,
     chunks: int,
     dtype: str,
+    used: int | None = None,
 ) -> tuple[list[KernelCall], Hop | None]:
     """The kernels of one gather (``comm.gather.hop_steps`` over each column chunk, then
     ``finish`` on the assembled buffer): ``rows`` start rows of ``width`` elements, already
     encoded by ``encoded`` (the hop that encoded a kept copy) or plain. Returns the calls and
-    the hop whose encoding the result carries."""
+    the hop whose encoding the result carries. ``used``: the values of a row (its tensors'
+    pieces); where they are at most half the row and unrotated, the end decodes only their
+    columns by elementwise ops, not the dequantize kernel (``comm.gather.split_full``, [Note:
+    decoding a few columns]), and no kernel call is counted for it."""
     align = max(slot_align(hops), encoded.block_size if encoded is not None else 1)
     ranges = column_ranges(width, align, chunks) if chunks > 1 else [(0, width)]
     out: list[KernelCall] = []
@@ -196,7 +200,8 @@ def gather_calls(
                     )
                 )
         rows *= topo.axes_size(hop.axes)
-    if enc is not None:  # the end decodes the whole gathered buffer once
+    columns = used is not None and enc is not None and not enc.rotate and 2 * used <= width
+    if enc is not None and not columns:  # the end decodes the whole gathered buffer once
         tier = hops[0].tier if hops else enc.tier
         out.append(KernelCall(phase, tier, "dequantize", BITS[enc.scheme], dtype, rows * width, 1, enc.block_size, 1))
     return _merge(out), enc
@@ -246,10 +251,11 @@ def layer_kernels(
     world = topo.world_size
     align = max(slot_align(plan.forward), slot_align(plan.backward), slot_align(plan.reduce))
     width = shard_elems(numels, world, align)
-    calls, enc = gather_calls("forward_gather", plan.forward, topo, width, 1, None, chunks, weight_dtype)
+    used = sum(-(-n // world) for n in numels)  # DeepSpeed's piece of each tensor, side by side
+    calls, enc = gather_calls("forward_gather", plan.forward, topo, width, 1, None, chunks, weight_dtype, used)
     if plan.kept_axes is not None:
         rows = topo.axes_size(plan.kept_axes)
-        bwd, _ = gather_calls("backward_gather", plan.backward, topo, width, rows, enc, chunks, weight_dtype)
+        bwd, _ = gather_calls("backward_gather", plan.backward, topo, width, rows, enc, chunks, weight_dtype, used)
     else:  # no kept copy: the forward's gather again
         bwd = [c._replace(phase="backward_gather") for c in calls]
     calls = calls + bwd + reduce_calls(plan.reduce, topo, width, chunks)
