@@ -213,9 +213,9 @@ def packed_block(values: int, block: int) -> int:
 # rotation ([Note: block rotation] in quant/reference.py) is capped at the small block. A bucket
 # of one tensor past the allowance (a LayerNorm of its own: one value per rank at 9,408 nodes)
 # is such a row too: its one slot is the same packed or not, and a whole block of 256 made its
-# gather 256 elements per rank for one value. Only
-# packed rows change, and rows are packed only past ``PAD_ALLOWANCE`` (never at test sizes):
-# every layout the exactness tests run is the one they ran before.
+# gather 256 elements per rank for one value. Only packed rows change, and rows are packed only
+# past ``PAD_ALLOWANCE`` (never at test sizes): every layout the exactness tests run is the one
+# they ran before.
 
 
 # elements (all rows together) of one streamed chunk of a gradient bucket ([Note: streamed
