@@ -131,8 +131,7 @@ def dequantize_columns(
         s = scales[:, first : first + 1]
     else:
         s = scales.index_select(1, torch.arange(a, b, device=scales.device) // block_size)
-    out = codes.to(torch.float32) * s
-    return out.clamp_(-reference.FLT_MAX, reference.FLT_MAX).to(dtype)  # NaN stays NaN
+    return reference.values(codes, s).to(dtype)
 
 
 def dequantize_sum(parts: Parts, dtype: torch.dtype = torch.float32, rotate: int = 0) -> torch.Tensor:

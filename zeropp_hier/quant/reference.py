@@ -174,11 +174,16 @@ def unpack_int4(data: torch.Tensor) -> torch.Tensor:
     return torch.where(both >= 8, both - 16, both).to(torch.int8)
 
 
+def values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 float32(code) * scale, saturated (NaN stays NaN): the one dequantize arithmetic;
+    ``scales`` broadcast against ``codes``."""
+    return (codes.to(torch.float32) * scales).clamp_(-FLT_MAX, FLT_MAX)
+
+
 def _dequantize_padded(q: Quantized) -> torch.Tensor:
     """fp32 [nblocks * B]: float32(q) * scale, saturated; still in the rotated domain."""
     vals = unpack_int4(q.data) if q.bits == 4 else q.data
-    out = vals.view(-1, q.block_size).to(torch.float32) * q.scales.view(-1, 1)
-    return out.clamp_(-FLT_MAX, FLT_MAX).view(-1)  # NaN stays NaN
+    return values(vals.view(-1, q.block_size), q.scales.view(-1, 1)).view(-1)
 
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32, rotate: int = 0) -> torch.Tensor:
