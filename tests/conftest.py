@@ -2,6 +2,15 @@ import pytest
 
 from zeropp_hier.launch.world import SharedWorld
 
+from .lanes import xdist_groups, xdist_node, xdist_schedule, xdist_worker
+
+# `-n 2` (pytest-xdist, the README's test command): the dist lane on one worker, the other lanes
+# beside it on the other ([Note: two lanes at once] in tests/lanes.py)
+pytest_cmdline_main = xdist_schedule
+pytest_configure_node = xdist_node
+pytest_configure = xdist_worker
+pytest_collection_modifyitems = xdist_groups
+
 # Starting a world (W processes importing torch and DeepSpeed) costs tens of seconds on a 2-core
 # machine, so each size is started once for the session and shared by every module that asks for
 # it; only the rarely used 6-rank world lives with its one module.
