@@ -6,10 +6,13 @@ dryrun.nodes=N``) in a fresh process, its report written with the run's record (
     python -m benchmarks.cpu.dryrun_presets --presets zero3 --nodes 9408
 
 Written to ``benchmarks/results/dryrun_<preset>_<nodes>.json``. Each run is one process of its
-own (the fake process group, the peak RSS and tracemalloc's peak are per process); the two sizes
-of a preset run back to back, so that they see the same load. Host seconds are wall times (the
-machine's 1-minute load is recorded beside them); the report's ``cpu_seconds`` are this
-process's CPU seconds, steadier beside other work.
+own (the fake process group, the peak RSS and tracemalloc's peak are per process). The sizes of a
+preset alternate, ``--repeats`` times each (48, 9,408, 48, 9,408, ...), so that both see the same
+stretch of the machine's speed; each file is the report of the size's run with the median CPU
+seconds per step, with every run's step and peak RSS under ``repeats`` (a step's ratio between
+the sizes moved by up to 0.45 between single runs of the same code on this shared machine). Host
+seconds are wall times (the machine's 1-minute load is recorded beside them); the report's
+``cpu_seconds`` are this process's CPU seconds, steadier beside other work.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL = ["model.arch=gpt", "model.hidden=256", "model.heads=4", "model.layers=4", "model.intermediate=1024"]
 # the mean of the 5 after the first (one step's time varied by a quarter between runs)
 STEPS = 6
+REPEATS = 3
 
 
 def command(preset: str, nodes: int) -> list[str]:
@@ -52,7 +56,7 @@ def child(overrides: list[str], report: str, threads: int = 1) -> tuple[list[str
     return argv, {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
 
 
-def run_one(preset: str, nodes: int, out: str) -> dict:
+def run_one(preset: str, nodes: int) -> dict:
     """One dry run in a child process; its report with ``meta``."""
     import json
     import time
@@ -81,27 +85,49 @@ def run_one(preset: str, nodes: int, out: str) -> dict:
             "wall_s": round(wall, 1),
         }
     )
-    write_json_atomic(out, rep, indent=1, default=str)
     return rep
+
+
+def summary(rep: dict) -> dict:
+    """What ``repeats`` keeps of one run."""
+    return {
+        "cpu_seconds": rep["per_step"]["cpu_seconds"],
+        "host_seconds": rep["per_step"]["host_seconds"],
+        "peak_rss_bytes": rep["memory"]["peak_rss_bytes"],
+    }
+
+
+def median_run(reports: list[dict]) -> dict:
+    """The report of the run with the median CPU seconds per step (the lower middle of an even
+    count), with every run's summary under ``repeats`` in the order they ran."""
+    chosen = sorted(reports, key=lambda r: r["per_step"]["cpu_seconds"])[(len(reports) - 1) // 2]
+    return {**chosen, "repeats": [summary(r) for r in reports]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
     ap.add_argument("--nodes", nargs="+", type=int, default=list(NODES))
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="runs of each size, the sizes alternating")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     a = ap.parse_args(argv)
     for preset in a.presets:
-        for nodes in a.nodes:
+        runs: dict[int, list[dict]] = {nodes: [] for nodes in a.nodes}
+        for _ in range(a.repeats):
+            for nodes in a.nodes:
+                rep = run_one(preset, nodes)
+                runs[nodes].append(rep)
+                s, m = rep["per_step"], rep["memory"]
+                print(
+                    f"{preset} {nodes}: {s['host_seconds']:.3f} s/step (cpu {s.get('cpu_seconds', 0):.3f}, "
+                    f"mirror {s.get('mirror_seconds', 0):.3f}), peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB, "
+                    f"tracemalloc {m['tracemalloc_peak_bytes'] / 2**20:.0f} MiB",
+                    flush=True,
+                )
+        for nodes, reports in runs.items():
             out = os.path.join(a.out_dir, f"dryrun_{preset}_{nodes}.json")
-            rep = run_one(preset, nodes, out)
-            s, m = rep["per_step"], rep["memory"]
-            print(
-                f"{preset} {nodes}: {s['host_seconds']:.3f} s/step (cpu {s.get('cpu_seconds', 0):.3f}, "
-                f"mirror {s.get('mirror_seconds', 0):.3f}), peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB, "
-                f"tracemalloc {m['tracemalloc_peak_bytes'] / 2**20:.0f} MiB; wrote {out}",
-                flush=True,
-            )
+            write_json_atomic(out, median_run(reports), indent=1, default=str)
+            print(f"wrote {out}", flush=True)
     return 0
 
 

@@ -33,3 +33,17 @@ def test_a_child_runs_the_dry_runs_own_entry_with_this_checkout_first():
 def test_a_failed_run_is_reported_with_its_log():
     line = dryrun.summary("frontier_48", {"rc": None, "wall_s": 240.0, "log_tail": "timed out after 240 s"})
     assert line.startswith("frontier_48: FAILED (rc None, 240.0 s)") and line.endswith("timed out after 240 s")
+
+
+def test_each_size_keeps_its_median_run_and_every_runs_figures():
+    def rep(cpu, rss):
+        return {"per_step": {"cpu_seconds": cpu, "host_seconds": cpu + 0.01}, "memory": {"peak_rss_bytes": rss}}
+
+    runs = [rep(1.9, 700), rep(1.2, 900), rep(1.4, 800)]
+    kept = dryrun_presets.median_run(runs)
+    # the run in the middle by CPU seconds per step, whatever its place in the order
+    assert kept["per_step"]["cpu_seconds"] == 1.4 and kept["memory"]["peak_rss_bytes"] == 800
+    assert [r["cpu_seconds"] for r in kept["repeats"]] == [1.9, 1.2, 1.4]
+    assert [r["peak_rss_bytes"] for r in kept["repeats"]] == [700, 900, 800]
+    # an even count keeps the lower middle
+    assert dryrun_presets.median_run(runs[:2])["per_step"]["cpu_seconds"] == 1.2
