@@ -136,3 +136,38 @@ def neox20b() -> str:
         "`memory_gb=64`.\n"
     )
     return fmt.table(header, body) + "\n" + note + sources.cite(FILES_20B) + "\n"
+
+
+BOUND = 1.5  # issue 59's bound on a step and on peak memory, 9,408 nodes against 48
+
+
+def _pairs(small: dict, large: dict, key: str) -> list[float]:
+    """Each back-to-back pair's ratio (run i at 9,408 nodes over run i at 48), in the order run."""
+    return [b[key] / a[key] for a, b in zip(small.get("repeats", []), large.get("repeats", []))]
+
+
+def ratios() -> str:
+    """docs/usage.md's ratios, 9,408 nodes against 48, from the same files as the table: the
+    median runs', and each pair of runs' (the sizes alternate, so run i of each saw the same
+    stretch of the machine)."""
+    header = ["preset", "runs", "CPU s per step", "each pair", "peak RSS", "each pair"]
+    header.append(f"within {BOUND}x in every pair")
+    body = []
+    for preset in PRESETS:
+        small, large = (sources.load(f"{sources.RESULTS}/dryrun_{preset}_{n}.json") for n in (48, 9408))
+        steps, rss = _pairs(small, large, "cpu_seconds"), _pairs(small, large, "peak_rss_bytes")
+        step = large["per_step"]["cpu_seconds"] / small["per_step"]["cpu_seconds"]
+        mem = large["memory"]["peak_rss_bytes"] / small["memory"]["peak_rss_bytes"]
+        body.append(
+            [
+                f"`{preset}`",
+                str(len(steps)),
+                f"{step:.2f}x",
+                ", ".join(f"{x:.2f}x" for x in steps),
+                f"{mem:.2f}x",
+                ", ".join(f"{x:.2f}x" for x in rss),
+                "yes" if steps and max(steps + rss) <= BOUND else "no",
+            ]
+        )
+    files = [f"{sources.RESULTS}/dryrun_{p}_{n}.json" for p in PRESETS for n in (48, 9408)]
+    return fmt.table(header, body) + "\n" + sources.cite(files) + "\n"

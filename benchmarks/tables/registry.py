@@ -23,6 +23,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gloo-probe": probe.render,
     "tick-peers": peers.render,
     "dryrun": dryrun.render,
+    "dryrun-ratios": dryrun.ratios,
     "dryrun-neox20b": dryrun.neox20b,
     "gpu-kernels": gpu.kernels,
     "gpu-engine": gpu.engine,
