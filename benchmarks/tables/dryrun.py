@@ -150,11 +150,11 @@ def ratios() -> str:
     """docs/usage.md's ratios, 9,408 nodes against 48, from the same files as the table: the
     median runs', and each pair of runs' (the sizes alternate, so run i of each saw the same
     stretch of the machine)."""
-    header = ["preset", "runs", "CPU s per step", "each pair", "peak RSS", "each pair"]
-    header.append(f"within {BOUND}x in every pair")
+    every = f"within {BOUND}x in every pair"
+    header = ["preset", "runs", "CPU s per step", "each pair", "peak RSS", "each pair", every]
     body = []
-    for preset in PRESETS:
-        small, large = (sources.load(f"{sources.RESULTS}/dryrun_{preset}_{n}.json") for n in (48, 9408))
+    for preset, small_path, large_path in zip(PRESETS, FILES[::2], FILES[1::2]):  # FILES: 48, then 9,408
+        small, large = sources.load(small_path), sources.load(large_path)
         steps, rss = _pairs(small, large, "cpu_seconds"), _pairs(small, large, "peak_rss_bytes")
         step = large["per_step"]["cpu_seconds"] / small["per_step"]["cpu_seconds"]
         mem = large["memory"]["peak_rss_bytes"] / small["memory"]["peak_rss_bytes"]
@@ -169,5 +169,4 @@ def ratios() -> str:
                 "yes" if steps and max(steps + rss) <= BOUND else "no",
             ]
         )
-    files = [f"{sources.RESULTS}/dryrun_{p}_{n}.json" for p in PRESETS for n in (48, 9408)]
-    return fmt.table(header, body) + "\n" + sources.cite(files) + "\n"
+    return fmt.table(header, body) + "\n" + sources.cite(FILES) + "\n"
